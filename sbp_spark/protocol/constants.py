@@ -1,0 +1,58 @@
+"""Fixed numbers of the SBP wire format (see WIRE.md sections 1-3 and 6)."""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+MAGIC = 23
+HEADER_FORMAT_FLATBUFFERS = 1
+
+# Bytes before the extended header: length(4) magic(1) opcode(2) flags(1) stream_id(4)
+# header_format(1) header_length(3).
+FIXED_HEADER_SIZE = 16
+CHECKSUM_SIZE = 4
+
+# frame_length counts magic..header_length (12 bytes) plus the 4-byte checksum trailer, so an
+# empty frame is 16.
+MIN_FRAME_LENGTH = 16
+# The protocol's ceiling: peers may lower it, never raise it. It bounds what one frame can make a
+# receiver buffer.
+MAX_FRAME_LENGTH = 16 * 1024 * 1024
+# header_length is a u24.
+MAX_HEADER_LENGTH = (1 << 24) - 1
+# Stream ids are non-negative as signed 32-bit numbers.
+MAX_STREAM_ID = (1 << 31) - 1
+
+
+class Opcode(IntEnum):
+    PING = 0x0001
+    GOAWAY = 0x0002
+    HEARTBEAT = 0x0003
+    ALLOCATE_ID = 0x0004
+    APPEND = 0x1001
+    FETCH = 0x1002
+    LIST_RANGES = 0x2001
+    SEAL_RANGES = 0x2002
+    SYNC_RANGES = 0x2003
+    CREATE_RANGE = 0x2004
+    DESCRIBE_RANGES = 0x2005
+    CREATE_STREAMS = 0x3001
+    DELETE_STREAMS = 0x3002
+    UPDATE_STREAMS = 0x3003
+    DESCRIBE_STREAMS = 0x3004
+    TRIM_STREAMS = 0x3005
+    REPORT_METRICS = 0x4001
+    DESCRIBE_PD_CLUSTER = 0x4002
+
+
+KNOWN_OPCODES = frozenset(int(op) for op in Opcode)
+
+
+class Flags(IntFlag):
+    NONE = 0
+    RESPONSE = 0x01
+    END = 0x02
+    SYSTEM_ERROR = 0x04
+
+
+RESPONSE_END = Flags.RESPONSE | Flags.END

@@ -1,0 +1,1 @@
+"""sbp_spark.spark"""
