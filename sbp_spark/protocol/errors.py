@@ -52,13 +52,15 @@ class ErrorCode(IntEnum):
 _CODE_INFO: dict[ErrorCode, tuple[bool, bool, str]] = {
     ErrorCode.NONE: (False, False, "success"),
     ErrorCode.UNKNOWN: (False, False, "unexpected server error"),
-    ErrorCode.INVALID_REQUEST: (False, False, "the request is malformed or a field is out of bounds"),
+    ErrorCode.INVALID_REQUEST: (
+        False, False, "the request is malformed or a field is out of bounds"),
     ErrorCode.UNSUPPORTED_VERSION: (False, False, "the request's version is not supported"),
     ErrorCode.PD_NOT_LEADER: (
         True, True, "this PD node is not the leader; the detail names the cluster and its leader"),
     ErrorCode.STREAM_NOT_FOUND: (False, False, "the stream does not exist or was deleted"),
     ErrorCode.RANGE_NOT_FOUND: (True, True, "the range is unknown to this server"),
-    ErrorCode.RANGE_SEALED: (True, True, "the range is sealed; the stream continues in a new range"),
+    ErrorCode.RANGE_SEALED: (
+        True, True, "the range is sealed; the stream continues in a new range"),
     ErrorCode.NOT_PRIMARY: (True, True, "this server is not the primary of the range"),
     ErrorCode.OFFSET_OUT_OF_RANGE: (
         False, False, "the offset is below the stream's start (trimmed) or beyond its end"),
