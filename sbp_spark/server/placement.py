@@ -1,0 +1,109 @@
+"""Where ranges go and which range servers are alive.
+
+Kept apart from the PD's wire handling so the rules can be tested on their own:
+``Liveness`` tracks heartbeats on a monotonic clock, ``choose_servers`` picks the replicas of a
+new range.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from sbp_spark.protocol.errors import InvalidRequestError, NotEnoughServersError
+
+# A range server is presumed dead after this many missed heartbeat intervals: one late
+# heartbeat (a GC pause, a busy core) must not make the PD route around a healthy server.
+MISSED_HEARTBEATS_BEFORE_DEAD = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """What liveness knows about one range server."""
+
+    server_id: int
+    advertise_addr: str
+    last_seen: float  # the Liveness clock's time of the last heartbeat
+
+
+class Liveness:
+    """Heartbeat bookkeeping: a server is live while its last heartbeat is younger than
+    ``timeout_s``.
+
+    Only heartbeats received by this process count, so after a PD restart no server is live
+    until it heartbeats again. ``expire()`` reports servers that just went silent, once each,
+    which is the hook for failover (sealing their ranges elsewhere).
+    """
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"liveness timeout must be > 0 seconds, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._servers: dict[int, ServerState] = {}
+        self._dead: set[int] = set()
+
+    def beat(self, server_id: int, advertise_addr: str) -> bool:
+        """Record a heartbeat. True when the server was not live before (new or returning)."""
+        now = self._clock()
+        with self._lock:
+            prev = self._servers.get(server_id)
+            returning = prev is None or server_id in self._dead or \
+                now - prev.last_seen > self.timeout_s
+            self._servers[server_id] = ServerState(server_id, advertise_addr, now)
+            self._dead.discard(server_id)
+            return returning
+
+    def forget(self, server_id: int) -> None:
+        """Drop a server at once (it said goodbye)."""
+        with self._lock:
+            self._servers.pop(server_id, None)
+            self._dead.discard(server_id)
+
+    def is_live(self, server_id: int) -> bool:
+        now = self._clock()
+        with self._lock:
+            st = self._servers.get(server_id)
+            return st is not None and now - st.last_seen <= self.timeout_s
+
+    def live(self) -> list[ServerState]:
+        """Live servers in id order."""
+        now = self._clock()
+        with self._lock:
+            return sorted((s for s in self._servers.values()
+                           if now - s.last_seen <= self.timeout_s),
+                          key=lambda s: s.server_id)
+
+    def address(self, server_id: int) -> str | None:
+        """The address the server announced last (live or not), if it ever heartbeated."""
+        with self._lock:
+            st = self._servers.get(server_id)
+            return None if st is None else st.advertise_addr
+
+    def expire(self) -> list[ServerState]:
+        """Servers whose heartbeats stopped since the last call (each reported once)."""
+        now = self._clock()
+        with self._lock:
+            gone = [s for s in self._servers.values()
+                    if s.server_id not in self._dead and now - s.last_seen > self.timeout_s]
+            self._dead.update(s.server_id for s in gone)
+            return sorted(gone, key=lambda s: s.server_id)
+
+
+def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int) -> list[int]:
+    """Pick ``count`` distinct servers for a new range, least loaded first.
+
+    ``load`` maps server id to its number of open ranges (absent = 0); ties go to the lower id
+    so placement is deterministic. The first server returned is the primary.
+    """
+    if count < 1:
+        raise InvalidRequestError(f"a range needs at least 1 replica, got {count}")
+    candidates = sorted(set(live), key=lambda sid: (load.get(sid, 0), sid))
+    if count > len(candidates):
+        raise NotEnoughServersError(
+            f"{count} replicas requested but only {len(candidates)} range "
+            f"server{'s are' if len(candidates) != 1 else ' is'} live")
+    return candidates[:count]

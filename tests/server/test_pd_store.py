@@ -1,0 +1,258 @@
+"""PD metadata store and placement rules, without the wire."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+from sbp_spark.protocol.errors import (
+    InvalidRequestError,
+    NotEnoughServersError,
+    OffsetOutOfRangeError,
+    RangeNotFoundError,
+    RangeSealedError,
+    StreamNotFoundError,
+)
+from sbp_spark.server.pd_store import PdStore, ReplicaMeta
+from sbp_spark.server.placement import Liveness, choose_servers
+
+
+@pytest.fixture
+def store(tmp_path):
+    with PdStore(tmp_path / "pd.sqlite", fsync=False) as s:
+        yield s
+
+
+def test_create_stream_opens_range_zero_with_primary_first(store):
+    stream, rng = store.create_stream(2, 60_000, [3, 1])
+    assert stream.stream_id == 1 and stream.replica_nums == 2
+    assert stream.retention_period_ms == 60_000 and stream.start_offset == 0
+    assert (rng.range_index, rng.start_offset, rng.end_offset, rng.next_offset) == (0, 0, -1, 0)
+    assert rng.replicas == (ReplicaMeta(3, True), ReplicaMeta(1, False))
+    assert rng.primary == 3 and rng.is_open
+    assert store.list_ranges(stream.stream_id) == [rng]
+
+
+def test_stream_ids_are_never_reused(store):
+    a, _ = store.create_stream(1, -1, [1])
+    store.delete_stream(a.stream_id)
+    b, _ = store.create_stream(1, -1, [1])
+    assert b.stream_id == a.stream_id + 1
+
+
+def test_delete_marks_deleted_and_drops_ranges(store):
+    s, _ = store.create_stream(1, -1, [1])
+    deleted, ranges = store.delete_stream(s.stream_id)
+    assert deleted.deleted and [r.range_index for r in ranges] == [0]
+    with pytest.raises(StreamNotFoundError, match="deleted"):
+        store.get_stream(s.stream_id)
+    with pytest.raises(StreamNotFoundError):
+        store.delete_stream(s.stream_id)
+    assert store.ranges_on_server(1) == []
+    assert store.list_streams() == [] and len(store.list_streams(include_deleted=True)) == 1
+
+
+def test_unknown_stream(store):
+    with pytest.raises(StreamNotFoundError, match="stream 42 does not exist"):
+        store.get_stream(42)
+    with pytest.raises(StreamNotFoundError):
+        store.list_ranges(42)
+
+
+def test_update_stream(store):
+    s, _ = store.create_stream(1, -1, [1])
+    updated = store.update_stream(s.stream_id, 3, 1000)
+    assert (updated.replica_nums, updated.retention_period_ms) == (3, 1000)
+    assert store.get_stream(s.stream_id) == updated
+
+
+def test_seal_and_open_next(store):
+    s, r0 = store.create_stream(1, -1, [1])
+    sealed, r1 = store.seal_range(s.stream_id, 0, 10, next_servers=[2])
+    assert (sealed.end_offset, sealed.next_offset) == (10, 10) and not sealed.is_open
+    assert r1 is not None
+    assert (r1.range_index, r1.start_offset, r1.end_offset, r1.primary) == (1, 10, -1, 2)
+    assert [r.range_index for r in store.list_ranges(s.stream_id)] == [0, 1]
+    # A retried seal at the same offset is fine, another offset is not.
+    again, _ = store.seal_range(s.stream_id, 0, 10)
+    assert again == sealed
+    with pytest.raises(RangeSealedError, match="already sealed at 10"):
+        store.seal_range(s.stream_id, 0, 11)
+    with pytest.raises(RangeNotFoundError):
+        store.seal_range(s.stream_id, 7, 11)
+    with pytest.raises(InvalidRequestError, match="below the start"):
+        store.seal_range(s.stream_id, 1, 5)
+
+
+def test_open_next_requires_sealed_last(store):
+    s, _ = store.create_stream(1, -1, [1])
+    with pytest.raises(InvalidRequestError, match="still open"):
+        store.open_next_range(s.stream_id, [1])
+    store.seal_range(s.stream_id, 0, 4)
+    r1 = store.open_next_range(s.stream_id, [1])
+    assert (r1.range_index, r1.start_offset) == (1, 4)
+
+
+def test_seal_is_atomic_when_next_range_is_invalid(store):
+    s, _ = store.create_stream(1, -1, [1])
+    with pytest.raises(InvalidRequestError):
+        store.seal_range(s.stream_id, 0, 4, next_servers=[1, 1])
+    assert store.get_range(s.stream_id, 0).is_open
+
+
+def test_trim_drops_and_shrinks(store):
+    s, _ = store.create_stream(1, -1, [1])
+    store.seal_range(s.stream_id, 0, 10, next_servers=[1])
+    store.seal_range(s.stream_id, 1, 20, next_servers=[1])
+    stream, first = store.trim_stream(s.stream_id, 15, end_offset=25)
+    assert stream.start_offset == 15
+    assert (first.range_index, first.start_offset, first.end_offset) == (1, 15, 20)
+    assert [r.range_index for r in store.list_ranges(s.stream_id)] == [1, 2]
+    # Lower trim points are a no-op; beyond the end is refused.
+    stream, first = store.trim_stream(s.stream_id, 3, end_offset=25)
+    assert stream.start_offset == 15 and first.range_index == 1
+    with pytest.raises(OffsetOutOfRangeError, match="ends at 25"):
+        store.trim_stream(s.stream_id, 26, end_offset=25)
+    # Trimming into the open range moves its start.
+    stream, first = store.trim_stream(s.stream_id, 22, end_offset=25)
+    assert (first.range_index, first.start_offset, first.end_offset) == (2, 22, -1)
+    assert first.next_offset == 22
+
+
+def test_trim_keeps_last_sealed_range(store):
+    s, _ = store.create_stream(1, -1, [1])
+    store.seal_range(s.stream_id, 0, 10)
+    _, first = store.trim_stream(s.stream_id, 10)
+    assert (first.range_index, first.start_offset, first.end_offset) == (0, 10, 10)
+    assert store.open_next_range(s.stream_id, [1]).start_offset == 10
+
+
+def test_trim_rejects_negative(store):
+    s, _ = store.create_stream(1, -1, [1])
+    with pytest.raises(InvalidRequestError):
+        store.trim_stream(s.stream_id, -1)
+
+
+def test_open_range_counts_and_ranges_on_server(store):
+    a, _ = store.create_stream(2, -1, [1, 2])
+    b, _ = store.create_stream(1, -1, [2])
+    store.seal_range(b.stream_id, 0, 0, next_servers=[3])
+    assert store.open_range_counts() == {1: 1, 2: 1, 3: 1}
+    on2 = store.ranges_on_server(2)
+    assert [(r.stream_id, r.range_index) for r in on2] == [(a.stream_id, 0), (b.stream_id, 0)]
+    store.delete_stream(a.stream_id)
+    assert store.open_range_counts() == {3: 1}
+
+
+def test_update_next_offset_never_goes_back(store):
+    s, _ = store.create_stream(1, -1, [1])
+    store.update_next_offset(s.stream_id, 0, 9)
+    store.update_next_offset(s.stream_id, 0, 4)
+    assert store.get_range(s.stream_id, 0).next_offset == 9
+
+
+def test_server_ids_heartbeats_and_metrics(store):
+    assert store.allocate_server_id("h1") == 1
+    assert store.allocate_server_id("h2") == 2
+    meta = store.record_heartbeat(1, "127.0.0.1:5000", now_ms=123)
+    assert (meta.advertise_addr, meta.last_heartbeat_ms, meta.registered) == (
+        "127.0.0.1:5000", 123, True)
+    store.record_heartbeat(1, "127.0.0.1:6000")
+    assert store.get_server(1).advertise_addr == "127.0.0.1:6000"
+    assert not store.get_server(2).registered
+    # An id this PD never allocated is adopted and skipped by later allocations.
+    store.record_heartbeat(10, "127.0.0.1:7000")
+    assert store.allocate_server_id() == 11
+    store.record_metrics(1, {"disk_free_space": 5})
+    assert store.get_server(1).metrics == {"disk_free_space": 5}
+    with pytest.raises(InvalidRequestError, match="not registered"):
+        store.record_metrics(99, {})
+    with pytest.raises(InvalidRequestError):
+        store.record_heartbeat(-1, "x:1")
+    assert [m.server_id for m in store.list_servers()] == [1, 2, 10, 11]
+
+
+def test_state_survives_reopen(tmp_path):
+    path = tmp_path / "pd.sqlite"
+    with PdStore(path) as s:
+        stream, _ = s.create_stream(1, 500, [1])
+        s.seal_range(stream.stream_id, 0, 7, next_servers=[1])
+        sid = s.allocate_server_id()
+    with PdStore(path) as s:
+        assert s.get_stream(stream.stream_id).retention_period_ms == 500
+        assert [(r.start_offset, r.end_offset) for r in s.list_ranges(stream.stream_id)] == [
+            (0, 7), (7, -1)]
+        assert s.allocate_server_id() == sid + 1
+
+
+def test_refuses_unknown_schema_version(tmp_path):
+    path = tmp_path / "pd.sqlite"
+    PdStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(ValueError, match="schema version 99"):
+        PdStore(path)
+
+
+def test_concurrent_creates_get_distinct_ids(store):
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def work():
+        for _ in range(20):
+            s, _ = store.create_stream(1, -1, [1])
+            with lock:
+                ids.append(s.stream_id)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(ids) == list(range(1, 81))
+
+
+# -- placement --------------------------------------------------------------------------------
+
+def test_choose_servers_least_loaded_first():
+    assert choose_servers([1, 2, 3], {1: 5, 2: 0, 3: 1}, 2) == [2, 3]
+    assert choose_servers([3, 1, 2], {}, 3) == [1, 2, 3]
+    with pytest.raises(NotEnoughServersError, match="3 replicas requested but only 2 range"):
+        choose_servers([1, 2], {}, 3)
+    with pytest.raises(NotEnoughServersError, match="only 0 range servers are live"):
+        choose_servers([], {}, 1)
+    with pytest.raises(InvalidRequestError):
+        choose_servers([1], {}, 0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_liveness_timeout_and_expiry():
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    assert live.beat(1, "a:1") is True
+    assert live.beat(1, "a:2") is False
+    live.beat(2, "b:1")
+    assert [s.server_id for s in live.live()] == [1, 2]
+    assert live.address(1) == "a:2"
+    clock.now += 2
+    live.beat(2, "b:1")
+    clock.now += 2
+    assert live.is_live(2) and not live.is_live(1)
+    assert [s.server_id for s in live.expire()] == [1]
+    assert live.expire() == []  # reported once
+    assert live.beat(1, "a:3") is True  # back again
+    live.forget(2)
+    assert [s.server_id for s in live.live()] == [1]
+    with pytest.raises(ValueError):
+        Liveness(0)
