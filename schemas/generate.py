@@ -33,7 +33,8 @@ FLATC_VERSION = "25.12.19"
 
 _ABSOLUTE_IMPORT = re.compile(rf"^(\s*)from {NAMESPACE}\.(\w+) import (\w+)$", re.MULTILINE)
 
-PACKAGE_DOC = '''"""FlatBuffers code generated from schemas/*.fbs by schemas/generate.py. Do not edit.
+PACKAGE_DOC = '''"""\
+FlatBuffers code generated from schemas/*.fbs by schemas/generate.py; do not edit.
 
 Only sbp_spark.protocol.messages and the tests use these modules.
 """
