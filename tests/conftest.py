@@ -28,3 +28,14 @@ def load_vectors(name: str) -> list[dict]:
         if path.exists():
             return json.loads(path.read_text())
     pytest.fail(f"test vectors {name} not found in {VECTORS_DIR} or tests/vectors")
+
+
+def pytest_configure(config):
+    """Fail the run at once, with install instructions, when Spark cannot start here."""
+    from sbp_spark.environment import JavaNotFoundError, check_java, use_this_python_for_workers
+
+    try:
+        check_java()
+    except JavaNotFoundError as exc:
+        raise pytest.UsageError(f"the Spark tests need Java: {exc}") from None
+    use_this_python_for_workers()
