@@ -1,0 +1,800 @@
+"""Threaded TCP server core shared by the placement driver and the range server.
+
+Blocking sockets and threads: ``recv_into``, ``sendmsg`` and ``os.sendfile`` release the GIL, and
+on this machine asyncio measured no faster (PERF_NOTES). One thread accepts; each connection
+gets one reader thread that feeds a :class:`~sbp_spark.protocol.frame.FrameDecoder` straight from
+the socket and dispatches every request frame to a :class:`RequestHandler`.
+
+Using it::
+
+    class Echo(RequestHandler):
+        opcodes = frozenset({Opcode.DESCRIBE_RANGES})
+        long_opcodes = frozenset()          # these run on the worker pool instead
+
+        def handle(self, ctx: RequestContext) -> None:
+            ctx.reply(DescribeRangesResponse(...))
+
+    with FrameServer(Echo(), NetConfig(port=0)) as server:
+        print(server.address_str)           # "127.0.0.1:40123"
+
+Request life cycle:
+
+* A request is *in flight* from the moment its frame is decoded until a frame with END is sent
+  on its stream_id (``ctx.reply(..., end=True)``, ``ctx.system_error(...)``, or any
+  ``ctx.send`` of a frame whose flags carry END). While a connection has
+  ``max_inflight_per_connection`` requests in flight its reader stops reading (backpressure:
+  the peer's sends block in TCP).
+* ``handle`` runs inline on the reader thread for quick opcodes, on the bounded worker pool for
+  ``long_opcodes`` (long polls, calls to other servers) so the reader keeps reading.
+* If ``handle`` returns without ending the request, the core answers SYSTEM_ERROR UNKNOWN,
+  unless the handler called ``ctx.defer()``: then the request stays in flight until some
+  thread ends it later (e.g. an append acknowledged after the next fsync).
+* An exception from ``handle`` becomes SYSTEM_ERROR UNKNOWN naming it; the server never dies.
+  A ``ServerError`` (e.g. ``InvalidRequestError("...")``) becomes SYSTEM_ERROR with its code.
+
+The core itself answers PING (echo with RESPONSE|END), treats a peer's GOAWAY as "no more
+requests" (finish, then close), discards unknown opcodes and response frames, answers frames
+that are intact but invalid (WIRE.md 4) with SYSTEM_ERROR, and closes the connection when
+framing is lost. ``stop()`` is graceful: GOAWAY to every peer, no new connections, in-flight
+requests get a bounded time to finish. Idle connections are closed with a GOAWAY.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..protocol import messages
+from ..protocol.constants import MAX_FRAME_LENGTH, Flags, Opcode
+from ..protocol.errors import (
+    ChecksumError,
+    ErrorCode,
+    FrameError,
+    ServerError,
+    TransportError,
+)
+from ..protocol.frame import (
+    Frame,
+    FrameDecoder,
+    InvalidFrame,
+    checksum_trailer,
+    encode_frame,
+    frame_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+Buffer = bytes | bytearray | memoryview
+
+# Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
+# measured the fastest and steadiest on loopback (PERF_NOTES).
+RECV_PIECE = 256 * 1024
+# Linux accepts at most this many buffers in one sendmsg call (IOV_MAX).
+_IOV_MAX = 1024
+# Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
+# than let one noisy client starve the process of threads and memory.
+DEFAULT_MAX_CONNECTIONS = 1024
+# Requests a single connection may have in flight before its reader stops reading. Bounds the
+# work (and payload memory: up to this many 16 MiB frames) one client can queue on the server.
+DEFAULT_MAX_INFLIGHT = 64
+# Bytes that threads may hold waiting to send on one connection. A slow reader then blocks the
+# senders instead of making the server buffer unbounded responses for it.
+DEFAULT_MAX_OUTGOING_BYTES = 64 * 1024 * 1024
+# Threads for long requests (long-poll fetches, calls to other servers). Long polls hold a thread
+# while they wait, so this must exceed the number of concurrent long polls we want to serve.
+DEFAULT_WORKER_THREADS = 128
+# Connections with nothing in flight and no traffic for this long get a GOAWAY and are closed.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+# A peer that accepts no bytes for this long while we send to it is considered dead.
+DEFAULT_SEND_TIMEOUT_S = 30.0
+# stop() waits this long for in-flight requests to finish before closing connections.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class NetConfig:
+    """Listening address and limits of one :class:`FrameServer`."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_inflight_per_connection: int = DEFAULT_MAX_INFLIGHT
+    max_outgoing_bytes_per_connection: int = DEFAULT_MAX_OUTGOING_BYTES
+    worker_threads: int = DEFAULT_WORKER_THREADS
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    max_frame_length: int = MAX_FRAME_LENGTH
+    name: str = "sbp"
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_connections": self.max_connections,
+            "max_inflight_per_connection": self.max_inflight_per_connection,
+            "max_outgoing_bytes_per_connection": self.max_outgoing_bytes_per_connection,
+            "worker_threads": self.worker_threads,
+            "send_timeout_s": self.send_timeout_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"NetConfig.{name}={value!r} must be > 0")
+        if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
+            raise ValueError(
+                f"NetConfig.idle_timeout_s={self.idle_timeout_s!r} must be > 0 or None (never)")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(
+                f"NetConfig.shutdown_timeout_s={self.shutdown_timeout_s!r} must be >= 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"NetConfig.port={self.port!r} must be in [0, 65535]")
+
+
+class FileRegion(NamedTuple):
+    """``length`` bytes of the open file ``fd`` at ``offset``, sent with ``os.sendfile``."""
+
+    fd: int
+    offset: int
+    length: int
+
+
+class ConnectionClosed(TransportError):
+    """The connection closed before a response could be sent."""
+
+
+@dataclass
+class NetStats:
+    """Counters of one server (approximate under concurrency; for metrics only)."""
+
+    connections_accepted: int = 0
+    connections_refused: int = 0
+    requests: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    invalid_frames: int = 0
+    handler_errors: int = 0
+    per_opcode: dict[int, int] = field(default_factory=dict)
+
+
+class RequestHandler:
+    """What a server does with requests. Subclass and set ``opcodes``/``long_opcodes``."""
+
+    #: Opcodes this handler serves; other request opcodes are discarded (the seed says so).
+    opcodes: frozenset[int] = frozenset()
+    #: Subset of ``opcodes`` that run on the worker pool instead of the reader thread.
+    long_opcodes: frozenset[int] = frozenset()
+
+    def handle(self, ctx: RequestContext) -> None:
+        """Serve ``ctx.frame``; answer through ``ctx``."""
+        raise NotImplementedError
+
+    def server_stopping(self) -> None:
+        """Called once when ``stop()`` begins: wake long polls so they finish early."""
+
+    def connection_closed(self, conn: Connection) -> None:
+        """Called once per connection after it closed."""
+
+
+class Connection:
+    """One accepted peer: a socket, its send lock and its in-flight accounting."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, server: FrameServer, sock: socket.socket, peer: tuple) -> None:
+        self.server = server
+        self.sock = sock
+        self.peer = peer
+        self.id = next(self._ids)
+        self.config = server.config
+        self._send_lock = threading.Lock()
+        self._state = threading.Condition()  # guards the fields below
+        self._inflight = 0
+        self._outgoing = 0
+        self._closed = False
+        self._draining = False  # no new requests will be read (peer or server GOAWAY)
+        self._goaway_sent = False
+        self.last_activity = time.monotonic()
+        self._send_started: float | None = None  # for the stuck-send watchdog
+        self.reader: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.id} {self.peer_str}>"
+
+    @property
+    def peer_str(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]}" if len(self.peer) >= 2 else str(self.peer)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, parts: Sequence[Buffer | FileRegion]) -> None:
+        """Send one or more whole frames' bytes atomically (no interleaving with other senders).
+
+        ``parts`` may mix buffers and :class:`FileRegion` items. Raises ``ConnectionClosed``.
+        """
+        size = sum(p.length if isinstance(p, FileRegion) else memoryview(p).nbytes
+                   for p in parts)
+        limit = self.config.max_outgoing_bytes_per_connection
+        with self._state:
+            while self._outgoing and self._outgoing + size > limit and not self._closed:
+                self._state.wait(0.5)
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+            self._outgoing += size
+        try:
+            with self._send_lock:
+                if self._closed:
+                    raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+                self._send_started = time.monotonic()
+                try:
+                    self._send_parts(parts)
+                except OSError as exc:
+                    self._abort(f"send failed: {exc}")
+                    raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+                finally:
+                    self._send_started = None
+            self.last_activity = time.monotonic()
+            self.server.stats.bytes_out += size
+        finally:
+            with self._state:
+                self._outgoing -= size
+                self._state.notify_all()
+
+    def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
+        iov: list[memoryview] = []
+        for part in parts:
+            if isinstance(part, FileRegion):
+                if iov:
+                    self._sendmsg_all(iov)
+                    iov = []
+                self._sendfile_all(part)
+            else:
+                view = memoryview(part).cast("B")
+                if view.nbytes:
+                    iov.append(view)
+        if iov:
+            self._sendmsg_all(iov)
+
+    def _sendmsg_all(self, iov: list[memoryview]) -> None:
+        sock = self.sock
+        i = 0
+        while i < len(iov):
+            sent = sock.sendmsg(iov[i:i + _IOV_MAX])
+            # Skip the buffers sent whole; keep the unsent tail of a partly sent one.
+            while sent and i < len(iov):
+                n = iov[i].nbytes
+                if sent >= n:
+                    sent -= n
+                    i += 1
+                else:
+                    iov[i] = iov[i][sent:]
+                    sent = 0
+
+    def _sendfile_all(self, region: FileRegion) -> None:
+        out = self.sock.fileno()
+        offset, remaining = region.offset, region.length
+        while remaining:
+            sent = os.sendfile(out, region.fd, offset, remaining)
+            if sent == 0:
+                raise OSError(f"file ended {remaining} bytes before the region's end")
+            offset += sent
+            remaining -= sent
+
+    def send_goaway(self, reason: str = "") -> None:
+        """Tell the peer to send no new requests here; never blocks on a full socket."""
+        with self._state:
+            if self._goaway_sent or self._closed:
+                return
+            self._goaway_sent = True
+        # Server-initiated frames use stream_id 0: clients number their requests from 1.
+        data = b"".join(messages.request_frame(0, messages.GoAwayRequest(message=reason)))
+        if not self._send_lock.acquire(timeout=0.5):
+            return
+        try:
+            if not self._closed:
+                self.sock.send(data, socket.MSG_DONTWAIT)
+        except OSError as exc:
+            log.debug("GOAWAY to %s not sent: %s", self.peer_str, exc)
+        finally:
+            self._send_lock.release()
+
+    # -- in-flight accounting --------------------------------------------------------------
+
+    def _begin_request(self) -> None:
+        with self._state:
+            self._inflight += 1
+
+    def _end_request(self) -> None:
+        with self._state:
+            self._inflight -= 1
+            self._state.notify_all()
+
+    def _wait_below_inflight_limit(self) -> None:
+        limit = self.config.max_inflight_per_connection
+        with self._state:
+            while self._inflight >= limit and not self._closed:
+                self._state.wait(0.5)
+
+    def wait_idle(self, deadline: float) -> bool:
+        """Wait until nothing is in flight (True) or ``deadline`` (monotonic) passes (False)."""
+        with self._state:
+            while self._inflight and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._state.wait(min(left, 0.5))
+            return True
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def _abort(self, reason: str) -> None:
+        """Mark closed and shut the socket down: wakes the reader and every blocked sender."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            self._state.notify_all()
+        log.debug("closing %r: %s", self, reason)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self, reason: str = "closed by server", goaway: bool = True) -> None:
+        """Close the connection (GOAWAY first unless told not to)."""
+        if goaway:
+            self.send_goaway(reason)
+        self._abort(reason)
+
+
+class RequestContext:
+    """One request being served: its frame, and the ways to answer it."""
+
+    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock")
+
+    def __init__(self, frame: Frame, conn: Connection) -> None:
+        self.frame = frame
+        self.conn = conn
+        self._done = False
+        self._deferred = False
+        self._lock = threading.Lock()
+
+    @property
+    def opcode(self) -> int:
+        return self.frame.opcode
+
+    @property
+    def stream_id(self) -> int:
+        return self.frame.stream_id
+
+    @property
+    def header(self) -> Buffer:
+        return self.frame.header
+
+    @property
+    def payload(self) -> Buffer:
+        return self.frame.payload
+
+    @property
+    def done(self) -> bool:
+        """True once the END frame was sent (or the connection closed)."""
+        return self._done or self.conn.closed
+
+    @property
+    def server(self) -> FrameServer:
+        return self.conn.server
+
+    @property
+    def stopping(self) -> bool:
+        """True once the connection closed or the server began to stop (end long waits)."""
+        return self.conn.closed or self.conn.server.stopping
+
+    def defer(self) -> None:
+        """Keep the request in flight after ``handle`` returns; some thread ends it later."""
+        self._deferred = True
+
+    def send(self, parts: Sequence[Buffer | FileRegion]) -> None:
+        """Send one encoded response frame (e.g. ``messages.response_frame(...)``).
+
+        The frame's own flags tell whether it ends the request.
+        """
+        end = _frame_flags(parts) & Flags.END
+        if self._done:
+            raise RuntimeError(f"request {self.stream_id} was already answered with END")
+        self.conn.send(parts)
+        if end:
+            self._finish()
+
+    def reply(self, msg: object, payload: Buffer | Sequence[Buffer] = b"",
+              end: bool = True) -> None:
+        """Answer with a typed response header (a ``messages`` response class)."""
+        self.send(messages.response_frame(self.stream_id, msg, payload, end=end))
+
+    def reply_raw(self, header: Buffer, payload: Buffer | Sequence[Buffer] = b"",
+                  end: bool = True) -> None:
+        """Answer with an already serialized header."""
+        flags = Flags.RESPONSE | (Flags.END if end else 0)
+        self.send(encode_frame(self.opcode, flags, self.stream_id, header, payload))
+
+    def send_with_regions(self, header: Buffer, parts: Sequence[Buffer | FileRegion],
+                          payload_crc: int, end: bool = True) -> None:
+        """Answer with a frame whose payload mixes buffers and file regions (sent by sendfile).
+
+        The caller gives the payload's CRC-32 (the core never reads file regions itself).
+        """
+        length = sum(p.length if isinstance(p, FileRegion) else memoryview(p).nbytes
+                     for p in parts)
+        flags = Flags.RESPONSE | (Flags.END if end else 0)
+        prefix = frame_prefix(self.opcode, flags, self.stream_id,
+                              memoryview(header).nbytes, length)
+        out: list[Buffer | FileRegion] = [prefix, header, *parts,
+                                          checksum_trailer(payload_crc if length else 0)]
+        self.send(out)
+
+    def system_error(self, code: int, message: str = "", detail: bytes = b"") -> None:
+        """End the request with a SYSTEM_ERROR frame carrying ``code`` and ``message``."""
+        status = messages.Status(code=int(code), message=message, detail=detail)
+        self.send(messages.system_error_frame(self.stream_id, self.opcode, status))
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.conn._end_request()
+
+    def _abandon(self) -> None:
+        """The connection died: stop counting this request as in flight."""
+        self._finish()
+
+
+def _frame_flags(parts: Sequence[Buffer | FileRegion]) -> int:
+    first = parts[0] if parts else b""
+    if isinstance(first, FileRegion) or memoryview(first).nbytes < 8:
+        raise ValueError("a response must start with the frame's 16-byte prefix")
+    return memoryview(first).cast("B")[7]
+
+
+class FrameServer:
+    """A TCP server speaking SBP frames to a :class:`RequestHandler`."""
+
+    def __init__(self, handler: RequestHandler, config: NetConfig | None = None) -> None:
+        self.handler = handler
+        self.config = config or NetConfig()
+        self.stats = NetStats()
+        self._listener: socket.socket | None = None
+        self._address: tuple[str, int] | None = None
+        self._connections: dict[int, Connection] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.config.worker_threads,
+                                        thread_name_prefix=f"{self.config.name}-worker")
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> FrameServer:
+        """Bind, listen and start the accept and housekeeping threads."""
+        if self._listener is not None:
+            raise RuntimeError("server already started")
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.config.host, self.config.port))
+            listener.listen(min(socket.SOMAXCONN, 1024))
+        except OSError:
+            listener.close()
+            raise
+        # accept() wakes at least this often to notice stop().
+        listener.settimeout(0.2)
+        self._listener = listener
+        self._address = listener.getsockname()[:2]
+        for target, name in ((self._accept_loop, "accept"), (self._housekeeping, "housekeeping")):
+            t = threading.Thread(target=target, name=f"{self.config.name}-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("%s listening on %s", self.config.name, self.address_str)
+        return self
+
+    def __enter__(self) -> FrameServer:
+        if self._listener is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the real port when started with port 0."""
+        if self._address is None:
+            raise RuntimeError("server not started")
+        return self._address
+
+    @property
+    def address_str(self) -> str:
+        host, port = self.address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._connections)
+
+    def connections(self) -> list[Connection]:
+        with self._lock:
+            return list(self._connections.values())
+
+    def submit(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the worker pool (e.g. to answer a deferred request)."""
+        self._pool.submit(self._guarded, fn, args)
+
+    @staticmethod
+    def _guarded(fn, args) -> None:
+        try:
+            fn(*args)
+        except ConnectionClosed as exc:
+            log.debug("worker task ended: %s", exc)
+        except Exception:
+            log.exception("worker task %r failed", fn)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown: GOAWAY everyone, refuse new work, let in-flight work finish."""
+        if self._stopping.is_set():
+            self._stopped.wait(timeout if timeout is not None else None)
+            return
+        self._stopping.set()
+        timeout = self.config.shutdown_timeout_s if timeout is None else timeout
+        try:
+            self.handler.server_stopping()
+        except Exception:
+            log.exception("handler.server_stopping failed")
+        listener = self._listener
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.close()
+        conns = self.connections()
+        for conn in conns:
+            conn.send_goaway("server shutting down")
+            with conn._state:
+                conn._draining = True
+        deadline = time.monotonic() + timeout
+        for conn in conns:
+            if not conn.wait_idle(deadline):
+                log.warning("%r still had %d requests in flight at shutdown", conn, conn.inflight)
+        for conn in conns:
+            conn.close("server stopped", goaway=False)
+        for conn in conns:
+            if conn.reader is not None and conn.reader is not threading.current_thread():
+                conn.reader.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(1.0)
+        self._stopped.set()
+        log.info("%s on %s stopped", self.config.name, self.address_str)
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stopping.is_set():
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if not self._stopping.is_set():
+                    log.error("accept failed on %s: %s", self.address_str, exc)
+                    time.sleep(0.05)  # e.g. EMFILE: back off instead of spinning
+                continue
+            sock.setblocking(True)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(self, sock, peer)
+            with self._lock:
+                too_many = len(self._connections) >= self.config.max_connections
+                if not too_many and not self._stopping.is_set():
+                    self._connections[conn.id] = conn
+            if too_many or self._stopping.is_set():
+                self.stats.connections_refused += 1
+                log.warning("refusing %s: %d connections open (max_connections)",
+                            conn.peer_str, self.config.max_connections)
+                conn.close("connection limit reached")
+                sock.close()
+                continue
+            self.stats.connections_accepted += 1
+            t = threading.Thread(target=self._read_loop, args=(conn,),
+                                 name=f"{self.config.name}-conn{conn.id}", daemon=True)
+            conn.reader = t
+            t.start()
+
+    def _housekeeping(self) -> None:
+        idle = self.config.idle_timeout_s
+        interval = min(1.0, idle / 4) if idle else 1.0
+        while not self._stopping.wait(interval):
+            now = time.monotonic()
+            for conn in self.connections():
+                started = conn._send_started
+                if started is not None and now - started > self.config.send_timeout_s:
+                    log.warning("%r accepted no bytes for %.0f s: closing", conn,
+                                now - started)
+                    conn.close("send timeout", goaway=False)
+                elif idle and conn.inflight == 0 and now - conn.last_activity > idle:
+                    log.debug("%r idle for %.0f s: closing", conn, now - conn.last_activity)
+                    conn.close("idle timeout")
+
+    def _read_loop(self, conn: Connection) -> None:
+        sock = conn.sock
+        decoder = FrameDecoder(self.config.max_frame_length)
+        pending: list[RequestContext] = []
+        try:
+            while True:
+                conn._wait_below_inflight_limit()
+                if conn.closed or conn._draining:
+                    break
+                buf = decoder.get_buffer()
+                try:
+                    n = sock.recv_into(buf, min(buf.nbytes, RECV_PIECE))
+                except OSError as exc:
+                    if not conn.closed:
+                        log.debug("%r receive failed: %s", conn, exc)
+                    break
+                if n == 0:
+                    break
+                conn.last_activity = time.monotonic()
+                self.stats.bytes_in += n
+                try:
+                    decoder.buffer_updated(n)
+                except FrameError as exc:
+                    log.warning("%r sent an unreadable frame, closing: %s", conn, exc)
+                    break
+                while (event := decoder.next_event()) is not None:
+                    self._dispatch(conn, event, pending)
+                    if conn._draining:
+                        break
+            if conn._draining and not conn.closed:
+                conn.wait_idle(time.monotonic() + self.config.shutdown_timeout_s)
+        except Exception:
+            log.exception("%r reader failed", conn)
+        finally:
+            conn._abort("reader finished")
+            with conn._send_lock:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            for ctx in pending:
+                ctx._abandon()
+            with self._lock:
+                self._connections.pop(conn.id, None)
+            try:
+                self.handler.connection_closed(conn)
+            except Exception:
+                log.exception("handler.connection_closed failed")
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _dispatch(self, conn: Connection, event: Frame | InvalidFrame,
+                  pending: list[RequestContext]) -> None:
+        if isinstance(event, InvalidFrame):
+            self.stats.invalid_frames += 1
+            if event.flags & Flags.RESPONSE or event.opcode not in self._known_opcodes():
+                log.debug("%r: dropped invalid frame %s", conn, event)
+                return
+            code = (ErrorCode.CHECKSUM_MISMATCH if isinstance(event.error, ChecksumError)
+                    else ErrorCode.INVALID_REQUEST)
+            ctx = self._new_context(conn, Frame(event.opcode, event.flags, event.stream_id),
+                                    pending)
+            self._answer_error(ctx, code, str(event.error))
+            return
+        frame = event
+        if frame.flags & Flags.RESPONSE:
+            log.debug("%r: ignored response frame opcode=%#06x stream_id=%d", conn,
+                      frame.opcode, frame.stream_id)
+            return
+        opcode = frame.opcode
+        if opcode == Opcode.PING:
+            ctx = self._new_context(conn, frame, pending)
+            self._run(ctx, self._pong)
+            return
+        if opcode == Opcode.GOAWAY:
+            log.debug("%r: peer sent GOAWAY", conn)
+            with conn._state:
+                conn._draining = True
+            return
+        if opcode not in self.handler.opcodes:
+            log.debug("%r: discarded frame with unknown opcode %#06x", conn, opcode)
+            return
+        self.stats.requests += 1
+        self.stats.per_opcode[opcode] = self.stats.per_opcode.get(opcode, 0) + 1
+        ctx = self._new_context(conn, frame, pending)
+        if self._stopping.is_set():
+            self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
+        elif opcode in self.handler.long_opcodes:
+            try:
+                self._pool.submit(self._run, ctx, self.handler.handle)
+            except RuntimeError:  # pool shut down under us
+                self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
+        else:
+            self._run(ctx, self.handler.handle)
+
+    def _known_opcodes(self) -> frozenset[int]:
+        return self.handler.opcodes | {Opcode.PING}
+
+    @staticmethod
+    def _new_context(conn: Connection, frame: Frame,
+                     pending: list[RequestContext]) -> RequestContext:
+        ctx = RequestContext(frame, conn)
+        conn._begin_request()
+        # Remember unfinished contexts so a dying connection releases them; prune as we go.
+        if len(pending) >= 64:
+            pending[:] = [c for c in pending if not c._done]
+        pending.append(ctx)
+        return ctx
+
+    @staticmethod
+    def _pong(ctx: RequestContext) -> None:
+        ctx.reply_raw(ctx.frame.header, ctx.frame.payload)
+
+    def _run(self, ctx: RequestContext, fn) -> None:
+        try:
+            fn(ctx)
+        except ConnectionClosed as exc:
+            log.debug("request %d on %r abandoned: %s", ctx.stream_id, ctx.conn, exc)
+            ctx._abandon()
+            return
+        except ServerError as exc:
+            self._answer_error(ctx, exc.code, exc.message)
+        except Exception as exc:
+            self.stats.handler_errors += 1
+            log.exception("handler failed on opcode %#06x stream_id %d from %s",
+                          ctx.opcode, ctx.stream_id, ctx.conn.peer_str)
+            self._answer_error(ctx, ErrorCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+            return
+        if not ctx._done and not ctx._deferred:
+            log.error("handler returned without answering opcode %#06x stream_id %d",
+                      ctx.opcode, ctx.stream_id)
+            self._answer_error(ctx, ErrorCode.UNKNOWN, "the server produced no response")
+
+    @staticmethod
+    def _answer_error(ctx: RequestContext, code: int, message: str) -> None:
+        if ctx._done:
+            return
+        try:
+            ctx.system_error(code, message)
+        except ConnectionClosed:
+            ctx._abandon()
+        except Exception:
+            log.exception("could not send SYSTEM_ERROR for stream_id %d", ctx.stream_id)
+            ctx._abandon()
+
+
+def serve_forever(server: FrameServer, stop_event: threading.Event | None = None,
+                  signals: Iterable[int] = ()) -> None:
+    """Block until ``stop_event`` is set (or a signal in ``signals`` arrives), then stop."""
+    event = stop_event or threading.Event()
+    for sig in signals:
+        signal.signal(sig, lambda *_: event.set())
+    try:
+        while not event.wait(0.5):
+            pass
+    finally:
+        server.stop()
