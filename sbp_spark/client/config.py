@@ -1,0 +1,57 @@
+"""Client settings: one small typed dataclass, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+
+# Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch):
+# the largest value batch_max_bytes (an int32 on the wire) can carry, so one request can stream
+# a whole range.
+DEFAULT_FETCH_MAX_BYTES = (1 << 31) - 1
+
+
+@dataclass
+class ClientConfig:
+    """Timeouts, retry policy and pipelining limits shared by every client class.
+
+    Times are in seconds (``*_s``) or milliseconds (``*_ms``) as the names say.
+    """
+
+    connect_timeout_s: float = 5.0
+    # How long a caller waits for each frame of an answer (not for the whole answer: a streamed
+    # FETCH may legitimately run longer than this). Also the socket write timeout.
+    request_timeout_s: float = 30.0
+    # A pooled connection with nothing outstanding for this long is closed.
+    idle_timeout_s: float = 300.0
+    retries: int = 5
+    retry_backoff_ms: int = 50
+    retry_backoff_max_ms: int = 2000
+    # No retry starts after this much time has passed since the first attempt.
+    retry_deadline_s: float = 60.0
+    max_inflight_frames: int = 4
+    max_frame_bytes: int = MAX_FRAME_LENGTH
+    # timeout_ms sent in request headers that carry one (server-side processing bound).
+    server_timeout_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "request_timeout_s", "idle_timeout_s",
+                     "retry_deadline_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"ClientConfig.{name}={value!r}: must be a number > 0")
+        for name, low in (("retries", 0), ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
+                          ("max_inflight_frames", 1), ("server_timeout_ms", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"ClientConfig.{name}={value!r}: must be an integer >= {low}")
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ValueError(
+                f"ClientConfig.retry_backoff_max_ms={self.retry_backoff_max_ms} is below "
+                f"retry_backoff_ms={self.retry_backoff_ms}")
+        if not isinstance(self.max_frame_bytes, int) or not (
+                MIN_FRAME_LENGTH <= self.max_frame_bytes <= MAX_FRAME_LENGTH):
+            raise ValueError(
+                f"ClientConfig.max_frame_bytes={self.max_frame_bytes!r}: must be an integer in "
+                f"[{MIN_FRAME_LENGTH}, {MAX_FRAME_LENGTH}] (the protocol's frame limit)")

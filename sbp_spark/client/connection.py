@@ -1,0 +1,575 @@
+"""One TCP connection to one SBP server, shared by many concurrent requests.
+
+Requests are numbered by stream_id (WIRE.md 3). Any thread may send; one reader thread per
+connection decodes incoming frames and sorts them into a queue per outstanding stream_id. A
+response is consumed as a ``ResponseStream``: an iterator of frames that ends at the END frame,
+raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it is exhausted,
+closed or failed. The first socket failure fails every outstanding request with one
+``TransportError`` naming the server's address.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MAX_STREAM_ID, Flags, Opcode
+from sbp_spark.protocol.errors import (
+    ChecksumError,
+    FrameError,
+    ProtocolError,
+    SbpError,
+    SbpTimeoutError,
+    ServerError,
+    TransportError,
+)
+from sbp_spark.protocol.frame import RECEIVE_CHUNK, Frame, FrameDecoder, encode_frame
+
+from .config import ClientConfig
+from .heartbeat import Heartbeat
+
+log = logging.getLogger(__name__)
+
+Buffer = bytes | bytearray | memoryview
+
+_RESPONSE = int(Flags.RESPONSE)
+_END = int(Flags.END)
+_SYSTEM_ERROR = int(Flags.SYSTEM_ERROR)
+_RESPONSE_END = _RESPONSE | _END
+_LAST_FRAME = _END | _SYSTEM_ERROR
+
+
+def _iov_max() -> int:
+    try:
+        value = os.sysconf("SC_IOV_MAX")
+    except (AttributeError, ValueError, OSError):
+        value = -1
+    # sendmsg refuses more buffers than IOV_MAX in one call; 16 is the POSIX minimum.
+    return value if value > 0 else 16
+
+
+_IOV_MAX = _iov_max()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` (or ``[v6-host]:port``) as a (host, port) pair."""
+    if not isinstance(address, str):
+        raise ValueError(f"server address {address!r} must be a 'host:port' string")
+    text = address.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text:
+        raise ValueError(f"server address {address!r} is not of the form host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"server address {address!r}: port {port_text!r} is not a number") \
+            from None
+    if not 0 < port < 65536:
+        raise ValueError(f"server address {address!r}: port {port} is not in 1..65535")
+    return host, port
+
+
+def _nbytes(buf: Buffer) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def send_buffers(sock: socket.socket, buffers: Sequence[Buffer]) -> None:
+    """Write every buffer with ``sendmsg``, resuming after partial sends, without joining them."""
+    bufs = [b for b in buffers if _nbytes(b)]
+    i, count = 0, len(bufs)
+    while i < count:
+        sent = sock.sendmsg(bufs[i:i + _IOV_MAX])
+        while sent:
+            size = _nbytes(bufs[i])
+            if sent >= size:
+                sent -= size
+                i += 1
+            else:
+                bufs[i] = memoryview(bufs[i]).cast("B")[sent:]
+                sent = 0
+
+
+def system_error_of(frame: Frame) -> ServerError:
+    """The ServerError a SYSTEM_ERROR frame carries."""
+    from sbp_spark.protocol.messages import SystemError as SystemErrorMsg
+
+    try:
+        status = SystemErrorMsg.from_flatbuffers(frame.header).status
+    except ProtocolError as exc:
+        return ServerError(f"SYSTEM_ERROR frame with an unreadable header: {exc}")
+    return ServerError.for_status(status.code, status.message, bytes(status.detail))
+
+
+class _Failure:
+    """Queue item telling a waiter that its request failed with ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: SbpError) -> None:
+        self.error = error
+
+
+def _fresh(error: SbpError) -> SbpError:
+    """A new exception like ``error`` for one waiter (one instance is never raised twice)."""
+    try:
+        copy = type(error)(*error.args)
+    except TypeError:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+class ResponseStream:
+    """The frames answering one request, in order; ends after the END frame.
+
+    Iterating raises ``SbpTimeoutError`` when no frame arrives within ``timeout`` seconds,
+    ``ServerError`` on a SYSTEM_ERROR answer and ``TransportError`` if the connection fails.
+    Use it as a context manager (or call ``close()``) when not reading it to the end.
+    """
+
+    __slots__ = ("connection", "stream_id", "opcode", "timeout", "_queue", "_done")
+
+    def __init__(self, connection: Connection, stream_id: int, opcode: int,
+                 queue: SimpleQueue, timeout: float) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.opcode = opcode
+        self.timeout = timeout
+        self._queue = queue
+        self._done = False
+
+    def __iter__(self) -> ResponseStream:
+        return self
+
+    def __next__(self) -> Frame:
+        if self._done:
+            raise StopIteration
+        try:
+            item = self._queue.get(timeout=self.timeout)
+        except Empty:
+            self.close()
+            raise SbpTimeoutError(
+                f"no answer from {self.connection.address} to {_opname(self.opcode)} "
+                f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
+        if type(item) is _Failure:
+            self.close()
+            raise _fresh(item.error)
+        if item.flags & _LAST_FRAME:
+            self._done = True
+            if item.flags & _SYSTEM_ERROR:
+                self.connection._release(self.stream_id, self._queue)
+                raise system_error_of(item)
+            self.connection._release(self.stream_id, self._queue)
+        return item
+
+    @property
+    def done(self) -> bool:
+        """True once the END frame was read or the stream was closed or failed."""
+        return self._done
+
+    def close(self) -> None:
+        """Stop waiting for the answer; late frames for this request are dropped."""
+        if not self._done:
+            self._done = True
+            self.connection._release(self.stream_id, self._queue)
+
+    def __enter__(self) -> ResponseStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._done:
+            self.close()
+
+
+def _opname(opcode: int) -> str:
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"opcode {opcode:#06x}"
+
+
+class Connection:
+    """One TCP connection to one server, carrying many requests at once.
+
+    ``request()`` may be called from any thread. The connection stops taking new requests after
+    the server's GOAWAY (``usable`` turns False) and closes itself once the requests already in
+    flight are answered. It also closes after ``idle_timeout_s`` with nothing outstanding.
+    """
+
+    def __init__(self, address: str, config: ClientConfig | None = None) -> None:
+        self.address = address
+        self.config = config if config is not None else ClientConfig()
+        host, port = parse_address(address)
+        timeout = self.config.connect_timeout_s
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError:
+            raise SbpTimeoutError(
+                f"connecting to {address} timed out after {timeout:g}s") from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The writer and the reader wait with different timeouts, so each gets its own
+            # socket object over the same connection.
+            sock.settimeout(self.config.request_timeout_s)
+            self._rsock = sock.dup()
+            self._rsock.settimeout(self.config.idle_timeout_s)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
+        self._sock = sock
+        self._decoder = FrameDecoder(MAX_FRAME_LENGTH)
+        self._lock = threading.Lock()  # guards _pending inserts, _next_id and the state below
+        self._send_lock = threading.Lock()
+        self._control: deque[list[Buffer]] = deque()  # frames the reader must send (PONG)
+        self._pending: dict[int, SimpleQueue] = {}
+        self._next_id = 1
+        self._closed = False
+        self._error: SbpError | None = None
+        self._goaway = False
+        self._throttled_until = 0.0
+        self._last_active = time.monotonic()
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"sbp-reader-{address}", daemon=True)
+        self._reader.start()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "goaway" if self._goaway else "open"
+        return f"<Connection {self.address} {state} outstanding={len(self._pending)}>"
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """True while the connection takes new requests."""
+        return not self._closed and not self._goaway
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def goaway_received(self) -> bool:
+        return self._goaway
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent and not yet fully answered."""
+        return len(self._pending)
+
+    @property
+    def error(self) -> SbpError | None:
+        """Why the connection failed, if it did."""
+        return self._error
+
+    def throttle(self, throttle_time_ms: int) -> None:
+        """Hold back new requests for ``throttle_time_ms`` (the server asked for it)."""
+        if throttle_time_ms > 0:
+            until = time.monotonic() + throttle_time_ms / 1000.0
+            if until > self._throttled_until:
+                self._throttled_until = until
+
+    # -- requests --------------------------------------------------------------------------
+
+    def request(
+        self,
+        opcode: int,
+        header: Buffer = b"",
+        payload: Buffer | Sequence[Buffer] = b"",
+        timeout: float | None = None,
+    ) -> ResponseStream:
+        """Send one request frame and return the stream of its answer frames."""
+        return self.start(
+            opcode, lambda sid: encode_frame(opcode, 0, sid, header, payload), timeout)
+
+    def start(
+        self,
+        opcode: int,
+        build: Callable[[int], Sequence[Buffer]],
+        timeout: float | None = None,
+    ) -> ResponseStream:
+        """Allocate a stream_id, send the buffers ``build(stream_id)`` returns, and return the
+        answer's stream. ``timeout`` bounds the wait for each answer frame (default: the
+        config's ``request_timeout_s``)."""
+        delay = self._throttled_until - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        queue: SimpleQueue = SimpleQueue()
+        with self._lock:
+            self._check_usable()
+            sid = self._allocate_id()
+            self._pending[sid] = queue
+        stream = ResponseStream(
+            self, sid, opcode, queue,
+            self.config.request_timeout_s if timeout is None else timeout)
+        try:
+            buffers = build(sid)
+        except BaseException:
+            stream.close()
+            raise
+        self._send(buffers, stream)
+        return stream
+
+    def call(self, msg: Any, payload: Buffer | Sequence[Buffer] = b"",
+             timeout: float | None = None) -> tuple[Any, Buffer]:
+        """Send a typed request (a ``protocol.messages`` class) and return the decoded
+        one-frame answer with its payload."""
+        from sbp_spark.protocol.messages import decode_response, request_frame
+
+        stream = self.start(msg.OPCODE, lambda sid: request_frame(sid, msg, payload), timeout)
+        with stream:
+            frame = next(stream)
+            if not frame.is_end:
+                raise ProtocolError(
+                    f"{self.address} answered {_opname(msg.OPCODE)} with more than one frame")
+            if frame.opcode != msg.OPCODE:
+                raise ProtocolError(
+                    f"{self.address} answered {_opname(msg.OPCODE)} with a "
+                    f"{_opname(frame.opcode)} frame")
+            return decode_response(frame), frame.payload
+
+    def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
+        """Round-trip a PING; returns the round-trip time in seconds."""
+        began = time.monotonic()
+        with self.request(Opcode.PING, b"", payload, timeout) as stream:
+            frame = next(stream)
+        if bytes(frame.payload) != payload:
+            raise ProtocolError(f"{self.address} answered PING with a different payload")
+        return time.monotonic() - began
+
+    def start_heartbeat(
+        self,
+        make_request: Callable[[], Any],
+        interval_s: float,
+        on_response: Callable[[Any], None] | None = None,
+    ) -> Heartbeat:
+        """Send ``make_request()`` (a HeartbeatRequest) every ``interval_s`` seconds on this
+        connection until the returned ``Heartbeat`` is stopped or the connection closes."""
+        def beat() -> None:
+            if self._closed:
+                raise TransportError(f"connection to {self.address} is closed")
+            response, _ = self.call(make_request())
+            if on_response is not None:
+                on_response(response)
+
+        return Heartbeat(beat, interval_s, name=f"sbp-heartbeat-{self.address}",
+                         stop_when=lambda: self._closed)
+
+    def close(self) -> None:
+        """Close the socket; anything still outstanding fails with ``TransportError``."""
+        self._fail(TransportError(f"connection to {self.address} was closed by the client"))
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            if self._error is not None:
+                raise _fresh(self._error)
+            raise TransportError(f"connection to {self.address} is closed")
+        if self._goaway:
+            raise TransportError(
+                f"{self.address} sent GOAWAY: this connection takes no new requests")
+
+    def _allocate_id(self) -> int:
+        sid = self._next_id
+        while sid in self._pending:
+            sid = sid + 1 if sid < MAX_STREAM_ID else 1
+        self._next_id = sid + 1 if sid < MAX_STREAM_ID else 1
+        return sid
+
+    def _release(self, sid: int, queue: SimpleQueue) -> None:
+        with self._lock:
+            if self._pending.get(sid) is queue:
+                del self._pending[sid]
+        if self._goaway and not self._pending:
+            self._close_quietly()
+
+    def _send(self, buffers: Sequence[Buffer], stream: ResponseStream | None = None) -> None:
+        with self._send_lock:
+            if self._closed:
+                if stream is not None:
+                    stream.close()
+                self._check_usable()
+            try:
+                send_buffers(self._sock, buffers)
+            except TimeoutError:
+                error: SbpError = SbpTimeoutError(
+                    f"sending to {self.address} made no progress for "
+                    f"{self.config.request_timeout_s:g}s")
+                self._fail(error)
+                raise _fresh(error) from None
+            except OSError as exc:
+                error = TransportError(f"connection to {self.address} failed while sending: {exc}")
+                error.__cause__ = exc
+                self._fail(error)
+                raise _fresh(error) from exc
+            self._last_active = time.monotonic()
+        if self._control:
+            self._flush_control()
+
+    def _flush_control(self) -> None:
+        # Called by the reader (which must never block behind a sender) and by every sender
+        # after it lets go of the lock, so a queued PONG always goes out.
+        while self._control and self._send_lock.acquire(blocking=False):
+            try:
+                while self._control and not self._closed:
+                    send_buffers(self._sock, self._control.popleft())
+            except OSError as exc:
+                self._fail(TransportError(
+                    f"connection to {self.address} failed while sending: {exc}"))
+                return
+            finally:
+                self._send_lock.release()
+
+    def _fail(self, error: SbpError) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._error = error
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for queue in waiting:
+            queue.put(_Failure(error))
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed or never fully connected: nothing left to shut down
+        if threading.current_thread() is not self._reader and not self._reader.is_alive():
+            self._close_sockets()
+
+    def _close_quietly(self) -> None:
+        with self._lock:
+            if self._closed or self._pending:
+                return
+            self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the peer may have closed first
+
+    def _close_sockets(self) -> None:
+        with self._send_lock:
+            self._sock.close()
+        self._rsock.close()
+
+    def _close_fds_after_fork(self) -> None:
+        # In a forked child: release this process's copies of the descriptors only.
+        self._closed = True
+        self._error = TransportError(
+            f"connection to {self.address} belongs to the parent process (fork)")
+        self._pending.clear()
+        self._send_lock = threading.Lock()
+        self._sock.close()
+        self._rsock.close()
+
+    def _idle_expired(self) -> bool:
+        with self._lock:
+            if self._pending or self._closed:
+                return False
+            if time.monotonic() - self._last_active < self.config.idle_timeout_s:
+                return False
+            self._closed = True
+            return True
+
+    def _read_loop(self) -> None:
+        sock, decoder = self._rsock, self._decoder
+        try:
+            while True:
+                buf = decoder.get_buffer()
+                if buf.nbytes > RECEIVE_CHUNK:
+                    buf = buf[:RECEIVE_CHUNK]
+                try:
+                    n = sock.recv_into(buf)
+                except TimeoutError:
+                    if self._idle_expired():
+                        log.debug("closing idle connection to %s", self.address)
+                        return
+                    continue
+                if n == 0:
+                    self._fail(TransportError(
+                        f"connection to {self.address} was closed by the server"
+                        + (" after GOAWAY" if self._goaway else "")))
+                    return
+                self._last_active = time.monotonic()
+                decoder.buffer_updated(n)
+                event = decoder.next_event()
+                while event is not None:
+                    self._dispatch(event)
+                    event = decoder.next_event()
+        except FrameError as exc:
+            self._fail(TransportError(f"lost framing on the connection to {self.address}: {exc}"))
+        except OSError as exc:
+            if not self._closed:
+                self._fail(TransportError(f"connection to {self.address} failed: {exc}"))
+        except BaseException as exc:
+            self._fail(TransportError(
+                f"reader of the connection to {self.address} stopped: {exc!r}"))
+            raise
+        finally:
+            if not self._closed:
+                self._fail(TransportError(f"connection to {self.address} stopped reading"))
+            self._close_sockets()
+
+    def _dispatch(self, event: Any) -> None:
+        if type(event) is not Frame:  # InvalidFrame: intact framing, unusable content
+            if event.flags & _RESPONSE:
+                queue = self._pending.pop(event.stream_id, None)
+                if queue is not None:
+                    error = event.error
+                    if isinstance(error, ChecksumError):
+                        error = ChecksumError(f"answer from {self.address}: {error}")
+                    queue.put(_Failure(error))
+                    self._after_answer()
+            else:
+                log.warning("ignoring an invalid request frame from %s: %s",
+                            self.address, event.error)
+            return
+        flags = event.flags
+        if flags & _RESPONSE:
+            sid = event.stream_id
+            if flags & _LAST_FRAME:
+                queue = self._pending.pop(sid, None)
+                if queue is not None:
+                    queue.put(event)
+                    self._after_answer()
+                return
+            queue = self._pending.get(sid)
+            if queue is not None:
+                queue.put(event)
+            return
+        opcode = event.opcode
+        if opcode == Opcode.PING:
+            self._control.append(
+                encode_frame(Opcode.PING, _RESPONSE_END, event.stream_id, event.header,
+                             event.payload))
+            self._flush_control()
+        elif opcode == Opcode.GOAWAY:
+            log.debug("GOAWAY from %s", self.address)
+            self._goaway = True
+            self._after_answer()
+        else:
+            log.debug("ignoring request %s from server %s", _opname(opcode), self.address)
+
+    def _after_answer(self) -> None:
+        if self._goaway and not self._pending:
+            self._close_quietly()
+

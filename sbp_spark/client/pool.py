@@ -1,0 +1,131 @@
+"""Connections kept open and shared, one per server address, for the life of the process.
+
+Spark reuses its Python workers between tasks, so a module-level pool (``get_pool()``) lets one
+task's connections serve the next. Connections that failed, went idle or received GOAWAY are
+replaced on the next ``get``; the pool closes what is left when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from sbp_spark.protocol.errors import TransportError
+
+from .config import ClientConfig
+from .connection import Connection, parse_address
+
+
+class ConnectionPool:
+    """Thread-safe map from ``host:port`` to one open ``Connection``."""
+
+    def __init__(self, config: ClientConfig | None = None) -> None:
+        self.config = config if config is not None else ClientConfig()
+        self._lock = threading.Lock()
+        self._connections: dict[str, Connection] = {}
+        self._connecting: dict[str, threading.Lock] = {}
+        self._closed = False
+
+    def get(self, address: str, config: ClientConfig | None = None) -> Connection:
+        """An open connection to ``address``, made now if none is usable.
+
+        ``config`` applies only when a new connection is made (connect timeout and so on).
+        """
+        conn = self._connections.get(address)
+        if conn is not None and conn.usable:
+            return conn
+        parse_address(address)  # a bad address fails here, with a message naming it
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"connection pool is closed; cannot connect to {address}")
+            gate = self._connecting.setdefault(address, threading.Lock())
+        # One connect per address at a time; other addresses are not held up meanwhile.
+        with gate:
+            conn = self._connections.get(address)
+            if conn is not None and conn.usable:
+                return conn
+            fresh = Connection(address, config if config is not None else self.config)
+            with self._lock:
+                if self._closed:
+                    fresh.close()
+                    raise TransportError(
+                        f"connection pool is closed; cannot connect to {address}")
+                # The old connection (if any) is closed or draining after GOAWAY: requests
+                # still in flight on it finish, and it closes itself afterwards.
+                self._connections[address] = fresh
+            return fresh
+
+    def discard(self, conn: Connection) -> None:
+        """Close ``conn`` and forget it, so the next ``get`` reconnects."""
+        with self._lock:
+            if self._connections.get(conn.address) is conn:
+                del self._connections[conn.address]
+        conn.close()
+
+    def connections(self) -> dict[str, Connection]:
+        """A snapshot of the pooled connections by address."""
+        with self._lock:
+            return dict(self._connections)
+
+    def close(self) -> None:
+        """Close every pooled connection; the pool refuses new ones afterwards."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._connections.values())
+            self._connections.clear()
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> ConnectionPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _forget_after_fork(self) -> None:
+        # A forked child shares the parent's sockets but has no reader threads: drop them
+        # without shutting the sockets down (that would cut the parent's connections too).
+        for conn in self._connections.values():
+            conn._close_fds_after_fork()
+        self._connections.clear()
+        self._connecting.clear()
+        self._lock = threading.Lock()
+
+
+_POOL: ConnectionPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool() -> ConnectionPool:
+    """The process-wide connection pool (made on first use, closed at interpreter exit)."""
+    global _POOL
+    pool = _POOL
+    if pool is not None:
+        return pool
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ConnectionPool()
+        return _POOL
+
+
+def close_pool() -> None:
+    """Close the process-wide pool; the next ``get_pool()`` makes a new one."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.close()
+
+
+def _after_fork_in_child() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+    pool, _POOL = _POOL, None
+    if pool is not None:
+        pool._forget_after_fork()
+
+
+atexit.register(close_pool)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

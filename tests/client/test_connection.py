@@ -1,0 +1,287 @@
+"""Connection behaviour against scripted loopback servers: multiplexing, ordering, failures."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+
+from sbp_spark.client import ClientConfig, Connection, ConnectionPool
+from sbp_spark.client.connection import parse_address, send_buffers
+from sbp_spark.protocol.constants import Flags, Opcode
+from sbp_spark.protocol.errors import (
+    ChecksumError,
+    SbpTimeoutError,
+    TransportError,
+)
+from sbp_spark.protocol.frame import encode_frame
+
+from .fakes import RESPONSE_END, FakeServer, Peer, echo_handler
+
+FAST = ClientConfig(connect_timeout_s=2, request_timeout_s=5)
+OP = Opcode.FETCH  # any request opcode: the scripted servers do not decode headers
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def echo_server():
+    with FakeServer(echo_handler) as server:
+        yield server
+
+
+def test_parse_address():
+    assert parse_address("127.0.0.1:80") == ("127.0.0.1", 80)
+    assert parse_address("[::1]:9000") == ("::1", 9000)
+    for bad in ("nohost", "host:", ":80", "h:0", "h:x", 42):
+        with pytest.raises(ValueError):
+            parse_address(bad)
+
+
+def test_ping_and_request_roundtrip(echo_server):
+    with Connection(echo_server.address, FAST) as conn:
+        assert conn.ping() >= 0
+        frames = list(conn.request(OP, b"hdr", b"payload"))
+        assert len(frames) == 1
+        assert bytes(frames[0].header) == b"hdr" and bytes(frames[0].payload) == b"payload"
+        assert frames[0].flags == RESPONSE_END
+        assert conn.outstanding == 0
+
+
+def test_pipelines_1000_requests_on_one_connection(echo_server):
+    with Connection(echo_server.address, FAST) as conn:
+        streams = [conn.request(OP, b"", struct.pack(">I", i)) for i in range(1000)]
+        assert len({s.stream_id for s in streams}) == 1000
+        assert all(0 < s.stream_id < 2**31 for s in streams)
+        assert conn.outstanding > 0
+        for i, stream in enumerate(streams):
+            (frame,) = list(stream)
+            assert struct.unpack(">I", frame.payload)[0] == i
+        assert conn.outstanding == 0
+    assert echo_server.connections == 1
+
+
+def test_out_of_order_answers_reach_their_requests():
+    def reverse(peer: Peer) -> None:
+        requests = [peer.read_frame() for _ in range(20)]
+        for frame in reversed(requests):
+            peer.reply(frame, b"", bytes(frame.payload))
+
+    with FakeServer(reverse) as server, Connection(server.address, FAST) as conn:
+        streams = [conn.request(OP, b"", b"req-%d" % i) for i in range(20)]
+        for i, stream in enumerate(streams):
+            assert [bytes(f.payload) for f in stream] == [b"req-%d" % i]
+        assert not server.errors
+
+
+def test_interleaved_streaming_responses_keep_their_order():
+    def interleave(peer: Peer) -> None:
+        requests = [peer.read_frame() for _ in range(3)]
+        for part in range(5):
+            for frame in requests:
+                last = part == 4
+                flags = RESPONSE_END if last else Flags.RESPONSE
+                peer.reply(frame, b"", bytes(frame.payload) + b":%d" % part, flags)
+
+    with FakeServer(interleave) as server, Connection(server.address, FAST) as conn:
+        streams = [conn.request(OP, b"", b"s%d" % i) for i in range(3)]
+        results = {}
+
+        def consume(i):
+            results[i] = [bytes(f.payload) for f in streams[i]]
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in (2, 0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        for i in range(3):
+            assert results[i] == [b"s%d:%d" % (i, p) for p in range(5)]
+        assert conn.outstanding == 0
+
+
+def test_server_dying_mid_response_fails_every_waiter():
+    got = threading.Event()
+
+    def die(peer: Peer) -> None:
+        requests = [peer.read_frame() for _ in range(10)]
+        peer.reply(requests[0], b"", b"first part", Flags.RESPONSE)
+        # Half a frame, then the connection drops.
+        whole = b"".join(bytes(b) for b in encode_frame(OP, RESPONSE_END, requests[1].stream_id,
+                                                        b"", b"x" * 1000))
+        peer.sock.sendall(whole[:500])
+        got.wait(5)
+
+    with FakeServer(die) as server:
+        conn = Connection(server.address, ClientConfig(request_timeout_s=30))
+        streams = [conn.request(OP, b"", b"%d" % i) for i in range(10)]
+        assert bytes(next(streams[0]).payload) == b"first part"
+        errors = []
+
+        def wait(stream):
+            try:
+                list(stream)
+            except TransportError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=wait, args=(s,)) for s in streams]
+        for t in threads:
+            t.start()
+        got.set()
+        began = time.monotonic()
+        for t in threads:
+            t.join(10)
+        assert time.monotonic() - began < 5, "waiters hung after the server died"
+        assert len(errors) == 10
+        assert all(server.address in str(e) for e in errors)
+        assert conn.closed and not conn.usable
+        with pytest.raises(TransportError, match=server.address):
+            conn.request(OP)
+
+
+def test_goaway_lets_inflight_finish_and_pool_reconnects():
+    release = threading.Event()
+
+    def drain(peer: Peer) -> None:
+        first = peer.read_frame()
+        if first is None:
+            return
+        if bytes(first.payload) == b"before":
+            second = peer.read_frame()
+            peer.goaway()
+            release.wait(5)
+            peer.reply(first, b"", b"answer-1")
+            peer.reply(second, b"", b"answer-2")
+            assert peer.read_frame() is None  # the client closes once both are answered
+        else:
+            echo_handler_rest(peer, first)
+
+    def echo_handler_rest(peer, first):
+        peer.reply(first, bytes(first.header), bytes(first.payload))
+        echo_handler(peer)
+
+    with FakeServer(drain) as server, ConnectionPool(FAST) as pool:
+        conn = pool.get(server.address)
+        s1 = conn.request(OP, b"", b"before")
+        s2 = conn.request(OP, b"", b"also-before")
+        wait_until(lambda: conn.goaway_received)
+        assert not conn.usable
+        with pytest.raises(TransportError, match="GOAWAY"):
+            conn.request(OP, b"", b"after")
+        replacement = pool.get(server.address)
+        assert replacement is not conn
+        assert [bytes(f.payload) for f in replacement.request(OP, b"", b"new")] == [b"new"]
+        release.set()
+        assert [bytes(f.payload) for f in s1] == [b"answer-1"]
+        assert [bytes(f.payload) for f in s2] == [b"answer-2"]
+        wait_until(lambda: conn.closed)
+        assert server.connections == 2
+    assert not server.errors
+
+
+def test_request_timeout_then_late_answer_is_dropped():
+    held = []
+    release = threading.Event()
+
+    def slow(peer: Peer) -> None:
+        first = peer.read_frame()
+        held.append(first)
+        release.wait(5)
+        peer.reply(first, b"", b"late")
+        echo_handler(peer)
+
+    with FakeServer(slow) as server, Connection(server.address, FAST) as conn:
+        stream = conn.request(OP, b"", b"x", timeout=0.2)
+        with pytest.raises(SbpTimeoutError, match="within 0.2s"):
+            next(stream)
+        assert conn.outstanding == 0
+        release.set()
+        assert [bytes(f.payload) for f in conn.request(OP, b"", b"next")] == [b"next"]
+        assert conn.usable
+
+
+def test_client_answers_server_ping():
+    answers = []
+
+    def pinger(peer: Peer) -> None:
+        peer.send(encode_frame(Opcode.PING, 0, 7, b"", b"are you there"))
+        answers.append(peer.read_frame())
+
+    with FakeServer(pinger) as server, Connection(server.address, FAST):
+        wait_until(lambda: answers)
+    (pong,) = answers
+    assert pong.opcode == Opcode.PING and pong.stream_id == 7
+    assert pong.flags == RESPONSE_END and bytes(pong.payload) == b"are you there"
+
+
+def test_bad_checksum_fails_only_that_request():
+    def corrupt(peer: Peer) -> None:
+        bad = peer.read_frame()
+        frame = bytearray(b"".join(bytes(b) for b in encode_frame(
+            OP, RESPONSE_END, bad.stream_id, b"", b"payload")))
+        frame[-1] ^= 0xFF
+        peer.sock.sendall(bytes(frame))
+        echo_handler(peer)
+
+    with FakeServer(corrupt) as server, Connection(server.address, FAST) as conn:
+        with pytest.raises(ChecksumError, match=server.address):
+            list(conn.request(OP, b"", b"payload"))
+        assert [bytes(f.payload) for f in conn.request(OP, b"", b"ok")] == [b"ok"]
+
+
+def test_idle_connection_closes_and_pool_replaces_it(echo_server):
+    config = ClientConfig(idle_timeout_s=0.2)
+    with ConnectionPool(config) as pool:
+        conn = pool.get(echo_server.address)
+        conn.ping()
+        wait_until(lambda: conn.closed)
+        again = pool.get(echo_server.address)
+        assert again is not conn and again.ping() >= 0
+
+
+def test_connect_failure_names_the_address():
+    with FakeServer(echo_handler) as server:
+        address = server.address
+    with pytest.raises(TransportError, match=address):
+        Connection(address, FAST)
+
+
+def test_partial_sends_and_many_buffers_arrive_intact(echo_server):
+    pieces = [bytes([i % 251]) * (i % 97 + 1) for i in range(3000)]
+    pieces.append(b"z" * (6 << 20))
+    with Connection(echo_server.address, FAST) as conn:
+        (frame,) = list(conn.request(OP, b"", pieces))
+        assert bytes(frame.payload) == b"".join(pieces)
+
+
+def test_send_buffers_resumes_partial_sends():
+    class Trickle:
+        def __init__(self):
+            self.out = bytearray()
+
+        def sendmsg(self, buffers):
+            first = bytes(buffers[0])
+            take = max(1, len(first) // 2)
+            self.out += first[:take]
+            return take
+
+    sink = Trickle()
+    send_buffers(sink, [b"abcdef", memoryview(b""), memoryview(b"ghij"), b"k"])
+    assert bytes(sink.out) == b"abcdefghijk"
+
+
+def test_closed_connection_rejects_requests(echo_server):
+    conn = Connection(echo_server.address, FAST)
+    stream = conn.request(OP, b"", b"x")
+    list(stream)
+    conn.close()
+    with pytest.raises(TransportError, match="closed"):
+        conn.request(OP)
