@@ -1,0 +1,373 @@
+"""The range server's storage engine: appends, reads, restarts, torn tails, fsync policies,
+retention, trims and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+import zlib
+
+import pytest
+
+from sbp_spark.protocol.errors import (
+    OffsetOutOfRangeError,
+    RangeSealedError,
+    StorageFullError,
+    StreamNotFoundError,
+)
+from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
+from sbp_spark.server import segment as segment_mod
+from sbp_spark.server.storage import (
+    CorruptDataError,
+    FsyncPolicy,
+    Replica,
+    Storage,
+    StorageConfig,
+)
+
+# No background fsync during a test unless the test asks for it.
+_MANUAL = StorageConfig(fsync="interval", fsync_interval_ms=3_600_000)
+
+
+def _batch(body: bytes, ts: int = 1_700_000_000_000) -> tuple:
+    data = memoryview(batch_bytes(body, base_timestamp_ms=ts))
+    return parse_header(data), data
+
+
+def _read_all(rlog, offset: int = None, max_bytes: int = 1 << 30) -> list[bytes]:
+    """Every committed batch from ``offset`` as bytes, across segments."""
+    offset = rlog.start_offset if offset is None else offset
+    out = []
+    while True:
+        with rlog.read(offset, max_bytes) as chunk:
+            if not chunk.batches:
+                return out
+            data = b"".join(os.pread(b.fd, b.length, b.position) for b in chunk.batches)
+            assert chunk.crc == zlib.crc32(data)
+            assert chunk.nbytes == len(data)
+            for b in chunk.batches:
+                out.append(os.pread(b.fd, b.length, b.position))
+            offset = chunk.next_offset
+
+
+def _segment_files(rlog) -> list[str]:
+    return sorted(os.path.join(rlog.directory, n) for n in os.listdir(rlog.directory)
+                  if n.endswith(".seg"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Storage(str(tmp_path), _MANUAL)
+    yield s
+    s.close()
+
+
+def test_append_assigns_offsets_and_reads_back_patched_batches(store):
+    rlog = store.create_range(7, 0, start_offset=100, replicas=[Replica(1, "h:1", True)])
+    bases, target = rlog.append([_batch(b"one"), _batch(b"two")])
+    assert bases == [100, 101] and target == 102
+    bases, target = rlog.append([_batch(b"three")])
+    assert bases == [102]
+    rlog.sync()
+    assert rlog.next_offset == 103
+    stored = _read_all(rlog)
+    assert len(stored) == 3
+    for expected_offset, body, raw in zip((100, 101, 102), (b"one", b"two", b"three"), stored,
+                                          strict=True):
+        header = parse_header(raw)
+        assert header.base_offset == expected_offset
+        assert raw[ENVELOPE_SIZE:] == body
+    # A read from inside the stream starts with the batch holding that offset.
+    with rlog.read(101, 1 << 20) as chunk:
+        assert [b.base_offset for b in chunk.batches] == [101, 102]
+
+
+def test_uncommitted_batches_are_invisible_until_synced(store):
+    rlog = store.create_range(1, 0, 0)
+    _, target = rlog.append([_batch(b"x")])
+    assert rlog.written_offset == 1 and rlog.next_offset == 0
+    with rlog.read(0, 1 << 20) as chunk:
+        assert chunk.batches == []
+    called = []
+    store.when_durable(rlog, target, called.append)
+    assert called == []
+    rlog.sync()
+    store._release_waiters()
+    assert called == [None]
+    assert len(_read_all(rlog)) == 1
+
+
+def test_read_limits_max_bytes_first_batch_and_end_offset(store):
+    rlog = store.create_range(1, 0, 0)
+    rlog.append([_batch(b"a" * 1000) for _ in range(5)])
+    rlog.sync()
+    size = ENVELOPE_SIZE + 1000
+    with rlog.read(0, 10) as chunk:  # smaller than one batch: the first still comes
+        assert [b.base_offset for b in chunk.batches] == [0]
+    with rlog.read(0, 10, first=False) as chunk:
+        assert chunk.batches == []
+    with rlog.read(0, 2 * size + 1) as chunk:
+        assert [b.base_offset for b in chunk.batches] == [0, 1]
+    with rlog.read(1, 1 << 20, end_offset=3) as chunk:
+        assert [b.base_offset for b in chunk.batches] == [1, 2]
+        assert chunk.next_offset == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        rlog.read(6, 100)
+
+
+def test_restart_recovers_offsets_data_and_metadata(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(3, 2, 50, replicas=[Replica(4, "a:1", True), Replica(5, "b:2")])
+        rlog.append([_batch(b"x" * 10), _batch(b"y" * 20)])
+        rlog.sync()
+        before = _read_all(rlog)
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.get_range(3, 2)
+        assert rlog.next_offset == 52 and rlog.start_offset == 50 and not rlog.sealed
+        assert rlog.replicas == (Replica(4, "a:1", True), Replica(5, "b:2", False))
+        assert _read_all(rlog) == before
+        assert rlog.append([_batch(b"z")])[0] == [52]
+
+
+def test_torn_tail_is_cut_on_restart(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"first"), _batch(b"second"), _batch(b"third-batch")])
+        rlog.sync()
+        [path] = _segment_files(rlog)
+    size = os.path.getsize(path)
+    os.truncate(path, size - 5)  # the last batch is now half-written
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.get_range(1, 0)
+        assert rlog.next_offset == 2
+        assert [parse_header(b).base_offset for b in _read_all(rlog)] == [0, 1]
+        assert os.path.getsize(path) < size - 5  # the torn bytes are gone from the file
+        assert rlog.append([_batch(b"again")])[0] == [2]
+        rlog.sync()
+        assert _read_all(rlog)[-1][ENVELOPE_SIZE:] == b"again"
+
+
+def test_corrupt_byte_in_the_active_segment_cuts_the_log_there(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"first"), _batch(b"second"), _batch(b"third")])
+        rlog.sync()
+        with rlog.read(1, 1, first=True) as chunk:
+            second = chunk.batches[0]
+        [path] = _segment_files(rlog)
+    with open(path, "r+b") as f:
+        f.seek(second.position + ENVELOPE_SIZE)
+        f.write(b"X")  # flips a body byte of batch 1
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.get_range(1, 0)
+        assert rlog.next_offset == 1
+
+
+@pytest.mark.parametrize("lose_index", [False, True], ids=["indexed", "rescanned"])
+def test_corrupt_byte_in_a_full_segment_is_detected_on_read(tmp_path, lose_index):
+    cfg = StorageConfig(fsync="never", segment_bytes=4096)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        for _ in range(6):
+            rlog.append([_batch(b"p" * 1500)])
+        first_segment = _segment_files(rlog)[0]
+        assert len(_segment_files(rlog)) >= 3
+    if lose_index:
+        for name in os.listdir(os.path.dirname(first_segment)):
+            if name.endswith(".idx"):
+                os.unlink(os.path.join(os.path.dirname(first_segment), name))
+    with open(first_segment, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.get_range(1, 0)
+        assert rlog.next_offset == 6  # a damaged full segment does not cost later data
+        with pytest.raises(CorruptDataError, match="checksum"):
+            rlog.read(0, 1 << 20)
+        with rlog.read(2, 1 << 20) as chunk:  # other segments still serve
+            assert chunk.batches[0].base_offset == 2
+
+
+def test_segments_roll_and_indexes_survive_restart(tmp_path):
+    cfg = StorageConfig(fsync="never", segment_bytes=8192, index_interval_bytes=1024)
+    bodies = [bytes([i]) * (100 + 37 * i) for i in range(60)]
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(9, 1, 1000)
+        for i in range(0, 60, 3):
+            rlog.append([_batch(b) for b in bodies[i:i + 3]])
+        assert len(_segment_files(rlog)) > 3
+        before = _read_all(rlog)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.get_range(9, 1)
+        assert rlog.next_offset == 1060
+        after = _read_all(rlog)
+        assert after == before
+        assert [b[ENVELOPE_SIZE:] for b in after] == bodies
+        for offset in (1000, 1017, 1042, 1059):  # index lookups land on the right batch
+            with rlog.read(offset, 1) as chunk:
+                assert chunk.batches[0].base_offset == offset
+
+
+def test_fsync_always_acknowledges_after_fsync(tmp_path):
+    with Storage(str(tmp_path), StorageConfig(fsync="always")) as s:
+        rlog = s.create_range(1, 0, 0)
+        _, target = rlog.append([_batch(b"a")])
+        s.wait_durable(rlog, target, timeout=10)
+        assert rlog.next_offset == 1
+        assert s.stats.fsyncs >= 1
+
+
+def test_fsync_interval_group_commits_concurrent_appends(tmp_path):
+    with Storage(str(tmp_path), StorageConfig(fsync="interval", fsync_interval_ms=20)) as s:
+        ranges = [s.create_range(i, 0, 0) for i in range(4)]
+        done = []
+
+        def writer(rlog):
+            for _ in range(10):
+                _, target = rlog.append([_batch(b"v" * 100)])
+                s.wait_durable(rlog, target, timeout=10)
+            done.append(rlog.stream_id)
+
+        threads = [threading.Thread(target=writer, args=(r,)) for r in ranges]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(done) == [0, 1, 2, 3]
+        assert all(r.next_offset == 10 for r in ranges)
+
+
+def test_fsync_never_makes_appends_visible_at_once(tmp_path):
+    with Storage(str(tmp_path), StorageConfig(fsync=FsyncPolicy.NEVER)) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"a")])
+        assert rlog.next_offset == 1
+        assert s.stats.fsyncs == 0
+
+
+def test_unknown_fsync_policy_is_rejected():
+    with pytest.raises(ValueError, match="sometimes"):
+        StorageConfig(fsync="sometimes")
+
+
+def test_retention_deletes_old_segments_and_moves_the_start(tmp_path):
+    cfg = StorageConfig(fsync="never", segment_bytes=4096)
+    now = 1_800_000_000_000
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        for i in range(4):  # old data, one segment each
+            rlog.append([_batch(b"o" * 3000)], now_ms=now - 100_000 + i)
+        for _ in range(2):
+            rlog.append([_batch(b"n" * 3000)], now_ms=now)
+        assert len(_segment_files(rlog)) == 6
+        assert rlog.expire(retention_ms=10_000, now_ms=now) == 4
+        assert rlog.start_offset == 4
+        assert len(_segment_files(rlog)) == 2
+        with pytest.raises(OffsetOutOfRangeError, match="fetch from 4"):
+            rlog.read(0, 100)
+        assert rlog.expire(retention_ms=10_000, now_ms=now) is None
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.get_range(1, 0)
+        assert (rlog.start_offset, rlog.next_offset) == (4, 6)
+
+
+def test_retention_may_empty_an_open_range_without_losing_its_next_offset(tmp_path):
+    cfg = StorageConfig(fsync="never", segment_bytes=4096)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 10)
+        rlog.append([_batch(b"o" * 100)] * 3, now_ms=1000)
+        assert rlog.expire(retention_ms=1, now_ms=10_000) == 13
+        assert rlog.start_offset == rlog.next_offset == 13
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.get_range(1, 0)
+        assert (rlog.start_offset, rlog.next_offset) == (13, 13)
+        assert rlog.append([_batch(b"new")])[0] == [13]
+
+
+def test_trim_deletes_whole_segments_below_the_offset(tmp_path):
+    cfg = StorageConfig(fsync="never", segment_bytes=4096)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        for _ in range(5):
+            rlog.append([_batch(b"t" * 3000)])
+        assert rlog.trim(3) == 3
+        assert len(_segment_files(rlog)) == 2  # segments of offsets 3 and 4 stay
+        with pytest.raises(OffsetOutOfRangeError):
+            rlog.read(2, 100)
+        assert rlog.trim(1) == 3  # never moves backwards
+        assert rlog.trim(99) == 5  # never past next_offset
+    with Storage(str(tmp_path), cfg) as s:
+        assert s.get_range(1, 0).start_offset == 5
+
+
+def test_seal_stops_appends_and_survives_restart(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"a"), _batch(b"b")])
+        assert rlog.seal() == 2
+        assert rlog.next_offset == 2  # sealing syncs what was written
+        with pytest.raises(RangeSealedError):
+            rlog.append([_batch(b"c")])
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.get_range(1, 0)
+        assert rlog.sealed and rlog.end_offset == 2
+        with pytest.raises(RangeSealedError):
+            rlog.append([_batch(b"c")])
+
+
+def test_deleted_stream_rejects_writes(store):
+    rlog = store.create_range(5, 0, 0)
+    assert store.delete_stream(5)
+    with pytest.raises(StreamNotFoundError):
+        rlog.append([_batch(b"a")])
+    assert not store.delete_stream(6)
+
+
+def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path, monkeypatch):
+    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"ok")])
+        [path] = _segment_files(rlog)
+        size = os.path.getsize(path)
+        real = os.pwritev
+
+        def half_then_enospc(fd, buffers, offset):
+            # Write part of the first buffer, as a filling disk does, then fail.
+            first = memoryview(buffers[0])[:10]
+            real(fd, [first], offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(segment_mod.os, "pwritev", half_then_enospc)
+        with pytest.raises(StorageFullError, match="disk full"):
+            rlog.append([_batch(b"too much")])
+        monkeypatch.setattr(segment_mod.os, "pwritev", real)
+        assert os.path.getsize(path) == size
+        assert rlog.next_offset == 1
+        assert rlog.append([_batch(b"after")])[0] == [1]
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"ok", b"after"]
+
+
+def test_create_range_validates_and_is_idempotent(store):
+    a = store.create_range(1, 0, 5)
+    assert store.create_range(1, 0, 5) is a
+    with pytest.raises(Exception, match="already exists"):
+        store.create_range(1, 0, 6)
+    with pytest.raises(Exception, match=">= 0"):
+        store.create_range(-1, 0, 0)
+    b = store.create_range(1, 1, 9, end_offset=12)
+    assert b.sealed and b.end_offset == 12
+    assert store.find_range(1, 7) is a and store.find_range(1, 10) is b
+    assert store.find_range(1, 2) is None
+
+
+def test_wait_for_is_woken_by_a_commit(tmp_path):
+    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+        rlog = s.create_range(1, 0, 0)
+        t = threading.Timer(0.05, lambda: rlog.append([_batch(b"a")]))
+        t.start()
+        started = time.monotonic()
+        assert s.wait_for(lambda: rlog.next_offset > 0, timeout=10)
+        assert time.monotonic() - started < 5
+        t.join()
