@@ -1,0 +1,563 @@
+"""The connector's options: one table of names, defaults and parsers, one dataclass per use.
+
+Spark hands a data source its options in a case-insensitive map (keys lower-cased), so names are
+matched case-insensitively. Every option a query carries is checked when the query is planned:
+an unknown name fails with a did-you-mean, a bad value fails with a ``ValueError`` that names the
+option, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sbp_spark.client.config import ClientConfig
+
+# Sentinels in offset specifications, as in Spark's Kafka source.
+EARLIEST = -2
+LATEST = -1
+
+# Largest SBP record batch the writer builds: a batch travels whole in one APPEND frame
+# (16 MiB), which also carries a FlatBuffers header; 1 MiB of room is far more than any header.
+MAX_BATCH_BYTES = 15 * 1024 * 1024
+# batch_max_bytes of a FETCH entry is an int32 on the wire.
+MAX_FETCH_BYTES = (1 << 31) - 1
+# record_count of an envelope is an int32.
+MAX_BATCH_RECORDS = (1 << 31) - 1
+# Stream.replica_nums is a FlatBuffers byte.
+MAX_REPLICAS = 127
+
+# Options Spark itself adds to a source's options; they are not ours to reject.
+SPARK_PROVIDED = frozenset({"checkpointlocation"})
+
+PAYLOADS = ("records", "arrow")
+COMPRESSIONS = ("none", "lz4", "zstd")
+
+
+class OptionError(ValueError):
+    """A connector option with a bad name or value."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One documented option: its canonical spelling, default shown to users, and meaning."""
+
+    name: str
+    default: str
+    where: str
+    meaning: str
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("pd", "(required)", "all",
+               "placement driver address(es), host:port[,host:port...]"),
+    OptionSpec("streams", "(required to read)", "read",
+               "comma-separated stream ids to read"),
+    OptionSpec("stream", "(none)", "write",
+               "stream id every row goes to; without it each row's stream_id column decides"),
+    OptionSpec("startingOffsets", "earliest (batch), latest (streaming)", "read",
+               'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest)'),
+    OptionSpec("endingOffsets", "latest", "batch read",
+               'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it'),
+    OptionSpec("failOnDataLoss", "true", "read",
+               "fail when requested offsets were trimmed away; false skips to the stream start"),
+    OptionSpec("includeHeaders", "false", "read",
+               "add the headers column (payload=records); writing stores a headers column "
+               "whenever the DataFrame has one"),
+    OptionSpec("payload", "records", "read/write",
+               "records (Kafka-like key/value rows) or arrow (the DataFrame's own columns)"),
+    OptionSpec("fetchMaxBytes", "2147483647", "read",
+               "byte budget of one FETCH request (a partition larger than this takes several)"),
+    OptionSpec("fetchMaxWaitMs", "500", "read",
+               "how long a FETCH at the end of an open range waits for new records"),
+    OptionSpec("maxRecordsPerPartition", "(none)", "batch read",
+               "split a range holding more records than this into several partitions"),
+    OptionSpec("minPartitions", "(none)", "batch read",
+               "split ranges (by offset, in proportion to their size) to reach this many "
+               "partitions"),
+    OptionSpec("batchMaxRecords", "65536", "write", "most records per SBP record batch"),
+    OptionSpec("batchMaxBytes", "4m", "write",
+               f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)"),
+    OptionSpec("maxInflightFrames", "4", "write",
+               "APPEND frames a task keeps in flight on one connection"),
+    OptionSpec("requestTimeoutMs", "30000", "read/write",
+               "how long to wait for each answer frame of a request"),
+    OptionSpec("retries", "5", "read/write",
+               "retries of a retriable failure (sealed range, busy or restarting server)"),
+    OptionSpec("createIfMissing", "false", "write",
+               "without a stream option or stream_id column, create a new stream for the rows"),
+    OptionSpec("replicas", "1", "write", "replicas of a stream created by createIfMissing"),
+    OptionSpec("retentionMs", "-1", "write",
+               "retention of a stream created by createIfMissing (-1 keeps records forever)"),
+    OptionSpec("compression", "none", "write",
+               "Arrow IPC buffer compression of record-batch bodies: none, lz4, zstd"),
+    OptionSpec("maxRecordsPerTrigger", "(none)", "stream read",
+               "most records one micro-batch reads"),
+    OptionSpec("maxBytesPerTrigger", "(none)", "stream read",
+               "most bytes one micro-batch reads (estimated)"),
+    OptionSpec("minRecordsPerTrigger", "(none)", "stream read",
+               "wait for this many new records (or maxTriggerDelay) before a micro-batch"),
+    OptionSpec("maxTriggerDelay", "15m", "stream read",
+               "longest wait for minRecordsPerTrigger (e.g. 500ms, 30s, 15m, 1h)"),
+    OptionSpec("idempotent", "false", "stream write",
+               "write each micro-batch exactly once, also when Spark re-runs it"),
+)
+
+_CANONICAL: dict[str, str] = {spec.name.lower(): spec.name for spec in OPTIONS}
+
+
+# -- value parsers ---------------------------------------------------------------------------
+
+
+def _fail(name: str, value: str, allowed: str) -> OptionError:
+    return OptionError(f"option '{name}' = {value!r} is not valid: expected {allowed}")
+
+
+def parse_bool(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise _fail(name, value, "true or false")
+
+
+def parse_int(name: str, value: str, low: int, high: int | None = None,
+              allowed: str | None = None) -> int:
+    text = value.strip()
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise _fail(name, value, allowed or _range_text(low, high))
+    number = int(text)
+    if number < low or (high is not None and number > high):
+        raise _fail(name, value, allowed or _range_text(low, high))
+    return number
+
+
+def _range_text(low: int, high: int | None) -> str:
+    if high is None:
+        return f"an integer >= {low}"
+    return f"an integer between {low} and {high}"
+
+
+_SIZE_SUFFIX = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+                "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+                "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(name: str, value: str, low: int, high: int) -> int:
+    """A byte count: plain digits or digits with a binary suffix (``64k``, ``4m``, ``1g``)."""
+    allowed = f"a byte count between {low} and {high} (digits, optionally with k, m or g)"
+    match = re.fullmatch(r"(\d+)\s*([a-z]*)", value.strip().lower())
+    if not match or match.group(2) not in _SIZE_SUFFIX:
+        raise _fail(name, value, allowed)
+    number = int(match.group(1)) * _SIZE_SUFFIX[match.group(2)]
+    if not low <= number <= high:
+        raise _fail(name, value, allowed)
+    return number
+
+
+_DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                     "d": 86_400_000}
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """A duration in milliseconds: plain digits (ms) or digits with ms, s, m, h or d."""
+    match = re.fullmatch(r"(\d+)\s*([a-z]*)", value.strip().lower())
+    unit = match.group(2) if match else None
+    if not match or (unit and unit not in _DURATION_UNIT_MS):
+        raise _fail(name, value, "a duration such as 500ms, 30s, 15m, 1h (plain digits = ms)")
+    return int(match.group(1)) * (_DURATION_UNIT_MS[unit] if unit else 1)
+
+
+def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    text = value.strip().lower()
+    if text not in choices:
+        raise _fail(name, value, "one of " + ", ".join(choices))
+    return text
+
+
+def parse_pd(name: str, value: str) -> tuple[str, ...]:
+    """PD addresses ``host:port[,host:port]``."""
+    addresses = []
+    for part in value.split(","):
+        address = part.strip()
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _fail(name, value, "host:port[,host:port...] with ports 1-65535")
+        addresses.append(address)
+    return tuple(addresses)
+
+
+def parse_stream_id(name: str, value: str) -> int:
+    return parse_int(name, value, 0, allowed="a stream id (an integer >= 0)")
+
+
+def parse_stream_ids(name: str, value: str) -> tuple[int, ...]:
+    """A comma list of stream ids, duplicates dropped, order kept."""
+    ids: list[int] = []
+    parts = [p.strip() for p in value.split(",")]
+    if not value.strip() or any(not p for p in parts):
+        raise _fail(name, value, "a comma-separated list of stream ids such as 1,2,7")
+    for part in parts:
+        if not re.fullmatch(r"\d+", part):
+            raise _fail(name, value, "a comma-separated list of stream ids such as 1,2,7")
+        sid = int(part)
+        if sid not in ids:
+            ids.append(sid)
+    return tuple(ids)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where reading starts or ends in each stream.
+
+    ``default`` (EARLIEST, LATEST, or unused when every stream is listed) applies to streams
+    not in ``per_stream``; values in ``per_stream`` are offsets or the EARLIEST/LATEST sentinels.
+    """
+
+    default: int
+    per_stream: tuple[tuple[int, int], ...] = ()
+
+    def for_stream(self, stream_id: int) -> int:
+        """The offset (or sentinel) for ``stream_id``."""
+        for sid, offset in self.per_stream:
+            if sid == stream_id:
+                return offset
+        return self.default
+
+    def to_json(self) -> str:
+        return json.dumps({str(sid): off for sid, off in self.per_stream})
+
+
+def parse_offsets(name: str, value: str, default: int, *, allow_earliest: bool = True,
+                  allow_latest: bool = True,
+                  streams: tuple[int, ...] | None = None) -> OffsetSpec:
+    """``earliest``, ``latest`` or a JSON object ``{"<stream_id>": offset}``.
+
+    Streams the JSON does not list get ``default``. ``allow_*`` forbid sentinels that make no
+    sense at this end of a batch read; ``streams`` (when given) is what the JSON may name.
+    """
+    words = (["earliest"] if allow_earliest else []) + (["latest"] if allow_latest else [])
+    allowed = " or ".join(words + ['a JSON object such as {"7": 120}'])
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        if text.lower() not in words:
+            raise _fail(name, value, allowed)
+        return OffsetSpec(EARLIEST if text.lower() == "earliest" else LATEST)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        raise _fail(name, value, allowed) from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise _fail(name, value, allowed)
+    sentinels = ([EARLIEST] if allow_earliest else []) + ([LATEST] if allow_latest else [])
+    entries: list[tuple[int, int]] = []
+    for key, offset in parsed.items():
+        if not re.fullmatch(r"\d+", str(key)):
+            raise _fail(name, value, allowed + " whose keys are stream ids")
+        sid = int(key)
+        if isinstance(offset, bool) or not isinstance(offset, int) or (
+                offset < 0 and offset not in sentinels):
+            what = ", ".join(str(s) for s in sentinels)
+            raise _fail(name, value, allowed + " whose values are offsets >= 0"
+                        + (f" (or {what})" if what else ""))
+        if streams is not None and sid not in streams:
+            raise OptionError(
+                f"option '{name}' = {value!r} names stream {sid}, which is not in option "
+                f"'streams' ({','.join(str(s) for s in streams)})")
+        entries.append((sid, offset))
+    return OffsetSpec(default, tuple(sorted(entries)))
+
+
+# -- names -----------------------------------------------------------------------------------
+
+
+def check_option_names(options: Mapping[str, Any]) -> None:
+    """Fail on any option name the connector does not know (case-insensitive)."""
+    for raw in options:
+        key = str(raw).lower()
+        if key in _CANONICAL or key in SPARK_PROVIDED:
+            continue
+        if key == "path":
+            raise OptionError(
+                "format sbp takes no path: name streams with option 'streams' (reading) or "
+                "'stream' (writing)")
+        close = difflib.get_close_matches(key, list(_CANONICAL), n=1, cutoff=0.6)
+        hint = f"; did you mean '{_CANONICAL[close[0]]}'?" if close else ""
+        raise OptionError(
+            f"unknown option '{raw}' for format sbp{hint} Known options: "
+            + ", ".join(spec.name for spec in OPTIONS))
+
+
+class _Options:
+    """Case-insensitive access to raw option strings, with the canonical name for messages."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        check_option_names(options)
+        self._values = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+    def get(self, name: str) -> str | None:
+        return self._values.get(name.lower())
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self._values
+
+    def parse(self, name: str, parser: Callable[[str, str], Any], default: Any) -> Any:
+        raw = self.get(name)
+        return default if raw is None else parser(name, raw)
+
+    def require(self, name: str, parser: Callable[[str, str], Any], purpose: str) -> Any:
+        raw = self.get(name)
+        if raw is None or not raw.strip():
+            raise OptionError(f"option '{name}' is required {purpose}")
+        return parser(name, raw)
+
+
+# -- the dataclasses -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """What every operation needs to reach the cluster."""
+
+    pd: tuple[str, ...]
+    request_timeout_ms: int = 30_000
+    retries: int = 5
+    max_inflight_frames: int = 4
+
+    def client_config(self) -> ClientConfig:
+        """The client settings these options stand for."""
+        return ClientConfig(request_timeout_s=self.request_timeout_ms / 1000.0,
+                            retries=self.retries, max_inflight_frames=self.max_inflight_frames)
+
+
+def _client_options(opts: _Options) -> ClientOptions:
+    return ClientOptions(
+        pd=opts.require("pd", parse_pd, "(the placement driver address, host:port)"),
+        request_timeout_ms=opts.parse(
+            "requestTimeoutMs", lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000),
+        retries=opts.parse("retries", lambda n, v: parse_int(n, v, 0, 1000), 5),
+        max_inflight_frames=opts.parse(
+            "maxInflightFrames", lambda n, v: parse_int(n, v, 1, 1024), 4),
+    )
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """A batch read (and the shared part of a streaming read)."""
+
+    client: ClientOptions
+    streams: tuple[int, ...]
+    starting: OffsetSpec = OffsetSpec(EARLIEST)
+    ending: OffsetSpec = OffsetSpec(LATEST)
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    payload: str = "records"
+    fetch_max_bytes: int = MAX_FETCH_BYTES
+    fetch_max_wait_ms: int = 500
+    max_records_per_partition: int | None = None
+    min_partitions: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamReadOptions:
+    """A streaming read: the read options plus admission control."""
+
+    read: ReadOptions
+    max_records_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    min_records_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """A batch write (and the shared part of a streaming write)."""
+
+    client: ClientOptions
+    stream: int | None = None
+    payload: str = "records"
+    batch_max_records: int = 65_536
+    batch_max_bytes: int = 4 * 1024 * 1024
+    create_if_missing: bool = False
+    replicas: int = 1
+    retention_ms: int = -1
+    compression: str = "none"
+
+
+@dataclass(frozen=True)
+class StreamWriteOptions:
+    """A streaming write: the write options plus the delivery mode."""
+
+    write: WriteOptions
+    idempotent: bool = False
+
+
+def _check_all_values(opts: _Options) -> None:
+    """Validate the values of options that this operation does not use (typos in values of
+    options meant for another operation still fail early)."""
+    for name, parser in _VALUE_CHECKS.items():
+        if opts.has(name):
+            parser(name, opts.get(name))
+
+
+def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
+    if opts.has("stream") and not opts.has("streams"):
+        raise OptionError(
+            "option 'stream' is for writing; to read, name the streams with option 'streams' "
+            "(for example streams=7 or streams=1,2)")
+    _check_all_values(opts)
+    streams = opts.require("streams", parse_stream_ids,
+                           "to read (comma-separated stream ids such as 1,2)")
+    starting = opts.parse(
+        "startingOffsets",
+        lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
+                                   allow_latest=streaming, streams=streams),
+        OffsetSpec(LATEST if streaming else EARLIEST))
+    if streaming:
+        if opts.has("endingOffsets"):
+            raise OptionError("option 'endingOffsets' is for batch reads; a streaming read has "
+                              "no end")
+        ending = OffsetSpec(LATEST)
+    else:
+        ending = opts.parse(
+            "endingOffsets",
+            lambda n, v: parse_offsets(n, v, LATEST, allow_earliest=False, streams=streams),
+            OffsetSpec(LATEST))
+    payload = opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records")
+    include_headers = opts.parse("includeHeaders", parse_bool, False)
+    if include_headers and payload == "arrow":
+        raise OptionError("option 'includeHeaders' = 'true' needs payload=records: "
+                          "payload=arrow rows have no headers")
+    return ReadOptions(
+        client=_client_options(opts),
+        streams=streams,
+        starting=starting,
+        ending=ending,
+        fail_on_data_loss=opts.parse("failOnDataLoss", parse_bool, True),
+        include_headers=include_headers,
+        payload=payload,
+        fetch_max_bytes=opts.parse(
+            "fetchMaxBytes", lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES), MAX_FETCH_BYTES),
+        fetch_max_wait_ms=opts.parse(
+            "fetchMaxWaitMs", lambda n, v: parse_int(n, v, 0, 3_600_000), 500),
+        max_records_per_partition=opts.parse(
+            "maxRecordsPerPartition", lambda n, v: parse_int(n, v, 1), None),
+        min_partitions=opts.parse("minPartitions", lambda n, v: parse_int(n, v, 1), None),
+    )
+
+
+def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
+    """Options of ``spark.read.format("sbp")``."""
+    return _parse_common_read(_Options(options), streaming=False)
+
+
+def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
+    """Options of ``spark.readStream.format("sbp")``."""
+    opts = _Options(options)
+    read = _parse_common_read(opts, streaming=True)
+    return StreamReadOptions(
+        read=read,
+        max_records_per_trigger=opts.parse(
+            "maxRecordsPerTrigger", lambda n, v: parse_int(n, v, 1), None),
+        max_bytes_per_trigger=opts.parse(
+            "maxBytesPerTrigger", lambda n, v: parse_bytes(n, v, 1, 1 << 62), None),
+        min_records_per_trigger=opts.parse(
+            "minRecordsPerTrigger", lambda n, v: parse_int(n, v, 1), None),
+        max_trigger_delay_ms=opts.parse("maxTriggerDelay", parse_duration_ms, 15 * 60_000),
+    )
+
+
+def _parse_common_write(opts: _Options) -> WriteOptions:
+    if opts.has("streams") and not opts.has("stream"):
+        raise OptionError(
+            "option 'streams' is for reading; to write, name the target with option 'stream' "
+            "(one stream id) or give the rows a stream_id column")
+    _check_all_values(opts)
+    return WriteOptions(
+        client=_client_options(opts),
+        stream=opts.parse("stream", parse_stream_id, None),
+        payload=opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records"),
+        batch_max_records=opts.parse(
+            "batchMaxRecords", lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS), 65_536),
+        batch_max_bytes=opts.parse(
+            "batchMaxBytes", lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES),
+            4 * 1024 * 1024),
+        create_if_missing=opts.parse("createIfMissing", parse_bool, False),
+        replicas=opts.parse("replicas", lambda n, v: parse_int(n, v, 1, MAX_REPLICAS), 1),
+        retention_ms=opts.parse("retentionMs", _parse_retention, -1),
+        compression=opts.parse(
+            "compression", lambda n, v: parse_choice(n, v, COMPRESSIONS), "none"),
+    )
+
+
+def _parse_retention(name: str, value: str) -> int:
+    allowed = "-1 (keep forever) or a number of milliseconds >= 1"
+    number = parse_int(name, value, -1, allowed=allowed)
+    if number == 0:
+        raise _fail(name, value, allowed)
+    return number
+
+
+def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
+    """Options of ``df.write.format("sbp")``."""
+    return _parse_common_write(_Options(options))
+
+
+def parse_stream_write_options(options: Mapping[str, Any]) -> StreamWriteOptions:
+    """Options of ``df.writeStream.format("sbp")``."""
+    opts = _Options(options)
+    return StreamWriteOptions(write=_parse_common_write(opts),
+                              idempotent=opts.parse("idempotent", parse_bool, False))
+
+
+# Value checks for every option (used to reject bad values even of options an operation
+# ignores); the read parsers check offsets again against the stream list.
+_VALUE_CHECKS: dict[str, Callable[[str, str], Any]] = {
+    "pd": parse_pd,
+    "startingOffsets": lambda n, v: parse_offsets(n, v, EARLIEST),
+    "endingOffsets": lambda n, v: parse_offsets(n, v, LATEST),
+    "streams": parse_stream_ids,
+    "stream": parse_stream_id,
+    "failOnDataLoss": parse_bool,
+    "includeHeaders": parse_bool,
+    "payload": lambda n, v: parse_choice(n, v, PAYLOADS),
+    "fetchMaxBytes": lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES),
+    "fetchMaxWaitMs": lambda n, v: parse_int(n, v, 0, 3_600_000),
+    "maxRecordsPerPartition": lambda n, v: parse_int(n, v, 1),
+    "minPartitions": lambda n, v: parse_int(n, v, 1),
+    "batchMaxRecords": lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS),
+    "batchMaxBytes": lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES),
+    "maxInflightFrames": lambda n, v: parse_int(n, v, 1, 1024),
+    "requestTimeoutMs": lambda n, v: parse_int(n, v, 1, 24 * 3_600_000),
+    "retries": lambda n, v: parse_int(n, v, 0, 1000),
+    "createIfMissing": parse_bool,
+    "replicas": lambda n, v: parse_int(n, v, 1, MAX_REPLICAS),
+    "retentionMs": _parse_retention,
+    "compression": lambda n, v: parse_choice(n, v, COMPRESSIONS),
+    "maxRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
+    "maxBytesPerTrigger": lambda n, v: parse_bytes(n, v, 1, 1 << 62),
+    "minRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
+    "maxTriggerDelay": parse_duration_ms,
+    "idempotent": parse_bool,
+}
+
+
+def options_table_markdown() -> str:
+    """The options table as Markdown (the README prints it)."""
+    lines = ["| option | default | where | meaning |", "|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.default} | {s.where} | {s.meaning} |" for s in OPTIONS]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "EARLIEST", "LATEST", "OPTIONS", "ClientOptions", "OffsetSpec", "OptionError",
+    "OptionSpec", "ReadOptions", "StreamReadOptions", "StreamWriteOptions", "WriteOptions",
+    "check_option_names", "options_table_markdown", "parse_read_options",
+    "parse_offsets", "parse_stream_read_options", "parse_stream_write_options",
+    "parse_write_options",
+]

@@ -1,0 +1,168 @@
+"""Option parsing: names checked case-insensitively, every bad value named with what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sbp_spark.spark.options import (
+    EARLIEST,
+    LATEST,
+    OPTIONS,
+    OffsetSpec,
+    OptionError,
+    check_option_names,
+    options_table_markdown,
+    parse_read_options,
+    parse_stream_read_options,
+    parse_stream_write_options,
+    parse_write_options,
+)
+
+PD = {"pd": "127.0.0.1:2378"}
+
+
+def test_read_defaults_and_case_insensitive_names():
+    opts = parse_read_options({"PD": "h:1,h2:2", "STREAMS": "3, 1,3", "payload": "Records"})
+    assert opts.client.pd == ("h:1", "h2:2")
+    assert opts.streams == (3, 1)
+    assert opts.starting == OffsetSpec(EARLIEST)
+    assert opts.ending == OffsetSpec(LATEST)
+    assert opts.fail_on_data_loss is True
+    assert opts.include_headers is False
+    assert opts.payload == "records"
+    assert opts.max_records_per_partition is None and opts.min_partitions is None
+    config = opts.client.client_config()
+    assert config.retries == 5 and config.max_inflight_frames == 4
+    assert config.request_timeout_s == 30.0
+
+
+def test_read_all_values():
+    opts = parse_read_options({
+        **PD, "streams": "1,2", "startingOffsets": '{"1": 5, "2": -2}',
+        "endingOffsets": '{"2": 40}', "failOnDataLoss": "FALSE", "includeHeaders": "true",
+        "fetchMaxBytes": "8m", "fetchMaxWaitMs": "20", "maxRecordsPerPartition": "1000",
+        "minPartitions": "4", "requestTimeoutMs": "1500", "retries": "0",
+    })
+    assert opts.starting.for_stream(1) == 5 and opts.starting.for_stream(2) == EARLIEST
+    assert opts.ending.for_stream(2) == 40 and opts.ending.for_stream(1) == LATEST
+    assert opts.fail_on_data_loss is False and opts.include_headers is True
+    assert opts.fetch_max_bytes == 8 << 20 and opts.fetch_max_wait_ms == 20
+    assert opts.max_records_per_partition == 1000 and opts.min_partitions == 4
+    assert opts.client.client_config().request_timeout_s == 1.5
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"streams": "1"}, "option 'pd' is required"),
+    ({**PD}, "option 'streams' is required"),
+    ({**PD, "stream": "1"}, "option 'stream' is for writing"),
+    ({**PD, "pd": "localhost"}, "option 'pd' = 'localhost'.*host:port"),
+    ({**PD, "pd": "h:99999"}, "ports 1-65535"),
+    ({**PD, "streams": "1,x"}, "option 'streams' = '1,x'.*comma-separated"),
+    ({**PD, "streams": "1,,2"}, "option 'streams'"),
+    ({**PD, "streams": "-1"}, "option 'streams'"),
+    ({**PD, "streams": "1", "startingOffsets": "latest"}, "option 'startingOffsets'.*earliest"),
+    ({**PD, "streams": "1", "startingOffsets": "{bad"}, "option 'startingOffsets'"),
+    ({**PD, "streams": "1", "startingOffsets": '{"1": -7}'}, "offsets >= 0"),
+    ({**PD, "streams": "1", "startingOffsets": '{"1": 1.5}'}, "offsets >= 0"),
+    ({**PD, "streams": "1", "startingOffsets": '{"x": 1}'}, "keys are stream ids"),
+    ({**PD, "streams": "1", "startingOffsets": '{"2": 1}'}, "names stream 2, which is not in"),
+    ({**PD, "streams": "1", "endingOffsets": "earliest"}, "option 'endingOffsets'.*latest"),
+    ({**PD, "streams": "1", "endingOffsets": '{"1": -2}'}, "option 'endingOffsets'"),
+    ({**PD, "streams": "1", "failOnDataLoss": "yes"}, "'failOnDataLoss' = 'yes'.*true or false"),
+    ({**PD, "streams": "1", "includeHeaders": "1"}, "option 'includeHeaders'"),
+    ({**PD, "streams": "1", "payload": "json"}, "'payload' = 'json'.*records, arrow"),
+    ({**PD, "streams": "1", "payload": "arrow", "includeHeaders": "true"}, "needs payload=records"),
+    ({**PD, "streams": "1", "fetchMaxBytes": "0"}, "'fetchMaxBytes' = '0'.*byte count"),
+    ({**PD, "streams": "1", "fetchMaxBytes": "3x"}, "option 'fetchMaxBytes'"),
+    ({**PD, "streams": "1", "fetchMaxBytes": "4g"}, "option 'fetchMaxBytes'"),
+    ({**PD, "streams": "1", "fetchMaxWaitMs": "-1"}, "option 'fetchMaxWaitMs'"),
+    ({**PD, "streams": "1", "maxRecordsPerPartition": "0"}, "'maxRecordsPerPartition'.*>= 1"),
+    ({**PD, "streams": "1", "minPartitions": "two"}, "option 'minPartitions'"),
+    ({**PD, "streams": "1", "requestTimeoutMs": "0"}, "option 'requestTimeoutMs'"),
+    ({**PD, "streams": "1", "retries": "-1"}, "option 'retries'"),
+    ({**PD, "streams": "1", "maxInflightFrames": "0"}, "option 'maxInflightFrames'"),
+    # values of options meant for writing are still checked
+    ({**PD, "streams": "1", "compression": "gzip"}, "'compression' = 'gzip'.*none, lz4, zstd"),
+])
+def test_bad_read_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        parse_read_options(options)
+
+
+def test_unknown_names_get_a_did_you_mean():
+    with pytest.raises(OptionError, match="unknown option 'fetchmaxbyte'.*did you mean "
+                                          "'fetchMaxBytes'"):
+        parse_read_options({**PD, "streams": "1", "fetchmaxbyte": "1"})
+    with pytest.raises(OptionError, match="unknown option 'zzz' for format sbp Known options"):
+        check_option_names({"zzz": "1"})
+    with pytest.raises(OptionError, match="takes no path"):
+        check_option_names({"path": "/tmp/x"})
+    check_option_names({"checkpointLocation": "/tmp/cp", "STARTINGOFFSETS": "earliest"})
+
+
+def test_write_defaults_and_values():
+    opts = parse_write_options({**PD})
+    assert opts.stream is None and opts.payload == "records"
+    assert (opts.batch_max_records, opts.batch_max_bytes) == (65_536, 4 << 20)
+    assert (opts.create_if_missing, opts.replicas, opts.retention_ms) == (False, 1, -1)
+    assert opts.compression == "none"
+    opts = parse_write_options({
+        **PD, "stream": "9", "payload": "arrow", "batchMaxRecords": "10", "batchMaxBytes": "64k",
+        "maxInflightFrames": "8", "createIfMissing": "true", "replicas": "3",
+        "retentionMs": "60000", "compression": "ZSTD"})
+    assert (opts.stream, opts.payload, opts.batch_max_records) == (9, "arrow", 10)
+    assert opts.batch_max_bytes == 65536 and opts.client.max_inflight_frames == 8
+    assert (opts.create_if_missing, opts.replicas, opts.retention_ms) == (True, 3, 60000)
+    assert opts.compression == "zstd"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"streams": "1", **PD}, "option 'streams' is for reading"),
+    ({**PD, "stream": "a"}, "option 'stream' = 'a'.*stream id"),
+    ({**PD, "batchMaxRecords": "0"}, "option 'batchMaxRecords'"),
+    ({**PD, "batchMaxBytes": "16m"}, "option 'batchMaxBytes' = '16m'.*between 1024 and"),
+    ({**PD, "batchMaxBytes": "12"}, "option 'batchMaxBytes'"),
+    ({**PD, "replicas": "0"}, "option 'replicas'"),
+    ({**PD, "replicas": "200"}, "option 'replicas'"),
+    ({**PD, "retentionMs": "0"}, "option 'retentionMs' = '0'.*-1"),
+    ({**PD, "retentionMs": "-5"}, "option 'retentionMs'"),
+    ({**PD, "createIfMissing": "maybe"}, "option 'createIfMissing'"),
+    ({**PD, "compression": "snappy"}, "option 'compression'"),
+    ({**PD, "startingOffsets": "whenever"}, "option 'startingOffsets'"),
+    ({**PD, "maxTriggerDelay": "soon"}, "option 'maxTriggerDelay'"),
+])
+def test_bad_write_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        parse_write_options(options)
+
+
+def test_streaming_options():
+    opts = parse_stream_read_options({
+        **PD, "streams": "4", "maxRecordsPerTrigger": "100", "maxBytesPerTrigger": "1m",
+        "minRecordsPerTrigger": "10", "maxTriggerDelay": "30s"})
+    assert opts.read.starting == OffsetSpec(LATEST)
+    assert (opts.max_records_per_trigger, opts.max_bytes_per_trigger) == (100, 1 << 20)
+    assert (opts.min_records_per_trigger, opts.max_trigger_delay_ms) == (10, 30_000)
+    assert parse_stream_read_options({**PD, "streams": "4"}).max_trigger_delay_ms == 900_000
+    assert parse_stream_read_options(
+        {**PD, "streams": "4", "startingOffsets": "latest"}).read.starting == OffsetSpec(LATEST)
+    with pytest.raises(OptionError, match="'endingOffsets' is for batch reads"):
+        parse_stream_read_options({**PD, "streams": "4", "endingOffsets": "latest"})
+    with pytest.raises(OptionError, match="'maxRecordsPerTrigger'"):
+        parse_stream_read_options({**PD, "streams": "4", "maxRecordsPerTrigger": "0"})
+    write = parse_stream_write_options({**PD, "stream": "1", "idempotent": "true"})
+    assert write.idempotent is True and write.write.stream == 1
+
+
+def test_every_option_is_documented_and_parsed():
+    table = options_table_markdown()
+    names = {spec.name for spec in OPTIONS}
+    assert {"pd", "streams", "stream", "startingOffsets", "endingOffsets", "failOnDataLoss",
+            "includeHeaders", "payload", "fetchMaxBytes", "fetchMaxWaitMs", "batchMaxRecords",
+            "batchMaxBytes", "maxInflightFrames", "requestTimeoutMs", "retries",
+            "createIfMissing", "replicas", "retentionMs", "compression",
+            "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger",
+            "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay",
+            "idempotent"} == names
+    for name in names:
+        assert f"| {name} |" in table
