@@ -1,0 +1,216 @@
+"""Spark's Arrow batches -> SBP record batches, without per-row Python.
+
+``RowEncoder`` checks a DataFrame's schema against the payload when the write is planned, then
+turns each Arrow batch Spark hands a task into body batches (the records convention, or the
+DataFrame's own columns for payload=arrow), split by target stream when rows carry a
+``stream_id``. ``Batcher`` cuts and combines them into record batches of bounded rows and bytes,
+and ``encode_batches`` turns those into envelope + Arrow IPC body, each small enough for one
+APPEND frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from sbp_spark.protocol.constants import MAX_FRAME_LENGTH
+from sbp_spark.protocol.records import (
+    ENVELOPE_SIZE,
+    HEADERS_TYPE,
+    PAYLOAD_ARROW,
+    encode_arrow_batch,
+    make_records_batch,
+    with_payload_kind,
+)
+
+# An encoded batch must leave room in its APPEND frame for the frame and FlatBuffers headers.
+MAX_ENCODED_BATCH = MAX_FRAME_LENGTH - 64 * 1024
+
+_STREAM_ID_TYPES = (LongType, IntegerType, ShortType, ByteType)
+
+
+def _is_text(dtype: DataType) -> bool:
+    return isinstance(dtype, (StringType, BinaryType))
+
+
+def _headers_ok(dtype: DataType) -> bool:
+    if not isinstance(dtype, ArrayType) or not isinstance(dtype.elementType, StructType):
+        return False
+    fields = {f.name: f.dataType for f in dtype.elementType.fields}
+    return (set(fields) == {"key", "value"} and isinstance(fields["key"], StringType)
+            and _is_text(fields["value"]))
+
+
+@dataclass(frozen=True)
+class RowEncoder:
+    """How one DataFrame schema becomes record-batch bodies (built on the driver, pickled)."""
+
+    payload: str
+    route_by_column: bool  # rows name their stream in a stream_id column
+    names: tuple[str, ...]
+
+    @classmethod
+    def for_schema(cls, schema: StructType, payload: str, stream: int | None,
+                   create: bool = False) -> RowEncoder:
+        """Check ``schema`` for a write; ``stream`` is the stream option (None: per row)."""
+        types = {f.name: f.dataType for f in schema.fields}
+        route = stream is None and not create
+        if route:
+            if "stream_id" not in types:
+                raise ValueError(
+                    "writing to sbp needs a target stream: set option 'stream', give the rows "
+                    "a stream_id column, or set createIfMissing=true to create a new stream")
+            if not isinstance(types["stream_id"], _STREAM_ID_TYPES):
+                raise ValueError(
+                    f"column 'stream_id' is {types['stream_id'].simpleString()}; it must be an "
+                    "integer type (bigint)")
+        if payload == "records":
+            problems = []
+            if "value" not in types:
+                problems.append("a 'value' column (binary or string) is required")
+            elif not _is_text(types["value"]):
+                problems.append(f"column 'value' is {types['value'].simpleString()}, "
+                                "not binary or string")
+            if "key" in types and not _is_text(types["key"]):
+                problems.append(f"column 'key' is {types['key'].simpleString()}, "
+                                "not binary or string")
+            if "headers" in types and not _headers_ok(types["headers"]):
+                problems.append(f"column 'headers' is {types['headers'].simpleString()}, not "
+                                "array<struct<key:string,value:binary>>")
+            if "timestamp" in types and not isinstance(
+                    types["timestamp"], (TimestampType, TimestampNTZType)):
+                problems.append(f"column 'timestamp' is {types['timestamp'].simpleString()}, "
+                                "not timestamp")
+            if problems:
+                raise ValueError("payload=records cannot write this DataFrame: "
+                                 + "; ".join(problems) + " (use payload=arrow to store any "
+                                 "columns)")
+        elif not [n for n in types if n != "stream_id"]:
+            raise ValueError("payload=arrow needs at least one column besides stream_id")
+        return cls(payload, route, tuple(schema.fieldNames()))
+
+    def bodies(self, batch: pa.RecordBatch, stream: int | None
+               ) -> Iterator[tuple[int | None, pa.RecordBatch]]:
+        """(stream_id, body batch) pairs for one of Spark's batches; stream_id is ``stream``
+        unless rows route themselves."""
+        if batch.num_rows == 0:
+            return
+        if not self.route_by_column:
+            yield stream, self._body(batch)
+            return
+        column = batch.column(batch.schema.get_field_index("stream_id"))
+        if column.null_count:
+            raise ValueError(f"{column.null_count} rows have a null stream_id; every row needs "
+                             "a target stream (or set option 'stream')")
+        unique = pc.unique(column)
+        if len(unique) == 1:
+            yield unique[0].as_py(), self._body(batch)
+            return
+        for sid in sorted(unique.to_pylist()):
+            yield sid, self._body(batch.filter(pc.equal(column, sid)))
+
+    def _body(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.payload == "arrow":
+            if "stream_id" in batch.schema.names:
+                batch = batch.drop_columns(["stream_id"])
+            return with_payload_kind(batch, PAYLOAD_ARROW)
+        names = batch.schema.names
+        get = {name: batch.column(i) for i, name in enumerate(names)}
+        timestamp = get.get("timestamp")
+        if timestamp is not None:
+            # Spark's microseconds are stored as milliseconds (the records convention).
+            timestamp = pc.cast(timestamp, pa.timestamp("ms"), safe=False)
+        headers = get.get("headers")
+        if headers is not None:
+            try:
+                headers = headers.cast(HEADERS_TYPE)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"column 'headers' cannot be stored: {exc} (every header "
+                                 "needs a non-null key)") from exc
+        return make_records_batch(get["value"], key=get.get("key"), headers=headers,
+                                  timestamp=timestamp)
+
+
+class Batcher:
+    """Combines and cuts body batches of one stream into batches of at most ``max_records``
+    rows and about ``max_bytes`` bytes."""
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._pending: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """Take ``batch``; return the batches that are full."""
+        if batch.num_rows == 0:
+            return []
+        self._pending.append(batch)
+        self._rows += batch.num_rows
+        self._bytes += batch.nbytes
+        out = []
+        while self._pending and (self._rows >= self.max_records or self._bytes >= self.max_bytes):
+            out.append(self._take())
+        return out
+
+    def flush(self) -> list[pa.RecordBatch]:
+        """The rest, as full-sized batches and one last smaller one."""
+        out = []
+        while self._pending:
+            out.append(self._take())
+        return out
+
+    def _take(self) -> pa.RecordBatch:
+        combined = (self._pending[0] if len(self._pending) == 1
+                    else pa.concat_batches(self._pending))
+        per_row = max(1.0, combined.nbytes / combined.num_rows)
+        rows = max(1, min(self.max_records, combined.num_rows, int(self.max_bytes // per_row)))
+        head = combined.slice(0, rows)
+        rest = combined.slice(rows)
+        self._pending = [rest] if rest.num_rows else []
+        self._rows = rest.num_rows
+        self._bytes = rest.nbytes if rest.num_rows else 0
+        return head
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """One record batch ready for APPEND: envelope + body buffers."""
+
+    buffers: list
+    record_count: int
+    nbytes: int
+
+
+def encode_batches(batch: pa.RecordBatch, compression: str,
+                   base_timestamp_ms: int | None = None) -> list[EncodedBatch]:
+    """``batch`` as record batches of one frame each (halved until each fits)."""
+    parts = encode_arrow_batch(batch, base_timestamp_ms,
+                               None if compression == "none" else compression)
+    nbytes = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+    if nbytes <= MAX_ENCODED_BATCH:
+        return [EncodedBatch(parts, batch.num_rows, nbytes)]
+    if batch.num_rows == 1:
+        raise ValueError(
+            f"one record needs {nbytes - ENVELOPE_SIZE} bytes, more than a record batch can "
+            f"carry in one APPEND frame ({MAX_ENCODED_BATCH} bytes)")
+    half = batch.num_rows // 2
+    return (encode_batches(batch.slice(0, half), compression, base_timestamp_ms)
+            + encode_batches(batch.slice(half), compression, base_timestamp_ms))
