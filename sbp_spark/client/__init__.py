@@ -4,19 +4,33 @@ stream-level APIs. No Spark here."""
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .connection import Connection, ResponseStream, parse_address
 from .heartbeat import Heartbeat
+from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
+from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import call_with_retries, is_retriable
+from .stream import SbpClient, StreamWriter
+from .types import Appended, FetchedBatch, ItemResult
 
 __all__ = [
     "DEFAULT_FETCH_MAX_BYTES",
+    "Appended",
+    "BatchLike",
     "ClientConfig",
     "Connection",
     "ConnectionPool",
+    "FetchChunk",
+    "FetchedBatch",
     "Heartbeat",
+    "ItemResult",
+    "PdClient",
+    "RangeServerClient",
     "ResponseStream",
+    "SbpClient",
+    "StreamWriter",
     "call_with_retries",
     "close_pool",
     "get_pool",
     "is_retriable",
     "parse_address",
+    "parse_pd_addresses",
 ]

@@ -1,0 +1,45 @@
+"""Helpers shared by the PD and range-server clients: typed calls and per-item results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sbp_spark.protocol.errors import ProtocolError
+from sbp_spark.protocol.messages import Status
+
+from .connection import Connection
+from .types import ItemResult, status_error
+
+T = TypeVar("T")
+
+
+def checked_call(conn: Connection, msg: Any, timeout: float | None = None) -> Any:
+    """``conn.call(msg)``; honours the answer's throttle time and raises its top-level status."""
+    response, _ = conn.call(msg, timeout=timeout)
+    throttle = getattr(response, "throttle_time_ms", 0) or 0
+    if throttle > 0:
+        conn.throttle(throttle)
+    status = getattr(response, "status", None)
+    if status is not None and status.code:
+        raise status_error(status, throttle, f"{type(msg).__name__} to {conn.address}")
+    return response
+
+
+def item_results(
+    answers: Sequence[Any],
+    expected: int,
+    value_of: Callable[[Any], T],
+    what: str,
+) -> list[ItemResult[T]]:
+    """One ``ItemResult`` per request item, in request order; items the server left
+    unanswered get an error instead of vanishing."""
+    results: list[ItemResult[T]] = []
+    for answer in answers[:expected]:
+        status: Status = answer.status
+        results.append(ItemResult(value_of(answer) if status.code == 0 else None, status))
+    for index in range(len(results), expected):
+        results.append(ItemResult(None, error=ProtocolError(
+            f"{what}: the server answered {len(answers)} of {expected} items; "
+            f"item {index} got no answer")))
+    return results

@@ -1,0 +1,267 @@
+"""Client of the placement driver (PD): stream and range metadata, ids, heartbeats, metrics.
+
+Every call goes to the PD leader. A follower answers PD_NOT_LEADER with the cluster's membership
+in the status detail; the client switches to the leader it names and sends again. Unreachable
+PD addresses are skipped in turn. Batch calls return one ``ItemResult`` per item, so one bad
+item does not hide the others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sbp_spark.protocol.errors import (
+    HeaderError,
+    PdNotLeaderError,
+    SbpError,
+    SbpTimeoutError,
+    ServerError,
+    TransportError,
+)
+from sbp_spark.protocol.messages import (
+    AllocateIdRequest,
+    CreateRangeRequest,
+    CreateStreamsRequest,
+    DeleteStreamsRequest,
+    DescribePdClusterRequest,
+    DescribeRangesRequest,
+    DescribeStreamsRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ListRangesRequest,
+    PlacementDriverCluster,
+    Range,
+    RangeId,
+    RangeOwner,
+    RangeServer,
+    ReportMetricsRequest,
+    ReportMetricsResponse,
+    SealRangesRequest,
+    Stream,
+    TrimmedStream,
+    TrimStreamsRequest,
+    TrimStreamsResult,
+    UpdateStreamsRequest,
+)
+
+from ._calls import checked_call, item_results
+from .config import ClientConfig
+from .connection import parse_address
+from .heartbeat import Heartbeat
+from .pool import ConnectionPool, get_pool
+from .range_server import _range_id
+from .retry import call_with_retries
+from .types import ItemResult
+
+
+def parse_pd_addresses(pd_addresses: str | Sequence[str]) -> list[str]:
+    """``"h1:p1,h2:p2"`` or a list of ``host:port`` strings, checked, without duplicates."""
+    if isinstance(pd_addresses, str):
+        items = [a.strip() for a in pd_addresses.split(",")]
+    else:
+        items = [str(a).strip() for a in pd_addresses]
+    addresses: list[str] = []
+    for item in items:
+        if not item:
+            continue
+        parse_address(item)
+        if item not in addresses:
+            addresses.append(item)
+    if not addresses:
+        raise ValueError(f"PD addresses {pd_addresses!r}: give at least one host:port")
+    return addresses
+
+
+class PdClient:
+    """Calls the PD cluster at ``pd_addresses`` (one or more ``host:port``)."""
+
+    def __init__(self, pd_addresses: str | Sequence[str], config: ClientConfig | None = None,
+                 pool: ConnectionPool | None = None) -> None:
+        self.addresses = parse_pd_addresses(pd_addresses)
+        self.config = config if config is not None else ClientConfig()
+        self.pool = pool if pool is not None else get_pool()
+        self._lock = threading.Lock()
+        self._leader: str | None = None
+        self._next = 0  # which configured address to try when the leader is unknown
+
+    def __repr__(self) -> str:
+        return f"PdClient({','.join(self.addresses)!r}, leader={self._leader!r})"
+
+    @property
+    def leader(self) -> str:
+        """The address calls go to now (the known leader, else the next address to try)."""
+        with self._lock:
+            return self._leader or self.addresses[self._next % len(self.addresses)]
+
+    # -- the call path ---------------------------------------------------------------------
+
+    def call(self, msg: Any) -> Any:
+        """Send ``msg`` to the leader (following redirects, retrying within the config's
+        policy) and return the response; a failed top-level status raises ``ServerError``."""
+
+        def attempt() -> Any:
+            conn = self.pool.get(self.leader, self.config)
+            return checked_call(conn, msg)
+
+        return call_with_retries(attempt, self.config, on_error=self._on_error)
+
+    def _on_error(self, error: SbpError) -> bool:
+        if isinstance(error, PdNotLeaderError):
+            leader = _leader_from_detail(error.detail)
+            with self._lock:
+                if leader is not None and leader != self._leader:
+                    self._leader = leader
+                    return True  # a redirect: send again at once
+                self._forget_leader()
+            return False
+        if isinstance(error, (TransportError, SbpTimeoutError)) or (
+                isinstance(error, ServerError) and error.invalid_metadata):
+            with self._lock:
+                self._forget_leader()
+        return False
+
+    def _forget_leader(self) -> None:
+        # Move on to the next configured address, so a dead PD is not asked again at once.
+        if self._leader is not None and self._leader in self.addresses:
+            self._next = self.addresses.index(self._leader) + 1
+        elif self._leader is None:
+            self._next += 1
+        self._leader = None
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def create_streams(self, streams: Sequence[Stream]) -> list[ItemResult[Stream]]:
+        """Create streams (their stream_id is ignored; the PD assigns one)."""
+        response = self.call(CreateStreamsRequest(self.config.server_timeout_ms, list(streams)))
+        return item_results(response.create_responses, len(streams), lambda a: a.stream,
+                            "CREATE_STREAMS")
+
+    def delete_streams(self, stream_ids: Sequence[int]) -> list[ItemResult[Stream]]:
+        """Delete streams; each result is the deleted stream."""
+        request = DeleteStreamsRequest(self.config.server_timeout_ms,
+                                       [Stream(stream_id=int(s)) for s in stream_ids])
+        response = self.call(request)
+        return item_results(response.delete_responses, len(stream_ids),
+                            lambda a: a.deleted_stream, "DELETE_STREAMS")
+
+    def update_streams(self, streams: Sequence[Stream]) -> list[ItemResult[Stream]]:
+        """Change replica counts or retention; each result is the updated stream."""
+        response = self.call(UpdateStreamsRequest(self.config.server_timeout_ms, list(streams)))
+        return item_results(response.update_responses, len(streams),
+                            lambda a: a.updated_stream, "UPDATE_STREAMS")
+
+    def describe_streams(self, stream_ids: Sequence[int]) -> list[ItemResult[Stream]]:
+        """The current metadata of streams."""
+        ids = [int(s) for s in stream_ids]
+        response = self.call(DescribeStreamsRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.describe_responses, len(ids), lambda a: a.stream,
+                            "DESCRIBE_STREAMS")
+
+    def trim_streams(self, trims: Sequence[tuple[int, int]]
+                     ) -> list[ItemResult[TrimStreamsResult]]:
+        """Drop records below a trim offset: ``[(stream_id, trim_offset), ...]``. Each value
+        carries the trimmed stream and its first range after the trim."""
+        items = [TrimmedStream(int(s), int(o)) for s, o in trims]
+        response = self.call(TrimStreamsRequest(self.config.server_timeout_ms, items))
+        return item_results(response.streams, len(items), lambda a: a, "TRIM_STREAMS")
+
+    # -- ranges ----------------------------------------------------------------------------
+
+    def list_ranges(self, stream_ids: Sequence[int]) -> list[ItemResult[list[Range]]]:
+        """The ranges of each stream, in range_index order."""
+        owners = [RangeOwner(stream_id=int(s)) for s in stream_ids]
+        response = self.call(ListRangesRequest(self.config.server_timeout_ms, owners))
+        return item_results(response.list_responses, len(owners),
+                            lambda a: sorted(a.ranges, key=lambda r: r.range_index),
+                            "LIST_RANGES")
+
+    def list_ranges_by_server(self, servers: Sequence[RangeServer]
+                              ) -> list[ItemResult[list[Range]]]:
+        """The ranges each range server holds."""
+        owners = [RangeOwner(range_server=s) for s in servers]
+        response = self.call(ListRangesRequest(self.config.server_timeout_ms, owners))
+        return item_results(response.list_responses, len(owners), lambda a: list(a.ranges),
+                            "LIST_RANGES")
+
+    def describe_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]]
+                        ) -> list[ItemResult[Range]]:
+        """The PD's view of ranges."""
+        ids = [_range_id(r) for r in ranges]
+        response = self.call(DescribeRangesRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.describe_responses, len(ids), lambda a: a.range,
+                            "DESCRIBE_RANGES")
+
+    def seal_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]]
+                    ) -> list[ItemResult[Range]]:
+        """Seal each stream's open range and open the next; each value is the new open
+        range."""
+        ids = [_range_id(r) for r in ranges]
+        response = self.call(SealRangesRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.seal_responses, len(ids), lambda a: a.range,
+                            "SEAL_RANGES")
+
+    def create_range(self, ranges: Sequence[RangeId | tuple[int, int]]
+                     ) -> list[ItemResult[Range]]:
+        """Open range ``range_index`` of each stream (its last range must be sealed)."""
+        ids = [_range_id(r) for r in ranges]
+        response = self.call(CreateRangeRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.create_responses, len(ids), lambda a: a.range,
+                            "CREATE_RANGE")
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    def allocate_id(self, host: str = "") -> int:
+        """A new unique id from the PD (a range server's server_id)."""
+        response = self.call(AllocateIdRequest(self.config.server_timeout_ms, host))
+        return response.id
+
+    def describe_pd_cluster(self, range_server: RangeServer | None = None
+                            ) -> PlacementDriverCluster:
+        """The PD members and which one leads."""
+        response = self.call(
+            DescribePdClusterRequest(range_server, self.config.server_timeout_ms))
+        return response.cluster if response.cluster is not None else PlacementDriverCluster()
+
+    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        """Send one HEARTBEAT (a range server announcing itself, or an SDK client)."""
+        return self.call(request)
+
+    def report_metrics(self, request: ReportMetricsRequest) -> ReportMetricsResponse:
+        """Send a range server's load figures."""
+        return self.call(request)
+
+    def start_heartbeat(
+        self,
+        make_request: Callable[[], HeartbeatRequest],
+        interval_s: float,
+        on_response: Callable[[HeartbeatResponse], None] | None = None,
+    ) -> Heartbeat:
+        """Send ``make_request()`` to the PD leader every ``interval_s`` seconds on a
+        background thread (following leader changes) until the returned ``Heartbeat``
+        is stopped."""
+
+        def beat() -> None:
+            response = self.heartbeat(make_request())
+            if on_response is not None:
+                on_response(response)
+
+        return Heartbeat(beat, interval_s, name=f"sbp-pd-heartbeat-{self.addresses[0]}")
+
+
+def _leader_from_detail(detail: bytes) -> str | None:
+    if not detail:
+        return None
+    try:
+        cluster = PlacementDriverCluster.from_flatbuffers(detail)
+    except HeaderError:
+        return None
+    leader = cluster.leader
+    if leader is None or not leader.advertise_addr:
+        return None
+    try:
+        parse_address(leader.advertise_addr)
+    except ValueError:
+        return None
+    return leader.advertise_addr

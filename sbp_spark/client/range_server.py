@@ -1,0 +1,365 @@
+"""Client of one range server: pipelined APPEND, streamed FETCH, seal and describe ranges."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from sbp_spark.protocol.constants import CHECKSUM_SIZE, FIXED_HEADER_SIZE, Opcode
+from sbp_spark.protocol.errors import (
+    PayloadTooLargeError,
+    ProtocolError,
+    SbpError,
+    ServerError,
+)
+from sbp_spark.protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    AppendResult,
+    DescribeRangesRequest,
+    FetchEntry,
+    FetchRequest,
+    FetchResponse,
+    Range,
+    RangeId,
+    SealRangesRequest,
+    Status,
+    StreamRanges,
+    SyncRangesRequest,
+    decode_response,
+    request_frame,
+)
+from sbp_spark.protocol.records import BatchHeader, iter_batches
+
+from ._calls import checked_call, item_results
+from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
+from .connection import Connection, ResponseStream
+from .pool import ConnectionPool, get_pool
+from .retry import call_with_retries
+from .types import ItemResult, status_error
+
+Buffer = bytes | bytearray | memoryview
+BatchLike = Buffer | Sequence[Buffer]
+"""One record batch: a bytes-like object, or the buffers it is made of (``encode_batch``)."""
+
+# An APPEND header is a small table plus one 16-byte struct per entry. These bounds are above
+# what the encoder writes (checked after encoding), so a planned frame never breaks the limit.
+_APPEND_HEADER_BASE = 64
+_APPEND_HEADER_PER_ENTRY = 16
+_FRAME_OVERHEAD = FIXED_HEADER_SIZE - 4 + CHECKSUM_SIZE  # counted in frame_length
+_INT32_MAX = (1 << 31) - 1
+
+
+def _nbytes(buf: Buffer) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def batch_buffers(batch: BatchLike) -> list[Buffer]:
+    """The buffers of one batch, whatever form it was given in."""
+    if isinstance(batch, (bytes, bytearray, memoryview)):
+        return [batch]
+    if isinstance(batch, (list, tuple)):
+        return list(batch)
+    try:
+        return [memoryview(batch)]  # pyarrow.Buffer and other buffer-protocol objects
+    except TypeError:
+        raise TypeError(
+            f"a record batch must be bytes-like or a list of buffers, not "
+            f"{type(batch).__name__}") from None
+
+
+def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int
+                       ) -> tuple[list[list[int]], list[int]]:
+    """Group batch indices, in order, into APPEND frames whose frame_length stays within
+    ``max_frame_bytes``; also returns the indices of batches too large for any frame."""
+    frames: list[list[int]] = []
+    too_large: list[int] = []
+    current: list[int] = []
+    size = _FRAME_OVERHEAD + _APPEND_HEADER_BASE
+    for index, length in enumerate(lengths):
+        alone = _FRAME_OVERHEAD + _APPEND_HEADER_BASE + _APPEND_HEADER_PER_ENTRY + length
+        if alone > max_frame_bytes:
+            too_large.append(index)
+            continue
+        added = _APPEND_HEADER_PER_ENTRY + length
+        if current and size + added > max_frame_bytes:
+            frames.append(current)
+            current, size = [], _FRAME_OVERHEAD + _APPEND_HEADER_BASE
+        current.append(index)
+        size += added
+    if current:
+        frames.append(current)
+    return frames, too_large
+
+
+@dataclass(slots=True)
+class FetchChunk:
+    """The batches one fetch entry received in one response frame."""
+
+    request_index: int
+    stream_id: int
+    status: Status
+    payload: memoryview  # whole batches laid end to end (may be empty)
+
+    def batches(self) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """(envelope, view of the whole batch) for each batch, without copying."""
+        return iter_batches(self.payload)
+
+
+class RangeServerClient:
+    """Talks to the range server at ``address`` over the pooled connection."""
+
+    def __init__(self, address: str, config: ClientConfig | None = None,
+                 pool: ConnectionPool | None = None) -> None:
+        self.address = address
+        self.config = config if config is not None else ClientConfig()
+        self.pool = pool if pool is not None else get_pool()
+
+    def __repr__(self) -> str:
+        return f"RangeServerClient({self.address!r})"
+
+    def connection(self) -> Connection:
+        """The pooled connection to this server (opened if needed)."""
+        return self.pool.get(self.address, self.config)
+
+    # -- APPEND ----------------------------------------------------------------------------
+
+    def append(
+        self,
+        entries: Sequence[tuple[int, BatchLike]],
+        timeout_ms: int | None = None,
+        max_inflight_frames: int | None = None,
+    ) -> list[ItemResult[AppendResult]]:
+        """Append ``(stream_id, batch)`` entries; one result per entry, in input order.
+
+        Entries are packed in order into APPEND frames within ``config.max_frame_bytes``, and
+        up to ``max_inflight_frames`` frames are in flight at once. Answers are matched to
+        entries by request_index (the entry's position), whatever frame or order they come
+        in. Nothing is retried here: a failed entry says why in its result.
+        """
+        count = len(entries)
+        if count > _INT32_MAX:
+            raise ValueError(f"{count} entries exceed the int32 request_index range")
+        timeout_ms = self.config.server_timeout_ms if timeout_ms is None else timeout_ms
+        inflight_limit = max_inflight_frames or self.config.max_inflight_frames
+        buffers = [batch_buffers(batch) for _, batch in entries]
+        lengths = [sum(_nbytes(b) for b in bufs) for bufs in buffers]
+        results: list[ItemResult[AppendResult] | None] = [None] * count
+        frames, too_large = plan_append_frames(lengths, self.config.max_frame_bytes)
+        for index in too_large:
+            results[index] = ItemResult(None, error=PayloadTooLargeError(
+                f"batch {index} of {lengths[index]} bytes does not fit in one APPEND frame "
+                f"(limit {self.config.max_frame_bytes} bytes including the header)"))
+        if frames:
+            try:
+                conn = self.connection()
+            except SbpError as exc:
+                for indices in frames:
+                    self._fail(results, indices, exc)
+                frames = []
+            inflight: deque[tuple[ResponseStream, list[int]]] = deque()
+            next_frame = 0
+            while next_frame < len(frames) or inflight:
+                while next_frame < len(frames) and len(inflight) < inflight_limit:
+                    indices = frames[next_frame]
+                    next_frame += 1
+                    try:
+                        stream = self._send_append(conn, entries, buffers, lengths, indices,
+                                                   timeout_ms)
+                    except SbpError as exc:
+                        self._fail(results, indices, exc)
+                        if isinstance(exc, ProtocolError):
+                            continue
+                        # The connection is gone: nothing more can be sent on it.
+                        for rest in frames[next_frame:]:
+                            self._fail(results, rest, exc)
+                        next_frame = len(frames)
+                        break
+                    inflight.append((stream, indices))
+                if inflight:
+                    stream, indices = inflight.popleft()
+                    self._collect_append(conn, stream, indices, results)
+        return [r if r is not None else ItemResult(None, error=ProtocolError(
+            f"{self.address} did not answer append entry {i}")) for i, r in enumerate(results)]
+
+    def _send_append(self, conn: Connection, entries, buffers, lengths, indices,
+                     timeout_ms: int) -> ResponseStream:
+        msg = AppendRequest(timeout_ms, [
+            AppendEntry(entries[i][0], i, lengths[i]) for i in indices])
+        payload = [b for i in indices for b in buffers[i]]
+        header = msg.to_flatbuffers()
+        planned = _APPEND_HEADER_BASE + _APPEND_HEADER_PER_ENTRY * len(indices)
+        if len(header) > planned:
+            raise ProtocolError(
+                f"APPEND header of {len(header)} bytes is over the {planned} bytes planned")
+        return conn.start(
+            Opcode.APPEND,
+            lambda sid: request_frame(sid, msg, payload),
+            self.config.request_timeout_s + timeout_ms / 1000.0)
+
+    def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],
+                        results: list) -> None:
+        count = len(results)
+        top: Status | None = None
+        try:
+            for frame in stream:
+                response = decode_response(frame)
+                if response.throttle_time_ms > 0:
+                    conn.throttle(response.throttle_time_ms)
+                if response.status.code:
+                    top = response.status
+                for result in response.append_responses:
+                    index = result.request_index
+                    if 0 <= index < count and results[index] is None:
+                        results[index] = ItemResult(result, result.status)
+        except SbpError as exc:  # SYSTEM_ERROR (a ServerError) or a failed connection
+            self._fail(results, indices, exc)
+            return
+        if top is not None:
+            for index in indices:
+                if results[index] is None:
+                    results[index] = ItemResult(None, top)
+
+    @staticmethod
+    def _fail(results: list, indices: Sequence[int], error: SbpError) -> None:
+        for index in indices:
+            if results[index] is None:
+                if isinstance(error, ServerError):
+                    results[index] = ItemResult(None, Status.from_error(error))
+                else:
+                    results[index] = ItemResult(None, error=error)
+
+    # -- FETCH -----------------------------------------------------------------------------
+
+    def fetch_many(
+        self,
+        entries: Sequence[FetchEntry],
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[FetchChunk]:
+        """Send one FETCH with ``entries`` and yield each entry's batches as frames arrive.
+
+        A failed entry comes out as a chunk with a non-OK ``status`` (and no batches); the
+        other entries go on. ``timeout`` bounds the wait for each frame; ``max_wait_ms`` is
+        added to it.
+        """
+        for entry in entries:
+            if not 0 <= entry.batch_max_bytes <= _INT32_MAX:
+                raise ValueError(
+                    f"batch_max_bytes={entry.batch_max_bytes}: must be in 0..{_INT32_MAX}")
+        msg = FetchRequest(max_wait_ms, min_bytes, list(entries))
+        wait = (self.config.request_timeout_s if timeout is None else timeout) \
+            + max_wait_ms / 1000.0
+        conn = self.connection()
+        stream = conn.start(Opcode.FETCH, lambda sid: request_frame(sid, msg), wait)
+        return self._fetch_chunks(conn, stream)
+
+    def _fetch_chunks(self, conn: Connection, stream: ResponseStream) -> Iterator[FetchChunk]:
+        with stream:
+            for frame in stream:
+                response: FetchResponse = decode_response(frame)
+                if response.throttle_time_ms > 0:
+                    conn.throttle(response.throttle_time_ms)
+                if response.status.code:
+                    raise status_error(response.status, response.throttle_time_ms,
+                                       f"FETCH from {self.address}")
+                payload = frame.payload
+                if not isinstance(payload, memoryview):
+                    payload = memoryview(payload)
+                pos, size = 0, payload.nbytes
+                for result in response.fetch_responses:
+                    end = pos + result.batch_length
+                    if result.batch_length < 0 or end > size:
+                        raise ProtocolError(
+                            f"FETCH answer from {self.address}: entry {result.request_index} "
+                            f"claims {result.batch_length} bytes at {pos} of a {size}-byte "
+                            f"payload")
+                    yield FetchChunk(result.request_index, result.stream_id, result.status,
+                                     payload[pos:end])
+                    pos = end
+
+    def fetch(
+        self,
+        stream_id: int,
+        fetch_offset: int,
+        end_offset: int = -1,
+        batch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """Stream the batches of ``stream_id`` from ``fetch_offset`` (up to ``end_offset``,
+        -1 = no bound) with one FETCH request; ``batch_max_bytes`` bounds the whole answer.
+
+        Yields (envelope, view of the whole batch) as frames arrive; raises the entry's
+        ``ServerError`` if the server refuses it.
+        """
+        entry = FetchEntry(stream_id, 0, fetch_offset, batch_max_bytes, end_offset)
+        chunks = self.fetch_many([entry], max_wait_ms, min_bytes, timeout)
+        return self._single_fetch(chunks, stream_id)
+
+    def _single_fetch(self, chunks: Iterator[FetchChunk], stream_id: int
+                      ) -> Iterator[tuple[BatchHeader, memoryview]]:
+        try:
+            for chunk in chunks:
+                if chunk.status.code:
+                    raise status_error(chunk.status, 0,
+                                       f"FETCH of stream {stream_id} from {self.address}")
+                yield from iter_batches(chunk.payload)
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+
+    # -- ranges ----------------------------------------------------------------------------
+
+    def _call(self, msg):
+        def attempt():
+            return checked_call(self.connection(), msg)
+
+        return call_with_retries(attempt, self.config)
+
+    def seal(self, ranges: Sequence[RangeId | tuple[int, int]]) -> list[ItemResult[Range]]:
+        """Seal ranges on this server (SEAL_RANGES); each result is the sealed range."""
+        ids = [_range_id(r) for r in ranges]
+        response = self._call(SealRangesRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.seal_responses, len(ids), lambda a: a.range,
+                            f"SEAL_RANGES to {self.address}")
+
+    def describe_ranges(self, ranges: Sequence[RangeId | tuple[int, int]]
+                        ) -> list[ItemResult[Range]]:
+        """Live state of ranges on this server (an open range's next_offset)."""
+        ids = [_range_id(r) for r in ranges]
+        response = self._call(DescribeRangesRequest(self.config.server_timeout_ms, ids))
+        return item_results(response.describe_responses, len(ids), lambda a: a.range,
+                            f"DESCRIBE_RANGES to {self.address}")
+
+    def sync_ranges(self, stream_ranges: Sequence[StreamRanges]
+                    ) -> list[ItemResult[list[Range]]]:
+        """Tell this server about ranges it now holds (SYNC_RANGES, sent by the PD)."""
+        response = self._call(
+            SyncRangesRequest(self.config.server_timeout_ms, list(stream_ranges)))
+        return item_results(response.sync_responses, len(stream_ranges), lambda a: a.ranges,
+                            f"SYNC_RANGES to {self.address}")
+
+    def ping(self) -> float:
+        """Round-trip time of a PING to this server, in seconds."""
+        return self.connection().ping()
+
+
+def _range_id(value: RangeId | Range | tuple[int, int]) -> RangeId:
+    if isinstance(value, RangeId):
+        return value
+    if isinstance(value, Range):
+        return RangeId(value.stream_id, value.range_index)
+    try:
+        stream_id, range_index = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"a range is named by RangeId, Range or (stream_id, range_index), not {value!r}"
+        ) from None
+    return RangeId(int(stream_id), int(range_index))
+
+
+__all__ = ["BatchLike", "FetchChunk", "RangeServerClient", "batch_buffers",
+           "plan_append_frames"]

@@ -1,0 +1,417 @@
+"""The stream-level API the connector and the CLI use: streams, ranges, reads and writes.
+
+``SbpClient`` hides placement: it asks the PD where ranges live, reads from a range's primary
+(falling back to its replicas), and writes to the primary of the stream's open range,
+following seals to the next range.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from sbp_spark.protocol.errors import (
+    BatchFormatError,
+    PdNotLeaderError,
+    RangeNotFoundError,
+    RangeSealedError,
+    SbpError,
+    ServerError,
+    TransportError,
+)
+from sbp_spark.protocol.messages import Range, RangeId, Stream
+from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
+
+from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
+from .pd import PdClient
+from .pool import ConnectionPool
+from .range_server import BatchLike, RangeServerClient, batch_buffers
+from .retry import backoff_s, call_with_retries, is_retriable
+from .types import Appended, FetchedBatch, ItemResult
+
+
+class SbpClient:
+    """Stream-level operations against the cluster whose PD is at ``pd``.
+
+    ``pd`` is ``"host:port[,host:port]"``, a list of addresses, or a ``PdClient``.
+    Connections come from the process-wide pool unless ``pool`` is given.
+    """
+
+    def __init__(self, pd: str | Sequence[str] | PdClient, config: ClientConfig | None = None,
+                 pool: ConnectionPool | None = None) -> None:
+        if isinstance(pd, PdClient):
+            self.pd = pd
+            self.config = config if config is not None else pd.config
+        else:
+            self.config = config if config is not None else ClientConfig()
+            self.pd = PdClient(pd, self.config, pool)
+        self.pool = self.pd.pool if pool is None else pool
+
+    def __repr__(self) -> str:
+        return f"SbpClient(pd={','.join(self.pd.addresses)!r})"
+
+    def range_server(self, address: str) -> RangeServerClient:
+        """A client for the range server at ``address`` sharing this client's pool."""
+        return RangeServerClient(address, self.config, self.pool)
+
+    def close(self) -> None:
+        """Nothing to release: connections belong to the pool (kept for the next task)."""
+
+    def __enter__(self) -> SbpClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def create_streams(self, count: int = 1, replicas: int = 1, retention_ms: int = -1
+                       ) -> list[Stream]:
+        """Create ``count`` streams; raises the first failure."""
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count={count!r}: must be an integer >= 1")
+        if not isinstance(replicas, int) or not 1 <= replicas <= 127:
+            raise ValueError(f"replicas={replicas!r}: must be an integer in 1..127")
+        if not isinstance(retention_ms, int) or (retention_ms < 1 and retention_ms != -1):
+            raise ValueError(f"retention_ms={retention_ms!r}: must be > 0, or -1 (forever)")
+        streams = [Stream(replica_nums=replicas, retention_period_ms=retention_ms)
+                   for _ in range(count)]
+        return [r.unwrap() for r in self.pd.create_streams(streams)]
+
+    def describe_streams(self, ids: Sequence[int]) -> list[Stream]:
+        """Metadata of streams, in the order asked; raises ``StreamNotFoundError`` for a
+        missing one."""
+        results = self.pd.describe_streams(ids)
+        return [_unwrap(r, f"stream {s}") for s, r in zip(ids, results, strict=True)]
+
+    def describe_stream(self, stream_id: int) -> Stream:
+        """Metadata of one stream."""
+        return self.describe_streams([stream_id])[0]
+
+    def delete_streams(self, ids: Sequence[int]) -> list[Stream]:
+        """Delete streams; returns them as deleted; raises the first failure."""
+        results = self.pd.delete_streams(ids)
+        return [_unwrap(r, f"stream {s}") for s, r in zip(ids, results, strict=True)]
+
+    def trim_stream(self, stream_id: int, offset: int) -> Stream:
+        """Drop the records of ``stream_id`` below ``offset``; returns the stream after the
+        trim (its ``start_offset`` is the new first offset)."""
+        (result,) = self.pd.trim_streams([(stream_id, offset)])
+        trimmed = _unwrap(result, f"stream {stream_id}")
+        if trimmed.trimmed_stream is not None:
+            return trimmed.trimmed_stream
+        return self.describe_stream(stream_id)
+
+    def update_stream(self, stream_id: int, replicas: int | None = None,
+                      retention_ms: int | None = None) -> Stream:
+        """Change a stream's replica count and/or retention (None keeps the current value);
+        returns the updated stream."""
+        if replicas is not None and (not isinstance(replicas, int) or not 1 <= replicas <= 127):
+            raise ValueError(f"replicas={replicas!r}: must be an integer in 1..127")
+        if retention_ms is not None and (
+                not isinstance(retention_ms, int) or (retention_ms < 1 and retention_ms != -1)):
+            raise ValueError(f"retention_ms={retention_ms!r}: must be > 0, or -1 (forever)")
+        current = self.describe_stream(stream_id)
+        wanted = Stream(
+            stream_id=stream_id,
+            replica_nums=current.replica_nums if replicas is None else replicas,
+            retention_period_ms=(current.retention_period_ms if retention_ms is None
+                                 else retention_ms))
+        (result,) = self.pd.update_streams([wanted])
+        return _unwrap(result, f"stream {stream_id}")
+
+    # -- ranges ----------------------------------------------------------------------------
+
+    def seal_range(self, stream_id: int) -> Range:
+        """Seal the stream's open range (the PD seals it where its primary stopped) and
+        return the new open range."""
+        ranges = self.list_ranges(stream_id)
+        if not ranges:
+            raise RangeNotFoundError(f"stream {stream_id} has no range to seal")
+        (result,) = self.pd.seal_ranges([ranges[-1]])
+        return _unwrap(result, f"sealing range {ranges[-1].range_index} of stream {stream_id}")
+
+    def list_ranges(self, stream_id: int) -> list[Range]:
+        """The ranges of a stream, in order (only the last may be open)."""
+        (result,) = self.pd.list_ranges([stream_id])
+        return _unwrap(result, f"stream {stream_id}")
+
+    def open_range_end(self, range: Range) -> int:
+        """The offset after the last record of ``range`` now: its end if sealed, else the
+        live next_offset from its primary (DESCRIBE_RANGES)."""
+        if not range.is_open:
+            return range.end_offset
+        servers = _servers_of(range)
+        if not servers:
+            raise RangeNotFoundError(
+                f"range {range.stream_id}/{range.range_index} lists no range server")
+        last_error: SbpError | None = None
+        for address in servers:
+            try:
+                (result,) = self.range_server(address).describe_ranges([range])
+                described = result.unwrap()
+            except SbpError as exc:
+                if not is_retriable(exc):
+                    raise
+                last_error = exc
+                continue
+            if described is None:
+                continue
+            if not described.is_open:
+                return described.end_offset
+            return described.next_offset
+        assert last_error is not None
+        raise last_error
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def fetch(
+        self,
+        range: Range,
+        start_offset: int,
+        end_offset: int = -1,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int = 0,
+        min_bytes: int = 0,
+    ) -> Iterator[FetchedBatch]:
+        """Stream the batches of ``range`` from ``start_offset`` up to ``end_offset`` (-1: no
+        bound) with one FETCH, from the primary first, then the other replicas.
+
+        Batches are whole: the first may begin before ``start_offset`` and the last may run
+        past ``end_offset``; the reader keeps the records it asked for. If a server fails
+        mid-way, the read resumes on the next replica after the last batch received, so no
+        batch is yielded twice. ``max_bytes`` bounds the bytes of the whole answer.
+        """
+        if start_offset < 0:
+            raise ValueError(f"start_offset={start_offset}: must be >= 0")
+        if end_offset != -1 and end_offset < start_offset:
+            raise ValueError(f"end_offset={end_offset} is below start_offset={start_offset}")
+        if not range.is_open and (end_offset == -1 or end_offset > range.end_offset):
+            end_offset = range.end_offset
+        return self._fetch(range, start_offset, end_offset, max_bytes, max_wait_ms, min_bytes)
+
+    def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
+               min_bytes: int) -> Iterator[FetchedBatch]:
+        stream_id, range_index = range.stream_id, range.range_index
+        servers = _servers_of(range)
+        if not servers:
+            raise RangeNotFoundError(
+                f"range {stream_id}/{range_index} lists no range server to read from")
+        position, budget = start, max_bytes
+        attempt, failures = 0, 0
+        last_error: SbpError | None = None
+        while True:
+            address = servers[failures % len(servers)]
+            try:
+                batches = self.range_server(address).fetch(
+                    stream_id, position, end, budget, max_wait_ms, min_bytes)
+                for header, data in batches:
+                    yield FetchedBatch(stream_id, range_index, header, data)
+                    if header.end_offset > position:
+                        position = header.end_offset
+                    budget = max(budget - header.batch_length, 0)
+                return
+            except SbpError as exc:
+                if not is_retriable(exc):
+                    raise
+                last_error = exc
+            failures += 1
+            if end != -1 and position >= end:
+                return
+            if failures % len(servers) == 0:  # every replica failed once more: back off
+                if attempt >= self.config.retries:
+                    raise last_error
+                time.sleep(backoff_s(attempt, self.config))
+                attempt += 1
+
+    def read(self, stream_id: int, start: int = 0, end: int = -1) -> Iterator[FetchedBatch]:
+        """Every batch of ``stream_id`` holding offsets in ``[start, end)`` (``end`` -1: what
+        the stream holds now), walking its ranges in order.
+
+        A ``start`` below the stream's first stored offset (after a trim) reads from that
+        first offset. Batches are whole, as in ``fetch``.
+        """
+        if start < 0:
+            raise ValueError(f"start={start}: must be >= 0")
+        if end != -1 and end < start:
+            raise ValueError(f"end={end} is below start={start}")
+        return self._read(stream_id, start, end)
+
+    def _read(self, stream_id: int, start: int, end: int) -> Iterator[FetchedBatch]:
+        for range in self.list_ranges(stream_id):
+            if end != -1 and range.start_offset >= end:
+                return
+            range_end = self.open_range_end(range) if range.is_open else range.end_offset
+            low = max(start, range.start_offset)
+            high = range_end if end == -1 else min(end, range_end)
+            # A server may end an answer early (byte budget): ask again from where it stopped.
+            while low < high:
+                progressed = low
+                for batch in self.fetch(range, low, high):
+                    yield batch
+                    progressed = max(progressed, batch.header.end_offset)
+                if progressed == low:
+                    break  # nothing more is stored below high (the range ends earlier)
+                low = progressed
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def open_stream(self, stream_id: int) -> StreamWriter:
+        """A writer appending to ``stream_id``."""
+        return StreamWriter(self, stream_id)
+
+    def append(self, stream_id: int, batches: Sequence[BatchLike]) -> list[Appended]:
+        """Append batches to a stream (see ``StreamWriter.append``)."""
+        return self.open_stream(stream_id).append(batches)
+
+
+class StreamWriter:
+    """Appends record batches to one stream, wherever its open range lives.
+
+    Finds the open range's primary through the PD, sends the batches there (packed into frames
+    within the frame limit, several frames in flight), follows seals to the next range and
+    retries what may be retried. Thread-safe; not ordered across concurrent ``append`` calls.
+    """
+
+    def __init__(self, client: SbpClient, stream_id: int) -> None:
+        self.client = client
+        self.stream_id = int(stream_id)
+        self._lock = threading.Lock()
+        self._range: Range | None = None
+
+    def __repr__(self) -> str:
+        return f"StreamWriter(stream_id={self.stream_id})"
+
+    @property
+    def open_range(self) -> Range:
+        """The range appends go to now (asked from the PD when unknown)."""
+        with self._lock:
+            if self._range is None:
+                self._range = self._find_open_range()
+            return self._range
+
+    def refresh(self) -> None:
+        """Forget the cached open range; the next append asks the PD again."""
+        with self._lock:
+            self._range = None
+
+    def _find_open_range(self) -> Range:
+        ranges = self.client.list_ranges(self.stream_id)
+        if ranges and ranges[-1].is_open:
+            return ranges[-1]
+        # No open range (a range server sealed the last one on its own): open the next.
+        next_index = ranges[-1].range_index + 1 if ranges else 0
+        (created,) = self.client.pd.create_range([RangeId(self.stream_id, next_index)])
+        if created.ok and created.value is not None:
+            return created.value
+        # Someone else may have opened it meanwhile: look again once.
+        ranges = self.client.list_ranges(self.stream_id)
+        if ranges and ranges[-1].is_open:
+            return ranges[-1]
+        raise RangeSealedError(
+            f"stream {self.stream_id} has no open range and opening range {next_index} "
+            f"failed: {created.exception()}")
+
+    def append(self, batches: Sequence[BatchLike]) -> list[Appended]:
+        """Append record batches (bytes-like, or buffer lists as ``encode_batch`` makes);
+        returns where each landed, in input order.
+
+        Batches failing with a retriable status are sent again (after a PD look-up when the
+        range was sealed or moved) until they land or the retry policy gives up; a
+        non-retriable failure raises at once, naming the batch. Delivery is at least once: a
+        batch whose answer was lost may be stored twice.
+        """
+        items = [_describe_batch(i, b) for i, b in enumerate(batches)]
+        results: list[Appended | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        if not pending:
+            return []
+
+        def attempt() -> None:
+            target = self.open_range
+            primary = target.primary
+            if primary is None or not primary.advertise_addr:
+                self.refresh()
+                raise RangeSealedError(
+                    f"open range {self.stream_id}/{target.range_index} lists no primary")
+            outcomes = self.client.range_server(primary.advertise_addr).append(
+                [(self.stream_id, items[i][0]) for i in pending])
+            failed: list[int] = []
+            retry_error: SbpError | None = None
+            for index, outcome in zip(pending, outcomes, strict=True):
+                if outcome.ok:
+                    buffers, length, count = items[index]
+                    results[index] = Appended(self.stream_id, target.range_index,
+                                              outcome.value.base_offset, count, length)
+                    continue
+                error = outcome.exception()
+                if not is_retriable(error):
+                    raise _with_context(error, f"append of batch {index} to stream "
+                                               f"{self.stream_id} at {primary.advertise_addr}")
+                failed.append(index)
+                if retry_error is None:
+                    retry_error = error
+            pending[:] = failed
+            if retry_error is not None:
+                raise retry_error
+
+        call_with_retries(attempt, self.client.config, on_error=self._on_error)
+        return results  # type: ignore[return-value]
+
+    def _on_error(self, error: SbpError) -> bool:
+        if isinstance(error, (TransportError, PdNotLeaderError)) or (
+                isinstance(error, ServerError) and error.invalid_metadata):
+            self.refresh()
+        # A seal is routine, not a fault: retry at once against the new open range.
+        return isinstance(error, RangeSealedError)
+
+
+_ENVELOPE = struct.Struct(">BBHqiqi")
+
+
+def _describe_batch(index: int, batch: BatchLike) -> tuple[list, int, int]:
+    """(buffers, batch_length, record_count) of one batch, after checking its envelope."""
+    buffers = batch_buffers(batch)
+    length = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+    first = memoryview(buffers[0]).cast("B") if buffers else memoryview(b"")
+    head = first if first.nbytes >= ENVELOPE_SIZE else b"".join(bytes(b) for b in buffers)
+    if len(head) < ENVELOPE_SIZE:
+        raise BatchFormatError(
+            f"batch {index}: {length} bytes cannot hold the {ENVELOPE_SIZE}-byte envelope")
+    header = BatchHeader(*_ENVELOPE.unpack_from(head, 0)[1:])
+    if head[0] != BATCH_MAGIC:
+        raise BatchFormatError(f"batch {index}: magic {head[0]:#04x} is not {BATCH_MAGIC:#04x}")
+    if header.body_format not in (BodyFormat.OPAQUE, BodyFormat.ARROW):
+        raise BatchFormatError(f"batch {index}: body_format {header.body_format} is unknown")
+    if header.record_count < 1:
+        raise BatchFormatError(f"batch {index}: record_count {header.record_count} is below 1")
+    if header.batch_length != length:
+        raise BatchFormatError(
+            f"batch {index}: the envelope says {header.batch_length} bytes, the batch has "
+            f"{length}")
+    return buffers, length, header.record_count
+
+
+def _servers_of(range: Range) -> list[str]:
+    """Addresses to read ``range`` from: the primary first, then the other replicas."""
+    replicas = sorted(range.servers, key=lambda r: not r.is_primary)
+    return [r.server.advertise_addr for r in replicas if r.server.advertise_addr]
+
+
+def _unwrap(result: ItemResult, what: str):
+    error = result.exception()
+    if error is not None:
+        raise _with_context(error, what)
+    return result.value
+
+
+def _with_context(error: SbpError, context: str) -> SbpError:
+    if isinstance(error, ServerError):
+        message = f"{context}: {error.message}" if error.message else context
+        fresh = ServerError.for_status(error.code, message, error.detail)
+        return fresh
+    return error
+
+

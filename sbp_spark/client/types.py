@@ -1,0 +1,85 @@
+"""Result types of the client API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sbp_spark.protocol.errors import SbpError, ServerError
+from sbp_spark.protocol.messages import OK, Status
+from sbp_spark.protocol.records import BatchHeader
+
+T = TypeVar("T")
+
+
+@dataclass
+class ItemResult(Generic[T]):
+    """The outcome of one item of a batch request: a value, or why there is none.
+
+    ``status`` is the server's answer for the item; ``error`` is set instead when the item got
+    no answer at all (the connection failed, the item was never sent, ...).
+    """
+
+    value: T | None
+    status: Status = OK
+    error: SbpError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status.code == 0
+
+    def exception(self) -> SbpError | None:
+        """The error this item failed with, or None on success."""
+        if self.error is not None:
+            return self.error
+        if self.status.code:
+            return status_error(self.status)
+        return None
+
+    def unwrap(self) -> T:
+        """The value; raises the item's error (a ``ServerError`` for a failed status)."""
+        error = self.exception()
+        if error is not None:
+            raise error
+        return self.value  # type: ignore[return-value]
+
+
+def status_error(status: Status, throttle_time_ms: int = 0, context: str = "") -> ServerError:
+    """The ``ServerError`` for a failed status; ``throttle_time_ms`` rides along for retries."""
+    message = f"{context}: {status.message}" if context and status.message else (
+        context or status.message)
+    error = ServerError.for_status(int(status.code), message, bytes(status.detail))
+    if throttle_time_ms > 0:
+        error.throttle_time_ms = throttle_time_ms  # read by retry.throttle_ms
+    return error
+
+
+@dataclass(slots=True)
+class FetchedBatch:
+    """One record batch read from a range, exactly as stored (envelope included).
+
+    ``data`` is a view of the received frame (no copy). The first batch of a fetch may begin
+    before the requested start offset and the last may run past the requested end: batches are
+    never split, so readers keep only the records in ``[start, end)`` they asked for
+    (``header.base_offset`` is the offset of the batch's first record).
+    """
+
+    stream_id: int
+    range_index: int
+    header: BatchHeader
+    data: memoryview
+
+
+@dataclass(slots=True)
+class Appended:
+    """Where one appended batch landed: offsets [base_offset, base_offset + record_count)."""
+
+    stream_id: int
+    range_index: int
+    base_offset: int
+    record_count: int
+    batch_length: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.record_count
