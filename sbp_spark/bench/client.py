@@ -1,0 +1,170 @@
+"""Client figures: APPEND and FETCH against the bench cluster, next to the raw loopback ceiling.
+
+The client runs in this process and the cluster in the server process, and the loopback
+ceiling copies the same number of bytes between the same two processes over plain TCP.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from . import adapters
+from .context import BenchContext
+from .loopback import LoopbackClient
+from .report import AT_LEAST_RATIO, Figure, Target, unavailable
+from .timing import MB, MIB
+
+SECTION = "client"
+APPEND_TARGET = Target(AT_LEAST_RATIO, 0.35)
+FETCH_TARGET = Target(AT_LEAST_RATIO, 0.5)
+BATCH_BYTES = MIB
+# Batches handed to one StreamWriter.append call: enough to keep its frames in flight.
+APPEND_CALL_BATCHES = 64
+# The ceiling is cheap to measure and swings between runs: take the median of at least this many.
+LOOPBACK_RUNS = 5
+
+
+def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
+    """Run times of pushing and of pulling ``client_bytes`` over plain loopback TCP."""
+    cfg = ctx.config
+    sends, receives = [], []
+    runs = max(LOOPBACK_RUNS, cfg.client_runs)
+    with LoopbackClient(ctx.server.loopback) as lo:
+        lo.send(64 * MIB)  # warm-up: socket buffers, page faults
+        lo.receive(64 * MIB)
+        for n in range(runs):
+            sends.append(lo.send(cfg.client_bytes))
+            receives.append(lo.receive(cfg.client_bytes))
+            ctx.progress(SECTION, f"loopback run {n + 1}/{runs}: push "
+                                  f"{cfg.client_bytes / MB / sends[-1]:,.0f} MB/s, pull "
+                                  f"{cfg.client_bytes / MB / receives[-1]:,.0f} MB/s")
+    return sends, receives
+
+
+def _opaque_batches(count: int) -> list[list]:
+    from sbp_spark.protocol.records import encode_batch
+
+    body = memoryview(os.urandom(BATCH_BYTES - 28))  # whole batch: 1 MiB with its envelope
+    return [encode_batch(body) for _ in range(count)]
+
+
+def _records_batch(records: int, size: int):
+    import pyarrow as pa
+
+    from sbp_spark.protocol.records import make_records_batch
+
+    offsets = pa.array(range(0, (records + 1) * size, size), pa.int32())
+    values = pa.BinaryArray.from_buffers(pa.binary(), records, [
+        None, offsets.buffers()[1], pa.py_buffer(os.urandom(records * size))])
+    return make_records_batch(values)
+
+
+def _append(ctx: BenchContext, stream_id: int, batches: list, total_batches: int) -> float:
+    client = adapters.sbp_client(ctx)
+    writer = client.open_stream(stream_id)
+    start = time.perf_counter()
+    left = total_batches
+    while left:
+        n = min(left, len(batches))
+        writer.append(batches[:n])
+        left -= n
+    elapsed = time.perf_counter() - start
+    adapters.close_all(writer, client)
+    return elapsed
+
+
+def _fetch(ctx: BenchContext, stream_id: int, decode_arrow: bool) -> tuple[float, int, int]:
+    """Seconds to read the whole stream, its bytes and its records."""
+    from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
+
+    client = adapters.sbp_client(ctx)
+    nbytes = records = 0
+    start = time.perf_counter()
+    for fetched in client.read(stream_id):
+        nbytes += fetched.data.nbytes
+        if decode_arrow:
+            records += body_to_arrow(fetched.data[ENVELOPE_SIZE:]).num_rows
+        else:
+            records += fetched.header.record_count
+    elapsed = time.perf_counter() - start
+    adapters.close_all(client)
+    return elapsed, nbytes, records
+
+
+def run(ctx: BenchContext) -> list[Figure]:
+    cfg = ctx.config
+    ctx.progress(SECTION, f"loopback ceiling, {cfg.client_bytes // MIB} MiB each way per run")
+    sends, receives = loopback_ceilings(ctx)
+    push = cfg.client_bytes / MB / statistics.median(sends)
+    pull = cfg.client_bytes / MB / statistics.median(receives)
+
+    names = ("APPEND 1 MiB batches", "FETCH 1 MiB batches",
+             f"APPEND {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)",
+             f"FETCH {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)")
+    reason = adapters.client_missing(ctx)
+    if reason:
+        return [unavailable(SECTION, names[0], "MB/s", reason, APPEND_TARGET, push,
+                            "loopback push"),
+                unavailable(SECTION, names[1], "MB/s", reason, FETCH_TARGET, pull,
+                            "loopback pull"),
+                unavailable(SECTION, names[2], "records/s", reason),
+                unavailable(SECTION, names[3], "records/s", reason)]
+
+    total = cfg.client_bytes // BATCH_BYTES
+    batches = _opaque_batches(min(total, APPEND_CALL_BATCHES))
+    append_times, fetch_times = [], []
+    for n in range(cfg.client_runs + 1):
+        stream_id = adapters.create_stream(ctx)
+        a = _append(ctx, stream_id, batches, total)
+        f, nbytes, _ = _fetch(ctx, stream_id, decode_arrow=False)
+        if nbytes != total * BATCH_BYTES:
+            raise RuntimeError(f"FETCH returned {nbytes} bytes, {total * BATCH_BYTES} appended")
+        if n:  # the first round warms the server's files and the connections
+            append_times.append(a)
+            fetch_times.append(f)
+        ctx.progress(SECTION, f"{'warm-up' if not n else f'run {n}/{cfg.client_runs}'}: APPEND "
+                              f"{cfg.client_bytes / MB / a:,.0f} MB/s, FETCH "
+                              f"{cfg.client_bytes / MB / f:,.0f} MB/s")
+
+    per_batch = cfg.client_batch_records
+    record_batches = max(1, cfg.client_bytes // (per_batch * cfg.record_size) // 4)
+    arrow_batch = _records_batch(per_batch, cfg.record_size)
+    from sbp_spark.protocol.records import encode_arrow_batch
+
+    rec_append, rec_fetch = [], []
+    for _ in range(cfg.client_runs):
+        stream_id = adapters.create_stream(ctx)
+        client = adapters.sbp_client(ctx)
+        writer = client.open_stream(stream_id)
+        start = time.perf_counter()
+        left = record_batches
+        while left:  # encoding each Arrow batch is part of the client's cost per record
+            chunk = min(left, APPEND_CALL_BATCHES)
+            writer.append([encode_arrow_batch(arrow_batch) for _ in range(chunk)])
+            left -= chunk
+        rec_append.append(time.perf_counter() - start)
+        adapters.close_all(writer, client)
+        f, _, records = _fetch(ctx, stream_id, decode_arrow=True)
+        if records != record_batches * per_batch:
+            raise RuntimeError(f"FETCH decoded {records} records, "
+                               f"{record_batches * per_batch} appended")
+        rec_fetch.append(f)
+    records_total = record_batches * per_batch
+    ctx.progress(SECTION, f"records: APPEND {records_total / statistics.median(rec_append):,.0f}"
+                          f"/s, FETCH {records_total / statistics.median(rec_fetch):,.0f}/s")
+
+    mb = cfg.client_bytes / MB
+    return [
+        Figure(SECTION, names[0], "MB/s", mb / statistics.median(append_times), push,
+               "loopback push", APPEND_TARGET,
+               extra={"times_s": append_times, "ceiling_times_s": sends}),
+        Figure(SECTION, names[1], "MB/s", mb / statistics.median(fetch_times), pull,
+               "loopback pull", FETCH_TARGET,
+               extra={"times_s": fetch_times, "ceiling_times_s": receives}),
+        Figure(SECTION, names[2], "records/s", records_total / statistics.median(rec_append),
+               extra={"times_s": rec_append, "records": records_total}),
+        Figure(SECTION, names[3], "records/s", records_total / statistics.median(rec_fetch),
+               extra={"times_s": rec_fetch, "records": records_total}),
+    ]

@@ -1,0 +1,160 @@
+"""``sbp bench``: every figure in one run, on the same data and machine, next to its ceiling."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .context import BenchConfig, BenchContext
+from .report import Figure, format_table, machine_info, to_json
+from .timing import Progress
+
+# Sections in run order: name -> module with ``run(ctx) -> list[Figure]``. Spark comes after
+# the client so the client figures are not disturbed by the JVM; streaming last.
+SECTIONS: dict[str, str] = {
+    "codec": "sbp_spark.bench.codec",
+    "client": "sbp_spark.bench.client",
+    "memory": "sbp_spark.bench.concurrency",
+    "spark": "sbp_spark.bench.spark_batch",
+    "streaming": "sbp_spark.bench.streaming",
+}
+
+
+def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
+    return importlib.import_module(SECTIONS[name]).run
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="sbp bench",
+        description="Measure codec, client, Spark batch and streaming throughput next to their "
+                    "ceilings, in one run on this machine.")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller sizes and fewer runs (under 3 minutes on two cores)")
+    parser.add_argument("--json", metavar="FILE", type=Path, help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE", type=Path,
+                        help="write a PNG chart of throughput next to the ceilings "
+                             "(needs matplotlib)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma list of sections to run (default: all of "
+                             f"{','.join(SECTIONS)})")
+    parser.add_argument("--rows", type=int, help="Spark batch rows (default 4M, --quick 2M)")
+    parser.add_argument("--runs", type=int, help="timed runs per Spark query (after a warm-up)")
+    parser.add_argument("--client-mib", type=int, help="MiB moved per timed client run")
+    parser.add_argument("--clients", type=int,
+                        help="concurrent clients in the server memory figure (default 64)")
+    parser.add_argument("--stream-seconds", type=float,
+                        help="how long the streaming latency test offers its load")
+    parser.add_argument("--fsync", help="fsync policy for the bench cluster (default: the "
+                                        "cluster's own default)")
+    parser.add_argument("--workdir", type=Path,
+                        help="keep the cluster data, parquet files and server log here "
+                             "(default: a temporary directory, removed afterwards)")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        parser.error(f"--sections {args.sections!r}: unknown {', '.join(unknown) or '(none)'}; "
+                     f"choose from {', '.join(SECTIONS)}")
+    args.sections = sections
+    for name in ("rows", "runs", "client_mib", "clients"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if args.stream_seconds is not None and args.stream_seconds <= 0:
+        parser.error(f"--stream-seconds {args.stream_seconds}: must be > 0")
+    return args
+
+
+def build_config(args: argparse.Namespace) -> BenchConfig:
+    config = BenchConfig.quick_run() if args.quick else BenchConfig.full()
+    if args.rows is not None:
+        config.spark_rows = args.rows
+    if args.runs is not None:
+        config.spark_runs = args.runs
+    if args.client_mib is not None:
+        config.client_bytes = args.client_mib * 1024 * 1024
+    if args.clients is not None:
+        config.concurrent_clients = args.clients
+    if args.stream_seconds is not None:
+        config.stream_seconds = args.stream_seconds
+    config.fsync = args.fsync
+    return config
+
+
+def run_sections(ctx: BenchContext, sections: list[str],
+                 runners: dict[str, Callable[[BenchContext], list[Figure]]] | None = None,
+                 ) -> list[Figure]:
+    """Run each section; a section that raises becomes one ``error:`` row, the rest go on."""
+    figures: list[Figure] = []
+    for name in sections:
+        runner = (runners or {}).get(name) or _section_runner(name)
+        ctx.progress(name, "starting")
+        start = time.monotonic()
+        try:
+            got = runner(ctx)
+        except Exception as exc:  # one broken section must not hide the others' figures
+            traceback.print_exc(file=sys.stderr)
+            got = [Figure(name, "section", "", note=f"error: {exc.__class__.__name__}: {exc}")]
+        figures.extend(got)
+        ctx.progress(name, f"done in {time.monotonic() - start:.1f} s")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``sbp bench`` / ``python -m sbp_spark.bench``; returns the exit code.
+
+    Exit code 0: every figure measured (targets may still be missed: see the table);
+    1: some figure failed with an error.
+    """
+    args = parse_args(argv)
+    config = build_config(args)
+    progress = Progress()
+    if args.plot is not None:
+        from .plot import require_matplotlib
+
+        require_matplotlib()  # fail now, not after minutes of measuring
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sbp-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(timezone.utc)
+    ctx = BenchContext(config, workdir, progress)
+    progress("setup", f"{'quick' if config.quick else 'full'} run, sections "
+                      f"{','.join(args.sections)}, work dir {workdir}")
+    try:
+        figures = run_sections(ctx, args.sections)
+    finally:
+        ctx.close()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    meta = {
+        "started": started.isoformat(timespec="seconds"),
+        "duration_s": round(progress.elapsed, 1),
+        "command": "sbp bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "quick": config.quick,
+        "config": {k: v for k, v in vars(config).items()},
+        "machine": machine_info(),
+    }
+    print(format_table(figures))
+    passed = sum(1 for f in figures if f.passed)
+    missed = sum(1 for f in figures if f.passed is False)
+    missing = sum(1 for f in figures if f.value is None)
+    print(f"\n{passed} targets met, {missed} missed, {missing} figures not measured; "
+          f"{meta['duration_s']} s")
+    if args.json is not None:
+        args.json.write_text(to_json(figures, meta) + "\n")
+        progress("output", f"wrote {args.json}")
+    if args.plot is not None:
+        from .plot import plot
+
+        plot(figures, args.plot, title=f"sbp bench ({'quick' if config.quick else 'full'}, "
+                                       f"{meta['machine']['nproc']} cores)")
+        progress("output", f"wrote {args.plot}")
+    return 1 if any(f.note.startswith("error") for f in figures) else 0

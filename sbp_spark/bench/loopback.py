@@ -1,0 +1,130 @@
+"""The raw loopback ceiling: plain TCP copies between the bench process and the server process.
+
+No framing, no checksums, no protocol: the best any client can do between the same two processes
+on this machine. The sending side calls ``sendall`` with 1 MiB buffers and the receiving side
+``recv_into`` a reused buffer in 256 KiB pieces (the fastest pattern in PERF_NOTES).
+
+A request on a new connection is 9 bytes: ``b"W"`` or ``b"R"`` and a u64 byte count.
+``W``: the client sends that many bytes and the server answers one byte once it has them all.
+``R``: the server sends that many bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+SEND_CHUNK = 1024 * 1024
+RECV_CHUNK = 256 * 1024
+_REQUEST = struct.Struct(">cQ")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        piece = sock.recv(n - len(out))
+        if not piece:
+            raise ConnectionError(f"loopback peer closed after {len(out)} of {n} bytes")
+        out += piece
+    return bytes(out)
+
+
+def _drain(sock: socket.socket, total: int, buf: bytearray) -> None:
+    view = memoryview(buf)
+    left = total
+    while left:
+        n = sock.recv_into(view, min(left, len(buf)))
+        if not n:
+            raise ConnectionError(f"loopback peer closed with {left} of {total} bytes to go")
+        left -= n
+
+
+def _send(sock: socket.socket, total: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    left = total
+    while left:
+        n = min(left, len(chunk))
+        sock.sendall(view[:n])
+        left -= n
+
+
+class LoopbackServer:
+    """The server half; runs in the server process (threads, one per connection)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._sock = socket.create_server((host, 0))
+        host, port = self._sock.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        self._chunk = bytes(range(256)) * (SEND_CHUNK // 256)
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="loopback-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = bytearray(RECV_CHUNK)
+        with conn:
+            try:
+                while True:
+                    head = conn.recv(_REQUEST.size, socket.MSG_WAITALL)
+                    if len(head) < _REQUEST.size:
+                        return
+                    op, total = _REQUEST.unpack(head)
+                    if op == b"W":
+                        _drain(conn, total, buf)
+                        conn.sendall(b"k")
+                    elif op == b"R":
+                        _send(conn, total, self._chunk)
+                    else:
+                        return
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed = True
+        self._sock.close()
+
+
+class LoopbackClient:
+    """The client half: one connection to a ``LoopbackServer``."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self._sock = socket.create_connection((host, int(port)))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._chunk = bytes(SEND_CHUNK)
+        self._buf = bytearray(RECV_CHUNK)
+
+    def send(self, total: int) -> float:
+        """Seconds to push ``total`` bytes to the server (until it has them all)."""
+        start = time.perf_counter()
+        self._sock.sendall(_REQUEST.pack(b"W", total))
+        _send(self._sock, total, self._chunk)
+        if _recv_exact(self._sock, 1) != b"k":
+            raise ConnectionError("loopback server answered a write with an unexpected byte")
+        return time.perf_counter() - start
+
+    def receive(self, total: int) -> float:
+        """Seconds to pull ``total`` bytes from the server."""
+        start = time.perf_counter()
+        self._sock.sendall(_REQUEST.pack(b"R", total))
+        _drain(self._sock, total, self._buf)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> LoopbackClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,208 @@
+"""Streaming figures: end-to-end latency from append to a foreachBatch sink at a steady offered
+rate, with trigger(processingTime="0 seconds"), and the records/s a query sustains when it
+catches up on a backlog.
+
+A producer thread in this (the driver's) process appends small Arrow batches stamped with the
+append time; the sink, which also runs in this process, subtracts that stamp from its own clock
+when a micro-batch arrives. One clock, no skew.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from . import adapters
+from .context import BenchContext
+from .report import AT_MOST, Figure, Target, unavailable
+from .timing import percentile
+
+SECTION = "streaming"
+P50_TARGET = Target(AT_MOST, 1.0)
+P99_TARGET = Target(AT_MOST, 2.0)
+# The producer appends this often; at 10,000 records/s that is 100 records per batch.
+PRODUCER_TICK_S = 0.01
+# Latencies of records appended in the first seconds are dropped: the query is still warming.
+WARMUP_S = 2.0
+DRAIN_TIMEOUT_S = 60.0
+
+
+class _Sink:
+    """foreachBatch target: per micro-batch, arrival time and each record's append stamp."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latencies_s: list[tuple[float, float]] = []  # (append time, latency)
+        self.records = 0
+        self.first_arrival: float | None = None
+        self.last_arrival: float | None = None
+
+    def __call__(self, df, batch_id: int) -> None:
+        import pyarrow.compute as pc
+
+        table = df.select("timestamp").toArrow()
+        now = time.time()
+        stamps = pc.cast(pc.cast(table.column(0), "timestamp[us, tz=UTC]"), "int64")
+        appended = [us / 1e6 for us in stamps.to_pylist() if us is not None]
+        with self.lock:
+            self.latencies_s.extend((t, now - t) for t in appended)
+            self.records += table.num_rows
+            if table.num_rows:
+                self.first_arrival = self.first_arrival or now
+                self.last_arrival = now
+
+
+def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size: int,
+              sent: list[int], errors: list[BaseException]) -> None:
+    import pyarrow as pa
+
+    from sbp_spark.protocol.records import encode_arrow_batch, make_records_batch
+
+    per_tick = max(1, round(rate * PRODUCER_TICK_S))
+    offsets = pa.array(range(0, (per_tick + 1) * size, size), pa.int32())
+    values = pa.BinaryArray.from_buffers(pa.binary(), per_tick, [
+        None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_tick * size))])
+    batch = make_records_batch(values)
+    try:
+        client = adapters.sbp_client(ctx, private=True)
+        writer = client.open_stream(stream_id)
+        try:
+            start = time.monotonic()
+            tick = 0
+            while time.monotonic() - start < seconds:
+                writer.append([encode_arrow_batch(batch, base_timestamp_ms=int(
+                    time.time() * 1000))])
+                sent.append(per_tick)
+                tick += 1
+                pause = start + tick * PRODUCER_TICK_S - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)  # pacing the offered load, not waiting for a condition
+        finally:
+            adapters.close_all(writer, client)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def _start_query(ctx: BenchContext, stream_id: int, sink: _Sink, name: str,
+                 starting: str):
+    spark = ctx.spark()
+    adapters.register_connector(spark)
+    return (spark.readStream.format("sbp").option("pd", ctx.server.pd)
+            .option("streams", str(stream_id)).option("startingOffsets", starting).load()
+            .writeStream.foreachBatch(sink).trigger(processingTime="0 seconds")
+            .option("checkpointLocation", str(ctx.workdir / "checkpoints" / name))
+            .queryName(name).start())
+
+
+def _wait_for(predicate, timeout_s: float, what: str, query) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if query.exception() is not None:
+            raise RuntimeError(f"streaming query failed while waiting for {what}: "
+                               f"{query.exception()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.05)  # polling with a deadline
+
+
+def _latency(ctx: BenchContext) -> list[Figure]:
+    cfg = ctx.config
+    stream_id = adapters.create_stream(ctx)
+    sink = _Sink()
+    query = _start_query(ctx, stream_id, sink, "bench_latency", "earliest")
+    try:
+        # Prime the query (Python workers, first micro-batch) before offering the load.
+        primer: list[int] = []
+        errors: list[BaseException] = []
+        _producer(ctx, stream_id, 100, PRODUCER_TICK_S, cfg.record_size, primer, errors)
+        if errors:
+            raise errors[0]
+        _wait_for(lambda: sink.records >= sum(primer), DRAIN_TIMEOUT_S, "the first record", query)
+        with sink.lock:
+            sink.latencies_s.clear()
+            base = sink.records
+        ctx.progress(SECTION, f"offering {cfg.stream_rate:,} records/s for "
+                              f"{cfg.stream_seconds:g} s")
+        sent: list[int] = []
+        started = time.time()
+        producer = threading.Thread(target=_producer, args=(
+            ctx, stream_id, cfg.stream_rate, cfg.stream_seconds, cfg.record_size, sent,
+            errors), daemon=True)
+        producer.start()
+        producer.join()
+        if errors:
+            raise errors[0]
+        offered_s = time.time() - started
+        _wait_for(lambda: sink.records - base >= sum(sent), DRAIN_TIMEOUT_S,
+                  "every appended record to reach the sink", query)
+    finally:
+        query.stop()
+    measured = [lat for t, lat in sink.latencies_s if t >= started + WARMUP_S]
+    if not measured:
+        raise RuntimeError("no record reached the sink after the warm-up window")
+    p50, p99 = percentile(measured, 50), percentile(measured, 99)
+    delivered = (sink.records - base) / max(sink.last_arrival - started, 1e-9)
+    ctx.progress(SECTION, f"latency p50 {p50 * 1000:,.0f} ms, p99 {p99 * 1000:,.0f} ms, "
+                          f"{delivered:,.0f} records/s delivered")
+    extra = {"offered_records_per_s": sum(sent) / offered_s, "records": len(measured),
+             "max_s": max(measured)}
+    rate_label = f"{cfg.stream_rate / 1000:g}k records/s"
+    return [
+        Figure(SECTION, f"append-to-sink latency p50 at {rate_label}", "s", p50,
+               target=P50_TARGET, extra=extra),
+        Figure(SECTION, f"append-to-sink latency p99 at {rate_label}", "s", p99,
+               target=P99_TARGET, extra=extra),
+        Figure(SECTION, f"delivered records/s at {rate_label} offered", "records/s", delivered,
+               extra=extra),
+    ]
+
+
+def _catch_up(ctx: BenchContext) -> Figure:
+    import pyarrow as pa
+
+    from sbp_spark.protocol.records import encode_arrow_batch, make_records_batch
+
+    cfg = ctx.config
+    stream_id = adapters.create_stream(ctx)
+    per_batch = 10_000
+    size = cfg.record_size
+    offsets = pa.array(range(0, (per_batch + 1) * size, size), pa.int32())
+    values = pa.BinaryArray.from_buffers(pa.binary(), per_batch, [
+        None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_batch * size))])
+    body = encode_arrow_batch(make_records_batch(values))
+    batches = max(1, cfg.stream_backlog // per_batch)
+    client = adapters.sbp_client(ctx)
+    writer = client.open_stream(stream_id)
+    writer.append([body] * batches)
+    adapters.close_all(writer, client)
+    total = batches * per_batch
+    ctx.progress(SECTION, f"catching up on a backlog of {total:,} records")
+    sink = _Sink()
+    start = time.time()
+    query = _start_query(ctx, stream_id, sink, "bench_catch_up", "earliest")
+    try:
+        _wait_for(lambda: sink.records >= total, DRAIN_TIMEOUT_S + total / 10_000,
+                  "the backlog to reach the sink", query)
+    finally:
+        query.stop()
+    elapsed = sink.last_arrival - start
+    return Figure(SECTION, f"catch-up records/s ({total / 1e6:g}M backlog, incl. query start)",
+                  "records/s", total / elapsed, extra={"seconds": elapsed, "records": total})
+
+
+def run(ctx: BenchContext) -> list[Figure]:
+    cfg = ctx.config
+    rate_label = f"{cfg.stream_rate / 1000:g}k records/s"
+    reason = adapters.streaming_missing(ctx)
+    if reason:
+        return [
+            unavailable(SECTION, f"append-to-sink latency p50 at {rate_label}", "s", reason,
+                        P50_TARGET),
+            unavailable(SECTION, f"append-to-sink latency p99 at {rate_label}", "s", reason,
+                        P99_TARGET),
+            unavailable(SECTION, f"delivered records/s at {rate_label} offered", "records/s",
+                        reason),
+            unavailable(SECTION, "catch-up records/s", "records/s", reason),
+        ]
+    return _latency(ctx) + [_catch_up(ctx)]

@@ -1,0 +1,165 @@
+"""Smoke tests of `sbp bench` (sbp_spark.bench): its table, JSON and chart on tiny sizes.
+
+Nothing here checks a speed: the figures of a tiny run mean nothing. The tests check that a run
+produces a well-formed table and JSON, says why a figure is missing, and fails on bad options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from sbp_spark.bench import harness, main
+from sbp_spark.bench.procmem import PeakSampler, hwm_kib, reset_peak, rss_kib
+from sbp_spark.bench.report import (
+    AT_LEAST,
+    AT_LEAST_RATIO,
+    AT_MOST,
+    Figure,
+    Target,
+    format_table,
+    to_json,
+    unavailable,
+)
+from sbp_spark.bench.timing import percentile
+
+
+def _figures() -> list[Figure]:
+    return [
+        Figure("client", "FETCH", "MB/s", 600.0, 1000.0, "loopback", Target(AT_LEAST_RATIO, 0.5)),
+        Figure("client", "APPEND", "MB/s", 300.0, 1000.0, "loopback", Target(AT_LEAST_RATIO, 0.35)),
+        Figure("codec", "headers", "/s", 12_000.0, target=Target(AT_LEAST, 10_000)),
+        Figure("streaming", "p99", "s", 2.5, target=Target(AT_MOST, 2.0)),
+        Figure("spark batch", "parquet", "MB/s", 150.0, 300.0, "Arrow ceiling"),
+        unavailable("streaming", "p50", "s", "sbp_spark.spark.streaming not importable",
+                    Target(AT_MOST, 1.0)),
+    ]
+
+
+def test_targets_compare_ratio_or_value():
+    fetch, append, headers, p99, parquet, missing = _figures()
+    assert fetch.ratio == pytest.approx(0.6) and fetch.passed is True
+    assert append.passed is False  # 0.30x of the ceiling, 0.35x wanted
+    assert headers.passed is True
+    assert p99.passed is False
+    assert parquet.ratio == pytest.approx(0.5) and parquet.passed is None
+    assert missing.passed is None and missing.ratio is None
+
+
+def test_table_has_one_row_per_figure_with_verdicts():
+    table = format_table(_figures())
+    lines = table.splitlines()
+    assert lines[0].split("|")[1].strip() == "figure"
+    assert len(lines) == 2 + len(_figures())
+    assert "| 0.60x" in lines[2] and "pass" in lines[2]
+    assert "FAIL" in lines[3]
+    assert "1,000 MB/s (loopback)" in lines[2]
+    assert "not available: sbp_spark.spark.streaming not importable" in lines[-1]
+    assert len({len(line) for line in lines}) == 1  # aligned columns
+
+
+def test_json_keeps_every_figure_and_the_meta():
+    doc = json.loads(to_json(_figures(), {"quick": True, "machine": {"nproc": 2}}))
+    assert doc["quick"] is True and doc["machine"]["nproc"] == 2
+    assert [f["name"] for f in doc["figures"]] == [f.name for f in _figures()]
+    fetch = doc["figures"][0]
+    assert fetch["ratio"] == pytest.approx(0.6)
+    assert fetch["target"] == {"kind": "ratio>=", "threshold": 0.5}
+    assert fetch["status"] == "pass"
+    assert doc["figures"][-1]["value"] is None
+    assert doc["figures"][-1]["status"].startswith("not available:")
+
+
+def test_unknown_target_kind_is_refused():
+    with pytest.raises(ValueError, match="target kind"):
+        Target("~", 1)
+
+
+def test_percentile_is_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_proc_memory_of_this_process():
+    pid = os.getpid()
+    assert rss_kib(pid) > 0 and hwm_kib(pid) >= rss_kib(pid) * 0.5
+    reset_peak(pid)
+    with PeakSampler([pid], interval_s=0.01) as sampler:
+        block = bytearray(64 * 1024 * 1024)  # touched: counts in RSS
+        block[::4096] = b"x" * len(block[::4096])
+    assert sampler.max_mib() >= 64
+    del block
+    assert rss_kib(2**22 + 12345) is None  # no such process
+
+
+def test_bad_options_fail_with_a_message(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--sections", "codec,nonsense"])
+    assert exc.value.code == 2
+    assert "nonsense" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rows", "0"])
+
+
+def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if absent
+    with pytest.raises(SystemExit) as exc:
+        main(["--sections", "codec", "--plot", str(tmp_path / "x.png")])
+    assert "pip install matplotlib" in str(exc.value)
+
+
+def test_codec_and_client_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--sections", "codec,client", "--client-mib", "4", "--json", str(out)]
+    code = main(argv)
+    captured = capsys.readouterr()
+    doc = json.loads(out.read_text())
+    names = [(f["section"], f["name"]) for f in doc["figures"]]
+    assert ("codec", "1 MiB frame encode+decode") in names
+    assert any(s == "client" and n.startswith("FETCH 1 MiB") for s, n in names)
+    for figure in doc["figures"]:
+        # Every figure is either measured or says why not; none is silently empty.
+        assert figure["value"] is not None or figure["status"].startswith(
+            ("not available:", "error:")), figure
+    frame = next(f for f in doc["figures"] if f["name"] == "1 MiB frame encode+decode")
+    assert frame["value"] > 0 and frame["ceiling"] > 0 and frame["ceiling_name"] == "zlib.crc32"
+    fetch = next(f for f in doc["figures"] if f["name"].startswith("FETCH 1 MiB"))
+    assert fetch["ceiling"] > 0  # the loopback ceiling is measured even without the client
+    assert doc["machine"]["nproc"] == os.cpu_count()
+    assert "| figure" in captured.out and "1 MiB frame encode+decode" in captured.out
+    assert "codec: starting" in captured.err  # progress goes to stderr, one line per step
+    assert code == (1 if any(f["status"].startswith("error") for f in doc["figures"]) else 0)
+
+
+def test_a_failing_section_becomes_an_error_row(tmp_path):
+    def broken(ctx):
+        raise RuntimeError("disk on fire")
+
+    def fine(ctx):
+        return [Figure("ok", "x", "MB/s", 1.0)]
+
+    from sbp_spark.bench.context import BenchConfig, BenchContext
+    from sbp_spark.bench.timing import Progress
+
+    ctx = BenchContext(BenchConfig.quick_run(), tmp_path, Progress(open(os.devnull, "w")))
+    figures = harness.run_sections(ctx, ["codec", "client"],
+                                   runners={"codec": broken, "client": fine})
+    ctx.close()
+    assert figures[0].note == "error: RuntimeError: disk on fire"
+    assert figures[1].value == 1.0
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from sbp_spark.bench.plot import plot
+
+    path = tmp_path / "chart.png"
+    plot(_figures(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
