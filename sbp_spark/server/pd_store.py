@@ -25,6 +25,7 @@ from sbp_spark.protocol.errors import (
     OffsetOutOfRangeError,
     RangeNotFoundError,
     RangeSealedError,
+    StreamAlreadyExistsError,
     StreamNotFoundError,
 )
 
@@ -224,15 +225,29 @@ class PdStore:
         return self._stream(row)
 
     def create_stream(self, replica_nums: int, retention_period_ms: int,
-                      servers: Sequence[int]) -> tuple[StreamMeta, RangeMeta]:
-        """Create a stream and its open range 0 on ``servers`` (the first is the primary)."""
+                      servers: Sequence[int],
+                      stream_id: int | None = None) -> tuple[StreamMeta, RangeMeta]:
+        """Create a stream and its open range 0 on ``servers`` (the first is the primary).
+
+        The id is the next free one unless ``stream_id`` asks for a particular id (importing
+        metadata from elsewhere); an id in use, or once used by a deleted stream, fails with
+        StreamAlreadyExistsError.
+        """
         if len(servers) != replica_nums:
             raise InvalidRequestError(
                 f"range 0 needs {replica_nums} servers, {len(servers)} given")
+        if stream_id is not None and stream_id < 0:
+            raise InvalidRequestError(f"stream_id must be >= 0, got {stream_id}")
         with self._tx() as db:
+            if stream_id is not None:
+                row = db.execute("SELECT deleted FROM streams WHERE stream_id=?",
+                                 (stream_id,)).fetchone()
+                if row is not None:
+                    state = "was deleted; ids are never reused" if row["deleted"] else "exists"
+                    raise StreamAlreadyExistsError(f"stream {stream_id} {state}")
             cur = db.execute(
-                "INSERT INTO streams (replica_nums, retention_period_ms, created_ms) "
-                "VALUES (?, ?, ?)", (replica_nums, retention_period_ms, _now_ms()))
+                "INSERT INTO streams (stream_id, replica_nums, retention_period_ms, created_ms) "
+                "VALUES (?, ?, ?, ?)", (stream_id, replica_nums, retention_period_ms, _now_ms()))
             stream_id = cur.lastrowid
             assert stream_id is not None
             rng = self._insert_range(db, stream_id, 0, 0, servers)

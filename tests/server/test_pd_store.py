@@ -13,6 +13,7 @@ from sbp_spark.protocol.errors import (
     OffsetOutOfRangeError,
     RangeNotFoundError,
     RangeSealedError,
+    StreamAlreadyExistsError,
     StreamNotFoundError,
 )
 from sbp_spark.server.pd_store import PdStore, ReplicaMeta
@@ -256,3 +257,16 @@ def test_liveness_timeout_and_expiry():
     assert [s.server_id for s in live.live()] == [1]
     with pytest.raises(ValueError):
         Liveness(0)
+
+
+def test_create_with_explicit_id(store):
+    s, _ = store.create_stream(1, -1, [1], stream_id=40)
+    assert s.stream_id == 40
+    assert store.create_stream(1, -1, [1])[0].stream_id == 41
+    with pytest.raises(StreamAlreadyExistsError, match="stream 40 exists"):
+        store.create_stream(1, -1, [1], stream_id=40)
+    store.delete_stream(40)
+    with pytest.raises(StreamAlreadyExistsError, match="never reused"):
+        store.create_stream(1, -1, [1], stream_id=40)
+    with pytest.raises(InvalidRequestError):
+        store.create_stream(1, -1, [1], stream_id=-5)
