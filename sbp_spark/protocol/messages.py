@@ -1,0 +1,894 @@
+"""Typed SBP extended headers: one dataclass per FlatBuffers table of ``schemas/*.fbs``.
+
+Callers build and read these classes; they never touch FlatBuffers builders or the generated
+code. Every table class has ``to_flatbuffers() -> bytes`` and
+``from_flatbuffers(buf) -> instance``; the latter verifies the whole buffer first and raises
+``HeaderError`` (naming the table) for anything malformed. Request and response classes carry
+their ``OPCODE``; ``REQUESTS`` and ``RESPONSES`` map opcodes to them, and ``request_frame``,
+``response_frame``, ``system_error_frame``, ``decode_request`` and ``decode_response`` go
+between messages and frames.
+
+Field names are the specification's; defaults are the schema's. Scalars are Python ints (enum
+fields decode to the enum member when known, the plain int otherwise), strings are ``str``,
+byte vectors ``bytes``, vectors ``list``. An absent ``status`` is success (``Status()``), and
+optional nested tables are ``None`` when absent.
+
+APPEND and FETCH headers travel once per data frame, so their four classes use hand-written
+codecs (``_fastpath``) that produce and accept the same bytes as the generic codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, ClassVar, TypeVar
+
+from . import _fastpath
+from ._flatbuf import (
+    BOOL,
+    BYTE,
+    BYTES_T,
+    INT,
+    LONG,
+    SHORT,
+    STRING_T,
+    Codec,
+    StructCodec,
+    build_codecs,
+    enum,
+    table,
+    vector,
+)
+from .constants import HEADER_FORMAT_FLATBUFFERS, Flags, Opcode
+from .errors import ErrorCode, HeaderError, ServerError
+from .frame import Buffer, Frame, encode_frame
+
+__all__ = [
+    "ClientRole", "Status", "SystemError", "RangeServer", "RangeReplica", "Range", "RangeId",
+    "Stream", "PlacementDriverNode", "PlacementDriverCluster",
+    "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
+    "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
+    "AppendEntry", "AppendRequest", "AppendResult", "AppendResponse",
+    "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
+    "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
+    "SealRangesRequest", "SealRangesResult", "SealRangesResponse",
+    "StreamRanges", "SyncRangesRequest", "SyncRangesResult", "SyncRangesResponse",
+    "CreateRangeRequest", "CreateRangeResult", "CreateRangeResponse",
+    "DescribeRangesRequest", "DescribeRangesResult", "DescribeRangesResponse",
+    "CreateStreamsRequest", "CreateStreamsResult", "CreateStreamsResponse",
+    "DeleteStreamsRequest", "DeleteStreamsResult", "DeleteStreamsResponse",
+    "UpdateStreamsRequest", "UpdateStreamsResult", "UpdateStreamsResponse",
+    "DescribeStreamsRequest", "DescribeStreamsResult", "DescribeStreamsResponse",
+    "TrimmedStream", "TrimStreamsRequest", "TrimStreamsResult", "TrimStreamsResponse",
+    "ReportMetricsRequest", "ReportMetricsResponse",
+    "DescribePdClusterRequest", "DescribePdClusterResponse",
+    "REQUESTS", "RESPONSES", "TABLES",
+    "request_frame", "response_frame", "system_error_frame", "decode_request",
+    "decode_response",
+]
+
+M = TypeVar("M", bound="Message")
+
+_ERROR_CODES = {int(c): c for c in ErrorCode}
+
+
+class ClientRole(IntEnum):
+    """Who sends a HEARTBEAT. CLIENT is the default (an SDK client)."""
+
+    CLIENT = 0
+    RANGE_SERVER = 1
+
+
+_CLIENT_ROLES = {int(r): r for r in ClientRole}
+
+# Wire types of enum fields: the member when the number is known, else the int unchanged (a
+# newer peer may send codes this version does not know).
+ERROR_CODE = enum(SHORT, lambda v: _ERROR_CODES.get(v, v))
+CLIENT_ROLE = enum(BYTE, lambda v: _CLIENT_ROLES.get(v, v))
+
+
+class Message:
+    """Base of every table class: FlatBuffers encoding and verified decoding."""
+
+    __slots__ = ()
+    _CODEC: ClassVar[Codec]
+    # Ping and GoAway frames from other implementations may carry no header at all.
+    _EMPTY_HEADER_OK: ClassVar[bool] = False
+
+    def to_flatbuffers(self) -> bytes:
+        """This message as a FlatBuffers root table (the frame's extended header)."""
+        return self._CODEC.encode(self)
+
+    @classmethod
+    def from_flatbuffers(cls: type[M], buf: Buffer) -> M:
+        """Decode and verify ``buf``; raise ``HeaderError`` if it is not a valid ``cls``."""
+        if cls._EMPTY_HEADER_OK and not len(buf):
+            return cls()
+        return cls._CODEC.decode(buf)
+
+
+# ---- shared tables ---------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Status(Message):
+    """Outcome of a request or of one item. ``code`` 0 (NONE) is success."""
+
+    code: int = 0
+    message: str = ""
+    detail: bytes = b""
+
+    _WIRE: ClassVar = (ERROR_CODE, STRING_T, BYTES_T)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def raise_for_status(self) -> None:
+        """Raise the ``ServerError`` subclass for this code unless it is success."""
+        if self.code:
+            raise ServerError.for_status(self.code, self.message, self.detail)
+
+    @classmethod
+    def from_error(cls, exc: ServerError) -> Status:
+        """The status that reports ``exc`` to a peer."""
+        return cls(int(exc.code), exc.message, bytes(exc.detail))
+
+    @property
+    def error_code(self) -> ErrorCode | None:
+        """The code as an ``ErrorCode``, or None for a code this version does not know."""
+        return _ERROR_CODES.get(self.code)
+
+
+OK = Status()
+
+
+@dataclass(slots=True)
+class SystemError(Message):
+    """Header of a SYSTEM_ERROR response frame (replaces the opcode's response table)."""
+
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("Status"),)
+
+
+@dataclass(slots=True)
+class RangeServer(Message):
+    server_id: int = -1
+    advertise_addr: str = ""
+
+    _WIRE: ClassVar = (INT, STRING_T)
+
+
+@dataclass(slots=True)
+class RangeReplica(Message):
+    server: RangeServer = field(default_factory=RangeServer)
+    is_primary: bool = False
+
+    _WIRE: ClassVar = (table("RangeServer"), BOOL)
+
+
+@dataclass(slots=True)
+class Range(Message):
+    """Offsets [start_offset, end_offset) of a stream; end_offset is -1 while open."""
+
+    stream_id: int = -1
+    range_index: int = -1
+    start_offset: int = 0
+    next_offset: int = 0
+    end_offset: int = -1
+    servers: list[RangeReplica] = field(default_factory=list)
+
+    _WIRE: ClassVar = (LONG, INT, LONG, LONG, LONG, vector("RangeReplica"))
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the range still accepts appends."""
+        return self.end_offset == -1
+
+    @property
+    def primary(self) -> RangeServer | None:
+        """The replica that takes appends, if the range lists one."""
+        for replica in self.servers:
+            if replica.is_primary:
+                return replica.server
+        return None
+
+
+@dataclass(slots=True)
+class RangeId(Message):
+    stream_id: int = -1
+    range_index: int = -1
+
+    _WIRE: ClassVar = (LONG, INT)
+
+
+@dataclass(slots=True)
+class Stream(Message):
+    stream_id: int = -1
+    replica_nums: int = 1
+    retention_period_ms: int = -1  # -1 keeps records forever
+    start_offset: int = 0  # first offset still stored, after trims
+    deleted: bool = False
+
+    _WIRE: ClassVar = (LONG, BYTE, LONG, LONG, BOOL)
+
+
+@dataclass(slots=True)
+class PlacementDriverNode(Message):
+    name: str = ""
+    advertise_addr: str = ""
+    is_leader: bool = False
+
+    _WIRE: ClassVar = (STRING_T, STRING_T, BOOL)
+
+
+@dataclass(slots=True)
+class PlacementDriverCluster(Message):
+    """PD membership; also the detail of a PD_NOT_LEADER status."""
+
+    members: list[PlacementDriverNode] = field(default_factory=list)
+
+    _WIRE: ClassVar = (vector("PlacementDriverNode"),)
+
+    @property
+    def leader(self) -> PlacementDriverNode | None:
+        for member in self.members:
+            if member.is_leader:
+                return member
+        return None
+
+
+# ---- control frames --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PingRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.PING
+    _EMPTY_HEADER_OK: ClassVar[bool] = True
+    _WIRE: ClassVar = ()
+
+
+@dataclass(slots=True)
+class PingResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.PING
+    _EMPTY_HEADER_OK: ClassVar[bool] = True
+    _WIRE: ClassVar = ()
+
+
+@dataclass(slots=True)
+class GoAwayRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GOAWAY
+    _EMPTY_HEADER_OK: ClassVar[bool] = True
+
+    message: str = ""
+
+    _WIRE: ClassVar = (STRING_T,)
+
+
+@dataclass(slots=True)
+class GoAwayResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GOAWAY
+    _EMPTY_HEADER_OK: ClassVar[bool] = True
+    _WIRE: ClassVar = ()
+
+
+@dataclass(slots=True)
+class HeartbeatRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.HEARTBEAT
+
+    client_id: str = ""
+    client_role: int = ClientRole.CLIENT
+    range_server: RangeServer | None = None  # set when client_role is RANGE_SERVER
+
+    _WIRE: ClassVar = (STRING_T, CLIENT_ROLE, table("RangeServer"))
+
+
+@dataclass(slots=True)
+class HeartbeatResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.HEARTBEAT
+
+    client_id: str = ""
+    client_role: int = ClientRole.CLIENT
+    range_server: RangeServer | None = None
+    status: Status = OK
+
+    _WIRE: ClassVar = (STRING_T, CLIENT_ROLE, table("RangeServer"), table("Status"))
+
+
+@dataclass(slots=True)
+class AllocateIdRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.ALLOCATE_ID
+
+    timeout_ms: int = 0
+    host: str = ""
+
+    _WIRE: ClassVar = (INT, STRING_T)
+
+
+@dataclass(slots=True)
+class AllocateIdResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.ALLOCATE_ID
+
+    id: int = -1
+    status: Status = OK
+
+    _WIRE: ClassVar = (INT, table("Status"))
+
+
+@dataclass(slots=True)
+class ReportMetricsRequest(Message):
+    """A range server's load: rates per second, latencies in ms, sizes in bytes."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.REPORT_METRICS
+
+    range_server: RangeServer = field(default_factory=RangeServer)
+    disk_in_rate: int = 0
+    disk_out_rate: int = 0
+    disk_free_space: int = 0
+    disk_unindexed_data_size: int = 0
+    memory_used: int = 0
+    uring_task_rate: int = 0
+    uring_inflight_task_cnt: int = 0
+    uring_pending_task_cnt: int = 0
+    uring_task_avg_latency: int = 0
+    network_append_rate: int = 0
+    network_fetch_rate: int = 0
+    network_failed_append_rate: int = 0
+    network_failed_fetch_rate: int = 0
+    network_append_avg_latency: int = 0
+    network_fetch_avg_latency: int = 0
+    range_missing_replica_cnt: int = 0
+    range_active_cnt: int = 0
+
+    _WIRE: ClassVar = (table("RangeServer"), LONG, LONG, LONG, LONG, LONG, SHORT, SHORT, INT,
+                       SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT)
+
+
+@dataclass(slots=True)
+class ReportMetricsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.REPORT_METRICS
+
+    range_server: RangeServer = field(default_factory=RangeServer)
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("RangeServer"), table("Status"))
+
+
+@dataclass(slots=True)
+class DescribePdClusterRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PD_CLUSTER
+
+    range_server: RangeServer | None = None  # the asking range server; None for SDK clients
+    timeout_ms: int = 0
+
+    _WIRE: ClassVar = (table("RangeServer"), INT)
+
+
+@dataclass(slots=True)
+class DescribePdClusterResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PD_CLUSTER
+
+    status: Status = OK
+    cluster: PlacementDriverCluster | None = None
+
+    _WIRE: ClassVar = (table("Status"), table("PlacementDriverCluster"))
+
+
+# ---- APPEND / FETCH ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AppendEntry:
+    """One record batch of an APPEND payload (a FlatBuffers struct, not a table)."""
+
+    stream_id: int
+    request_index: int
+    batch_length: int
+
+
+@dataclass(slots=True)
+class AppendRequest(Message):
+    """Payload: the entries' batches laid end to end, in the order of ``append_requests``."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.APPEND
+
+    timeout_ms: int = 0
+    append_requests: list[AppendEntry] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("AppendEntry"))
+
+
+@dataclass(slots=True)
+class AppendResult(Message):
+    stream_id: int = -1
+    request_index: int = 0
+    base_offset: int = -1  # -1 when the batch was not stored
+    stream_append_time_ms: int = 0
+    status: Status = OK
+
+    _WIRE: ClassVar = (LONG, INT, LONG, LONG, table("Status"))
+
+
+@dataclass(slots=True)
+class AppendResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.APPEND
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    append_responses: list[AppendResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("AppendResult"))
+
+
+@dataclass(slots=True)
+class FetchEntry(Message):
+    """Read ``stream_id`` from ``fetch_offset``; ``batch_max_bytes`` bounds this entry's bytes
+    over the whole response; ``end_offset`` (ours) stops before that offset, -1 = no bound."""
+
+    stream_id: int = -1
+    request_index: int = 0
+    fetch_offset: int = 0
+    batch_max_bytes: int = 0
+    end_offset: int = -1
+
+    _WIRE: ClassVar = (LONG, INT, LONG, INT, LONG)
+
+
+@dataclass(slots=True)
+class FetchRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.FETCH
+
+    max_wait_ms: int = 0
+    min_bytes: int = 0
+    fetch_requests: list[FetchEntry] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, INT, vector("FetchEntry"))
+
+
+@dataclass(slots=True)
+class FetchResult(Message):
+    """``batch_length`` bytes of the frame's payload hold whole batches for this entry."""
+
+    stream_id: int = -1
+    request_index: int = 0
+    batch_length: int = 0
+    status: Status = OK
+
+    _WIRE: ClassVar = (LONG, INT, INT, table("Status"))
+
+
+@dataclass(slots=True)
+class FetchResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.FETCH
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    fetch_responses: list[FetchResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("FetchResult"))
+
+
+# ---- ranges ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RangeOwner(Message):
+    """Whose ranges to list: exactly one of ``stream_id`` (not -1) and ``range_server``."""
+
+    stream_id: int = -1
+    range_server: RangeServer | None = None
+
+    _WIRE: ClassVar = (LONG, table("RangeServer"))
+
+    def _problem(self) -> str | None:
+        if (self.stream_id != -1) == (self.range_server is not None):
+            return "RangeOwner must set exactly one of stream_id and range_server"
+        return None
+
+
+@dataclass(slots=True)
+class ListRangesRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.LIST_RANGES
+
+    timeout_ms: int = 0
+    range_owners: list[RangeOwner] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("RangeOwner"))
+
+
+@dataclass(slots=True)
+class ListRangesResult(Message):
+    stream_id: int = -1
+    status: Status = OK
+    ranges: list[Range] = field(default_factory=list)
+    range_server: RangeServer | None = None  # the owner of a by-server listing
+
+    _WIRE: ClassVar = (LONG, table("Status"), vector("Range"), table("RangeServer"))
+
+
+@dataclass(slots=True)
+class ListRangesResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.LIST_RANGES
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    list_responses: list[ListRangesResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("ListRangesResult"))
+
+
+@dataclass(slots=True)
+class SealRangesRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.SEAL_RANGES
+
+    timeout_ms: int = 0
+    ranges: list[RangeId] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("RangeId"))
+
+
+@dataclass(slots=True)
+class SealRangesResult(Message):
+    """From the PD: the new open range; from a range server: the sealed range."""
+
+    stream_id: int = -1
+    status: Status = OK
+    range: Range | None = None
+
+    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
+
+
+@dataclass(slots=True)
+class SealRangesResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.SEAL_RANGES
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    seal_responses: list[SealRangesResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("SealRangesResult"))
+
+
+@dataclass(slots=True)
+class StreamRanges(Message):
+    stream_id: int = -1
+    ranges: list[Range] = field(default_factory=list)
+
+    _WIRE: ClassVar = (LONG, vector("Range"))
+
+
+@dataclass(slots=True)
+class SyncRangesRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.SYNC_RANGES
+
+    timeout_ms: int = 0
+    stream_ranges: list[StreamRanges] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("StreamRanges"))
+
+
+@dataclass(slots=True)
+class SyncRangesResult(Message):
+    stream_id: int = -1
+    status: Status = OK
+    ranges: list[Range] = field(default_factory=list)
+
+    _WIRE: ClassVar = (LONG, table("Status"), vector("Range"))
+
+
+@dataclass(slots=True)
+class SyncRangesResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.SYNC_RANGES
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    sync_responses: list[SyncRangesResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("SyncRangesResult"))
+
+
+@dataclass(slots=True)
+class CreateRangeRequest(Message):
+    """Open range ``range_index`` (last index + 1; the last range must be sealed)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.CREATE_RANGE
+
+    timeout_ms: int = 0
+    ranges: list[RangeId] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("RangeId"))
+
+
+@dataclass(slots=True)
+class CreateRangeResult(Message):
+    stream_id: int = -1
+    status: Status = OK
+    range: Range | None = None
+
+    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
+
+
+@dataclass(slots=True)
+class CreateRangeResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.CREATE_RANGE
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    create_responses: list[CreateRangeResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("CreateRangeResult"))
+
+
+@dataclass(slots=True)
+class DescribeRangesRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_RANGES
+
+    timeout_ms: int = 0
+    ranges: list[RangeId] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("RangeId"))
+
+
+@dataclass(slots=True)
+class DescribeRangesResult(Message):
+    stream_id: int = -1
+    status: Status = OK
+    range: Range | None = None
+
+    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
+
+
+@dataclass(slots=True)
+class DescribeRangesResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_RANGES
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    describe_responses: list[DescribeRangesResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("DescribeRangesResult"))
+
+
+# ---- streams -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CreateStreamsRequest(Message):
+    """Each stream's stream_id is ignored; the PD assigns one."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.CREATE_STREAMS
+
+    timeout_ms: int = 0
+    streams: list[Stream] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("Stream"))
+
+
+@dataclass(slots=True)
+class CreateStreamsResult(Message):
+    stream: Stream | None = None
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("Stream"), table("Status"))
+
+
+@dataclass(slots=True)
+class CreateStreamsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.CREATE_STREAMS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    create_responses: list[CreateStreamsResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("CreateStreamsResult"))
+
+
+@dataclass(slots=True)
+class DeleteStreamsRequest(Message):
+    """Only each stream's stream_id is read."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.DELETE_STREAMS
+
+    timeout_ms: int = 0
+    streams: list[Stream] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("Stream"))
+
+
+@dataclass(slots=True)
+class DeleteStreamsResult(Message):
+    deleted_stream: Stream | None = None
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("Stream"), table("Status"))
+
+
+@dataclass(slots=True)
+class DeleteStreamsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DELETE_STREAMS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    delete_responses: list[DeleteStreamsResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("DeleteStreamsResult"))
+
+
+@dataclass(slots=True)
+class UpdateStreamsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.UPDATE_STREAMS
+
+    timeout_ms: int = 0
+    streams: list[Stream] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("Stream"))
+
+
+@dataclass(slots=True)
+class UpdateStreamsResult(Message):
+    updated_stream: Stream | None = None
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("Stream"), table("Status"))
+
+
+@dataclass(slots=True)
+class UpdateStreamsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.UPDATE_STREAMS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    update_responses: list[UpdateStreamsResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("UpdateStreamsResult"))
+
+
+@dataclass(slots=True)
+class DescribeStreamsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_STREAMS
+
+    timeout_ms: int = 0
+    stream_ids: list[int] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector(LONG))
+
+
+@dataclass(slots=True)
+class DescribeStreamsResult(Message):
+    stream: Stream | None = None
+    status: Status = OK
+
+    _WIRE: ClassVar = (table("Stream"), table("Status"))
+
+
+@dataclass(slots=True)
+class DescribeStreamsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_STREAMS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    describe_responses: list[DescribeStreamsResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("DescribeStreamsResult"))
+
+
+@dataclass(slots=True)
+class TrimmedStream(Message):
+    stream_id: int = -1
+    trim_offset: int = 0
+
+    _WIRE: ClassVar = (LONG, LONG)
+
+
+@dataclass(slots=True)
+class TrimStreamsRequest(Message):
+    """Drop each stream's records below its trim_offset."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.TRIM_STREAMS
+
+    timeout_ms: int = 0
+    trimmed_streams: list[TrimmedStream] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, vector("TrimmedStream"))
+
+
+@dataclass(slots=True)
+class TrimStreamsResult(Message):
+    trimmed_stream: Stream | None = None
+    status: Status = OK
+    range: Range | None = None  # the stream's first range after the trim
+
+    _WIRE: ClassVar = (table("Stream"), table("Status"), table("Range"))
+
+
+@dataclass(slots=True)
+class TrimStreamsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.TRIM_STREAMS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    streams: list[TrimStreamsResult] = field(default_factory=list)
+
+    _WIRE: ClassVar = (INT, table("Status"), vector("TrimStreamsResult"))
+
+
+# ---- codecs and registries ---------------------------------------------------------------
+
+TABLES: dict[str, type[Message]] = {
+    cls.__name__: cls for cls in Message.__subclasses__()  # every table class, by name
+}
+_STRUCTS = {"AppendEntry": StructCodec(AppendEntry, "qii", 8)}
+_CODECS = build_codecs({name: (cls, cls._WIRE) for name, cls in TABLES.items()}, _STRUCTS)
+for _name, _cls in TABLES.items():
+    _codec = _CODECS[_name]
+    _problem = getattr(_cls, "_problem", None)
+    if _problem is not None:
+        _codec.check = _problem
+    _cls._CODEC = _codec
+del _name, _cls, _codec, _problem
+
+_fastpath.install(
+    AppendRequest=AppendRequest, AppendEntry=AppendEntry, AppendResponse=AppendResponse,
+    AppendResult=AppendResult, FetchRequest=FetchRequest, FetchEntry=FetchEntry,
+    FetchResponse=FetchResponse, FetchResult=FetchResult, Status=Status, OK=OK,
+    codecs=_CODECS,
+)
+
+REQUESTS: dict[Opcode, type[Message]] = {
+    cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Request")
+}
+RESPONSES: dict[Opcode, type[Message]] = {
+    cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Response")
+}
+
+
+# ---- frames ------------------------------------------------------------------------------
+
+
+def request_frame(stream_id: int, msg: Message, payload: Buffer | list[Buffer] = b""
+                  ) -> list[Buffer]:
+    """A request frame for ``msg`` as buffers for ``socket.sendmsg``."""
+    return encode_frame(msg.OPCODE, Flags.NONE, stream_id, msg.to_flatbuffers(), payload)
+
+
+def response_frame(stream_id: int, msg: Message, payload: Buffer | list[Buffer] = b"",
+                   end: bool = True) -> list[Buffer]:
+    """A response frame for ``msg``; ``end=False`` for all but the last frame of a sequence."""
+    flags = Flags.RESPONSE | Flags.END if end else Flags.RESPONSE
+    return encode_frame(msg.OPCODE, flags, stream_id, msg.to_flatbuffers(), payload)
+
+
+def system_error_frame(stream_id: int, opcode: int, status: Status) -> list[Buffer]:
+    """A SYSTEM_ERROR response ending the sequence of request ``stream_id``."""
+    flags = Flags.RESPONSE | Flags.END | Flags.SYSTEM_ERROR
+    return encode_frame(opcode, flags, stream_id, SystemError(status).to_flatbuffers())
+
+
+def _header_of(frame: Frame) -> Any:
+    if frame.header_format != HEADER_FORMAT_FLATBUFFERS:
+        raise HeaderError(f"header_format {frame.header_format} is not supported "
+                          "(only 1, FlatBuffers)")
+    return frame.header
+
+
+def decode_request(frame: Frame) -> Message:
+    """The typed header of a request frame; ``HeaderError`` if it is not one."""
+    if frame.is_response:
+        raise HeaderError(f"frame on stream_id {frame.stream_id} is a response, not a request")
+    cls = REQUESTS.get(frame.opcode)
+    if cls is None:
+        raise HeaderError(f"no request table for opcode {frame.opcode:#06x}")
+    return cls.from_flatbuffers(_header_of(frame))
+
+
+def decode_response(frame: Frame) -> Message:
+    """The typed header of a response frame: ``SystemError`` when the frame has that flag."""
+    if not frame.is_response:
+        raise HeaderError(f"frame on stream_id {frame.stream_id} is a request, not a response")
+    if frame.is_system_error:
+        return SystemError.from_flatbuffers(_header_of(frame))
+    cls = RESPONSES.get(frame.opcode)
+    if cls is None:
+        raise HeaderError(f"no response table for opcode {frame.opcode:#06x}")
+    return cls.from_flatbuffers(_header_of(frame))
