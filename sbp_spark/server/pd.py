@@ -233,15 +233,31 @@ class PlacementDriver:
 
     def trim_stream(self, stream_id: int, trim_offset: int,
                     timeout_s: float | None = None) -> tuple[StreamMeta, RangeMeta]:
-        """Move the stream's start to ``trim_offset``; returns it and its first range."""
+        """Move the stream's start to ``trim_offset``; returns it and its first range.
+
+        The metadata changes first (readers stop asking for trimmed offsets), then every range
+        server holding a range of the stream is told to drop the data below the trim point.
+        """
         with self._stream_lock(stream_id):
-            last = self.store.last_range(stream_id)
+            ranges = self.store.list_ranges(stream_id)
+            last = ranges[-1]
             end = None
             if last.is_open:
                 end = self._live_next_offset(last, timeout_s)
+            before = self.store.get_stream(stream_id).start_offset
             stream, first = self.store.trim_stream(stream_id, trim_offset, end)
-        if trim_offset == stream.start_offset:
-            self._push_ranges([first], timeout_s)
+        if stream.start_offset > before:
+            holders = sorted({sid for rng in ranges for sid in rng.server_ids})
+            request = m.TrimStreamsRequest(trimmed_streams=[
+                m.TrimmedStream(stream_id, stream.start_offset)])
+            for sid in holders:
+                try:
+                    self._call_server(sid, request, timeout_s)
+                except SbpError as exc:
+                    # Readers already see the new start; the server only keeps its disk
+                    # space a while longer (its retention pass trims on its own).
+                    log.warning("range server %d was not told to trim stream %d at %d: %s",
+                                sid, stream_id, stream.start_offset, exc)
         return stream, first
 
     # -- ranges -----------------------------------------------------------------------------
@@ -346,12 +362,14 @@ class PlacementDriver:
         before = self.store.get_server(server_id)
         self.store.record_heartbeat(server_id, advertise_addr)
         arrived = self.liveness.beat(server_id, advertise_addr)
-        if arrived:
-            if before is not None and before.advertise_addr not in ("", advertise_addr):
-                log.info("range server %d is live at %s (was %s)", server_id, advertise_addr,
-                         before.advertise_addr)
-            else:
-                log.info("range server %d is live at %s", server_id, advertise_addr)
+        moved = before is not None and before.advertise_addr not in ("", advertise_addr)
+        if moved:
+            log.info("range server %d is live at %s (was %s)", server_id, advertise_addr,
+                     before.advertise_addr)
+        elif arrived:
+            log.info("range server %d is live at %s", server_id, advertise_addr)
+        # New, back from silence, or restarted elsewhere: it may have missed pushes.
+        if arrived or moved:
             self._owe_resync(server_id)
         with self._resync_lock:
             owed = server_id in self._resync
@@ -401,10 +419,13 @@ class PlacementDriver:
         meta = self.store.get_server(sid) if isinstance(server, int) else server
         return meta.advertise_addr if meta is not None else ""
 
-    def _range_msg(self, rng: RangeMeta) -> m.Range:
+    def _range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range:
+        """The wire form of a range. Range servers know a range by where it began before any
+        trim (``for_servers``); clients see its current start."""
         return m.Range(
             stream_id=rng.stream_id, range_index=rng.range_index,
-            start_offset=rng.start_offset, next_offset=rng.next_offset,
+            start_offset=rng.base_start_offset if for_servers else rng.start_offset,
+            next_offset=rng.next_offset,
             end_offset=rng.end_offset,
             servers=[m.RangeReplica(m.RangeServer(r.server_id, self._address_of(r.server_id)),
                                     r.is_primary) for r in rng.replicas])
@@ -508,18 +529,23 @@ class PlacementDriver:
 
     def _sync_to(self, server_id: int, ranges: Sequence[RangeMeta],
                  timeout_s: float | None = None) -> None:
+        """SYNC_RANGES ``ranges`` to one server. Raises when the server could not be reached
+        or refused the whole request; a refused stream is logged (sending it again would be
+        refused again)."""
         for start in range(0, len(ranges), SYNC_BATCH_RANGES):
             chunk = ranges[start:start + SYNC_BATCH_RANGES]
             by_stream: dict[int, list[m.Range]] = defaultdict(list)
             for rng in chunk:
-                by_stream[rng.stream_id].append(self._range_msg(rng))
+                by_stream[rng.stream_id].append(self._range_msg(rng, for_servers=True))
             request = m.SyncRangesRequest(
                 timeout_ms=int((timeout_s or self.config.range_server_timeout_s) * 1000),
                 stream_ranges=[m.StreamRanges(sid, rs) for sid, rs in by_stream.items()])
             response = self._call_server(server_id, request, timeout_s)
             response.status.raise_for_status()
             for result in response.sync_responses:
-                result.status.raise_for_status()
+                if not result.status.ok:
+                    log.warning("range server %d refused the ranges of stream %d: %s",
+                                server_id, result.stream_id, result.status.message)
 
     def _owe_resync(self, server_id: int) -> None:
         with self._resync_lock:

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS streams (
 CREATE TABLE IF NOT EXISTS ranges (
     stream_id INTEGER NOT NULL REFERENCES streams (stream_id),
     range_index INTEGER NOT NULL,
+    base_start_offset INTEGER NOT NULL,
     start_offset INTEGER NOT NULL,
     end_offset INTEGER NOT NULL DEFAULT -1,
     next_offset INTEGER NOT NULL,
@@ -105,6 +106,8 @@ class RangeMeta:
     """A range of a stream: offsets ``[start_offset, end_offset)``; ``end_offset`` -1 = open.
 
     ``next_offset`` is the PD's snapshot; for an open range the primary knows the live value.
+    ``base_start_offset`` is where the range began before any trim: range servers know a range
+    by it, while ``start_offset`` moves up with trims.
     """
 
     stream_id: int
@@ -113,6 +116,11 @@ class RangeMeta:
     end_offset: int
     next_offset: int
     replicas: tuple[ReplicaMeta, ...] = ()
+    base_start_offset: int = -1
+
+    def __post_init__(self) -> None:
+        if self.base_start_offset < 0:
+            object.__setattr__(self, "base_start_offset", self.start_offset)
 
     @property
     def is_open(self) -> bool:
@@ -331,9 +339,9 @@ class PdStore:
             raise InvalidRequestError("a range needs at least one server")
         if len(set(servers)) != len(servers):
             raise InvalidRequestError(f"a range's servers must differ, got {list(servers)}")
-        db.execute("INSERT INTO ranges (stream_id, range_index, start_offset, end_offset, "
-                   "next_offset) VALUES (?, ?, ?, -1, ?)",
-                   (stream_id, range_index, start_offset, start_offset))
+        db.execute("INSERT INTO ranges (stream_id, range_index, base_start_offset, "
+                   "start_offset, end_offset, next_offset) VALUES (?, ?, ?, ?, -1, ?)",
+                   (stream_id, range_index, start_offset, start_offset, start_offset))
         db.executemany(
             "INSERT INTO replicas (stream_id, range_index, server_id, is_primary, position) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -344,8 +352,8 @@ class PdStore:
     @staticmethod
     def _ranges(db: sqlite3.Connection, where: str, args: tuple) -> list[RangeMeta]:
         rows = db.execute(
-            "SELECT r.stream_id, r.range_index, r.start_offset, r.end_offset, r.next_offset, "
-            "p.server_id, p.is_primary FROM ranges r "
+            "SELECT r.stream_id, r.range_index, r.base_start_offset, r.start_offset, "
+            "r.end_offset, r.next_offset, p.server_id, p.is_primary FROM ranges r "
             "LEFT JOIN replicas p ON p.stream_id=r.stream_id AND p.range_index=r.range_index "
             f"WHERE {where} ORDER BY r.stream_id, r.range_index, p.position", args).fetchall()
         out: list[RangeMeta] = []
@@ -356,7 +364,8 @@ class PdStore:
         def flush() -> None:
             assert head is not None
             out.append(RangeMeta(head["stream_id"], head["range_index"], head["start_offset"],
-                                 head["end_offset"], head["next_offset"], tuple(replicas)))
+                                 head["end_offset"], head["next_offset"], tuple(replicas),
+                                 head["base_start_offset"]))
 
         for row in rows:
             k = (row["stream_id"], row["range_index"])
@@ -437,7 +446,7 @@ class PdStore:
                        "WHERE stream_id=? AND range_index=?",
                        (end_offset, end_offset, stream_id, range_index))
             sealed = RangeMeta(stream_id, range_index, rng.start_offset, end_offset, end_offset,
-                               rng.replicas)
+                               rng.replicas, rng.base_start_offset)
             new = None
             if next_servers is not None:
                 new = self._open_next(db, stream_id, next_servers)

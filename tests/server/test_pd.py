@@ -28,12 +28,13 @@ class FakeRangeServer(RequestHandler):
     """Keeps the ranges the PD syncs, seals them at ``next_offsets`` (default: start)."""
 
     opcodes = frozenset({Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.DESCRIBE_RANGES,
-                         Opcode.DELETE_STREAMS})
+                         Opcode.DELETE_STREAMS, Opcode.TRIM_STREAMS})
 
     def __init__(self) -> None:
         self.ranges: dict[tuple[int, int], m.Range] = {}
         self.next_offsets: dict[tuple[int, int], int] = {}
         self.deleted: list[int] = []
+        self.trims: list[tuple[int, int]] = []
         self.syncs = 0
         self.fail_sync = False
         self.lock = threading.Lock()
@@ -81,6 +82,11 @@ class FakeRangeServer(RequestHandler):
                                    r.servers)
                     results.append(m.DescribeRangesResult(stream_id=rid.stream_id, range=live))
                 ctx.reply(m.DescribeRangesResponse(describe_responses=results))
+            elif isinstance(req, m.TrimStreamsRequest):
+                self.trims.extend((t.stream_id, t.trim_offset) for t in req.trimmed_streams)
+                ctx.reply(m.TrimStreamsResponse(streams=[
+                    m.TrimStreamsResult(m.Stream(stream_id=t.stream_id))
+                    for t in req.trimmed_streams]))
             else:
                 self.deleted.extend(s.stream_id for s in req.streams)
                 ctx.reply(m.DeleteStreamsResponse(delete_responses=[
@@ -359,7 +365,14 @@ def test_trim_streams(conn, servers):
     assert res.status.ok and res.trimmed_stream.start_offset == 12
     assert (res.range.range_index, res.range.start_offset) == (1, 12)
     assert [r.range_index for r in list_ranges(conn, sid)] == [1]
-    assert holder.ranges[(sid, 1)].start_offset == 12  # the servers learn the new start
+    # Every server that held a range of the stream is told to drop the data.
+    assert holder.trims == [(sid, 12)] and primary.trims == [(sid, 12)]
+    # A resync still names the range by where it began: that is how servers know it.
+    holder.ranges.clear()
+    beat(conn, holder, addr="127.0.0.1:1")
+    beat(conn, holder)
+    poll(lambda: (sid, 1) in holder.ranges, what="resync")
+    assert holder.ranges[(sid, 1)].start_offset == 10
     # Up to the open range's live end (asked from its primary), not beyond.
     assert trim(sid, 30).status.ok
     res = trim(sid, 31)

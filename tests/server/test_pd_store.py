@@ -120,6 +120,9 @@ def test_trim_drops_and_shrinks(store):
     stream, first = store.trim_stream(s.stream_id, 22, end_offset=25)
     assert (first.range_index, first.start_offset, first.end_offset) == (2, 22, -1)
     assert first.next_offset == 22
+    # Range servers still know the range by where it began.
+    assert first.base_start_offset == 20
+    assert store.get_range(s.stream_id, 2).base_start_offset == 20
 
 
 def test_trim_keeps_last_sealed_range(store):
