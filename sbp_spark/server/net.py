@@ -412,6 +412,8 @@ class RequestContext:
         The frame's own flags tell whether it ends the request.
         """
         end = _frame_flags(parts) & Flags.END
+        if self.conn.closed:
+            raise ConnectionClosed(f"connection to {self.conn.peer_str} is closed")
         if self._done:
             raise RuntimeError(f"request {self.stream_id} was already answered with END")
         self.conn.send(parts)
@@ -669,6 +671,10 @@ class FrameServer:
                     log.warning("%r sent an unreadable frame, closing: %s", conn, exc)
                     break
                 while (event := decoder.next_event()) is not None:
+                    # One read may bring many frames: the limit holds per request.
+                    conn._wait_below_inflight_limit()
+                    if conn.closed:
+                        break
                     self._dispatch(conn, event, pending)
                     if conn._draining:
                         break

@@ -1,0 +1,299 @@
+"""The server network core: PING, bad frames (WIRE.md 4), errors from handlers, limits,
+backpressure, idle timeout and graceful shutdown with GOAWAY."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import zlib
+
+import pytest
+
+from sbp_spark.protocol.constants import Flags, Opcode
+from sbp_spark.protocol.errors import ErrorCode, RangeSealedError
+from sbp_spark.protocol.frame import frame_bytes
+from sbp_spark.protocol.messages import (
+    DescribeRangesRequest,
+    DescribeRangesResponse,
+    FetchRequest,
+    GoAwayRequest,
+    SystemError,
+    decode_response,
+)
+from sbp_spark.server.net import FileRegion, FrameServer, NetConfig, RequestHandler
+from tests.conftest import load_vectors
+
+from .wire import EOF, RawPeer
+
+VECTORS = {v["name"]: v for v in load_vectors("frames.json")}
+DESCRIBE = Opcode.DESCRIBE_RANGES
+
+
+def _until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+class Scripted(RequestHandler):
+    """Answers DESCRIBE_RANGES according to the request's header bytes (a tiny script)."""
+
+    opcodes = frozenset({DESCRIBE, Opcode.FETCH, Opcode.APPEND})
+    long_opcodes = frozenset({Opcode.FETCH})
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.running = 0
+        self.max_running = 0
+        self.lock = threading.Lock()
+        self.region: FileRegion | None = None
+
+    def handle(self, ctx) -> None:
+        action = bytes(ctx.payload)
+        if action == b"boom":
+            raise ValueError("handler exploded")
+        if action == b"sealed":
+            raise RangeSealedError("range 1/0 is sealed")
+        if action == b"silent":
+            return
+        if action == b"block":
+            with self.lock:
+                self.running += 1
+                self.max_running = max(self.max_running, self.running)
+            try:
+                self.release.wait(30)
+            finally:
+                with self.lock:
+                    self.running -= 1
+        if action == b"defer":
+            ctx.defer()
+            threading.Timer(0.05, lambda: ctx.reply(DescribeRangesResponse())).start()
+            return
+        if action == b"file":
+            region = self.region
+            data = os.pread(region.fd, region.length, region.offset)
+            ctx.send_with_regions(DescribeRangesResponse().to_flatbuffers(),
+                                  [b"head:", region], zlib.crc32(data, zlib.crc32(b"head:")))
+            return
+        if action.startswith(b"big"):
+            ctx.reply(DescribeRangesResponse(), b"x" * int(action[3:]))
+            return
+        ctx.reply(DescribeRangesResponse(throttle_time_ms=len(action)))
+
+
+@pytest.fixture
+def handler():
+    h = Scripted()
+    yield h
+    h.release.set()
+
+
+def _server(handler, **kw) -> FrameServer:
+    return FrameServer(handler, NetConfig(**kw)).start()
+
+
+@pytest.fixture
+def server(handler):
+    srv = _server(handler)
+    yield srv
+    handler.release.set()
+    srv.stop()
+
+
+def _ask(peer: RawPeer, action: bytes, stream_id: int | None = None) -> int:
+    return peer.request(DescribeRangesRequest(), action, stream_id)
+
+
+def _status(frame):
+    msg = decode_response(frame)
+    assert isinstance(msg, SystemError), msg
+    return msg.status
+
+
+def test_binds_loopback_on_a_free_port(server):
+    host, port = server.address
+    assert host == "127.0.0.1" and port > 0
+    assert server.address_str == f"127.0.0.1:{port}"
+
+
+def test_ping_is_echoed_byte_for_byte(server):
+    with RawPeer(server.address) as peer:
+        peer.send_raw(bytes.fromhex(VECTORS["ping request, no header, no payload"]["hex"]))
+        f = peer.next_frame()
+        assert frame_bytes(f.opcode, f.flags, f.stream_id, f.header, f.payload) == bytes.fromhex(
+            "0000001017000103000000010100000000000000")
+        peer.send(frame_bytes(Opcode.PING, 0, 1, b"", bytes.fromhex("05060708")))
+        f = peer.next_frame()
+        echoed = frame_bytes(f.opcode, f.flags, f.stream_id, f.header, f.payload)
+        assert echoed == bytes.fromhex(VECTORS["ping response echoing 4 payload bytes"]["hex"])
+
+
+@pytest.mark.parametrize("name", ["frame_length below 16", "frame_length above 16 MiB"])
+def test_lost_framing_closes_the_connection(server, name):
+    with RawPeer(server.address) as peer:
+        peer.send_raw(bytes.fromhex(VECTORS[name]["hex"]))
+        assert peer.wait_eof()
+    assert _until(lambda: server.connection_count == 0)
+
+
+def test_wrong_magic_is_discarded_and_the_connection_lives_on(server):
+    with RawPeer(server.address) as peer:
+        peer.send_raw(bytes.fromhex(VECTORS["wrong magic"]["hex"]))
+        peer.send_raw(frame_bytes(Opcode.PING, 0, 2, b"", b"alive"))
+        f = peer.next_frame()
+        assert f.stream_id == 2 and bytes(f.payload) == b"alive"
+
+
+def test_checksum_mismatch_gets_a_system_error_on_its_stream(server):
+    with RawPeer(server.address) as peer:
+        peer.send_raw(bytes.fromhex(VECTORS["payload checksum mismatch"]["hex"]))
+        f = peer.next_frame()
+        assert f.stream_id == 3
+        assert f.flags == Flags.RESPONSE | Flags.END | Flags.SYSTEM_ERROR
+        assert _status(f).code == ErrorCode.CHECKSUM_MISMATCH
+
+
+def test_header_longer_than_the_frame_gets_invalid_request(server):
+    with RawPeer(server.address) as peer:
+        peer.send_raw(bytes.fromhex(VECTORS["header_length larger than the frame"]["hex"]))
+        f = peer.next_frame()
+        assert f.stream_id == 1
+        assert _status(f).code == ErrorCode.INVALID_REQUEST
+
+
+def test_unknown_opcode_and_stray_responses_are_discarded(server):
+    with RawPeer(server.address) as peer:
+        peer.send(frame_bytes(0x7777, 0, 5, b"", b"?"))
+        peer.send(frame_bytes(DESCRIBE, Flags.RESPONSE | Flags.END, 6, b"", b""))
+        assert peer.next_frame(timeout=0.3) is None
+        sid = _ask(peer, b"ok")
+        assert peer.next_frame(sid).stream_id == sid
+
+
+def test_handler_failures_become_system_errors_and_the_server_survives(server):
+    with RawPeer(server.address) as peer:
+        sid = _ask(peer, b"boom")
+        status = _status(peer.next_frame(sid))
+        assert status.code == ErrorCode.UNKNOWN and "handler exploded" in status.message
+        sid = _ask(peer, b"sealed")
+        assert _status(peer.next_frame(sid)).code == ErrorCode.RANGE_SEALED
+        sid = _ask(peer, b"silent")
+        assert "no response" in _status(peer.next_frame(sid)).message
+        msg, _ = peer.call(DescribeRangesRequest(), b"fine")
+        assert msg.throttle_time_ms == 4
+
+
+def test_deferred_answer_from_another_thread(server):
+    with RawPeer(server.address) as peer:
+        msg, _ = peer.call(DescribeRangesRequest(), b"defer")
+        assert isinstance(msg, DescribeRangesResponse)
+
+
+def test_file_regions_are_sent_inside_a_frame(server, handler, tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(b"0123456789" * 50_000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        handler.region = FileRegion(fd, 7, 300_001)
+        with RawPeer(server.address) as peer:  # the decoder checks the CRC trailer
+            _, payload = peer.call(DescribeRangesRequest(), b"file")
+        assert payload == b"head:" + path.read_bytes()[7:300_008]
+    finally:
+        os.close(fd)
+
+
+def test_inflight_limit_stops_reading_until_requests_finish(handler):
+    srv = _server(handler, max_inflight_per_connection=2)
+    try:
+        with RawPeer(srv.address) as peer:
+            # FETCH runs on the worker pool, so only the in-flight limit holds these back.
+            sids = [peer.request(FetchRequest(), b"block") for _ in range(5)]
+            assert _until(lambda: handler.running == 2)
+            time.sleep(0.2)  # give a wrongly unlimited reader time to start more
+            assert handler.max_running == 2
+            handler.release.set()
+            for sid in sids:
+                assert peer.next_frame(sid).is_end
+    finally:
+        srv.stop()
+
+
+def test_connection_limit_refuses_extra_peers(handler):
+    srv = _server(handler, max_connections=1)
+    try:
+        with RawPeer(srv.address) as first:
+            msg, _ = first.call(DescribeRangesRequest(), b"x")
+            with RawPeer(srv.address) as second:
+                f = second.next_frame()
+                assert f.opcode == Opcode.GOAWAY
+                assert second.wait_eof()
+            msg, _ = first.call(DescribeRangesRequest(), b"still here")
+            assert msg.throttle_time_ms == 10
+    finally:
+        srv.stop()
+
+
+def test_idle_connections_get_goaway_and_are_closed(handler):
+    srv = _server(handler, idle_timeout_s=0.3)
+    try:
+        with RawPeer(srv.address) as peer:
+            f = peer.next_frame(timeout=10)
+            assert f.opcode == Opcode.GOAWAY and f.stream_id == 0
+            assert "idle" in GoAwayRequest.from_flatbuffers(f.header).message
+            assert peer.wait_eof()
+    finally:
+        srv.stop()
+
+
+def test_shutdown_sends_goaway_and_lets_inflight_requests_finish(handler):
+    srv = _server(handler, shutdown_timeout_s=10)
+    with RawPeer(srv.address) as peer:
+        sid = peer.request(FetchRequest(), b"block")
+        assert _until(lambda: handler.running == 1)
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        f = peer.next_frame()
+        assert f.opcode == Opcode.GOAWAY
+        handler.release.set()
+        answer = peer.next_frame(sid)
+        assert answer not in (None, EOF) and answer.is_end
+        assert peer.wait_eof()
+        stopper.join(10)
+    assert not stopper.is_alive()
+
+
+def test_peer_goaway_closes_after_inflight_work(server, handler):
+    with RawPeer(server.address) as peer:
+        sid = peer.request(FetchRequest(), b"block")
+        assert _until(lambda: handler.running == 1)
+        peer.request(GoAwayRequest(message="client leaving"))
+        handler.release.set()
+        assert peer.next_frame(sid).is_end
+        assert peer.wait_eof()
+
+
+def test_a_peer_that_stops_reading_is_dropped_without_wedging_the_server(handler):
+    srv = _server(handler, send_timeout_s=0.5, max_outgoing_bytes_per_connection=1 << 20)
+    try:
+        with RawPeer(srv.address) as stuck:
+            stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            for _ in range(4):
+                _ask(stuck, b"big8000000")  # never read
+            assert _until(lambda: srv.connection_count == 0, timeout=20)
+        with RawPeer(srv.address) as fine:
+            msg, _ = fine.call(DescribeRangesRequest(), b"ok")
+            assert msg.throttle_time_ms == 2
+    finally:
+        srv.stop()
+
+
+def test_config_rejects_bad_limits():
+    with pytest.raises(ValueError, match="max_inflight_per_connection"):
+        NetConfig(max_inflight_per_connection=0)
+    with pytest.raises(ValueError, match="idle_timeout_s"):
+        NetConfig(idle_timeout_s=-1)
