@@ -1,0 +1,133 @@
+"""Everything the connector asks of an SBP cluster, in one place, through ``sbp_spark.client``.
+
+Clients are cached per Python process (Spark reuses its Python workers between tasks, so the
+connections of one task serve the next) and closed when the worker exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+
+from sbp_spark.client import FetchedBatch, SbpClient
+from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
+from sbp_spark.protocol.messages import Range, RangeReplica, RangeServer
+
+from .options import ClientOptions
+from .planning import RangeLayout, Replica, SbpPartition, StreamLayout
+
+_lock = threading.Lock()
+_clients: dict[ClientOptions, SbpClient] = {}
+
+
+def get_client(options: ClientOptions) -> SbpClient:
+    """The process's client for these options (made on first use)."""
+    with _lock:
+        client = _clients.get(options)
+        if client is None:
+            client = SbpClient(list(options.pd), options.client_config())
+            _clients[options] = client
+        return client
+
+
+def close_clients() -> None:
+    """Close every cached client (at interpreter exit, and in tests)."""
+    with _lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        client.close()
+
+
+atexit.register(close_clients)
+
+
+class StreamMissingError(ValueError):
+    """A stream the query names does not exist."""
+
+
+def _replicas(rng: Range) -> tuple[Replica, ...]:
+    replicas = [Replica(r.server.server_id, r.server.advertise_addr, r.is_primary)
+                for r in rng.servers]
+    replicas.sort(key=lambda r: not r.is_primary)  # primary first
+    return tuple(replicas)
+
+
+def check_streams_exist(client: SbpClient, stream_ids: Sequence[int], pd: Sequence[str]) -> None:
+    """Raise ``StreamMissingError`` naming every stream in ``stream_ids`` that does not exist."""
+    missing = []
+    for sid in stream_ids:
+        try:
+            client.describe_streams([sid])
+        except StreamNotFoundError:
+            missing.append(sid)
+    if missing:
+        names = ", ".join(str(s) for s in missing)
+        raise StreamMissingError(
+            f"stream{'s' if len(missing) > 1 else ''} {names} "
+            f"do{'' if len(missing) > 1 else 'es'} not exist at pd {','.join(pd)} "
+            "(create streams with `sbp streams create`)")
+
+
+def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
+                   pd: Sequence[str]) -> list[StreamLayout]:
+    """Each stream's ranges now; the open range's end is a snapshot of its next_offset."""
+    try:
+        streams = client.describe_streams(list(stream_ids))
+    except StreamNotFoundError:
+        check_streams_exist(client, stream_ids, pd)
+        raise
+    layouts = []
+    for stream in streams:
+        ranges = sorted(client.list_ranges(stream.stream_id), key=lambda r: r.range_index)
+        out = []
+        for rng in ranges:
+            if rng.end_offset >= 0:
+                end, is_open = rng.end_offset, False
+            else:
+                end, is_open = client.open_range_end(rng), True
+            out.append(RangeLayout(rng.range_index, rng.start_offset, end, _replicas(rng),
+                                   is_open))
+        start = max([stream.start_offset] + [r.start_offset for r in out[:1]])
+        layouts.append(StreamLayout(stream.stream_id, start, tuple(out)))
+    return layouts
+
+
+def partition_range(partition: SbpPartition) -> Range:
+    """The client's description of the range a partition reads (no PD round trip)."""
+    return Range(
+        stream_id=partition.stream_id,
+        range_index=partition.range_index,
+        start_offset=partition.range_start,
+        next_offset=partition.range_end,
+        end_offset=-1 if partition.range_is_open else partition.range_end,
+        servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
+                 for r in partition.replicas],
+    )
+
+
+def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int,
+          max_wait_ms: int) -> Iterator[FetchedBatch]:
+    """The stored batches of ``partition`` from ``start`` (one streaming FETCH)."""
+    return client.fetch(partition_range(partition), start, partition.end_offset,
+                        max_bytes=max_bytes, max_wait_ms=max_wait_ms)
+
+
+def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
+    """The first stored batch of a stream, or None when it holds no records."""
+    for rng in layout.ranges:
+        if rng.end_offset <= max(rng.start_offset, layout.start_offset):
+            continue
+        start = max(rng.start_offset, layout.start_offset)
+        part = SbpPartition(layout.stream_id, rng.range_index, start, start + 1,
+                            rng.start_offset, rng.end_offset, rng.replicas, rng.is_open)
+        with closing(fetch(client, part, start, 1, 0)) as batches:
+            for batch in batches:
+                return batch
+    return None
+
+
+__all__ = ["SbpError", "StreamMissingError", "check_streams_exist", "close_clients", "fetch",
+           "first_batch", "get_client", "partition_range", "stream_layouts"]

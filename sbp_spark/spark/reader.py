@@ -1,0 +1,120 @@
+"""Batch reading: ``spark.read.format("sbp")``.
+
+The reader is built on the driver (``reader()``, ``pushFilters()`` and ``partitions()`` run in a
+driver-side Python worker), pickled, and ``read()`` runs on executors. It holds only options,
+the schema and the pushed predicates; connections are opened inside ``read()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
+
+from sbp_spark.protocol.errors import OffsetOutOfRangeError, SbpError
+
+from . import cluster
+from .decode import PartitionDecoder
+from .filters import PushedFilters, split_filters
+from .options import ReadOptions
+from .planning import SbpPartition, plan_partitions
+from .schemas import METADATA_TYPES
+
+log = logging.getLogger(__name__)
+
+
+class ReadFailedError(RuntimeError):
+    """Reading a partition failed; the message says which records and why."""
+
+
+def read_partition(options: ReadOptions, schema: StructType,
+                   partition: SbpPartition) -> Iterator[pa.RecordBatch]:
+    """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
+    streaming reads)."""
+    client = cluster.get_client(options.client)
+    decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
+                               partition.range_index, partition.start_offset,
+                               partition.end_offset, partition.row_predicates)
+    position = partition.start_offset
+    while position < partition.end_offset:
+        try:
+            for fetched in cluster.fetch(client, partition, position, options.fetch_max_bytes,
+                                         options.fetch_max_wait_ms):
+                yield from decoder.add(fetched.header, fetched.data)
+        except OffsetOutOfRangeError as exc:
+            position = _after_trim(client, options, partition, position, exc)
+            decoder.start_offset = max(decoder.start_offset, position)
+            decoder.next_offset = max(decoder.next_offset, position)
+            continue
+        except SbpError as exc:
+            servers = ", ".join(f"{r.address}{' (primary)' if r.is_primary else ''}"
+                                for r in partition.replicas)
+            raise ReadFailedError(
+                f"reading {partition.describe()} failed at offset {decoder.next_offset} "
+                f"(replicas: {servers or 'none'}): {type(exc).__name__}: {exc}") from exc
+        if decoder.next_offset <= position:
+            raise ReadFailedError(
+                f"reading {partition.describe()}: the range server returned no records at "
+                f"offset {position}, though the range held them when the query was planned")
+        position = decoder.next_offset
+    yield from decoder.finish()
+
+
+def _after_trim(client, options: ReadOptions, partition: SbpPartition, position: int,
+                exc: OffsetOutOfRangeError) -> int:
+    """Where to go on after the records at ``position`` were trimmed away while reading."""
+    if options.fail_on_data_loss:
+        raise ReadFailedError(
+            f"reading {partition.describe()}: records from offset {position} were trimmed "
+            f"after the query was planned ({exc}); set failOnDataLoss=false to skip them"
+        ) from exc
+    stream = client.describe_streams([partition.stream_id])[0]
+    if stream.start_offset <= position:
+        raise ReadFailedError(
+            f"reading {partition.describe()} at offset {position}: {exc}") from exc
+    log.warning("stream %d: records [%d, %d) were trimmed while reading; skipping them",
+                partition.stream_id, position, stream.start_offset)
+    return min(stream.start_offset, partition.end_offset)
+
+
+class SbpBatchReader(DataSourceReader):
+    """Plans one partition per range (or piece of one) and reads each with one FETCH."""
+
+    def __init__(self, options: ReadOptions, schema: StructType,
+                 metadata_columns: frozenset[str] = frozenset()) -> None:
+        self.options = options
+        self.schema = schema
+        # Columns known to be filled from where records are stored (not from record bodies);
+        # only filters on these can be pushed.
+        self.metadata_columns = frozenset(
+            f.name for f in schema.fields
+            if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
+        self.pushed = PushedFilters()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        client = cluster.get_client(self.options.client)
+        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
+        partitions = plan_partitions(layouts, self.options, self.pushed)
+        log.info("sbp read of streams %s: %d partitions, %d records, pushed filters: %s",
+                 ",".join(map(str, self.options.streams)), len(partitions),
+                 sum(p.record_count for p in partitions), self.pushed.describe())
+        return partitions
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SbpPartition), type(partition)
+        return read_partition(self.options, self.schema, partition)
+
+
+class SbpPushdownBatchReader(SbpBatchReader):
+    """The batch reader with filter pushdown (needs spark.sql.python.filterPushdown.enabled)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        handled, unhandled = split_filters(filters, self.metadata_columns)
+        self.pushed = PushedFilters.from_predicates(handled)
+        return iter(unhandled)
+
+
+__all__ = ["ReadFailedError", "SbpBatchReader", "SbpPushdownBatchReader", "read_partition"]

@@ -1,0 +1,172 @@
+"""Batch writing: ``df.write.format("sbp").mode("append").save()``.
+
+Each task turns Spark's Arrow batches into record batches (``encode``) and hands them to the
+client's stream writer, which packs many into each APPEND frame, keeps several frames in flight
+and follows sealed ranges. Delivery is at least once: SBP streams are append-only, so records
+appended by a task whose job later fails stay in the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from sbp_spark.client import Appended, SbpClient
+
+from . import cluster
+from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
+from .options import WriteOptions
+
+log = logging.getLogger(__name__)
+
+# Encoded bytes a task gathers for one stream before handing them to the client in one call:
+# enough for the client to keep several 16 MiB frames in flight.
+APPEND_CALL_BYTES = 48 * 1024 * 1024
+
+
+@dataclass
+class AppendedSpan:
+    """What one task appended to one range of one stream."""
+
+    stream_id: int
+    range_index: int
+    first_offset: int
+    last_offset: int  # inclusive
+    records: int
+    bytes: int
+    batches: int
+
+    def add(self, appended: Appended) -> None:
+        self.first_offset = min(self.first_offset, appended.base_offset)
+        self.last_offset = max(self.last_offset, appended.end_offset - 1)
+        self.records += appended.record_count
+        self.bytes += appended.batch_length
+        self.batches += 1
+
+
+@dataclass
+class SbpCommitMessage(WriterCommitMessage):
+    """A task's appends, per (stream, range)."""
+
+    spans: list[AppendedSpan] = field(default_factory=list)
+
+
+class _TaskAppends:
+    """Collects one task's appends into spans."""
+
+    def __init__(self) -> None:
+        self.spans: dict[tuple[int, int], AppendedSpan] = {}
+
+    def record(self, appended: list[Appended]) -> None:
+        for item in appended:
+            key = (item.stream_id, item.range_index)
+            span = self.spans.get(key)
+            if span is None:
+                span = AppendedSpan(item.stream_id, item.range_index, item.base_offset,
+                                    item.end_offset - 1, 0, 0, 0)
+                self.spans[key] = span
+            span.add(item)
+
+    def message(self) -> SbpCommitMessage:
+        return SbpCommitMessage(sorted(self.spans.values(),
+                                       key=lambda s: (s.stream_id, s.range_index)))
+
+
+class _StreamSink:
+    """One target stream of one task: batching, encoding and appending."""
+
+    def __init__(self, client: SbpClient, stream_id: int, options: WriteOptions,
+                 appends: _TaskAppends) -> None:
+        self.stream_id = stream_id
+        self.options = options
+        self.appends = appends
+        self.writer = client.open_stream(stream_id)
+        self.batcher = Batcher(options.batch_max_records, options.batch_max_bytes)
+        self.pending: list[EncodedBatch] = []
+        self.pending_bytes = 0
+
+    def add(self, body: pa.RecordBatch) -> None:
+        self._encode(self.batcher.add(body))
+        if self.pending_bytes >= APPEND_CALL_BYTES:
+            self._append()
+
+    def finish(self) -> None:
+        self._encode(self.batcher.flush())
+        self._append()
+
+    def _encode(self, batches: list[pa.RecordBatch]) -> None:
+        for batch in batches:
+            for encoded in encode_batches(batch, self.options.compression):
+                self.pending.append(encoded)
+                self.pending_bytes += encoded.nbytes
+
+    def _append(self) -> None:
+        if not self.pending:
+            return
+        batches, self.pending, self.pending_bytes = self.pending, [], 0
+        self.appends.record(self.writer.append([b.buffers for b in batches]))
+
+
+class SbpBatchWriter(DataSourceArrowWriter):
+    """Appends a DataFrame to SBP streams (built on the driver, pickled to every task)."""
+
+    def __init__(self, options: WriteOptions, encoder: RowEncoder, stream: int | None,
+                 created: bool = False) -> None:
+        self.options = options
+        self.encoder = encoder
+        self.stream = stream
+        self.created = created
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+        client = cluster.get_client(self.options.client)
+        appends = _TaskAppends()
+        sinks: dict[int, _StreamSink] = {}
+        for batch in iterator:
+            for stream_id, body in self.encoder.bodies(batch, self.stream):
+                sink = sinks.get(stream_id)
+                if sink is None:
+                    sink = _StreamSink(client, stream_id, self.options, appends)
+                    sinks[stream_id] = sink
+                sink.add(body)
+        for sink in sinks.values():
+            sink.finish()
+        return appends.message()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        for line in summarize(messages):
+            log.info("sbp write committed: %s", line)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        lines = summarize(messages)
+        failed = sum(1 for m in messages if m is None)
+        log.warning("sbp write aborted (%d of %d tasks failed); streams are append-only, so "
+                    "records the successful tasks appended stay: %s", failed, len(messages),
+                    "; ".join(lines) or "nothing")
+
+
+def summarize(messages: list[WriterCommitMessage | None]) -> list[str]:
+    """One line per stream: records, bytes, batches, offsets and ranges, tasks."""
+    per_stream: dict[int, list[tuple[int, AppendedSpan]]] = {}
+    for task, message in enumerate(messages):
+        if isinstance(message, SbpCommitMessage):
+            for span in message.spans:
+                per_stream.setdefault(span.stream_id, []).append((task, span))
+    lines = []
+    for stream_id in sorted(per_stream):
+        entries = per_stream[stream_id]
+        spans = [s for _, s in entries]
+        ranges = sorted({s.range_index for s in spans})
+        lines.append(
+            f"stream {stream_id}: {sum(s.records for s in spans)} records, "
+            f"{sum(s.bytes for s in spans)} bytes in {sum(s.batches for s in spans)} batches, "
+            f"offsets {min(s.first_offset for s in spans)}-{max(s.last_offset for s in spans)}"
+            f" in range{'s' if len(ranges) > 1 else ''} {','.join(map(str, ranges))}, "
+            f"from {len({t for t, _ in entries})} tasks")
+    return lines
+
+
+__all__ = ["AppendedSpan", "SbpBatchWriter", "SbpCommitMessage", "summarize"]
