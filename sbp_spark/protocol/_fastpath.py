@@ -176,7 +176,10 @@ class _Items:
         plan = self._read_plan(buf, size, vt)
         if plan is None or plan[4] or (plan[1], plan[2].format) != self.canonical:
             return None
-        _charge(state, plan[0] * n)
+        tbl_len = plan[0]
+        if start + stride * (n - 1) + tbl_len > size:  # as strict as the per-item check
+            return None
+        _charge(state, tbl_len * n)
         columns = [values[1 + c::width] for c in self.slot_columns]
         if self.has_status:
             columns.append(repeat(self.ok, n))

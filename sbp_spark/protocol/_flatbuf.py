@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from itertools import starmap
 from typing import Any
 
 from .errors import HeaderError
@@ -254,7 +255,9 @@ class Codec:
 
     def decode(self, buf: Any) -> Any:
         """Verify and decode ``buf`` as a root table of this type; HeaderError if malformed."""
-        size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+        if isinstance(buf, memoryview) and buf.itemsize != 1:
+            buf = buf.cast("B")  # offsets count bytes, not items
+        size = len(buf)
         if size < 8:
             raise HeaderError(f"{self.name}: {size} bytes cannot hold a FlatBuffers table")
         state = _State(size)
@@ -449,8 +452,7 @@ def _read_vec_struct(buf: Any, size: int, pos: int, f: Field, state: _State) -> 
     item = sc.struct.size
     n = _vector_span(buf, size, pos, f, item)
     _charge(state, 4 + item * n)
-    cls = sc.cls
-    return [cls(*t) for t in sc.struct.iter_unpack(buf[pos + 4:pos + 4 + n * item])]
+    return list(starmap(sc.cls, sc.struct.iter_unpack(buf[pos + 4:pos + 4 + n * item])))
 
 
 _READERS = {STRING: _read_string, BYTES: _read_bytes, TABLE: _read_table,
