@@ -132,10 +132,19 @@ class ReadChunk:
     """Committed batches read for one fetch step. Release it (or use ``with``) when sent."""
 
     batches: list[StoredBatch]
-    crc: int  # CRC-32 of the batches' bytes end to end (the frame trailer)
     nbytes: int
     next_offset: int  # where the following read continues
     _segment: Segment | None = field(default=None, repr=False)
+
+    @property
+    def crc(self) -> int:
+        """CRC-32 of the batches end to end, from their stored CRCs (reads no data)."""
+        return combined_crc(self.batches)
+
+    def verify(self) -> int:
+        """Check the bytes on disk against the stored CRCs (an mmap pass, no copy); returns
+        the CRC of the batches end to end. Raises ``CorruptDataError``."""
+        return verify_batches(self.batches)
 
     def release(self) -> None:
         seg, self._segment = self._segment, None
@@ -396,13 +405,14 @@ class RangeLog:
 
         Returns an empty chunk when nothing is committed at ``offset`` yet. ``max_bytes``
         bounds the bytes, but a first batch (``first``) is returned even if larger.
-        ``end_offset`` (-1: none) stops before batches starting at or after it.
+        ``end_offset`` (-1: none) stops before batches starting at or after it. Checksums are
+        the caller's choice (``chunk.verify()`` or ``chunk.crc``).
         """
         with self.lock:
             self.check_readable(offset)
             committed = self._committed
             if offset >= committed or (end_offset >= 0 and offset >= end_offset):
-                return ReadChunk([], 0, 0, offset)
+                return ReadChunk([], 0, offset)
             bases = [s.base_offset for s in self.segments]
             i = max(bisect.bisect_right(bases, offset) - 1, 0)
             seg = self.segments[i]
@@ -414,20 +424,30 @@ class RangeLog:
         bound = committed if end_offset < 0 else min(committed, end_offset)
         try:
             batches = seg.read_batches(offset, limit_size, max_bytes, bound, first)
-            if self.storage.config.verify_reads:
-                crc = verify_batches(batches)
-            else:
-                crc = combined_crc(batches)
         except BaseException:
             seg.release()
             raise
-        nbytes = sum(b.length for b in batches)
-        nxt = batches[-1].end_offset if batches else offset
         if not batches:
             seg.release()
-            return ReadChunk([], 0, 0, nxt)
+            return ReadChunk([], 0, offset)
+        nbytes = sum(b.length for b in batches)
         self.storage.stats.bytes_read += nbytes
-        return ReadChunk(batches, crc, nbytes, nxt, seg)
+        return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
+
+    def available_bytes(self, offset: int, limit: int) -> int:
+        """Committed bytes from the batch holding ``offset`` on, counted up to ``limit``."""
+        total = 0
+        while total < limit:
+            try:
+                chunk = self.read(offset, limit - total, first=True)
+            except OffsetOutOfRangeError:
+                break
+            with chunk:
+                if not chunk.batches:
+                    break
+                total += chunk.nbytes
+                offset = chunk.next_offset
+        return total
 
     # -- trimming and retention ------------------------------------------------------------
 
