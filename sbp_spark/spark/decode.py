@@ -11,7 +11,7 @@ expects.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -121,38 +121,40 @@ class PartitionDecoder:
 
     # -- input ---------------------------------------------------------------------------------
 
-    def add(self, header: BatchHeader, batch: memoryview) -> Iterator[pa.RecordBatch]:
-        """Take one stored batch (``batch`` = envelope + body); yield output batches that are
-        ready."""
-        first = max(header.base_offset, self.start_offset)
-        last = min(header.end_offset, self.end_offset)
-        if header.end_offset > self.next_offset:
-            self.next_offset = min(header.end_offset, self.end_offset)
-        if first >= last:
-            return
+    def add(self, header: BatchHeader, batch: memoryview) -> list[pa.RecordBatch]:
+        """Take one stored batch (``batch`` = envelope + body); return the output batches that
+        are ready (usually none)."""
+        base = header.base_offset
+        end = base + header.record_count
+        if end > self.next_offset:
+            self.next_offset = end if end < self.end_offset else self.end_offset
+        if end <= self.start_offset or base >= self.end_offset:
+            return []
         body = batch[ENVELOPE_SIZE:ENVELOPE_SIZE + header.body_length]
         if header.body_format == BodyFormat.OPAQUE:
             if self.payload != "records":
                 raise SchemaMismatchError(
-                    f"stream {self.stream_id} offset {header.base_offset} holds an opaque "
-                    "record, not Arrow data written with payload=arrow; read it with "
-                    "payload=records")
+                    f"stream {self.stream_id} offset {base} holds an opaque record, not Arrow "
+                    "data written with payload=arrow; read it with payload=records")
+            # one record per batch: the hot path of opaque streams, kept to list appends
             run = self._opaque
             run.bodies.append(body)
-            run.offsets.append(header.base_offset)
+            run.offsets.append(base)
             run.timestamps_ms.append(header.base_timestamp_ms)
             run.nbytes += header.body_length
             self._rows += 1
             self._bytes += header.body_length
         else:
             self._flush_opaque()
-            self._add_arrow(header, body, first, last)
-        yield from self._drain(final=False)
+            self._add_arrow(header, body, max(base, self.start_offset),
+                            min(end, self.end_offset))
+        if self._rows < self.target_rows and self._bytes < self.target_bytes:
+            return []
+        return self._drain()
 
-    def finish(self) -> Iterator[pa.RecordBatch]:
-        """Yield what is left."""
-        self._flush_opaque()
-        yield from self._drain(final=True)
+    def finish(self) -> list[pa.RecordBatch]:
+        """What is left."""
+        return self._drain()
 
     # -- arrow bodies --------------------------------------------------------------------------
 
@@ -206,18 +208,16 @@ class PartitionDecoder:
 
     # -- output --------------------------------------------------------------------------------
 
-    def _drain(self, final: bool) -> Iterator[pa.RecordBatch]:
-        if not final and self._rows < self.target_rows and self._bytes < self.target_bytes:
-            return
-        if not final:
-            self._flush_opaque()
+    def _drain(self) -> list[pa.RecordBatch]:
+        self._flush_opaque()
         pieces, self._pieces = self._pieces, []
         self._rows = self._bytes = 0
         if not pieces:
-            return
+            return []
         batch = self._build(pieces)
-        for start in range(0, batch.num_rows, MAX_ROWS):
-            yield batch.slice(start, MAX_ROWS) if batch.num_rows > MAX_ROWS else batch
+        if batch.num_rows <= MAX_ROWS:
+            return [batch]
+        return [batch.slice(start, MAX_ROWS) for start in range(0, batch.num_rows, MAX_ROWS)]
 
     def _build(self, pieces: list[_Piece]) -> pa.RecordBatch:
         total = sum(p.num_rows for p in pieces)
