@@ -1,0 +1,216 @@
+"""A range server's link to the PD: registration, heartbeats, metrics, retention and trims.
+
+``PdLink`` runs one background thread that
+
+* obtains a server id (ALLOCATE_ID) when the data directory has none, and keeps it on disk;
+* sends HEARTBEAT every ``heartbeat_interval_s`` with the server's current advertise address,
+  so the PD learns a new port after a restart;
+* sends REPORT_METRICS every ``metrics_interval_s``;
+* learns each local stream's retention_period_ms (DESCRIBE_STREAMS) for the retention pass,
+  and marks streams the PD reports deleted;
+* reports the new start of streams whose old segments retention deleted (TRIM_STREAMS).
+
+All PD calls go through ``sbp_spark.client.pd.PdClient`` (leader redirects, retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..client.config import ClientConfig
+from ..client.pd import PdClient
+from ..client.pool import ConnectionPool
+from ..protocol.errors import SbpError
+from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+
+if TYPE_CHECKING:
+    from .range_server import RangeServer
+
+log = logging.getLogger(__name__)
+
+# PD calls from the link fail fast: a late heartbeat is worth less than the next one.
+_LINK_CLIENT = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retries=1,
+                            retry_deadline_s=5.0)
+# Retry period of a failed registration.
+_REGISTER_BACKOFF_S = 0.2
+_INT16_MAX = (1 << 15) - 1
+
+
+def _clamp16(value: float) -> int:
+    return max(0, min(_INT16_MAX, int(value)))
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (0 where /proc is unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class PdLink:
+    """Keeps one range server registered with, and reporting to, the PD."""
+
+    def __init__(self, server: RangeServer, pd_addresses: list[str],
+                 client_config: ClientConfig | None = None) -> None:
+        self.server = server
+        self.pool = ConnectionPool(client_config or _LINK_CLIENT)
+        self.pd = PdClient(pd_addresses, client_config or _LINK_CLIENT, pool=self.pool)
+        self._stop = threading.Event()
+        self._trims: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="range-server-pd-link",
+                                        daemon=True)
+        self.registered = threading.Event()
+        self.heartbeats = 0
+        self._last_sample: tuple[float, dict[str, float]] | None = None
+
+    def start(self) -> None:
+        self.server.on_trim = self.report_trim
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        self.pool.close()
+
+    def report_trim(self, stream_id: int, start_offset: int) -> None:
+        """Queue a TRIM_STREAMS for the PD (sent from the link thread)."""
+        self._trims.put((stream_id, start_offset))
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if not self._register():
+            return
+        cfg = self.server.config
+        next_heartbeat = next_metrics = next_streams = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                next_heartbeat = now + cfg.heartbeat_interval_s
+                self._guarded("HEARTBEAT", self._heartbeat)
+            if now >= next_metrics:
+                next_metrics = now + cfg.metrics_interval_s
+                self._guarded("REPORT_METRICS", self._report_metrics)
+            if now >= next_streams:
+                next_streams = now + min(cfg.retention_check_interval_s, 60.0)
+                self._guarded("DESCRIBE_STREAMS", self._refresh_streams)
+            self._send_trims()
+            wake = min(next_heartbeat, next_metrics, next_streams) - time.monotonic()
+            self._stop.wait(max(0.0, min(wake, 0.5)))
+
+    def _guarded(self, what: str, fn) -> None:
+        try:
+            fn()
+        except SbpError as exc:
+            log.warning("range server %d: %s to the PD failed: %s", self.server.server_id,
+                        what, exc)
+        except Exception:
+            log.exception("range server %d: %s to the PD failed", self.server.server_id, what)
+
+    def _register(self) -> bool:
+        """Make sure the server has an id; False if stopped first."""
+        while self.server.server_id < 0:
+            try:
+                server_id = self.pd.allocate_id(socket.gethostname())
+                if server_id < 0:
+                    raise SbpError(f"the PD allocated no id ({server_id})")
+                self.server.set_server_id(server_id)
+                log.info("range server registered as server %d", server_id)
+            except SbpError as exc:
+                log.warning("allocating a server id from the PD failed (retrying): %s", exc)
+                if self._stop.wait(_REGISTER_BACKOFF_S):
+                    return False
+        self.registered.set()
+        return True
+
+    def _heartbeat(self) -> None:
+        info = self.server.info()
+        self.pd.heartbeat(HeartbeatRequest(
+            client_id=f"range-server-{info.server_id}", client_role=ClientRole.RANGE_SERVER,
+            range_server=info))
+        self.heartbeats += 1
+
+    def metrics_request(self) -> ReportMetricsRequest:
+        """Current load figures (rates since the previous call)."""
+        server = self.server
+        m, st = server.metrics, server.storage.stats
+        now = time.monotonic()
+        counters = {
+            "in": st.bytes_written, "out": st.bytes_read, "appends": m.appends,
+            "fetches": m.fetches, "failed_appends": m.failed_appends,
+            "failed_fetches": m.failed_fetches, "append_s": m.append_latency_s,
+            "fetch_s": m.fetch_latency_s,
+        }
+        last_t, last = self._last_sample or (now, counters)
+        self._last_sample = (now, counters)
+        dt = max(now - last_t, 1e-3)
+
+        def rate(key: str) -> float:
+            return (counters[key] - last[key]) / dt if last is not counters else 0.0
+
+        def avg_ms(total: str, count: str) -> float:
+            n = counters[count] - last[count]
+            return 1000.0 * (counters[total] - last[total]) / n if n > 0 else 0.0
+
+        return ReportMetricsRequest(
+            range_server=server.info(),
+            disk_in_rate=int(rate("in")),
+            disk_out_rate=int(rate("out")),
+            disk_free_space=server.storage.disk_free_bytes(),
+            disk_unindexed_data_size=0,
+            memory_used=rss_bytes(),
+            network_append_rate=_clamp16(rate("appends")),
+            network_fetch_rate=_clamp16(rate("fetches")),
+            network_failed_append_rate=_clamp16(rate("failed_appends")),
+            network_failed_fetch_rate=_clamp16(rate("failed_fetches")),
+            network_append_avg_latency=_clamp16(avg_ms("append_s", "appends")),
+            network_fetch_avg_latency=_clamp16(avg_ms("fetch_s", "fetches")),
+            range_missing_replica_cnt=0,
+            range_active_cnt=_clamp16(m.active_ranges()),
+        )
+
+    def _report_metrics(self) -> None:
+        self.pd.report_metrics(self.metrics_request())
+
+    def _refresh_streams(self) -> None:
+        storage = self.server.storage
+        ids = sorted({r.stream_id for r in storage.ranges()})
+        if not ids:
+            return
+        for sid, result in zip(ids, self.pd.describe_streams(ids), strict=True):
+            if result.ok and result.value is not None:
+                stream = result.value
+                self.server.retention[sid] = stream.retention_period_ms
+                if stream.deleted:
+                    storage.delete_stream(sid)
+
+    def _send_trims(self) -> None:
+        latest: dict[int, int] = {}
+        while True:
+            try:
+                sid, start = self._trims.get_nowait()
+            except queue.Empty:
+                break
+            latest[sid] = max(latest.get(sid, 0), start)
+        if not latest:
+            return
+        try:
+            results = self.pd.trim_streams(sorted(latest.items()))
+        except SbpError as exc:
+            log.warning("reporting trims %s to the PD failed (will retry): %s", latest, exc)
+            for item in latest.items():
+                self._trims.put(item)
+            return
+        for (sid, start), result in zip(sorted(latest.items()), results, strict=True):
+            if not result.ok:
+                log.warning("the PD refused the trim of stream %d at %d: %s", sid, start,
+                            result.exception())
