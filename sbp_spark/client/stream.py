@@ -86,6 +86,10 @@ class SbpClient:
         results = self.pd.describe_streams(ids)
         return [_unwrap(r, f"stream {s}") for s, r in zip(ids, results, strict=True)]
 
+    def list_streams(self) -> list[Stream]:
+        """Every stream that is not deleted, in id order."""
+        return self.pd.list_streams()
+
     def describe_stream(self, stream_id: int) -> Stream:
         """Metadata of one stream."""
         return self.describe_streams([stream_id])[0]

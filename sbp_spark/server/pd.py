@@ -722,6 +722,12 @@ class _PdHandler(RequestHandler):
         return m.UpdateStreamsResponse(update_responses=results)
 
     def _describe_streams(self, req: m.DescribeStreamsRequest) -> m.DescribeStreamsResponse:
+        if not req.stream_ids:
+            # Ours: a request naming no stream asks for every stream that is not deleted
+            # (`sbp streams list`); the seed leaves an empty list undefined.
+            return m.DescribeStreamsResponse(describe_responses=[
+                m.DescribeStreamsResult(stream=self.pd._stream_msg(s), status=m.OK)
+                for s in self.pd.store.list_streams()])
         results = []
         for stream_id in req.stream_ids:
             found, status = _ok_or_error(lambda s=stream_id: self.pd.describe_stream(s))
