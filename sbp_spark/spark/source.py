@@ -7,8 +7,8 @@ automatic discovery) reads the same data with Spark evaluating every filter itse
 fails every read of a reader that implements ``pushFilters`` while pushdown is disabled, and a
 data source cannot see that setting.
 
-Streaming (``streamReader``/``streamWriter``) lives in ``sbp_spark.spark.streaming`` and is
-attached to these classes there; the batch parts here are what it builds on (options, schema,
+Streaming lives in ``sbp_spark.spark.streaming``; ``streamReader``/``streamWriter`` below only
+delegate to it; the batch parts here are what it builds on (options, schema,
 planning via ``cluster.stream_layouts``, ``reader.read_partition``).
 """
 
@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import logging
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from sbp_spark.protocol.records import (
@@ -124,6 +130,16 @@ class SbpDataSource(DataSource):
                         stream, options.replicas, options.retention_ms)
         encoder = RowEncoder.for_schema(schema, options.payload, stream)
         return SbpBatchWriter(options, encoder, stream, created)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .streaming.reader import stream_reader
+
+        return stream_reader(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .streaming.writer import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)
 
 
 class SbpDataSourceNoPushdown(SbpDataSource):

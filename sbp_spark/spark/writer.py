@@ -129,12 +129,18 @@ class SbpBatchWriter(DataSourceArrowWriter):
             for stream_id, body in self.encoder.bodies(batch, self.stream):
                 sink = sinks.get(stream_id)
                 if sink is None:
-                    sink = _StreamSink(client, stream_id, self.options, appends)
+                    sink = self._open_sink(client, stream_id, appends)
                     sinks[stream_id] = sink
                 sink.add(body)
         for sink in sinks.values():
             sink.finish()
         return appends.message()
+
+    def _open_sink(self, client: SbpClient, stream_id: int, appends: _TaskAppends
+                   ) -> _StreamSink:
+        """The sink of one target stream (the idempotent streaming writer tags batches
+        there)."""
+        return _StreamSink(client, stream_id, self.options, appends)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         for line in summarize(messages):

@@ -1,0 +1,418 @@
+"""``spark.readStream.format("sbp")``: the micro-batch stream reader.
+
+Offsets are ``{"<stream_id>": next_offset}`` (see ``offsets``): the micro-batch ``(start, end]``
+reads records ``[start[s], end[s])`` of each stream ``s``. Everything a micro-batch reads is
+fixed by those two offset objects, so Spark's replay of a micro-batch after a restart reads the
+same records again.
+
+Where each method runs (pyspark 4.3):
+
+- ``initialOffset``, ``latestOffset``, ``reportLatestOffset``, ``partitions``, ``commit`` and
+  ``prepareForTriggerAvailableNow`` run in one long-lived driver-side Python process per query.
+  Only things that never change what a micro-batch reads live there between calls (the
+  availableNow target, the ``minRecordsPerTrigger`` clock, the lag report, warn-once sets).
+- ``read`` runs on executors, on another instance made from the same options: it uses only the
+  partition and those options (``sbp_spark.spark.reader.read_partition``, shared with batch
+  reads).
+- ``commit`` comes one micro-batch late and ``stop`` is not always called: nothing depends on
+  them.
+
+Planning reuses the batch reader's: ``cluster.stream_layouts`` describes the streams (ranges,
+open range end) and ``planning.plan_partitions`` cuts ``[start, end)`` of each stream into one
+partition per range it crosses (ranges sealed and opened between or during micro-batches are
+just more ranges), split by ``maxRecordsPerPartition``/``minPartitions`` as in batch reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import closing
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from sbp_spark.client import FetchedBatch, SbpClient
+from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
+from sbp_spark.protocol.messages import FetchEntry
+
+from .. import cluster
+from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_stream_read_options
+from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
+from ..reader import read_partition
+from ..schemas import check_records_read_schema
+from .limits import TriggerDelay, TriggerLimits, admit
+from .offsets import from_spark, resolve_starting, to_spark
+
+log = logging.getLogger(__name__)
+
+# Long polls of one latestOffset call run on at most this many range servers at once.
+MAX_POLL_THREADS = 8
+
+
+class DataLossError(RuntimeError):
+    """Records a streaming query still had to read are gone (trimmed, or the stream deleted)."""
+
+
+class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reads of SBP streams with admission control and data-loss checks."""
+
+    def __init__(self, options: StreamReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self.limits = TriggerLimits.from_options(options)
+        self._state: _DriverState | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The instance Spark pickles for read() carries options only, never driver state.
+        state = dict(self.__dict__)
+        state["_state"] = None
+        return state
+
+    @property
+    def state(self) -> _DriverState:
+        if self._state is None:
+            self._state = _DriverState()
+        return self._state
+
+    @property
+    def client(self) -> SbpClient:
+        return cluster.get_client(self.options.read.client)
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        read = self.options.read
+        layouts = cluster.stream_layouts(self.client, read.streams, read.client.pd)
+        bounds = {lay.stream_id: (lay.start_offset, lay.end_offset) for lay in layouts}
+        first = resolve_starting(read.starting, read.streams, bounds)
+        log.info("sbp stream read of streams %s starts at %s", _ids(read.streams), first)
+        return to_spark(first)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self.limits.default_read_limit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of an availableNow run: what the streams hold now."""
+        layouts = self._layouts(self.options.read.streams)
+        self.state.target = {sid: lay.end_offset for sid, lay in layouts.items() if lay}
+        log.info("sbp availableNow: reading up to %s", self.state.target)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next micro-batch: as far as ``limit`` (and the options) allow."""
+        state = self.state
+        begin_given = from_spark(start, "start offset")
+        layouts = self._layouts(self.options.read.streams)
+        begin, entering = self._effective_starts(begin_given, layouts)
+        latest = {sid: layouts[sid].end_offset for sid in begin}  # type: ignore[union-attr]
+        if state.target is None and not entering and all(
+                latest[sid] <= begin[sid] for sid in begin):
+            woken = self._long_poll({sid: layouts[sid] for sid in begin})
+            if woken:
+                layouts.update(self._layouts(woken))
+                latest.update({sid: layouts[sid].end_offset for sid in woken
+                               if layouts[sid] is not None})
+        cap = dict(latest)
+        if state.target is not None:
+            cap = {sid: max(begin[sid], min(latest[sid], state.target.get(sid, begin[sid])))
+                   for sid in begin}
+        limits = self.limits.for_limit(limit)
+        if state.target is not None:
+            limits = replace(limits, min_records=None)  # availableNow must reach its target
+        backlog = sum(max(0, cap[sid] - begin[sid]) for sid in begin)
+        if limits.min_records is not None and state.delay.should_wait(
+                backlog, limits.min_records, limits.max_trigger_delay_ms):
+            log.info("sbp: %d records wait, fewer than minRecordsPerTrigger=%d; next "
+                     "micro-batch at the latest in %.0f ms", backlog, limits.min_records,
+                     state.delay.remaining_ms(limits.max_trigger_delay_ms))
+            self._update_report(layouts, latest, begin, admitted=False)
+            return to_spark(begin_given)
+        sizes = (self._bytes_per_record(layouts, begin, cap)
+                 if limits.max_bytes is not None else None)
+        end = admit(begin, cap, limits, sizes)
+        end.update(entering)
+        self._update_report(layouts, latest, end, admitted=end != dict(begin_given))
+        return to_spark(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        """Per stream: the true latest offset, records behind it and ms behind the newest
+        record, as of the last ``latestOffset`` (shown by Spark as ``latestOffset``)."""
+        return self.state.report
+
+    # -- planning and reading --------------------------------------------------------------
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = from_spark(start, "start offset")
+        finish = from_spark(end, "end offset")
+        spans = {sid: (begin.get(sid, hi), hi) for sid, hi in finish.items()
+                 if hi > begin.get(sid, hi)}
+        if not spans:
+            return []
+        layouts = self._layouts(sorted(spans))
+        planned: list[StreamLayout] = []
+        lows: list[tuple[int, int]] = []
+        highs: list[tuple[int, int]] = []
+        for sid, (lo, hi) in sorted(spans.items()):
+            layout = layouts[sid]
+            if layout is None:
+                self._stream_lost(sid, lo)
+                continue
+            if layout.start_offset > lo:
+                self._trimmed(sid, lo, layout.start_offset)
+                lo = min(layout.start_offset, hi)
+            if lo >= hi:
+                continue
+            planned.append(layout)
+            lows.append((sid, lo))
+            highs.append((sid, hi))
+        read = replace(self.options.read, starting=OffsetSpec(EARLIEST, tuple(lows)),
+                       ending=OffsetSpec(LATEST, tuple(highs)))
+        parts = plan_partitions(planned, read)
+        log.info("sbp micro-batch %s -> %s: %d partitions, %d records", to_spark(begin),
+                 to_spark(finish), len(parts), sum(p.record_count for p in parts))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SbpPartition), type(partition)
+        return read_partition(self.options.read, self.schema, partition)
+
+    def commit(self, end: dict) -> None:
+        log.debug("sbp stream read committed through %s", end)
+
+    def stop(self) -> None:
+        if self._state is not None:
+            self._state.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _layouts(self, stream_ids: Sequence[int]) -> dict[int, StreamLayout | None]:
+        """Each stream's layout now; None for a stream that is deleted or does not exist."""
+        out: dict[int, StreamLayout | None] = {}
+        pd = self.options.read.client.pd
+        for sid in stream_ids:
+            try:
+                (out[sid],) = cluster.stream_layouts(self.client, [sid], pd)
+            except (StreamNotFoundError, cluster.StreamMissingError):
+                out[sid] = None
+        return out
+
+    def _effective_starts(
+        self, given: Mapping[int, int], layouts: Mapping[int, StreamLayout | None]
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """(where each stream's next micro-batch starts, streams entering the offsets)."""
+        begin: dict[int, int] = {}
+        entering: dict[int, int] = {}
+        for sid, layout in layouts.items():
+            if layout is None:
+                if sid in given:
+                    self._stream_lost(sid, given[sid])
+                continue
+            if sid not in given:
+                # Named in 'streams' but not in the checkpointed offsets (added when the query
+                # was restarted): it enters at its first offset and is read from there on.
+                self.state.warn_once(("enter", sid), logging.INFO,
+                                     "sbp: stream %d joins the query at offset %d", sid,
+                                     layout.start_offset)
+                entering[sid] = layout.start_offset
+                continue
+            if layout.start_offset > given[sid]:
+                self._trimmed(sid, given[sid], layout.start_offset)
+                begin[sid] = layout.start_offset
+            else:
+                begin[sid] = given[sid]
+        for sid in given:
+            if sid not in layouts:
+                self.state.warn_once(("leave", sid), logging.INFO,
+                                     "sbp: stream %d is no longer in option 'streams'; the query "
+                                     "stops reading it at offset %d", sid, given[sid])
+        return begin, entering
+
+    def _trimmed(self, sid: int, wanted: int, first: int) -> None:
+        message = (f"stream {sid}: offsets [{wanted}, {first}) were trimmed before the query "
+                   f"read them; the stream now starts at offset {first}")
+        if self.options.read.fail_on_data_loss:
+            raise DataLossError(
+                f"data loss in {message}. Set failOnDataLoss=false to skip the missing "
+                f"records and continue from offset {first}.")
+        self.state.warn_once(("trim", sid, wanted, first), logging.WARNING,
+                             "sbp data loss (failOnDataLoss=false): %s; continuing from there",
+                             message)
+
+    def _stream_lost(self, sid: int, wanted: int) -> None:
+        message = (f"stream {sid} was deleted (or no longer exists) while the query still had "
+                   f"to read it from offset {wanted}")
+        if self.options.read.fail_on_data_loss:
+            raise DataLossError(
+                f"data loss: {message}. Set failOnDataLoss=false to drop the stream from the "
+                "query and go on with the others.")
+        self.state.warn_once(("lost", sid), logging.WARNING,
+                             "sbp data loss (failOnDataLoss=false): %s; dropping it", message)
+
+    def _long_poll(self, layouts: Mapping[int, StreamLayout | None]) -> list[int]:
+        """Wait (FETCH long poll, up to fetchMaxWaitMs) until a record arrives at the tail of
+        an open range; returns the streams that got one."""
+        wait_ms = self.options.read.fetch_max_wait_ms
+        by_server: dict[str, list[tuple[int, RangeLayout, int]]] = {}
+        for sid, layout in layouts.items():
+            if layout is None or not layout.ranges or not layout.ranges[-1].is_open:
+                continue
+            tail = layout.ranges[-1]
+            if tail.replicas:
+                by_server.setdefault(tail.replicas[0].address, []).append(
+                    (sid, tail, layout.end_offset))
+        if wait_ms <= 0 or not by_server:
+            return []
+        client = self.client
+        if len(by_server) == 1:
+            ((address, entries),) = by_server.items()
+            return _poll_server(client, address, entries, wait_ms)
+        pool = self.state.pool()
+        futures: set[Future] = {pool.submit(_poll_server, client, address, entries, wait_ms)
+                                for address, entries in by_server.items()}
+        woken: list[int] = []
+        pending = futures
+        while pending and not woken:
+            done, pending = wait(pending, timeout=wait_ms / 1000.0 + 5.0,
+                                 return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for future in done:
+                woken.extend(future.result())
+        return woken
+
+    def _bytes_per_record(self, layouts: Mapping[int, StreamLayout | None],
+                          begin: Mapping[int, int], cap: Mapping[int, int]) -> dict[int, float]:
+        """Stored bytes per record of each stream with a backlog, from the batch holding its
+        next offset (``batch_length / record_count``, envelope included)."""
+        sizes: dict[int, float] = {}
+        for sid, lo in begin.items():
+            layout = layouts.get(sid)
+            if layout is None or cap[sid] <= lo:
+                continue
+            cached = self.state.sizes.get(sid)
+            if cached is not None and cached[0] == lo:
+                sizes[sid] = cached[1]
+                continue
+            batch = _batch_at(self.client, layout, lo)
+            if batch is not None:
+                sizes[sid] = batch.header.batch_length / batch.header.record_count
+                self.state.sizes[sid] = (lo, sizes[sid])
+        return sizes
+
+    def _update_report(self, layouts: Mapping[int, StreamLayout | None],
+                       latest: Mapping[int, int], end: Mapping[int, int],
+                       admitted: bool) -> None:
+        """Lag per stream after this micro-batch; kept for reportLatestOffset and logged
+        (at INFO when a micro-batch was admitted, else DEBUG)."""
+        report: dict[str, dict[str, int]] = {}
+        for sid in sorted(end):
+            layout = layouts.get(sid)
+            if layout is None or sid not in latest:
+                continue
+            behind = max(0, latest[sid] - end[sid])
+            ms = self._ms_behind(layout, end[sid], latest[sid]) if behind else 0
+            report[str(sid)] = {"latestOffset": latest[sid], "recordsBehind": behind,
+                                "msBehindLatest": ms}
+            log.log(logging.INFO if admitted else logging.DEBUG,
+                    "sbp stream %d: micro-batch ends at offset %d; latest %d; %d records and "
+                    "%d ms behind the newest record", sid, end[sid], latest[sid], behind, ms)
+        self.state.report = report or None
+
+    def _ms_behind(self, layout: StreamLayout, position: int, latest: int) -> int:
+        """Envelope time of the newest record minus that of the record at ``position``."""
+        state = self.state
+        stamps = []
+        for offset in (latest - 1, position):
+            key = (layout.stream_id, offset)
+            if key not in state.stamps:
+                try:
+                    batch = _batch_at(self.client, layout, offset)
+                except SbpError as exc:
+                    log.debug("sbp: no timestamp at stream %d offset %d: %s",
+                              layout.stream_id, offset, exc)
+                    return 0
+                if batch is None:
+                    return 0
+                state.remember_stamp(key, batch.header.base_timestamp_ms)
+            stamps.append(state.stamps[key])
+        return max(0, stamps[0] - stamps[1])
+
+
+class _DriverState:
+    """What the driver-side reader keeps between calls; none of it decides what is read."""
+
+    def __init__(self) -> None:
+        self.target: dict[int, int] | None = None
+        self.delay = TriggerDelay()
+        self.report: dict[str, dict[str, int]] | None = None
+        self.sizes: dict[int, tuple[int, float]] = {}
+        self.stamps: dict[tuple[int, int], int] = {}
+        self._warned: set[tuple] = set()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def warn_once(self, key: tuple, level: int, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.log(level, msg, *args)
+
+    def remember_stamp(self, key: tuple[int, int], stamp: int) -> None:
+        if len(self.stamps) > 4096:
+            self.stamps.clear()
+        self.stamps[key] = stamp
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(MAX_POLL_THREADS, thread_name_prefix="sbp-poll")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _poll_server(client: SbpClient, address: str, entries: list[tuple[int, RangeLayout, int]],
+                 wait_ms: int) -> list[int]:
+    """One FETCH long poll at the tails of ``entries`` on one range server; the streams that
+    got a record. Errors end the poll quietly: the next latestOffset looks again."""
+    fetch = [FetchEntry(sid, index, offset, 1) for index, (sid, _, offset) in enumerate(entries)]
+    woken: list[int] = []
+    try:
+        chunks = client.range_server(address).fetch_many(fetch, max_wait_ms=wait_ms,
+                                                         min_bytes=1)
+        with closing(chunks):
+            for chunk in chunks:
+                if chunk.status.code == 0 and chunk.payload.nbytes > 0:
+                    woken.append(entries[chunk.request_index][0])
+    except SbpError as exc:
+        log.debug("sbp: long poll on %s ended: %s", address, exc)
+    return sorted(set(woken))
+
+
+def _batch_at(client: SbpClient, layout: StreamLayout, offset: int) -> FetchedBatch | None:
+    """The stored batch holding ``offset`` of the stream (one small FETCH), or None."""
+    for rng in layout.ranges:
+        if rng.start_offset <= offset < rng.end_offset:
+            part = SbpPartition(layout.stream_id, rng.range_index, offset, offset + 1,
+                                rng.start_offset, rng.end_offset, rng.replicas, rng.is_open)
+            with closing(cluster.fetch(client, part, offset, 1, 0)) as batches:
+                for batch in batches:
+                    return batch
+    return None
+
+
+def _ids(streams: Sequence[int]) -> str:
+    return ",".join(str(s) for s in streams)
+
+
+def stream_reader(options: Mapping[str, str], schema: StructType) -> SbpStreamReader:
+    """The stream reader of a query (``DataSource.streamReader``), options checked."""
+    parsed = parse_stream_read_options(options)
+    if parsed.read.payload == "records":
+        check_records_read_schema(schema)
+    return SbpStreamReader(parsed, schema)

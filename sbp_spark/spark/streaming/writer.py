@@ -1,0 +1,230 @@
+"""``df.writeStream.format("sbp")``: the streaming sink.
+
+Each micro-batch's tasks append exactly as a batch write does (``SbpBatchWriter``: per-stream
+batching, APPEND frames in flight, sealed ranges followed). Spark builds a fresh writer on the
+driver for every micro-batch (``streamWriter``), pickles it to that micro-batch's tasks, and
+calls ``commit(messages, batchId)`` on yet another instance when they all succeeded.
+
+Delivery:
+
+- default: at least once. Records a task appended stay when the task or the micro-batch fails,
+  and Spark runs the micro-batch again (a task retry, or a replay after the query restarts).
+- ``idempotent=true``: every record batch is tagged with (query id, micro-batch id, partition
+  id, sequence) and a retried task skips the batches an earlier attempt landed (see
+  ``idempotent``), so a replayed micro-batch adds nothing twice. docs/streaming.md says exactly
+  what is guaranteed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from sbp_spark.client import SbpClient
+from sbp_spark.protocol.errors import BatchFormatError
+from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
+
+from .. import cluster
+from ..encode import EncodedBatch, RowEncoder, encode_batches
+from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
+from ..writer import SbpBatchWriter, SbpCommitMessage, _StreamSink, _TaskAppends, summarize
+from .idempotent import (
+    DEFAULT_LOOKBACK_RECORDS,
+    Landed,
+    WriteTag,
+    find_landed,
+    tag_batch,
+    tag_of_body,
+)
+
+log = logging.getLogger(__name__)
+
+# Local properties Spark sets on every task of a micro-batch.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
+                  ) -> SbpStreamWriter:
+    """The writer of one micro-batch (``DataSource.streamWriter``)."""
+    if overwrite:
+        raise OptionError(
+            "format sbp cannot truncate: SBP streams are append-only, so output mode "
+            "'complete' cannot replace their records; use outputMode('append') or 'update'")
+    parsed = parse_stream_write_options(options)
+    write = parsed.write
+    if write.create_if_missing:
+        raise OptionError(
+            "option 'createIfMissing' is for batch writes: a streaming query would create a new "
+            "stream for every micro-batch; create the stream first (`sbp streams create`) and "
+            "name it with option 'stream'")
+    if write.stream is not None:
+        client = cluster.get_client(write.client)
+        cluster.check_streams_exist(client, [write.stream], write.client.pd)
+    encoder = RowEncoder.for_schema(schema, write.payload, write.stream)
+    return SbpStreamWriter(parsed, encoder, write.stream)
+
+
+@dataclass
+class IdempotentCommitMessage(SbpCommitMessage):
+    """A task's appends plus, per stream, what it skipped as already written."""
+
+    query_id: str = ""
+    batch_id: int = -1
+    partition_id: int = -1
+    # stream_id -> (record batches skipped, records skipped)
+    skipped: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # streams where the check for earlier attempts was cut short by the lookback bound
+    bounded: list[int] = field(default_factory=list)
+
+
+class SbpStreamWriter(DataSourceStreamArrowWriter):
+    """Appends each micro-batch; with ``idempotent`` set, at most once per record batch."""
+
+    def __init__(self, options: StreamWriteOptions, encoder: RowEncoder,
+                 stream: int | None) -> None:
+        self.options = options
+        self.encoder = encoder
+        self.stream = stream
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+        if not self.options.idempotent:
+            return SbpBatchWriter(self.options.write, self.encoder, self.stream).write(iterator)
+        query_id, batch_id, partition_id = _task_identity()
+        writer = _IdempotentBatchWriter(self.options.write, self.encoder, self.stream,
+                                        query_id, batch_id, partition_id)
+        return writer.write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        for line in summarize(messages):
+            log.info("sbp micro-batch %d written: %s", batchId, line)
+        for message in messages:
+            if isinstance(message, IdempotentCommitMessage):
+                for sid, (batches, records) in sorted(message.skipped.items()):
+                    log.info("sbp micro-batch %d partition %d: stream %d already held %d "
+                             "records in %d batches from an earlier attempt; not written again",
+                             batchId, message.partition_id, sid, records, batches)
+                for sid in message.bounded:
+                    log.warning("sbp micro-batch %d partition %d: the check of stream %d for "
+                                "an earlier attempt's records was bounded by the lookback",
+                                batchId, message.partition_id, sid)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        lines = summarize(messages)
+        failed = sum(1 for m in messages if m is None)
+        log.warning("sbp micro-batch %d aborted (%d of %d tasks failed); records the other "
+                    "tasks appended stay in the streams (Spark will run the micro-batch again%s)"
+                    ": %s", batchId, failed, len(messages),
+                    "; idempotent mode skips them then" if self.options.idempotent else "",
+                    "; ".join(lines) or "nothing")
+
+
+def _task_identity() -> tuple[str, int, int]:
+    """(query id, micro-batch id, partition id) of the running task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context else None
+    batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+    if context is None or not query_id or batch_id is None:
+        raise RuntimeError(
+            "idempotent=true needs the streaming query's id and micro-batch id, which Spark "
+            f"sets as task properties '{QUERY_ID_PROPERTY}' and '{BATCH_ID_PROPERTY}'; they "
+            "are missing, so this is not a micro-batch task of a streaming query")
+    return query_id, int(batch_id), context.partitionId()
+
+
+class _IdempotentBatchWriter(SbpBatchWriter):
+    """The batch writer with tagging sinks, for one task of one micro-batch."""
+
+    def __init__(self, options: WriteOptions, encoder: RowEncoder, stream: int | None,
+                 query_id: str, batch_id: int, partition_id: int) -> None:
+        super().__init__(options, encoder, stream)
+        self.query_id = query_id
+        self.batch_id = batch_id
+        self.partition_id = partition_id
+        self.sinks: list[_IdempotentSink] = []
+
+    def _open_sink(self, client: SbpClient, stream_id: int, appends: _TaskAppends
+                   ) -> _StreamSink:
+        sink = _IdempotentSink(client, stream_id, self.options, appends, self)
+        self.sinks.append(sink)
+        return sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> IdempotentCommitMessage:
+        message = super().write(iterator)
+        return IdempotentCommitMessage(
+            spans=message.spans, query_id=self.query_id, batch_id=self.batch_id,
+            partition_id=self.partition_id,
+            skipped={s.stream_id: (s.skipped_batches, s.skipped_records)
+                     for s in self.sinks if s.skipped_batches},
+            bounded=[s.stream_id for s in self.sinks if not s.landed.complete])
+
+
+class _IdempotentSink(_StreamSink):
+    """A stream sink that tags each record batch and drops those an earlier attempt landed."""
+
+    def __init__(self, client: SbpClient, stream_id: int, options: WriteOptions,
+                 appends: _TaskAppends, owner: _IdempotentBatchWriter) -> None:
+        super().__init__(client, stream_id, options, appends)
+        self.owner = owner
+        self.seq = 0
+        self.skipped_batches = 0
+        self.skipped_records = 0
+        self.landed = _landed(client, stream_id, owner)
+        if self.landed.seqs:
+            log.info("sbp idempotent write: query %s micro-batch %d partition %d finds %d of its "
+                     "record batches already in stream %d (an earlier attempt); skipping them",
+                     owner.query_id, owner.batch_id, owner.partition_id,
+                     len(self.landed.seqs), stream_id)
+
+    def _encode(self, batches: list[pa.RecordBatch]) -> None:
+        for batch in batches:
+            for encoded in self._encode_tagged(batch):
+                self.pending.append(encoded)
+                self.pending_bytes += encoded.nbytes
+
+    def _encode_tagged(self, batch: pa.RecordBatch) -> list[EncodedBatch]:
+        """``batch`` as tagged record batches, one sequence number each, minus those that
+        already landed. Split in halves (as ``encode_batches`` does) until each fits a frame,
+        so every stored batch has its own sequence number."""
+        tag = WriteTag(self.owner.query_id, self.owner.batch_id, self.owner.partition_id,
+                       self.seq)
+        encoded = encode_batches(tag_batch(batch, tag), self.options.compression)
+        if len(encoded) > 1:
+            half = batch.num_rows // 2
+            return (self._encode_tagged(batch.slice(0, half))
+                    + self._encode_tagged(batch.slice(half)))
+        self.seq += 1
+        if tag.seq in self.landed.seqs:
+            self.skipped_batches += 1
+            self.skipped_records += batch.num_rows
+            return []
+        return encoded
+
+
+def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter) -> Landed:
+    """What earlier attempts of the owner's (query, batch, partition) left in the stream."""
+    pd = owner.options.client.pd
+    (layout,) = cluster.stream_layouts(client, [stream_id], pd)
+
+    def read_window(low: int, high: int) -> Iterator[tuple[int, WriteTag | None]]:
+        for fetched in client.read(stream_id, low, high):
+            header = fetched.header
+            if header.body_format != BodyFormat.ARROW:
+                yield header.base_offset, None
+                continue
+            body = fetched.data[ENVELOPE_SIZE:ENVELOPE_SIZE + header.body_length]
+            try:
+                yield header.base_offset, tag_of_body(body)
+            except BatchFormatError:
+                yield header.base_offset, None  # not a batch this connector wrote
+
+    return find_landed(read_window, layout.start_offset, layout.end_offset, owner.query_id,
+                       owner.batch_id, owner.partition_id, DEFAULT_LOOKBACK_RECORDS)
+
