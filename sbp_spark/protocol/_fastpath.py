@@ -41,6 +41,9 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _ENCODE_ERRORS = (struct.error, TypeError, AttributeError, OverflowError)
+# Structs for up to this many items are compiled once and kept; larger (rare) headers build a
+# throw-away one, so a peer cannot fill the cache with huge compiled formats.
+_CACHED_COUNTS = 256
 
 
 def _align(n: int, to: int) -> int:
@@ -83,8 +86,14 @@ class _Items:
         self._read_plans: dict[bytes, tuple | None] = {}
         self.nscalars = len(scalars)
 
-    @lru_cache(maxsize=64)  # noqa: B019 - a handful of item counts, one _Items per type
     def rows_struct(self, n: int) -> struct.Struct:
+        """The struct of ``n`` consecutive rows."""
+        if n > _CACHED_COUNTS:
+            return struct.Struct("<" + self.row_fmt * n)
+        return self._cached_rows(n)
+
+    @lru_cache(maxsize=64)  # noqa: B019 - three _Items objects live for the whole process
+    def _cached_rows(self, n: int) -> struct.Struct:
         return struct.Struct("<" + self.row_fmt * n)
 
     def fill(self, out: bytearray, pos: int, items: list, vt_ok_pos: int, vt_err_pos: int
@@ -295,8 +304,14 @@ class _RootWithItems:
 _APPEND_REQUEST_HEAD = (12, 8, 12, 4, 8, 8)
 
 
-@lru_cache(maxsize=64)
 def _append_request_struct(n: int) -> struct.Struct:
+    if n > _CACHED_COUNTS:
+        return struct.Struct("<I4HiiI4xI" + "qii" * n)
+    return _cached_append_request_struct(n)
+
+
+@lru_cache(maxsize=64)
+def _cached_append_request_struct(n: int) -> struct.Struct:
     return struct.Struct("<I4HiiI4xI" + "qii" * n)
 
 

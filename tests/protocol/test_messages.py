@@ -642,3 +642,17 @@ def test_views_of_any_item_size_are_read_as_bytes():
     data = msg.to_flatbuffers()
     data += bytes(-len(data) % 4)
     assert FetchResponse.from_flatbuffers(memoryview(data).cast("I")) == msg
+
+
+@pytest.mark.parametrize("n", [0, 1, 256, 257, 3000])
+def test_hot_messages_with_many_items(n):
+    msgs = [
+        AppendRequest(1, [AppendEntry(i, i, 100) for i in range(n)]),
+        AppendResponse(0, OK, [AppendResult(i, i, i, i, Status(i % 2)) for i in range(n)]),
+        FetchRequest(1, 2, [FetchEntry(i, i, i, 1 << 20) for i in range(n)]),
+        FetchResponse(0, OK, [FetchResult(i, i, 10) for i in range(n)]),
+    ]
+    for msg in msgs:
+        data = msg.to_flatbuffers()
+        assert type(msg).from_flatbuffers(data) == msg
+        assert gen_read(type(msg), data) == msg
