@@ -1,0 +1,157 @@
+"""EmbeddedCluster: start, stop and restart a PD with range servers in this process."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.errors import NotEnoughServersError
+from sbp_spark.protocol.records import batch_bytes
+from sbp_spark.server import EmbeddedCluster
+from sbp_spark.server.cluster import accepts_connections
+
+CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retry_backoff_ms=5,
+                      retry_backoff_max_ms=100, retry_deadline_s=20)
+
+
+@pytest.fixture
+def pool():
+    with ConnectionPool(CONFIG) as p:
+        yield p
+
+
+def client_of(cluster: EmbeddedCluster, pool: ConnectionPool) -> SbpClient:
+    return SbpClient(cluster.pd_address, CONFIG, pool)
+
+
+def values(client: SbpClient, stream_id: int) -> list[tuple[int, bytes]]:
+    return [(b.header.base_offset, bytes(b.data[28:])) for b in client.read(stream_id)]
+
+
+def append(client: SbpClient, stream_id: int, *bodies: bytes) -> list[int]:
+    done = client.open_stream(stream_id).append([batch_bytes(b) for b in bodies])
+    return [a.base_offset for a in done]
+
+
+def poll(condition, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_start_serves_and_stop_closes(tmp_path, pool):
+    with EmbeddedCluster(tmp_path, range_servers=2) as cluster:
+        assert accepts_connections(cluster.pd_address)
+        addrs = cluster.range_server_addresses
+        assert len(addrs) == 2 and all(accepts_connections(a) for a in addrs)
+        assert len({cluster.server_id(0), cluster.server_id(1)}) == 2
+        client = client_of(cluster, pool)
+        stream = client.create_streams(1, replicas=2)[0]
+        assert append(client, stream.stream_id, b"a", b"b") == [0, 1]
+        assert values(client, stream.stream_id) == [(0, b"a"), (1, b"b")]
+        pd = cluster.pd_address
+    assert not accepts_connections(pd)
+    assert not any(accepts_connections(a) for a in addrs)
+    assert (tmp_path / "pd").is_dir() and (tmp_path / "rs-0").is_dir()
+
+
+def test_restart_brings_back_streams_and_records(tmp_path, pool):
+    with EmbeddedCluster(tmp_path, range_servers=2, fsync="always") as cluster:
+        client = client_of(cluster, pool)
+        a, b = client.create_streams(2)
+        append(client, a.stream_id, b"a0", b"a1")
+        append(client, b.stream_id, b"b0")
+        new = client.seal_range(a.stream_id)
+        assert new.start_offset == 2
+        append(client, a.stream_id, b"a2")
+        ids = [cluster.server_id(i) for i in range(2)]
+        pd_address = cluster.pd_address
+
+        cluster.restart()
+
+        assert cluster.pd_address == pd_address
+        assert [cluster.server_id(i) for i in range(2)] == ids
+        client = client_of(cluster, pool)
+        assert {s.stream_id for s in client.list_streams()} == {a.stream_id, b.stream_id}
+        assert values(client, a.stream_id) == [(0, b"a0"), (1, b"a1"), (2, b"a2")]
+        assert values(client, b.stream_id) == [(0, b"b0")]
+        assert append(client, a.stream_id, b"a3") == [3]
+        assert append(client, b.stream_id, b"b1") == [1]
+
+
+def test_new_cluster_object_on_same_dir(tmp_path, pool):
+    with EmbeddedCluster(tmp_path) as cluster:
+        client = client_of(cluster, pool)
+        sid = client.create_streams(1)[0].stream_id
+        append(client, sid, b"x")
+    with EmbeddedCluster(tmp_path) as cluster:
+        assert values(client_of(cluster, pool), sid) == [(0, b"x")]
+
+
+def test_stop_and_start_one_range_server(tmp_path, pool):
+    with EmbeddedCluster(tmp_path, range_servers=2, heartbeat_interval_s=0.1) as cluster:
+        client = client_of(cluster, pool)
+        sid = client.create_streams(1, replicas=2)[0].stream_id
+        append(client, sid, b"one")
+        server_id = cluster.server_id(1)
+        cluster.stop_range_server(1)
+        assert len(cluster.range_server_addresses) == 1
+        pd = cluster.pd
+        assert pd is not None
+        poll(lambda: not pd.liveness.is_live(server_id), what="the PD to notice the stop")
+        with pytest.raises(NotEnoughServersError, match="2 replicas requested but only 1"):
+            client.create_streams(1, replicas=2)
+
+        cluster.start_range_server(1)
+        assert cluster.server_id(1) == server_id
+        # The PD hands out the server's current address.
+        [rng] = client.list_ranges(sid)
+        addresses = {r.server.server_id: r.server.advertise_addr for r in rng.servers}
+        assert addresses[server_id] == cluster.range_server_addresses[1]
+        assert client.create_streams(1, replicas=2)
+        assert values(client, sid) == [(0, b"one")]
+        assert append(client, sid, b"two") == [1]
+        with pytest.raises(RuntimeError, match="already running"):
+            cluster.start_range_server(1)
+
+
+def test_range_server_takes_a_free_port_when_its_old_one_is_taken(tmp_path, pool):
+    with EmbeddedCluster(tmp_path) as cluster:
+        client = client_of(cluster, pool)
+        sid = client.create_streams(1)[0].stream_id
+        append(client, sid, b"kept")
+        old = cluster.range_server_addresses[0]
+        cluster.stop_range_server(0)
+        host, port = old.rsplit(":", 1)
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        try:
+            squatter.bind((host, int(port)))
+            squatter.listen()
+            cluster.start_range_server(0)
+        finally:
+            squatter.close()
+        assert cluster.range_server_addresses[0] != old
+        assert values(client, sid) == [(0, b"kept")]
+        assert append(client, sid, b"more") == [1]
+
+
+def test_invalid_arguments(tmp_path):
+    with pytest.raises(ValueError, match="range_servers"):
+        EmbeddedCluster(tmp_path, range_servers=-1)
+    with pytest.raises(ValueError, match="fsync='sometimes' is not one of"):
+        EmbeddedCluster(tmp_path, fsync="sometimes")
+    with pytest.raises(ValueError, match="pd_port"):
+        EmbeddedCluster(tmp_path, pd_port=70000)
+    cluster = EmbeddedCluster(tmp_path, range_servers=1)
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = cluster.pd_address
+    with pytest.raises(IndexError, match="not in 0..0"):
+        cluster.stop_range_server(3)
+    with pytest.raises(RuntimeError, match="start the cluster"):
+        cluster.start_range_server(0)
