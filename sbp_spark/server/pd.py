@@ -156,7 +156,12 @@ class PlacementDriver:
 
     def start(self) -> PlacementDriver:
         """Listen and start serving."""
-        self._server.start()
+        try:
+            self._server.start()
+        except BaseException:
+            self._pool.close()
+            self.store.close()
+            raise
         self._started = True
         self._sweeper = threading.Thread(target=self._sweep_liveness, daemon=True,
                                          name=f"{self.config.name}-liveness")

@@ -1,0 +1,383 @@
+"""The ``sbp`` command.
+
+Each subcommand is an ``add_<name>_parser(subparsers)`` function that declares its arguments
+and sets ``handler`` to a ``<name>_command(args) -> int`` function; adding a command is adding
+such a pair and one line in ``build_parser``. Handlers raise ``ValueError`` for bad input and
+let ``SbpError``/``OSError`` through: ``main`` turns those into one line on stderr and a
+non-zero exit status, never a traceback (``--log-level debug`` adds it to the log).
+
+Server commands run in the foreground until SIGINT or SIGTERM, then stop gracefully: GOAWAY to
+every peer, in-flight requests finish, files are closed. ``--ready-file`` makes them write a
+JSON file with their addresses once every role accepts connections, for scripts and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+from sbp_spark.protocol.errors import SbpError
+
+log = logging.getLogger("sbp_spark.cli")
+
+# Exit statuses: 1 = the operation failed, 2 = the command line was wrong (as argparse does).
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+# The PD's port when none is given, so `sbp streams ...` finds a local `sbp server` unasked.
+DEFAULT_PD_PORT = 2378
+FSYNC_CHOICES = ("always", "interval", "never")
+# The CLI is interactive: fail within seconds when the cluster is unreachable instead of
+# retrying for the library's default minute.
+CLI_CONNECT_TIMEOUT_S = 5.0
+CLI_RETRY_DEADLINE_S = 15.0
+
+
+# -- argument types -----------------------------------------------------------------------------
+
+
+def _int_in(low: int, high: int | None = None, also: Sequence[int] = ()) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value in also:
+            return value
+        if value < low or (high is not None and value > high):
+            span = f"between {low} and {high}" if high is not None else f">= {low}"
+            extra = "".join(f" or {a}" for a in also)
+            raise argparse.ArgumentTypeError(f"{value} must be {span}{extra}")
+        return value
+
+    return parse
+
+
+def _address(text: str) -> str:
+    from sbp_spark.client.connection import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _pd_addresses(text: str) -> str:
+    from sbp_spark.client.pd import parse_pd_addresses
+
+    try:
+        parse_pd_addresses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _data_dir(path: str) -> Path:
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--data-dir {path}: exists and is not a directory")
+    return p
+
+
+def _add_listen_args(parser: argparse.ArgumentParser, what: str, port: int = 0) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help=f"address to listen on for the {what} (default 127.0.0.1)")
+    default = f"{port}" if port else "0: any free port"
+    parser.add_argument("--port", type=_int_in(0, 65535), default=port,
+                        help=f"port of the {what} (default {default})")
+
+
+def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
+                        help="when range servers flush data to disk before acknowledging: "
+                             "every append, every few milliseconds (default), or never")
+
+
+def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ready-file", metavar="FILE", type=Path,
+                        help="write the listening addresses to FILE as JSON once serving")
+
+
+# -- running servers in the foreground ----------------------------------------------------------
+
+
+class _StopSignals:
+    """Turns SIGINT and SIGTERM into an event the main thread waits on."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal_name = ""
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def wait(self, poll: Callable[[], None] | None = None, interval_s: float = 0.1) -> None:
+        """Block until a stop signal; call ``poll()`` every ``interval_s`` meanwhile."""
+        while not self.event.wait(interval_s):
+            if poll is not None:
+                poll()
+        log.info("%s received: shutting down", self.signal_name or "stop")
+
+
+# -- sbp server ---------------------------------------------------------------------------------
+
+
+def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "server", help="run a whole cluster (PD and range servers) in one process",
+        description="Run a PD and N range servers in this process until SIGINT or SIGTERM. "
+                    "Data survives restarts on the same --data-dir.")
+    parser.add_argument("--data-dir", required=True, metavar="DIR", help="where data is kept")
+    parser.add_argument("--range-servers", type=_int_in(1), default=1, metavar="N",
+                        help="number of range servers (default 1)")
+    _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
+    _add_fsync_arg(parser)
+    _add_ready_file_arg(parser)
+    parser.set_defaults(handler=server_command, command="sbp server")
+    return parser
+
+
+def server_command(args: argparse.Namespace) -> int:
+    from sbp_spark.server.cluster import EmbeddedCluster, write_ready_file
+
+    data_dir = _data_dir(args.data_dir)
+    cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
+                              pd_port=args.port, fsync=args.fsync)
+    with _StopSignals() as stop:
+        cluster.start()
+        try:
+            log.info("PD listening on %s", cluster.pd_address)
+            for i, addr in enumerate(cluster.range_server_addresses):
+                log.info("range server %d (id %d) listening on %s", i, cluster.server_id(i),
+                         addr)
+            if args.ready_file is not None:
+                write_ready_file(args.ready_file, {
+                    "pd": cluster.pd_address,
+                    "range_servers": cluster.range_server_addresses})
+            stop.wait()
+        finally:
+            cluster.stop()
+    log.info("stopped")
+    return 0
+
+
+# -- sbp pd -------------------------------------------------------------------------------------
+
+
+def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "pd", help="run a placement driver",
+        description="Run a placement driver (stream and range metadata) until SIGINT or "
+                    "SIGTERM.")
+    parser.add_argument("--data-dir", required=True, metavar="DIR",
+                        help="where the metadata is kept")
+    _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
+    parser.add_argument("--advertise-addr", type=_address, metavar="HOST:PORT",
+                        help="address clients should use, if not the listening one")
+    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
+                        help="'never' skips the disk sync of metadata commits (default: sync)")
+    _add_ready_file_arg(parser)
+    parser.set_defaults(handler=pd_command, command="sbp pd")
+    return parser
+
+
+def pd_command(args: argparse.Namespace) -> int:
+    from sbp_spark.server.cluster import write_ready_file
+    from sbp_spark.server.pd import PdConfig, PlacementDriver
+
+    data_dir = _data_dir(args.data_dir)
+    pd = PlacementDriver(PdConfig(data_dir, host=args.host, port=args.port,
+                                  advertise_addr=args.advertise_addr or "",
+                                  fsync=args.fsync != "never"))
+    with _StopSignals() as stop:
+        try:
+            pd.start()
+            log.info("PD listening on %s", pd.address)
+            if args.ready_file is not None:
+                write_ready_file(args.ready_file, {"pd": pd.address})
+            stop.wait()
+        finally:
+            pd.stop()
+    log.info("stopped")
+    return 0
+
+
+# -- sbp range-server ---------------------------------------------------------------------------
+
+
+def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "range-server", help="run a range server",
+        description="Run a range server that registers with the PD and serves the ranges it "
+                    "places here, until SIGINT or SIGTERM. The server id is kept in --data-dir.")
+    parser.add_argument("--pd", required=True, type=_pd_addresses, metavar="HOST:PORT",
+                        help="the PD's address (several: comma-separated)")
+    parser.add_argument("--data-dir", required=True, metavar="DIR", help="where data is kept")
+    _add_listen_args(parser, "range server")
+    parser.add_argument("--advertise-addr", type=_address, metavar="HOST:PORT",
+                        help="address clients should use, if not the listening one")
+    _add_fsync_arg(parser)
+    _add_ready_file_arg(parser)
+    parser.set_defaults(handler=range_server_command, command="sbp range-server")
+    return parser
+
+
+def range_server_command(args: argparse.Namespace) -> int:
+    from sbp_spark.client.pd import parse_pd_addresses
+    from sbp_spark.server.cluster import write_ready_file
+    from sbp_spark.server.range_server import RangeServer, RangeServerConfig
+    from sbp_spark.server.storage import StorageConfig
+
+    data_dir = _data_dir(args.data_dir)
+    rs = RangeServer(RangeServerConfig(
+        data_dir=str(data_dir), host=args.host, port=args.port,
+        advertise_addr=args.advertise_addr, pd_addresses=parse_pd_addresses(args.pd),
+        storage=StorageConfig(fsync=args.fsync)))
+    announced = False
+
+    def announce_when_registered() -> None:
+        # The PD may be down at first: the server keeps trying, and says so once it is in.
+        nonlocal announced
+        link = rs.pd_link
+        if announced or link is None or not link.registered.is_set() or link.heartbeats < 1:
+            return
+        announced = True
+        log.info("range server %d listening on %s, registered with the PD at %s",
+                 rs.server_id, rs.advertise_addr, args.pd)
+        if args.ready_file is not None:
+            write_ready_file(args.ready_file, {"range_server": rs.advertise_addr,
+                                               "server_id": rs.server_id})
+
+    with _StopSignals() as stop:
+        try:
+            rs.start()
+            announce_when_registered()
+            stop.wait(poll=announce_when_registered)
+        finally:
+            rs.stop()
+    log.info("stopped")
+    return 0
+
+
+# -- sbp streams --------------------------------------------------------------------------------
+
+
+def add_streams_parser(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add ``sbp streams``; returns its own subparsers, where ``streams`` commands go."""
+    parser = subparsers.add_parser("streams", help="create and manage streams",
+                                   description="Create and manage streams.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    add_streams_create_parser(commands)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+    return commands
+
+
+def _client_config():
+    from sbp_spark.client.config import ClientConfig
+
+    return ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S,
+                        retry_deadline_s=CLI_RETRY_DEADLINE_S)
+
+
+def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "create", help="create streams and print their ids",
+        description="Create streams; prints each new stream id on its own line.")
+    parser.add_argument("--pd", required=True, type=_pd_addresses, metavar="HOST:PORT",
+                        help="the PD's address")
+    parser.add_argument("--replicas", type=_int_in(1, 127), default=1, metavar="N",
+                        help="range servers holding each range (default 1)")
+    parser.add_argument("--retention-ms", type=_int_in(1, also=(-1,)), default=-1,
+                        metavar="MS", help="keep records this long (default -1: forever)")
+    parser.add_argument("--count", type=_int_in(1), default=1, metavar="K",
+                        help="how many streams to create (default 1)")
+    parser.set_defaults(handler=streams_create_command, command="sbp streams create")
+    return parser
+
+
+def streams_create_command(args: argparse.Namespace) -> int:
+    from sbp_spark.client import SbpClient
+
+    client = SbpClient(args.pd, _client_config())
+    streams = client.create_streams(count=args.count, replicas=args.replicas,
+                                    retention_ms=args.retention_ms)
+    for stream in streams:
+        print(stream.stream_id)
+    return 0
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sbp`` argument parser with every subcommand."""
+    from sbp_spark import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sbp", description="Streaming Batch Protocol (SBP) tools: run a cluster and "
+                                "manage its streams.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"),
+                        help="how much to log on stderr (default info)")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    add_server_parser(commands)
+    add_pd_parser(commands)
+    add_range_server_parser(commands)
+    add_streams_parser(commands)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sbp`` with ``argv`` (default: the process arguments); returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
+    prog = getattr(args, "command", "sbp")
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:
+        return _fail(prog, exc, EXIT_USAGE)
+    except (SbpError, OSError, TimeoutError, RuntimeError) as exc:
+        return _fail(prog, exc, EXIT_FAILED)
+
+
+def _fail(prog: str, exc: BaseException, status: int) -> int:
+    log.debug("%s failed", prog, exc_info=exc)
+    message = str(exc) or type(exc).__name__
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

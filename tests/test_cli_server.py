@@ -1,0 +1,151 @@
+"""The server commands of ``sbp``: `sbp server`, `sbp pd`, `sbp range-server`, `sbp streams
+create`, run as real processes, and what users see when they get an argument wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sbp_spark.cli import main
+from sbp_spark.server.cluster import ProcessCluster, accepts_connections
+
+SBP = [sys.executable, "-m", "sbp_spark.cli"]
+
+
+def poll(condition, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def run_sbp(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([*SBP, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
+    ready = tmp_path / "ready.json"
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*SBP, "server", "--data-dir", str(tmp_path / "data"), "--range-servers", "2",
+             "--port", "0", "--ready-file", str(ready)],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file")
+        assert proc.poll() is None, log_path.read_text()
+        info = json.loads(ready.read_text())
+        assert set(info) == {"pd", "range_servers"} and len(info["range_servers"]) == 2
+        assert accepts_connections(info["pd"])
+        assert all(accepts_connections(a) for a in info["range_servers"])
+
+        created = run_sbp("streams", "create", "--pd", info["pd"], "--count", "3",
+                          "--replicas", "2", "--retention-ms", "60000")
+        assert created.returncode == 0, created.stderr
+        ids = created.stdout.split()
+        assert len(ids) == 3 and len(set(ids)) == 3 and all(i.isdigit() for i in ids)
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text()
+    assert f"PD listening on {info['pd']}" in text
+    assert "SIGTERM received" in text and "Traceback" not in text
+    assert not accepts_connections(info["pd"])
+
+
+def test_sbp_pd_and_range_server_processes(tmp_path):
+    with ProcessCluster(tmp_path, range_servers=1) as cluster:
+        assert cluster.pd.info == {"pd": cluster.pd_address}
+        rs = cluster.range_servers[0]
+        assert rs is not None and rs.info["server_id"] >= 1
+        created = run_sbp("streams", "create", "--pd", cluster.pd_address)
+        assert created.returncode == 0, created.stderr
+        assert created.stdout.strip().isdigit()
+        # SIGINT stops as gracefully as SIGTERM.
+        rs.proc.send_signal(signal.SIGINT)
+        assert rs.wait() == 0
+        cluster.range_servers[0] = None
+    assert "SIGINT received" in (tmp_path / "rs-0.log").read_text()
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err
+    return lines[-1]
+
+
+@pytest.mark.parametrize("argv, status, expected", [
+    (["streams", "create", "--pd", "nohost"], 2, "not of the form host:port"),
+    (["streams", "create", "--pd", "127.0.0.1:2378", "--replicas", "0"], 2,
+     "0 must be between 1 and 127"),
+    (["streams", "create", "--pd", "127.0.0.1:2378", "--retention-ms", "0"], 2,
+     "0 must be >= 1 or -1"),
+    (["streams", "create", "--pd", "127.0.0.1:2378", "--count", "x"], 2, "'x' is not an integer"),
+    (["server", "--data-dir", "d", "--port", "70000"], 2, "70000 must be between 0 and 65535"),
+    (["server", "--data-dir", "d", "--range-servers", "0"], 2, "0 must be >= 1"),
+    (["range-server", "--data-dir", "d", "--pd", "x"], 2, "not of the form host:port"),
+    (["pd"], 2, "--data-dir"),
+])
+def test_usage_errors(capsys, argv, status, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == status
+    assert expected in one_error_line(capsys)
+
+
+def test_data_dir_that_is_a_file(tmp_path, capsys):
+    path = tmp_path / "file"
+    path.write_text("x")
+    assert main(["server", "--data-dir", str(path), "--port", "0"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("sbp server: error: --data-dir") and "not a directory" in line
+
+
+def test_port_in_use(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["pd", "--data-dir", str(tmp_path), "--port", str(port)]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("sbp pd: error:") and "in use" in line
+
+
+def test_unreachable_pd(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    assert main(["streams", "create", "--pd", f"127.0.0.1:{port}"]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("sbp streams create: error:") and f"127.0.0.1:{port}" in line
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+    assert main(["streams"]) == 2
+    assert "create" in capsys.readouterr().err
+
+
+def test_ready_file_is_written_atomically(tmp_path):
+    from sbp_spark.server.cluster import write_ready_file
+
+    target = tmp_path / "r.json"
+    write_ready_file(target, {"pd": "127.0.0.1:1"})
+    assert json.loads(target.read_text()) == {"pd": "127.0.0.1:1"}
+    assert [p.name for p in Path(tmp_path).iterdir()] == ["r.json"]
+    assert os.access(target, os.R_OK)
