@@ -7,6 +7,8 @@ whose code has not landed is reported as not available instead of failing or bei
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .context import BenchContext
@@ -57,29 +59,32 @@ def streaming_missing(ctx: BenchContext) -> str | None:
     return None
 
 
-def sbp_client(ctx: BenchContext, private: bool = False) -> Any:
-    """A client of the bench cluster; ``private`` gives it connections of its own."""
-    from sbp_spark.client import SbpClient
+@contextmanager
+def bench_client(ctx: BenchContext, private: bool = False) -> Iterator[Any]:
+    """An ``SbpClient`` of the bench cluster.
 
-    return SbpClient(ctx.server.pd)
+    ``private`` gives it a connection pool of its own, closed on exit, so concurrent bench
+    clients really use separate connections; otherwise it shares the process-wide pool.
+    """
+    from sbp_spark.client import ConnectionPool, SbpClient
+
+    pool = ConnectionPool() if private else None
+    try:
+        yield SbpClient(ctx.server.pd, pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def create_streams(ctx: BenchContext, count: int) -> list[int]:
+    """``count`` new, empty streams on the bench cluster; returns their ids."""
+    with bench_client(ctx) as client:
+        return [int(s.stream_id) for s in client.create_streams(count=count)]
 
 
 def create_stream(ctx: BenchContext) -> int:
     """A new, empty stream on the bench cluster; returns its id."""
-    client = sbp_client(ctx)
-    try:
-        (stream,) = client.create_streams(count=1)
-    finally:
-        close_all(client)
-    return int(stream.stream_id)
-
-
-def close_all(*objects: Any) -> None:
-    """Close each object that has a ``close`` method (clients, writers), in order."""
-    for obj in objects:
-        close = getattr(obj, "close", None)
-        if close is not None:
-            close()
+    return create_streams(ctx, 1)[0]
 
 
 def register_connector(spark) -> None:

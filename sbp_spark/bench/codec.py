@@ -1,6 +1,8 @@
 """Codec figures: APPEND header round trips/s and 1 MiB frame round trips next to zlib.crc32.
 
-Pure CPU in this process, no sockets; uses only the protocol layer's public API.
+Pure CPU in this process, no sockets; uses only the protocol layer's public API. The
+``bench_headers`` and ``bench_frames`` functions return plain dicts (the same figures and keys
+as integration/bench/codec_bench.py), so scripts can reuse them.
 """
 
 from __future__ import annotations
@@ -8,62 +10,93 @@ from __future__ import annotations
 import os
 import zlib
 
+from . import adapters
 from .context import BenchContext
 from .report import AT_LEAST, AT_LEAST_RATIO, Figure, Target, unavailable
 from .timing import MB, MIB, rate
 
 SECTION = "codec"
-APPEND_ENTRIES = 16
-FRAME_PAYLOAD = MIB
-# The decoder is fed the way a socket would fill it: recv_into its buffer in pieces this big.
+ENTRIES = 16
+# The decoder is fed as a socket fills it: recv_into its buffer in pieces this big (PERF_NOTES).
 FEED_PIECE = 256 * 1024
 
 HEADER_TARGET = Target(AT_LEAST, 10_000)
 FRAME_TARGET = Target(AT_LEAST_RATIO, 0.7)
 
 
-def append_header_roundtrip():
-    """A callable doing one APPEND request + response header encode/decode round trip.
-
-    Raises ImportError while ``sbp_spark.protocol.messages`` has not landed.
-    """
+def _messages(kind: str, entries: int):
     from sbp_spark.protocol.messages import (
         AppendEntry,
         AppendRequest,
         AppendResponse,
         AppendResult,
+        FetchEntry,
+        FetchRequest,
+        FetchResponse,
+        FetchResult,
         Status,
     )
 
-    entries = [AppendEntry(stream_id=1000 + i, request_index=i, batch_length=MIB)
-               for i in range(APPEND_ENTRIES)]
-    results = [AppendResult(stream_id=1000 + i, request_index=i, base_offset=i * 10_000,
-                            stream_append_time_ms=1_700_000_000_000 + i, status=Status())
-               for i in range(APPEND_ENTRIES)]
-
-    def roundtrip() -> None:
-        request = AppendRequest(timeout_ms=30_000, append_requests=entries)
-        decoded = AppendRequest.from_flatbuffers(request.to_flatbuffers())
-        if len(decoded.append_requests) != APPEND_ENTRIES:
-            raise AssertionError("APPEND request lost entries in a round trip")
-        response = AppendResponse(throttle_time_ms=0, status=Status(), append_responses=results)
-        back = AppendResponse.from_flatbuffers(response.to_flatbuffers())
-        if len(back.append_responses) != APPEND_ENTRIES:
-            raise AssertionError("APPEND response lost entries in a round trip")
-
-    return roundtrip
+    if kind == "append":
+        return (AppendRequest(30_000, [AppendEntry(1000 + i, i, MIB) for i in range(entries)]),
+                AppendResponse(0, Status(), [AppendResult(1000 + i, i, i * 10_000,
+                                                          1_700_000_000_000 + i)
+                                             for i in range(entries)]))
+    if kind == "fetch":
+        return (FetchRequest(500, 1, [FetchEntry(1000 + i, i, i * 10_000, MIB)
+                                      for i in range(entries)]),
+                FetchResponse(0, Status(), [FetchResult(1000 + i, i, MIB)
+                                            for i in range(entries)]))
+    raise ValueError(f"kind={kind!r}: expected 'append' or 'fetch'")
 
 
-def frame_roundtrip(payload: bytes):
-    """A callable encoding one frame around ``payload`` and decoding it as a socket would."""
-    from sbp_spark.protocol.constants import Opcode
-    from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
+def bench_headers(kind: str = "append", entries: int = ENTRIES, min_time: float = 0.3) -> dict:
+    """Request + response header round trips/s (encode and decode of both) and the
+    microseconds of each step, for ``kind`` ``append`` or ``fetch`` with ``entries`` entries."""
+    request, response = _messages(kind, entries)
+    req_cls, resp_cls = type(request), type(response)
+    req_bytes, resp_bytes = request.to_flatbuffers(), response.to_flatbuffers()
+    if req_cls.from_flatbuffers(req_bytes) != request or \
+            resp_cls.from_flatbuffers(resp_bytes) != response:
+        raise AssertionError(f"{kind} headers do not round-trip")
+    steps = {
+        "request_encode_us": request.to_flatbuffers,
+        "request_decode_us": lambda: req_cls.from_flatbuffers(req_bytes),
+        "response_encode_us": response.to_flatbuffers,
+        "response_decode_us": lambda: resp_cls.from_flatbuffers(resp_bytes),
+    }
+    out: dict = {"entries": entries, "request_bytes": len(req_bytes),
+                 "response_bytes": len(resp_bytes)}
+    for name, fn in steps.items():
+        out[name] = round(1e6 / rate(fn, 1, min_time / 2)[0], 2)
 
+    def round_trip() -> None:
+        req_cls.from_flatbuffers(request.to_flatbuffers())
+        resp_cls.from_flatbuffers(response.to_flatbuffers())
+
+    value, samples = rate(round_trip, 1, min_time)
+    out["round_trips_per_s"] = value
+    out["samples"] = samples
+    return out
+
+
+def bench_frames(payload_size: int = MIB, min_time: float = 0.3) -> dict:
+    """MB/s of payload through request_frame -> FrameDecoder (fed in 256 KiB pieces, CRC
+    checked) -> decode_request, next to zlib.crc32 on the same buffer."""
+    from sbp_spark.protocol.frame import Frame, FrameDecoder
+    from sbp_spark.protocol.messages import (
+        AppendEntry,
+        AppendRequest,
+        decode_request,
+        request_frame,
+    )
+
+    payload = os.urandom(payload_size)
+    request = AppendRequest(30_000, [AppendEntry(7, 0, payload_size)])
     decoder = FrameDecoder()
-    header = b"\0" * 64  # about the size of a one-entry APPEND header
 
-    def roundtrip() -> None:
-        for piece in encode_frame(Opcode.APPEND, 0, 7, header, payload):
+    def round_trip() -> None:
+        for piece in request_frame(1, request, payload):
             view = memoryview(piece).cast("B")
             pos = 0
             while pos < view.nbytes:
@@ -72,34 +105,33 @@ def frame_roundtrip(payload: bytes):
                 buf[:n] = view[pos:pos + n]
                 decoder.buffer_updated(n)
                 pos += n
-        event = decoder.next_event()
-        if not isinstance(event, Frame) or len(event.payload) != len(payload):
-            raise AssertionError(f"frame round trip produced {event!r}")
+        frame = decoder.next_event()
+        if not isinstance(frame, Frame) or frame.payload.nbytes != payload_size:
+            raise AssertionError(f"frame round trip produced {frame!r}")
+        decode_request(frame)
 
-    return roundtrip
+    frames, frame_samples = rate(round_trip, payload_size / MB, min_time)
+    crc, crc_samples = rate(lambda: zlib.crc32(payload), payload_size / MB, min_time)
+    return {"payload_bytes": payload_size, "frames_mb_per_s": frames,
+            "zlib_crc32_mb_per_s": crc, "ratio_to_zlib_crc32": frames / crc,
+            "samples": frame_samples, "crc_samples": crc_samples}
 
 
 def run(ctx: BenchContext) -> list[Figure]:
-    figures: list[Figure] = []
-    min_time = 0.1 if ctx.config.quick else 0.25
-
-    name = f"APPEND request+response header ({APPEND_ENTRIES} entries) round trips"
-    try:
-        fn = append_header_roundtrip()
-    except ImportError as exc:
-        figures.append(unavailable(SECTION, name, "/s", f"{exc}", HEADER_TARGET))
-    else:
-        ctx.progress(SECTION, "APPEND header round trips")
-        value, samples = rate(fn, 1, min_time)
-        figures.append(Figure(SECTION, name, "/s", value, target=HEADER_TARGET,
-                              extra={"samples": samples}))
-
-    payload = os.urandom(FRAME_PAYLOAD)
-    ctx.progress(SECTION, "zlib.crc32 on a 1 MiB buffer (ceiling)")
-    crc_rate, crc_samples = rate(lambda: zlib.crc32(payload), FRAME_PAYLOAD / MB, min_time)
-    ctx.progress(SECTION, "1 MiB frame encode+decode round trips")
-    value, samples = rate(frame_roundtrip(payload), FRAME_PAYLOAD / MB, min_time)
-    figures.append(Figure(
-        SECTION, "1 MiB frame encode+decode", "MB/s", value, crc_rate, "zlib.crc32",
-        FRAME_TARGET, extra={"samples": samples, "ceiling_samples": crc_samples}))
-    return figures
+    min_time = 0.1 if ctx.config.quick else 0.3
+    header_name = f"APPEND request+response headers ({ENTRIES} entries) round trips"
+    frame_name = "1 MiB frame encode+decode"
+    reason = adapters.messages_missing()
+    if reason:
+        return [unavailable(SECTION, header_name, "/s", reason, HEADER_TARGET),
+                unavailable(SECTION, frame_name, "MB/s", reason, FRAME_TARGET)]
+    ctx.progress(SECTION, "APPEND header round trips")
+    headers = bench_headers("append", ENTRIES, min_time)
+    ctx.progress(SECTION, "1 MiB frames and zlib.crc32 on the same buffer")
+    frames = bench_frames(MIB, min_time)
+    return [
+        Figure(SECTION, header_name, "/s", headers.pop("round_trips_per_s"),
+               target=HEADER_TARGET, extra=headers),
+        Figure(SECTION, frame_name, "MB/s", frames.pop("frames_mb_per_s"),
+               frames.pop("zlib_crc32_mb_per_s"), "zlib.crc32", FRAME_TARGET, extra=frames),
+    ]

@@ -65,9 +65,8 @@ def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size
         None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_tick * size))])
     batch = make_records_batch(values)
     try:
-        client = adapters.sbp_client(ctx, private=True)
-        writer = client.open_stream(stream_id)
-        try:
+        with adapters.bench_client(ctx, private=True) as client:
+            writer = client.open_stream(stream_id)
             start = time.monotonic()
             tick = 0
             while time.monotonic() - start < seconds:
@@ -78,8 +77,6 @@ def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size
                 pause = start + tick * PRODUCER_TICK_S - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)  # pacing the offered load, not waiting for a condition
-        finally:
-            adapters.close_all(writer, client)
     except BaseException as exc:
         errors.append(exc)
 
@@ -172,10 +169,8 @@ def _catch_up(ctx: BenchContext) -> Figure:
         None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_batch * size))])
     body = encode_arrow_batch(make_records_batch(values))
     batches = max(1, cfg.stream_backlog // per_batch)
-    client = adapters.sbp_client(ctx)
-    writer = client.open_stream(stream_id)
-    writer.append([body] * batches)
-    adapters.close_all(writer, client)
+    with adapters.bench_client(ctx) as client:
+        client.open_stream(stream_id).append([body] * batches)
     total = batches * per_batch
     ctx.progress(SECTION, f"catching up on a backlog of {total:,} records")
     sink = _Sink()
