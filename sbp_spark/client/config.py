@@ -12,6 +12,9 @@ from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 DEFAULT_FETCH_MAX_BYTES = (1 << 31) - 1
 
 
+DEFAULT_APPEND_FRAME_BYTES = 1024 * 1024
+
+
 @dataclass
 class ClientConfig:
     """Timeouts, retry policy and pipelining limits shared by every client class.
@@ -32,6 +35,10 @@ class ClientConfig:
     retry_deadline_s: float = 60.0
     max_inflight_frames: int = 4
     max_frame_bytes: int = MAX_FRAME_LENGTH
+    # APPEND frames are closed at about this size (a larger batch still gets a frame of its
+    # own, up to max_frame_bytes). Several mid-sized frames in flight keep the client and the
+    # server busy at once; one 16 MiB frame at a time leaves each waiting for the other.
+    append_frame_bytes: int = DEFAULT_APPEND_FRAME_BYTES
     # timeout_ms sent in request headers that carry one (server-side processing bound).
     server_timeout_ms: int = 30_000
 
@@ -42,7 +49,8 @@ class ClientConfig:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ClientConfig.{name}={value!r}: must be a number > 0")
         for name, low in (("retries", 0), ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
-                          ("max_inflight_frames", 1), ("server_timeout_ms", 1)):
+                          ("max_inflight_frames", 1), ("server_timeout_ms", 1),
+                          ("append_frame_bytes", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"ClientConfig.{name}={value!r}: must be an integer >= {low}")

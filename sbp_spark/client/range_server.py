@@ -69,10 +69,18 @@ def batch_buffers(batch: BatchLike) -> list[Buffer]:
             f"{type(batch).__name__}") from None
 
 
-def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int
+def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int,
+                       target_frame_bytes: int | None = None
                        ) -> tuple[list[list[int]], list[int]]:
     """Group batch indices, in order, into APPEND frames whose frame_length stays within
-    ``max_frame_bytes``; also returns the indices of batches too large for any frame."""
+    ``max_frame_bytes``; also returns the indices of batches too large for any frame.
+
+    A frame is closed once adding the next batch would pass ``target_frame_bytes`` (default:
+    the limit), so several smaller frames can be in flight; a batch larger than the target
+    still gets a frame of its own.
+    """
+    target = max_frame_bytes if target_frame_bytes is None else min(
+        target_frame_bytes, max_frame_bytes)
     frames: list[list[int]] = []
     too_large: list[int] = []
     current: list[int] = []
@@ -83,7 +91,7 @@ def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int
             too_large.append(index)
             continue
         added = _APPEND_HEADER_PER_ENTRY + length
-        if current and size + added > max_frame_bytes:
+        if current and size + added > target:
             frames.append(current)
             current, size = [], _FRAME_OVERHEAD + _APPEND_HEADER_BASE
         current.append(index)
@@ -146,7 +154,8 @@ class RangeServerClient:
         buffers = [batch_buffers(batch) for _, batch in entries]
         lengths = [sum(_nbytes(b) for b in bufs) for bufs in buffers]
         results: list[ItemResult[AppendResult] | None] = [None] * count
-        frames, too_large = plan_append_frames(lengths, self.config.max_frame_bytes)
+        frames, too_large = plan_append_frames(lengths, self.config.max_frame_bytes,
+                                               self.config.append_frame_bytes)
         for index in too_large:
             results[index] = ItemResult(None, error=PayloadTooLargeError(
                 f"batch {index} of {lengths[index]} bytes does not fit in one APPEND frame "

@@ -139,6 +139,10 @@ def test_plan_append_frames_respects_the_limit():
     assert too_large == []
     frames, too_large = plan_append_frames([10, 10_000, 10], 1000)
     assert frames == [[0, 2]] and too_large == [1]
+    frames, too_large = plan_append_frames([100] * 5, 10_000, 16 + 64 + 2 * (16 + 100))
+    assert frames == [[0, 1], [2, 3], [4]] and too_large == []
+    frames, _ = plan_append_frames([500, 5000, 500], 10_000, 1000)
+    assert frames == [[0], [1], [2]]
 
 
 def test_large_append_is_split_under_the_frame_limit_and_answers_match(pool):
@@ -162,13 +166,24 @@ def test_large_append_is_split_under_the_frame_limit_and_answers_match(pool):
 
     body = b"x" * (3 * 1024 * 1024)  # 3 MiB batches: five fit in one 16 MiB frame
     batches = [encode_batch(body) for _ in range(12)]
+    # Frames as large as the protocol allows (no smaller target).
+    config = ClientConfig(request_timeout_s=5, append_frame_bytes=MAX_FRAME_LENGTH)
     with FakeServer(store) as server:
-        results = RangeServerClient(server.address, CONFIG, pool).append(
+        results = RangeServerClient(server.address, config, pool).append(
             [(9, b) for b in batches])
     assert [r.unwrap().base_offset for r in results] == list(range(12))
     assert all(length <= MAX_FRAME_LENGTH for length in frame_lengths)
     assert entries_per_frame == [5, 5, 2]
     assert len(frame_lengths) == 3
+    # With the default target, frames close at about 1 MiB; a larger batch goes alone.
+    frame_lengths.clear()
+    entries_per_frame.clear()
+    small = [batch_bytes(b"y" * (300 * 1024 - 28)) for _ in range(7)]
+    with FakeServer(store) as server:
+        client = RangeServerClient(server.address, CONFIG, pool)
+        results = client.append([(9, b) for b in small + batches[:2]])
+    assert all(r.ok for r in results)
+    assert entries_per_frame == [3, 3, 1, 1, 1]
 
 
 def test_append_answers_matched_by_request_index_across_frames(pool):
