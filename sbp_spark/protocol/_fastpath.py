@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
-from itertools import chain, repeat
+from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -258,6 +258,32 @@ class _RootWithItems:
         self.head_prefix = (self.table_pos, 10, 16, 4)
         self.head_vts = (12, *items.vt_ok, *items.vt_err)
         self.head_table = (self.table_pos - 4,)
+        # Reading our own layout: the constant part of the head after the second slot.
+        self.head_fixed = self.head_vts + self.head_table
+        self.vec_uoff = self.vec_pos - (self.table_pos + 12)
+        self.vec_field = codec.fields[2]
+
+    def read_root(self, buf: Any, size: int, state: _State) -> Any:
+        """Decode a header in the layout ``encode`` writes (one struct call for the root);
+        None for any other layout."""
+        if size < self.head.size:
+            return None
+        values = self.head.unpack_from(buf, 0)
+        fixed = self.head_fixed
+        if values[:4] != self.head_prefix or values[5:5 + len(fixed)] != fixed \
+                or values[-2] != self.vec_uoff or values[4] not in (0, 8):
+            return None
+        first, second = values[-4], values[-3]
+        entries = self.items.read_vector(buf, size, self.vec_pos, self.vec_field, state)
+        if self.second_is_status:
+            second = self.items.ok
+            if values[4]:
+                spos = self.table_pos + 8
+                second = self.status_codec.read(buf, size, spos + _U32.unpack_from(buf, spos)[0],
+                                                state)
+        elif not values[4]:
+            second = 0
+        return self.codec.cls(first, second, entries)
 
     def encode(self, msg: Any) -> bytes:
         try:
@@ -302,6 +328,8 @@ class _RootWithItems:
 # AppendRequest: root offset, vtable (8 bytes: 2 slots), table {soffset, timeout_ms, vector
 # offset}, 4 bytes so the structs start 8-aligned, vector length, 16-byte entries.
 _APPEND_REQUEST_HEAD = (12, 8, 12, 4, 8, 8)
+_APPEND_REQUEST_READ = struct.Struct("<I4HiiI4xI")
+_STRUCT_CODEC_FMT = struct.Struct("<qii")  # AppendEntry
 
 
 def _append_request_struct(n: int) -> struct.Struct:
@@ -332,6 +360,21 @@ def install(*, AppendRequest: type, AppendEntry: type, AppendResponse: type,
             raise encode_error(append_request_codec, msg, exc) from None
 
     AppendRequest.to_flatbuffers = encode_append_request
+    entry_struct = _STRUCT_CODEC_FMT
+
+    def read_append_request(buf: Any, size: int, state: _State) -> Any:
+        if size < 32:
+            return None
+        head = _APPEND_REQUEST_READ.unpack_from(buf, 0)
+        if head[:6] != _APPEND_REQUEST_HEAD or head[7] != 8:
+            return None
+        n = head[8]
+        if 32 + 16 * n > size:
+            return None  # the generic reader names the problem
+        entries = list(starmap(AppendEntry, entry_struct.iter_unpack(buf[32:32 + 16 * n])))
+        return AppendRequest(head[6], entries)
+
+    append_request_codec.fast_root = read_append_request
 
     for root_name, item_name, second_is_status in (
             ("AppendResponse", "AppendResult", True),
@@ -342,6 +385,7 @@ def install(*, AppendRequest: type, AppendEntry: type, AppendResponse: type,
         root_codec.fields[2].reader = items.read_vector
         encoder = _RootWithItems(root_codec, items, second_is_status, codecs["Status"])
         root_codec.cls.to_flatbuffers = _method(encoder.encode)
+        root_codec.fast_root = encoder.read_root
 
 
 def _method(encode: Any) -> Any:

@@ -152,6 +152,9 @@ class Codec:
         self.index = 0  # position among all codecs, set by build_codecs
         # Optional cross-field rule: returns why an instance is invalid, or None.
         self.check: Callable[[Any], str | None] | None = None
+        # Optional reader for one known root layout: (buf, size, state) -> object, or None
+        # when the buffer is laid out differently (then the generic reader runs).
+        self.fast_root: Callable[[Any, int, _State], Any] | None = None
         self.fields = fields
         self.nslots = len(fields)
         names = [f.name for f in fields]
@@ -262,6 +265,10 @@ class Codec:
             raise HeaderError(f"{self.name}: {size} bytes cannot hold a FlatBuffers table")
         state = _State(size)
         try:
+            if self.fast_root is not None:
+                obj = self.fast_root(buf, size, state)
+                if obj is not None:
+                    return obj
             return self.read(buf, size, _U32.unpack_from(buf, 0)[0], state)
         except HeaderError as exc:
             raise HeaderError(f"{self.name}: {exc}") from None
