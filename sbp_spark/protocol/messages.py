@@ -61,7 +61,7 @@ __all__ = [
     "DescribeStreamsRequest", "DescribeStreamsResult", "DescribeStreamsResponse",
     "TrimmedStream", "TrimStreamsRequest", "TrimStreamsResult", "TrimStreamsResponse",
     "ReportMetricsRequest", "ReportMetricsResponse",
-    "DescribePdClusterRequest", "DescribePdClusterResponse",
+    "DescribePdClusterRequest", "DescribePdClusterResponse", "RangeServerState",
     "REQUESTS", "RESPONSES", "TABLES",
     "request_frame", "response_frame", "system_error_frame", "decode_request",
     "decode_response",
@@ -366,13 +366,30 @@ class DescribePdClusterRequest(Message):
 
 
 @dataclass(slots=True)
+class RangeServerState(Message):
+    """Ours: a range server as the PD sees it (liveness, load, its last metrics report)."""
+
+    server: RangeServer = field(default_factory=RangeServer)
+    live: bool = False
+    last_heartbeat_ms: int = -1
+    open_ranges: int = 0
+    metrics: ReportMetricsRequest | None = None  # None before its first report
+    metrics_ms: int = -1
+
+    _WIRE: ClassVar = (table("RangeServer"), BOOL, LONG, INT, table("ReportMetricsRequest"),
+                       LONG)
+
+
+@dataclass(slots=True)
 class DescribePdClusterResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PD_CLUSTER
 
     status: Status = OK
     cluster: PlacementDriverCluster | None = None
+    range_servers: list[RangeServerState] = field(default_factory=list)  # ours
 
-    _WIRE: ClassVar = (table("Status"), table("PlacementDriverCluster"))
+    _WIRE: ClassVar = (table("Status"), table("PlacementDriverCluster"),
+                       vector("RangeServerState"))
 
 
 # ---- APPEND / FETCH ----------------------------------------------------------------------

@@ -764,4 +764,15 @@ class _PdHandler(RequestHandler):
 
     def _describe_pd_cluster(self, req: m.DescribePdClusterRequest
                              ) -> m.DescribePdClusterResponse:
-        return m.DescribePdClusterResponse(cluster=self.pd.cluster())
+        states = []
+        for info in self.pd.range_servers():
+            metrics = None
+            if info.metrics_ms >= 0:
+                known = {k: v for k, v in info.metrics.items() if k in METRIC_FIELDS}
+                metrics = m.ReportMetricsRequest(
+                    range_server=m.RangeServer(info.server_id, info.advertise_addr), **known)
+            states.append(m.RangeServerState(
+                server=m.RangeServer(info.server_id, info.advertise_addr), live=info.live,
+                last_heartbeat_ms=info.last_heartbeat_ms, open_ranges=info.open_ranges,
+                metrics=metrics, metrics_ms=info.metrics_ms))
+        return m.DescribePdClusterResponse(cluster=self.pd.cluster(), range_servers=states)

@@ -455,6 +455,17 @@ def test_report_metrics_visible(conn, pd, servers):
     assert info.metrics_ms > 0 and info.live
     bad, _ = conn.call(m.ReportMetricsRequest(range_server=m.RangeServer(9999, "x:1")))
     assert bad.status.code == ErrorCode.INVALID_REQUEST
+    # Operators read them back with DESCRIBE_PD_CLUSTER, next to liveness and load.
+    create_one(conn)
+    resp, _ = conn.call(m.DescribePdClusterRequest())
+    states = {s.server.server_id: s for s in resp.range_servers}
+    assert set(states) == {x.server_id for x in servers}
+    state = states[rs.server_id]
+    assert state.live and state.server.advertise_addr == rs.address
+    assert state.last_heartbeat_ms > 0 and state.metrics_ms > 0
+    assert state.metrics.disk_free_space == 123 and state.metrics.range_active_cnt == 4
+    assert sum(s.open_ranges for s in states.values()) == 1
+    assert all(s.metrics is None for sid, s in states.items() if sid != rs.server_id)
 
 
 def test_describe_pd_cluster_and_ping(conn, pd):

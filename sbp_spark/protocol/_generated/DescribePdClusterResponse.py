@@ -46,8 +46,33 @@ class DescribePdClusterResponse(object):
             return obj
         return None
 
+    # DescribePdClusterResponse
+    def RangeServers(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from .RangeServerState import RangeServerState
+            obj = RangeServerState()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DescribePdClusterResponse
+    def RangeServersLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # DescribePdClusterResponse
+    def RangeServersIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
 def DescribePdClusterResponseStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder):
     DescribePdClusterResponseStart(builder)
@@ -63,6 +88,18 @@ def DescribePdClusterResponseAddCluster(builder, cluster):
 
 def AddCluster(builder, cluster):
     DescribePdClusterResponseAddCluster(builder, cluster)
+
+def DescribePdClusterResponseAddRangeServers(builder, rangeServers):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(rangeServers), 0)
+
+def AddRangeServers(builder, rangeServers):
+    DescribePdClusterResponseAddRangeServers(builder, rangeServers)
+
+def DescribePdClusterResponseStartRangeServersVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartRangeServersVector(builder, numElems):
+    return DescribePdClusterResponseStartRangeServersVector(builder, numElems)
 
 def DescribePdClusterResponseEnd(builder):
     return builder.EndObject()
