@@ -35,6 +35,7 @@ from ..protocol.errors import (
     PayloadTooLargeError,
     RangeNotFoundError,
     RangeSealedError,
+    ReplicationFailedError,
     ServerError,
     StreamNotFoundError,
 )
@@ -66,9 +67,10 @@ from ..protocol.messages import (
     TrimStreamsResult,
 )
 from ..protocol.messages import RangeServer as RangeServerInfo
-from ..protocol.records import parse_header
+from ..protocol.records import BatchHeader, parse_header
 from .fetch import DEFAULT_FETCH_FRAME_BYTES, FetchServer
 from .net import FrameServer, NetConfig, RequestContext, RequestHandler
+from .replication import Replicator
 from .segment import atomic_write
 from .storage import RangeLog, Replica, Storage, StorageConfig
 
@@ -175,6 +177,7 @@ class RangeServer:
         self.fetcher = FetchServer(self.storage, config.fetch_frame_bytes,
                                    config.storage.verify_reads)
         self.handler = RangeServerHandler(self)
+        self.replicator = Replicator(lambda: self._server_id)
         net = config.net
         net.host, net.port = config.host, config.port
         self.net = FrameServer(self.handler, net)
@@ -259,6 +262,7 @@ class RangeServer:
         if self.pd_link is not None:
             self.pd_link.stop()
         self.net.stop()
+        self.replicator.close()
         if self._maintenance is not None:
             self._maintenance.join(5)
         self.storage.close()
@@ -270,6 +274,10 @@ class RangeServer:
         self.stop()
 
     # -- local roles -----------------------------------------------------------------------
+
+    def is_replica(self, rlog: RangeLog) -> bool:
+        """Whether this server holds a copy of ``rlog`` (primary or secondary)."""
+        return any(r.server_id == self._server_id for r in rlog.replicas)
 
     def is_primary(self, rlog: RangeLog) -> bool:
         """Whether appends for ``rlog`` belong here (a range with no replica list is local)."""
@@ -344,7 +352,9 @@ class RangeServerHandler(RequestHandler):
 
     # -- APPEND ----------------------------------------------------------------------------
 
-    def _open_range_for(self, stream_id: int) -> RangeLog:
+    def _open_range_for(self, stream_id: int, header: BatchHeader) -> tuple[RangeLog, bool]:
+        """The open range an entry goes to, and whether it is a replicated write (a batch
+        from the range's primary, which already carries its base offset)."""
         ranges = self.storage.stream_ranges(stream_id)
         if not ranges:
             raise RangeNotFoundError(f"stream {stream_id} has no range on this server")
@@ -354,13 +364,15 @@ class RangeServerHandler(RequestHandler):
         if last.sealed:
             raise RangeSealedError(
                 f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
-        if not self.server.is_primary(last):
-            primary = next((r for r in last.replicas if r.is_primary), None)
-            where = f" (primary: {primary.advertise_addr})" if primary else ""
-            raise NotPrimaryError(
-                f"server {self.server.server_id} is not the primary of range "
-                f"{stream_id}/{last.range_index}{where}")
-        return last
+        if self.server.is_primary(last):
+            return last, False
+        if header.base_offset >= 0 and self.server.is_replica(last):
+            return last, True
+        primary = next((r for r in last.replicas if r.is_primary), None)
+        where = f" (primary: {primary.advertise_addr})" if primary else ""
+        raise NotPrimaryError(
+            f"server {self.server.server_id} is not the primary of range "
+            f"{stream_id}/{last.range_index}{where}")
 
     def _append(self, ctx: RequestContext, req: AppendRequest) -> None:
         started = time.monotonic()
@@ -380,24 +392,34 @@ class RangeServerHandler(RequestHandler):
             return
         now = _now_ms()
         results: list[AppendResult | None] = [None] * n
-        groups: dict[int, tuple[RangeLog, list[int], list]] = {}
+        # (range, replicated) -> (indexes of its entries, their batches), in arrival order
+        groups: dict[tuple[int, bool], tuple[RangeLog, bool, list[int], list]] = {}
         pos = 0
         for i, e in enumerate(entries):
             view = payload[pos:pos + e.batch_length]
             pos += e.batch_length
             try:
                 header = self._check_batch(e.stream_id, e.batch_length, view)
-                rlog = self._open_range_for(e.stream_id)
+                rlog, replicated = self._open_range_for(e.stream_id, header)
             except ServerError as exc:
                 results[i] = AppendResult(e.stream_id, e.request_index, -1, 0, _status(exc))
                 continue
-            group = groups.setdefault(id(rlog), (rlog, [], []))
-            group[1].append(i)
-            group[2].append((header, view))
-        waits: list[tuple[RangeLog, int, list[int]]] = []
-        for rlog, indexes, batches in groups.values():
+            group = groups.setdefault((id(rlog), replicated), (rlog, replicated, [], []))
+            group[2].append(i)
+            group[3].append((header, view))
+        # Each pending part ends in done(indexes, error): local durability, replication.
+        parts: list[tuple[str, RangeLog, object, list[int]]] = []
+        replicator = self.server.replicator
+        for rlog, replicated, indexes, batches in groups.values():
+            forwards = None
             try:
-                bases, target = rlog.append(batches, now)
+                if replicated or not replicator.secondaries(rlog):
+                    bases, target = rlog.append(batches, now, replicated=replicated)
+                else:
+                    stored: list = []
+                    with replicator.order_lock(rlog):
+                        bases, target = rlog.append(batches, now, stored=stored)
+                        forwards = replicator.send(rlog, stored, req.timeout_ms)
             except ServerError as exc:
                 for i in indexes:
                     e = entries[i]
@@ -408,17 +430,19 @@ class RangeServerHandler(RequestHandler):
                 e = entries[i]
                 results[i] = AppendResult(e.stream_id, e.request_index, base, now)
             if rlog.next_offset < target:
-                waits.append((rlog, target, indexes))
-        if not waits:
+                parts.append(("durable", rlog, target, indexes))
+            if forwards:
+                parts.append(("replicated", rlog, forwards, indexes))
+        if not parts:
             self._finish_append(ctx, results, started)
             return
-        # Acknowledge once every touched range is durable (group commit: the fsync thread
-        # calls back; the answer is sent from the worker pool, never from the fsync thread).
+        # Answer once every part is done. Durability is signalled by the fsync thread and
+        # replication is awaited on the worker pool; the answer always leaves from the pool.
         ctx.defer()
         lock = threading.Lock()
-        left = [len(waits)]
+        left = [len(parts)]
 
-        def durable(indexes: list[int], exc: BaseException | None) -> None:
+        def done(indexes: list[int], exc: BaseException | None) -> None:
             if exc is not None:
                 status = (_status(exc) if isinstance(exc, ServerError)
                           else Status(ErrorCode.STORAGE_FULL, str(exc)))
@@ -431,9 +455,25 @@ class RangeServerHandler(RequestHandler):
             if last:
                 self.server.net.submit(self._finish_append, ctx, results, started)
 
-        for rlog, target, indexes in waits:
-            self.storage.when_durable(rlog, target,
-                                      lambda exc, idx=indexes: durable(idx, exc))
+        for kind, rlog, what, indexes in parts:
+            if kind == "durable":
+                self.storage.when_durable(rlog, what, lambda exc, idx=indexes: done(idx, exc))
+            else:
+                self.server.net.submit(self._await_replicas, rlog, what, indexes, done)
+
+    def _await_replicas(self, rlog: RangeLog, forwards, indexes: list[int], done) -> None:
+        problem = self.server.replicator.wait(forwards)
+        if problem is None:
+            done(indexes, None)
+            return
+        log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",
+                    rlog.stream_id, rlog.range_index, problem)
+        try:
+            rlog.seal()
+        except (OSError, ServerError) as exc:
+            log.error("sealing range %d/%d after a replication failure failed: %s",
+                      rlog.stream_id, rlog.range_index, exc)
+        done(indexes, ReplicationFailedError(f"not stored on every replica: {problem}"))
 
     def _finish_append(self, ctx: RequestContext, results: list, started: float) -> None:
         metrics = self.server.metrics

@@ -39,6 +39,7 @@ from ..protocol.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
     RangeSealedError,
+    ReplicationFailedError,
     SbpError,
     StorageFullError,
     StreamNotFoundError,
@@ -267,17 +268,32 @@ class RangeLog:
                 f"range {self.stream_id}/{self.range_index} is not writable: {self._failed}")
 
     def append(self, batches: Sequence[tuple[BatchHeader, memoryview]],
-               now_ms: int | None = None) -> tuple[list[int], int]:
+               now_ms: int | None = None, *, replicated: bool = False,
+               stored: list | None = None) -> tuple[list[int], int]:
         """Store ``batches`` (validated envelopes and their bytes) at the end of the range.
 
         Returns (base offset of each batch, the commit target): the batches are acknowledged
         once ``next_offset`` reaches the target (see ``Storage.when_durable``). Either every
         batch is stored or none is.
+
+        ``replicated``: the batches come from the range's primary and already carry their
+        base offsets, which must continue this log exactly (else ``ReplicationFailedError``).
+        ``stored``: if given, receives each batch as stored, as [envelope, body] buffers (what
+        a primary forwards to its secondaries).
         """
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
         with self.lock:
             self.check_writable()
+            if replicated:
+                expect = self._written
+                for header, _ in batches:
+                    if header.base_offset != expect:
+                        raise ReplicationFailedError(
+                            f"range {self.stream_id}/{self.range_index}: replicated batch at "
+                            f"offset {header.base_offset}, but this replica continues at "
+                            f"{expect}")
+                    expect += header.record_count
             seg = self._active_for(sum(h.batch_length for h, _ in batches))
             bases: list[int] = []
             pieces: list = []
@@ -291,6 +307,8 @@ class RangeLog:
                 length = header.batch_length
                 pieces += [pack_storage_header(length, batch_crc, offset, header.record_count,
                                                now_ms), envelope, body]
+                if stored is not None:
+                    stored.append([envelope, body])
                 records.append((offset, header.record_count, pos))
                 bases.append(offset)
                 offset += header.record_count

@@ -356,3 +356,31 @@ def test_requests_after_shutdown_began_get_shutting_down(tmp_path):
         assert frames[-1].is_end and not isinstance(decode_response(frames[-1]), SystemError)
         assert peer.wait_eof()
         stopper.join(10)
+
+
+def test_primary_replicates_to_secondaries_and_seals_when_one_fails(tmp_path):
+    primary = Server(RangeServerConfig(data_dir=str(tmp_path / "p"), server_id=1)).start()
+    secondary = Server(RangeServerConfig(data_dir=str(tmp_path / "s"), server_id=2)).start()
+    try:
+        replicas = [RangeReplica(RangeServer(1, primary.advertise_addr), True),
+                    RangeReplica(RangeServer(2, secondary.advertise_addr), False)]
+        rng = Range(5, 0, 0, 0, -1, replicas)
+        with RawPeer(primary.address) as p, RawPeer(secondary.address) as s:
+            assert _sync(p, rng)[0].ranges and _sync(s, rng)[0].ranges
+            resp = _append(p, [(5, b"one"), (5, b"two")])
+            assert [r.base_offset for r in resp.append_responses] == [0, 1]
+            _, _, copies = _fetch(s, [_entry(5)])
+            _, _, originals = _fetch(p, [_entry(5)])
+            assert copies[0] == originals[0] and len(copies[0]) == 2
+            # A client's batch sent to the secondary is refused.
+            assert _codes(_append(s, [(5, b"x")]).append_responses) == [ErrorCode.NOT_PRIMARY]
+            secondary.stop()
+            resp = _append(p, [(5, b"three")])
+            assert _codes(resp.append_responses) == [ErrorCode.REPLICATION_FAILED]
+            [desc] = p.call(DescribeRangesRequest(ranges=[RangeId(5, 0)]))[0].describe_responses
+            assert desc.range.end_offset == 3  # sealed where the primary ended
+            assert _codes(_append(p, [(5, b"four")]).append_responses) == [
+                ErrorCode.RANGE_SEALED]
+    finally:
+        primary.stop()
+        secondary.stop()

@@ -1,0 +1,131 @@
+"""Primary-to-secondary replication of appended batches.
+
+The primary of a range stores a client's batches, then forwards them, exactly as stored (base
+offsets already assigned), to every secondary as an ordinary APPEND frame. A secondary accepts
+an APPEND whose batches carry base offsets only for a range it is a secondary of, and only if
+those offsets continue its log exactly; a client's batches (base_offset -1) sent to a secondary
+are refused with NOT_PRIMARY.
+
+Order: the local append and the forward are done under one lock per range, and each secondary
+gets its frames over one connection, which it reads and applies in order, so a secondary's log
+is always a prefix of the primary's.
+
+An entry is acknowledged when it is durable locally and every secondary stored it. When a
+secondary fails, the entries fail with REPLICATION_FAILED and the primary seals the range: the
+writer then asks the PD, which seals the range where the primary ended and opens a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..client.config import ClientConfig
+from ..client.connection import ResponseStream
+from ..client.pool import ConnectionPool
+from ..protocol.constants import Opcode
+from ..protocol.errors import ReplicationFailedError, SbpError
+from ..protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    AppendResponse,
+    SystemError,
+    decode_response,
+    request_frame,
+)
+from .storage import RangeLog, Replica
+
+log = logging.getLogger(__name__)
+
+# A secondary must store a forwarded frame within this time, or the entries fail.
+DEFAULT_REPLICATION_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Forward:
+    """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
+
+    replica: Replica
+    stream: ResponseStream | None
+    error: SbpError | None = None
+
+
+class Replicator:
+    """Forwards a primary's stored batches to its secondaries."""
+
+    def __init__(self, server_id_source, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S
+                 ) -> None:
+        self._server_id = server_id_source  # callable: this server's current id
+        self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0))
+        self._locks: dict[tuple[int, int], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def secondaries(self, rlog: RangeLog) -> list[Replica]:
+        mine = self._server_id()
+        return [r for r in rlog.replicas if not r.is_primary and r.server_id != mine]
+
+    def order_lock(self, rlog: RangeLog) -> threading.Lock:
+        """Held across a local append and its forwards, so secondaries see the same order."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
+
+    def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
+             ) -> list[Forward]:
+        """Send the stored batches (``[envelope, body]`` each) to every secondary; call
+        under ``order_lock(rlog)`` right after the local append."""
+        entries = []
+        payload: list = []
+        for i, pieces in enumerate(stored):
+            entries.append(AppendEntry(rlog.stream_id, i,
+                                       sum(memoryview(p).nbytes for p in pieces)))
+            payload.extend(pieces)
+        request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries)
+        out = []
+        for replica in self.secondaries(rlog):
+            if not replica.advertise_addr:
+                out.append(Forward(replica, None, ReplicationFailedError(
+                    f"secondary {replica.server_id} has no known address")))
+                continue
+            try:
+                conn = self.pool.get(replica.advertise_addr)
+                stream = conn.start(Opcode.APPEND,
+                                    lambda sid: request_frame(sid, request, payload))
+                out.append(Forward(replica, stream))
+            except SbpError as exc:
+                out.append(Forward(replica, None, exc))
+        return out
+
+    @staticmethod
+    def wait(forwards: Sequence[Forward]) -> str | None:
+        """Wait for every secondary's answer; None when all stored everything, else why not."""
+        problems = []
+        for fw in forwards:
+            where = f"secondary {fw.replica.server_id} ({fw.replica.advertise_addr})"
+            if fw.error is not None:
+                problems.append(f"{where}: {fw.error}")
+                continue
+            try:
+                with fw.stream as stream:
+                    msg = decode_response(next(stream))
+            except (SbpError, StopIteration) as exc:
+                problems.append(f"{where}: {exc!r}")
+                continue
+            if isinstance(msg, SystemError) or not isinstance(msg, AppendResponse):
+                problems.append(f"{where}: {msg}")
+                continue
+            if not msg.status.ok:
+                problems.append(f"{where}: {msg.status.message}")
+                continue
+            failed = [r.status for r in msg.append_responses if not r.status.ok]
+            if failed:
+                problems.append(f"{where}: {failed[0].message}")
+        return "; ".join(problems) if problems else None
