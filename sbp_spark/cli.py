@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from sbp_spark.commands.common import add_pd_argument, cli_errors, pd_of
 from sbp_spark.protocol.errors import SbpError
 
 log = logging.getLogger("sbp_spark.cli")
@@ -300,8 +301,7 @@ def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argpars
     parser = subparsers.add_parser(
         "create", help="create streams and print their ids",
         description="Create streams; prints each new stream id on its own line.")
-    parser.add_argument("--pd", required=True, type=_pd_addresses, metavar="HOST:PORT",
-                        help="the PD's address")
+    add_pd_argument(parser)
     parser.add_argument("--replicas", type=_int_in(1, 127), default=1, metavar="N",
                         help="range servers holding each range (default 1)")
     parser.add_argument("--retention-ms", type=_int_in(1, also=(-1,)), default=-1,
@@ -312,10 +312,11 @@ def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argpars
     return parser
 
 
+@cli_errors
 def streams_create_command(args: argparse.Namespace) -> int:
     from sbp_spark.client import SbpClient
 
-    client = SbpClient(args.pd, _client_config())
+    client = SbpClient(pd_of(args), _client_config())
     streams = client.create_streams(count=args.count, replicas=args.replicas,
                                     retention_ms=args.retention_ms)
     for stream in streams:
@@ -333,11 +334,12 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``sbp`` argument parser with every subcommand."""
-    from sbp_spark import __version__
+    from sbp_spark import __version__, demo
+    from sbp_spark import commands as admin
 
     parser = argparse.ArgumentParser(
-        prog="sbp", description="Streaming Batch Protocol (SBP) tools: run a cluster and "
-                                "manage its streams.")
+        prog="sbp", description="Streaming Batch Protocol (SBP) tools: run a cluster, manage "
+                                "its streams, try the Spark connector.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
@@ -346,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parser(commands)
     add_pd_parser(commands)
     add_range_server_parser(commands)
-    add_streams_parser(commands)
+    admin.add_stream_commands(add_streams_parser(commands))
+    admin.add_commands(commands)
+    demo.add_parser(commands)
     parser.set_defaults(handler=lambda _args: _usage(parser))
     return parser
 

@@ -1,0 +1,222 @@
+"""What every ``sbp`` admin subcommand shares: the ``--pd`` option, argument types, the client,
+and turning errors into one line on stderr with a non-zero exit status.
+
+Errors a user can cause (an unknown stream, a bad offset, a PD that is not running, a file that
+cannot be read) print one line and exit 1; argparse already prints usage errors and exits 2.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from sbp_spark.protocol.errors import SbpError, SbpTimeoutError, ServerError, TransportError
+
+if TYPE_CHECKING:
+    from sbp_spark.client import SbpClient
+
+PD_ENV = "SBP_PD"
+# The port `sbp server` and `sbp pd` listen on when none is given.
+DEFAULT_PD = "127.0.0.1:2378"
+
+# An admin command talks to a PD a person just named: if it is not there, say so within
+# seconds instead of retrying for the client's usual minute.
+CLI_CONNECT_TIMEOUT_S = 3.0
+CLI_RETRIES = 3
+CLI_RETRY_DEADLINE_S = 15.0
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+def default_pd() -> str:
+    """The PD address used without ``--pd``: $SBP_PD, else 127.0.0.1:2378."""
+    return os.environ.get(PD_ENV) or DEFAULT_PD
+
+
+def pd_addresses_arg(text: str) -> str:
+    """argparse type: ``host:port[,host:port...]``."""
+    from sbp_spark.client.pd import parse_pd_addresses
+
+    try:
+        parse_pd_addresses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_pd_argument(parser: argparse.ArgumentParser) -> None:
+    """``--pd HOST:PORT[,HOST:PORT...]`` with the documented default."""
+    parser.add_argument(
+        "--pd", default=None, type=pd_addresses_arg, metavar="HOST:PORT",
+        help=f"placement driver address(es), comma-separated (default: ${PD_ENV}, "
+             f"else {DEFAULT_PD})")
+
+
+def pd_of(args: argparse.Namespace) -> str:
+    return args.pd or default_pd()
+
+
+def stream_id_arg(text: str) -> int:
+    """argparse type: a stream id (an integer >= 0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a stream id (an integer >= 0)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a stream id (an integer >= 0)")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def retention_arg(text: str) -> int:
+    """argparse type: retention in milliseconds (>= 1), or -1 for forever."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use -1 (forever) or a value >= 1")
+    return value
+
+
+@contextmanager
+def connect(args: argparse.Namespace) -> Iterator[SbpClient]:
+    """An SbpClient for the command's PD with the command line's short timeouts."""
+    from sbp_spark.client import ClientConfig, SbpClient
+
+    config = ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S, retries=CLI_RETRIES,
+                          retry_deadline_s=CLI_RETRY_DEADLINE_S)
+    client = SbpClient(pd_of(args), config)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _reachable(address: str) -> bool:
+    host, _, port = address.strip().rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), CLI_CONNECT_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def describe_error(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message for a failure a user can cause; None for a bug."""
+    from sbp_spark.environment import JavaNotFoundError
+
+    if isinstance(exc, CommandError):
+        return str(exc)
+    if isinstance(exc, JavaNotFoundError):
+        return str(exc)
+    if isinstance(exc, ServerError):
+        message = exc.message or str(exc)
+        # The client prefixes what it was doing ("stream 7: ..."); skip it when the server's
+        # own words already say the same.
+        context, sep, rest = message.partition(": ")
+        return rest if sep and context in rest else message
+    if isinstance(exc, (TransportError, SbpTimeoutError)):
+        pd = getattr(args, "pd", None) or default_pd()
+        addresses = [a for a in pd.split(",") if a.strip()]
+        if not any(_reachable(a) for a in addresses):
+            return f"cannot reach PD at {pd}{_pd_source(args)} ({exc})"
+        return str(exc)
+    if isinstance(exc, SbpError):
+        return str(exc)
+    if isinstance(exc, ValueError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return None
+
+
+def _pd_source(args: argparse.Namespace) -> str:
+    if getattr(args, "pd", None):
+        return ""
+    if os.environ.get(PD_ENV):
+        return f" (from ${PD_ENV})"
+    return f" (the default; pass --pd HOST:PORT or set ${PD_ENV})"
+
+
+def cli_errors(handler: Handler) -> Handler:
+    """Wrap a subcommand handler: user errors become one stderr line and exit status 1."""
+
+    @functools.wraps(handler)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # The reader went away (`sbp tail ... | head`): stop quietly, as Unix tools do.
+            _silence_stdout()
+            return EXIT_OK
+        except Exception as exc:
+            message = describe_error(exc, args)
+            if message is None:
+                raise
+            print(f"{getattr(args, 'command', 'sbp')}: error: {message}", file=sys.stderr)
+            return EXIT_ERROR
+
+    return wrapper
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; a closed pipe would raise again there.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def print_table(rows: list[list[str]], header: list[str], out=None) -> None:
+    """Left-aligned columns separated by two spaces (numbers right-aligned)."""
+    out = out or sys.stdout
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    numeric = [all(_is_number(r[i]) for r in rows) and bool(rows) for i in range(len(header))]
+    for row in table:
+        cells = [cell.rjust(w) if num else cell.ljust(w)
+                 for cell, w, num in zip(row, widths, numeric, strict=True)]
+        print("  ".join(cells).rstrip(), file=out)
+
+
+def _is_number(text: str) -> bool:
+    return text.replace(",", "").lstrip("-").isdigit()

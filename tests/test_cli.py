@@ -1,0 +1,388 @@
+"""The ``sbp`` command as a user runs it: help for every subcommand, stream and range admin,
+produce and tail (including ``tail -f`` across a seal), cluster, one-line errors, and the demo.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sbp_spark.cli import build_parser, main
+from sbp_spark.commands.progress import Progress
+from sbp_spark.server.cluster import EmbeddedCluster
+
+SUBCOMMANDS = [
+    ["streams", "create"], ["streams", "list"], ["streams", "describe"], ["streams", "update"],
+    ["streams", "trim"], ["streams", "delete"], ["ranges", "list"], ["ranges", "seal"],
+    ["produce"], ["tail"], ["cluster"], ["demo"], ["server"], ["pd"], ["range-server"],
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with EmbeddedCluster(tmp_path_factory.mktemp("cli-cluster"), range_servers=2) as c:
+        yield c
+
+
+@pytest.fixture
+def sbp(capsys, cluster):
+    """Run ``sbp ARGS --pd <cluster>`` in this process: (exit status, stdout, stderr)."""
+
+    def run(*argv: str, pd: bool = True) -> tuple[int, str, str]:
+        args = [*argv] + (["--pd", cluster.pd_address] if pd else [])
+        status = main(args)
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def _create(sbp, count: int = 1) -> list[int]:
+    status, out, err = sbp("streams", "create", "--count", str(count))
+    assert status == 0, err
+    return [int(line) for line in out.split()]
+
+
+def _assert_one_line_error(status: int, err: str, command: str, *words: str) -> None:
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"sbp {command}: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], err
+
+
+# -- help ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", SUBCOMMANDS, ids=" ".join)
+def test_every_subcommand_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: sbp {' '.join(argv)}")
+
+
+def test_bench_help_is_the_harness_own(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: sbp bench") and "--quick" in out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for name in ("server", "pd", "range-server", "streams", "ranges", "produce", "tail",
+                 "cluster", "demo", "bench"):
+        assert f"    {name} " in out
+
+
+# -- streams and ranges --------------------------------------------------------------------------
+
+
+def test_streams_lifecycle(sbp):
+    first, second = _create(sbp, 2)
+
+    status, out, _ = sbp("streams", "list")
+    assert status == 0
+    listed = [line.split()[0] for line in out.splitlines()[1:]]
+    assert str(first) in listed and str(second) in listed
+
+    status, out, _ = sbp("streams", "update", str(second), "--retention-ms", "60000", "--json")
+    assert status == 0
+    assert json.loads(out)["retention_ms"] == 60000
+
+    status, out, _ = sbp("streams", "describe", str(first), str(second), "--json")
+    facts = [json.loads(line) for line in out.splitlines()]
+    assert [f["stream_id"] for f in facts] == [first, second]
+    assert facts[0]["retention_ms"] == -1 and facts[1]["retention_ms"] == 60000
+    assert facts[0]["next_offset"] == 0 and facts[0]["ranges"] == 1
+
+    status, out, _ = sbp("streams", "delete", str(second))
+    assert status == 0 and out.strip() == f"deleted stream {second}"
+    _, out, _ = sbp("streams", "list", "--json")
+    assert second not in [json.loads(line)["stream_id"] for line in out.splitlines()]
+
+    status, _, err = sbp("streams", "describe", str(second))
+    _assert_one_line_error(status, err, "streams describe", str(second))
+
+
+def test_update_needs_something_to_change(sbp):
+    (stream,) = _create(sbp)
+    status, _, err = sbp("streams", "update", str(stream))
+    _assert_one_line_error(status, err, "streams update", "--replicas")
+
+
+def test_trim_then_reading_below_fails_with_the_new_start(sbp, tmp_path):
+    (stream,) = _create(sbp)
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(20)))
+    assert sbp("produce", str(stream), str(source))[0] == 0
+
+    status, out, _ = sbp("streams", "trim", str(stream), "5")
+    assert status == 0 and "starts at offset 5" in out
+
+    status, _, err = sbp("tail", str(stream), "--from", "2")
+    _assert_one_line_error(status, err, "tail", "trimmed", "starts at 5")
+    status, out, _ = sbp("tail", str(stream))
+    assert out.splitlines() == [f"line {i}" for i in range(5, 20)]
+
+
+def test_ranges_list_and_seal(sbp):
+    (stream,) = _create(sbp)
+    sbp_lines = "a\nb\nc\n"
+    _produce_stdin(sbp, stream, sbp_lines)
+
+    status, out, _ = sbp("ranges", "seal", str(stream))
+    assert status == 0
+    assert "sealed range 0" in out and "at offset 3" in out and "open range is now 1" in out
+    _produce_stdin(sbp, stream, "d\n")
+
+    status, out, _ = sbp("ranges", "list", str(stream), "--json")
+    ranges = [json.loads(line) for line in out.splitlines()]
+    assert [(r["range_index"], r["start_offset"], r["next_offset"], r["open"])
+            for r in ranges] == [(0, 0, 3, False), (1, 3, 4, True)]
+    assert all(r["servers"] and r["servers"][0]["primary"] for r in ranges)
+
+    status, out, _ = sbp("tail", str(stream))
+    assert out.splitlines() == ["a", "b", "c", "d"]
+
+
+# -- produce and tail ----------------------------------------------------------------------------
+
+
+def _produce_stdin(sbp, stream: int, text: str, *extra: str) -> str:
+    old = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(text.encode()))
+    try:
+        status, out, err = sbp("produce", str(stream), *extra)
+    finally:
+        sys.stdin = old
+    assert status == 0, err
+    return out
+
+
+def test_produce_stdin_in_small_batches_then_tail_ranges_of_it(sbp):
+    (stream,) = _create(sbp)
+    out = _produce_stdin(sbp, stream, "".join(f"{i}\n" for i in range(1, 26)),
+                         "--batch-records", "10")
+    assert out.strip() == f"produced 25 records to stream {stream}, offsets 0 .. 24"
+
+    assert sbp("tail", str(stream), "--from", "20")[1].split() == ["21", "22", "23", "24", "25"]
+    assert sbp("tail", str(stream), "--from", "-2")[1].split() == ["24", "25"]
+    assert sbp("tail", str(stream), "--from", "3", "--max", "2")[1].split() == ["4", "5"]
+    assert sbp("tail", str(stream), "--from", "latest")[1] == ""
+    _, out, _ = sbp("tail", str(stream), "--from", "12", "-n", "2", "--print-offsets")
+    assert out.splitlines() == ["12\t13", "13\t14"]
+
+
+def test_produce_keys_and_files(sbp, tmp_path):
+    (stream,) = _create(sbp)
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_bytes(b"k1:v1\r\nk2:v:2\n")
+    two.write_bytes(b"k3:v3")  # no final newline: still a record
+    status, out, _ = sbp("produce", str(stream), str(one), str(two), "--key-separator", ":")
+    assert status == 0 and "offsets 0 .. 2" in out
+    _, out, _ = sbp("tail", str(stream), "--print-keys", "--print-offsets")
+    assert out.splitlines() == ["0\tk1\tv1", "1\tk2\tv:2", "2\tk3\tv3"]
+
+    status, _, _ = sbp("produce", str(stream), str(one), "--whole-files", "--key", "file")
+    assert status == 0
+    _, out, _ = sbp("tail", str(stream), "--from", "3", "--print-keys")
+    assert out == "file\tk1:v1\r\nk2:v:2\n\n"
+
+
+def test_produce_reports_a_line_without_separator(sbp, tmp_path):
+    (stream,) = _create(sbp)
+    source = tmp_path / "bad.txt"
+    source.write_text("k:v\nno separator here\n")
+    status, _, err = sbp("produce", str(stream), str(source), "--key-separator", ":")
+    _assert_one_line_error(status, err, "produce", "line 2", "bad.txt")
+
+
+def test_user_errors_are_one_line(sbp, tmp_path):
+    (stream,) = _create(sbp)
+    status, _, err = sbp("tail", "999999")
+    _assert_one_line_error(status, err, "tail", "999999")
+    status, _, err = sbp("tail", str(stream), "--from", "50")
+    _assert_one_line_error(status, err, "tail", "beyond the end")
+    status, _, err = sbp("produce", str(stream), str(tmp_path / "missing.txt"))
+    _assert_one_line_error(status, err, "produce", "missing.txt")
+    status, _, err = sbp("streams", "trim", "999999", "3")
+    _assert_one_line_error(status, err, "streams trim", "999999")
+    status, _, err = sbp("ranges", "list", "999999")
+    _assert_one_line_error(status, err, "ranges list", "999999")
+
+
+def test_unreachable_pd_is_named(capsys):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for argv in (["streams", "list"], ["cluster"], ["tail", "1"], ["ranges", "seal", "1"]):
+        status = main([*argv, "--pd", f"127.0.0.1:{port}"])
+        err = capsys.readouterr().err
+        assert status == 1, argv
+        assert f"cannot reach PD at 127.0.0.1:{port}" in err, err
+        assert "Traceback" not in err
+
+
+def test_bad_arguments_are_usage_errors(capsys):
+    for argv in (["tail", "1", "--from", "soon"], ["tail", "-3"], ["streams", "trim", "1", "-4"],
+                 ["produce", "x"], ["streams", "list", "--pd", "nohost"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2, argv
+        assert "error:" in capsys.readouterr().err
+
+
+def test_pd_comes_from_the_environment(capsys, cluster, monkeypatch):
+    monkeypatch.setenv("SBP_PD", cluster.pd_address)
+    assert main(["streams", "list"]) == 0
+    assert capsys.readouterr().out.startswith("STREAM")
+
+
+def test_cluster_shows_members_and_range_servers(sbp, cluster):
+    (stream,) = _create(sbp)
+    status, out, _ = sbp("cluster", "--json")
+    assert status == 0
+    facts = json.loads(out)
+    assert facts["members"] == [{"name": facts["members"][0]["name"],
+                                 "address": cluster.pd_address, "leader": True}]
+    addresses = {s["address"] for s in facts["range_servers"]}
+    assert addresses <= set(cluster.range_server_addresses) and addresses
+    assert all(s["ping_ms"] is not None for s in facts["range_servers"])
+    assert facts["streams"] >= 1
+
+    status, out, _ = sbp("cluster")
+    assert status == 0 and "leader" in out and cluster.pd_address in out
+
+
+# -- tail -f in a real process -------------------------------------------------------------------
+
+
+def _read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
+    """Lines of ``proc``'s stdout until ``done(lines)`` or the deadline."""
+    lines: list[str] = []
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while not done(lines) and time.monotonic() < deadline:
+        if selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.decode().rstrip("\n"))
+    selector.close()
+    return lines
+
+
+def test_tail_follow_sees_new_records_across_a_seal(sbp, cluster):
+    (stream,) = _create(sbp)
+    _produce_stdin(sbp, stream, "old\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbp_spark.cli", "tail", str(stream), "-f", "--from", "latest",
+         "--print-offsets", "--wait-ms", "200", "--pd", cluster.pd_address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # The follower is waiting once a long-poll FETCH is outstanding; records appended
+        # before it started are skipped (--from latest), so produce only after it is up.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            _produce_stdin(sbp, stream, "probe\n")
+            if _read_until(proc, bool, timeout=0.5):
+                break
+        _produce_stdin(sbp, stream, "new 1\nnew 2\n")
+        assert sbp("ranges", "seal", str(stream))[0] == 0
+        _produce_stdin(sbp, stream, "after seal\n")
+        lines = _read_until(proc, lambda got: any(g.endswith("after seal") for g in got),
+                            timeout=30)
+        values = [line.split("\t", 1)[1] for line in lines]
+        assert values[-3:] == ["new 1", "new 2", "after seal"], lines
+        offsets = [int(line.split("\t", 1)[0]) for line in lines]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            status = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        stderr = proc.stderr.read().decode()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert status == 130 and "Traceback" not in stderr
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+
+def test_progress_line_shows_a_bar_only_with_a_known_total():
+    out = io.StringIO()
+    progress = Progress(total_bytes=2_000_000, out=out, enabled=True)
+    line = progress.render(1_000_000, 1234, elapsed=2.0)
+    assert line.startswith("[" + "#" * 12 + "-" * 12 + "]  50%")
+    assert "1,234 records" in line and "0.5 MB/s" in line
+    assert Progress(out=out, enabled=True).render(3_000_000, 5, 1.0).startswith("3.0 MB")
+
+
+def test_progress_is_silent_off_a_terminal():
+    out = io.StringIO()  # not a TTY
+    progress = Progress(total_bytes=10, out=out)
+    progress.started -= 10  # long past the delay before the first draw
+    progress.update(5, 1)
+    progress.close()
+    assert out.getvalue() == ""
+
+
+# -- demo ----------------------------------------------------------------------------------------
+
+
+def test_demo_without_java_says_how_to_install_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path)  # no java here
+    proc = subprocess.run([sys.executable, "-m", "sbp_spark.cli", "demo"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Java 17" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path):
+    data_dir = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "sbp_spark.cli", "demo", "--rows", "20000",
+                           "--data-dir", str(data_dir)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "OK: every count and offset matched." in out
+    assert "20,000 rows in" in out and "exactly 1,000 new rows" in out
+    assert "MB/s" in out and "rows/s" in out
+    assert "Traceback" not in proc.stderr and " INFO " not in proc.stderr
+    # --data-dir is kept: the streaming output is there.
+    assert any(Path(data_dir, "stream-output").glob("*.parquet"))
+
+
+def test_parser_builds_without_spark():
+    # Building the parser (every `sbp` start) must not import pyspark: it costs seconds.
+    code = ("import sys; from sbp_spark.cli import build_parser; build_parser(); "
+            "sys.exit('pyspark' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    assert build_parser().prog == "sbp"
