@@ -33,9 +33,11 @@ from sbp_spark.client.pool import ConnectionPool
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import (
+    ErrorCode,
     HeaderError,
     InvalidRequestError,
     RangeNotFoundError,
+    RequestTimeoutError,
     SbpError,
     ServerError,
     UnknownError,
@@ -111,6 +113,8 @@ def _ok_or_error(fn: Callable[[], Any]) -> tuple[Any, m.Status]:
         return fn(), m.OK
     except ServerError as exc:
         return None, m.Status.from_error(exc)
+    except SbpError as exc:  # not a status of ours: still this item's failure alone
+        return None, m.Status(int(ErrorCode.UNKNOWN), f"{type(exc).__name__}: {exc}")
 
 
 def _check_stream_settings(replica_nums: int, retention_period_ms: int) -> None:
@@ -442,22 +446,32 @@ class PlacementDriver:
                         start_offset=stream.start_offset, deleted=stream.deleted)
 
     def _call_server(self, server_id: int, msg: Any, timeout_s: float | None = None) -> Any:
-        """One request to a range server; the response, or an ``SbpError``."""
+        """One request to a range server: its response.
+
+        A SYSTEM_ERROR answer raises its ``ServerError``; a server that cannot be reached or
+        does not answer in time raises ``RequestTimeoutError`` (retriable) naming it.
+        """
         addr = self._address_of(server_id)
         if not addr:
-            raise UnknownError(f"range server {server_id} has never announced an address")
+            raise RequestTimeoutError(
+                f"range server {server_id} has never announced an address")
         timeout = self.config.range_server_timeout_s if timeout_s is None else timeout_s
-        for attempt in (1, 2):
-            conn = self._pool.get(addr)
+        failure: SbpError | None = None
+        # Two tries: a pooled connection may have died with a server restart.
+        for _ in range(2):
+            conn = None
             try:
+                conn = self._pool.get(addr)
                 response, _ = conn.call(msg, timeout=timeout)
                 return response
+            except ServerError:
+                raise
             except SbpError as exc:
-                if isinstance(exc, ServerError) or attempt == 2:
-                    raise
-                # A pooled connection may have died with a server restart: one fresh try.
-                self._pool.discard(conn)
-        raise AssertionError("unreachable")
+                failure = exc
+                if conn is not None:
+                    self._pool.discard(conn)
+        raise RequestTimeoutError(
+            f"range server {server_id} at {addr} did not answer: {failure}") from failure
 
     def _seal_on_servers(self, rng: RangeMeta, timeout_s: float | None) -> int:
         """Seal ``rng`` on its primary (whose end offset counts), then on its secondaries."""
