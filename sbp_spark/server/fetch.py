@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from ..protocol.errors import (
     ErrorCode,
-    OffsetOutOfRangeError,
     RangeNotFoundError,
     RangeSealedError,
     ServerError,
@@ -111,10 +110,15 @@ class FetchServer:
             return None
         rlog = self.storage.find_range(sid, e.offset)
         if rlog is None:
-            first = ranges[0]
-            e.fail(OffsetOutOfRangeError(
-                f"offset {e.offset} of stream {sid} is below the start {first.start_offset} "
-                f"of its ranges here; fetch from {first.start_offset}"))
+            # Below every range held here: an earlier range lives on other servers.
+            e.fail(RangeNotFoundError(
+                f"offset {e.offset} of stream {sid} is in a range not held by this server "
+                f"(its ranges here start at {ranges[0].base_start_offset})"))
+            return None
+        if rlog.sealed and e.offset > rlog.end_offset:
+            e.fail(RangeNotFoundError(
+                f"offset {e.offset} of stream {sid} is past the end {rlog.end_offset} of range "
+                f"{rlog.range_index}; the range holding it is not on this server"))
             return None
         try:
             rlog.check_readable(e.offset)

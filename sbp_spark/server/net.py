@@ -546,9 +546,16 @@ class FrameServer:
         with self._lock:
             return list(self._connections.values())
 
-    def submit(self, fn, *args) -> None:
-        """Run ``fn(*args)`` on the worker pool (e.g. to answer a deferred request)."""
-        self._pool.submit(self._guarded, fn, args)
+    def submit(self, fn, *args) -> bool:
+        """Run ``fn(*args)`` on the worker pool (e.g. to answer a deferred request).
+
+        Returns False when the server has stopped and the task was dropped."""
+        try:
+            self._pool.submit(self._guarded, fn, args)
+        except RuntimeError:  # the pool shut down: the connections are gone too
+            log.debug("server stopped; dropped task %r", fn)
+            return False
+        return True
 
     @staticmethod
     def _guarded(fn, args) -> None:

@@ -418,13 +418,14 @@ class RangeLog:
                 f"{'end' if self._end_offset >= 0 else 'next offset'} {limit}")
 
     def read(self, offset: int, max_bytes: int, end_offset: int = -1,
-             first: bool = True) -> ReadChunk:
+             first: bool = True, count: bool = True) -> ReadChunk:
         """Committed batches from the one containing ``offset``, within one segment.
 
         Returns an empty chunk when nothing is committed at ``offset`` yet. ``max_bytes``
         bounds the bytes, but a first batch (``first``) is returned even if larger.
         ``end_offset`` (-1: none) stops before batches starting at or after it. Checksums are
-        the caller's choice (``chunk.verify()`` or ``chunk.crc``).
+        the caller's choice (``chunk.verify()`` or ``chunk.crc``). ``count``: add the bytes
+        to the read statistics.
         """
         with self.lock:
             self.check_readable(offset)
@@ -449,7 +450,8 @@ class RangeLog:
             seg.release()
             return ReadChunk([], 0, offset)
         nbytes = sum(b.length for b in batches)
-        self.storage.stats.bytes_read += nbytes
+        if count:
+            self.storage.stats.bytes_read += nbytes
         return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
 
     def available_bytes(self, offset: int, limit: int) -> int:
@@ -457,7 +459,7 @@ class RangeLog:
         total = 0
         while total < limit:
             try:
-                chunk = self.read(offset, limit - total, first=True)
+                chunk = self.read(offset, limit - total, first=True, count=False)
             except OffsetOutOfRangeError:
                 break
             with chunk:

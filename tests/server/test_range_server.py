@@ -265,6 +265,10 @@ def test_fetch_validates_its_fields(peer):
                      4: ErrorCode.RANGE_NOT_FOUND, 5: ErrorCode.OFFSET_OUT_OF_RANGE}
     msg, _ = peer.call(FetchRequest(max_wait_ms=-1, fetch_requests=[_entry(1)]))
     assert msg.status.code == ErrorCode.INVALID_REQUEST
+    # Offsets held by ranges on other servers: the client must ask the PD.
+    _sync(peer, _range(2, index=1, start=100), _range(3, end=4))
+    _, statuses, _ = _fetch(peer, [_entry(2, offset=50, index=0), _entry(3, offset=9, index=1)])
+    assert [statuses[i][0].code for i in (0, 1)] == [ErrorCode.RANGE_NOT_FOUND] * 2
 
 
 def test_trim_makes_old_offsets_out_of_range_naming_the_start(peer):
