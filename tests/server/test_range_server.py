@@ -3,6 +3,7 @@ validation, streaming fetches, long polls and restarts."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 
@@ -35,6 +36,7 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, iter_batches, parse_header
+from sbp_spark.server import segment
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
@@ -388,3 +390,20 @@ def test_primary_replicates_to_secondaries_and_seals_when_one_fails(tmp_path):
     finally:
         primary.stop()
         secondary.stop()
+
+
+def test_disk_full_fails_the_entries_with_storage_full(peer, monkeypatch):
+    _sync(peer, _range(1))
+    assert _codes(_append(peer, [(1, b"kept")]).append_responses) == [0]
+
+    def enospc(fd, buffers, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment.os, "pwritev", enospc)
+    resp = _append(peer, [(1, b"lost")])
+    monkeypatch.undo()
+    assert _codes(resp.append_responses) == [ErrorCode.STORAGE_FULL]
+    assert "disk full" in resp.append_responses[0].status.message
+    _, _, batches = _fetch(peer, [_entry(1)])
+    assert [b[ENVELOPE_SIZE:] for b in batches[0]] == [b"kept"]
+    assert [r.base_offset for r in _append(peer, [(1, b"next")]).append_responses] == [1]
