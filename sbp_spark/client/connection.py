@@ -232,7 +232,9 @@ class Connection:
             raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
         self._sock = sock
         self._decoder = FrameDecoder(MAX_FRAME_LENGTH)
-        self._lock = threading.Lock()  # guards _pending inserts, _next_id and the state below
+        # Guards _pending inserts, _next_id and the state below. Reentrant: a ResponseStream
+        # dropped (and finalized) while this thread holds it releases its slot through it.
+        self._lock = threading.RLock()
         self._send_lock = threading.Lock()
         self._control: deque[list[Buffer]] = deque()  # frames the reader must send (PONG)
         self._pending: dict[int, SimpleQueue] = {}
