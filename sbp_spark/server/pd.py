@@ -10,10 +10,29 @@ Batch opcodes answer one result per item, in request order; a bad item fails wit
 status and never hides the others. Whole-request problems (a header that does not parse) are
 SYSTEM_ERROR frames.
 
+Decisions the specification leaves open, made here:
+
+* CREATE_STREAMS: a stream_id other than -1 asks for that id (importing metadata); taken or
+  once-used ids fail with STREAM_ALREADY_EXISTS. Range 0 opens at once on the least loaded
+  live servers; too few live servers fail the item with NOT_ENOUGH_SERVERS.
+* UPDATE_STREAMS replaces replica_nums and retention_period_ms (both are validated); a new
+  replica count applies to ranges opened later.
+* SEAL_RANGES (seal-and-new) on a range that is already sealed answers the open range that
+  followed it, so writers racing on one seal all land on the same range; if the seal was
+  recorded but no successor could be opened then, it is opened now.
+* CREATE_RANGE repeated for a range that is already open returns it (a retried create).
+* TRIM_STREAMS below the current start changes nothing; beyond the stream's end (the open
+  range's live next_offset, asked from its primary) fails with OFFSET_OUT_OF_RANGE.
+* DESCRIBE_STREAMS with no ids lists every live stream; DESCRIBE_PD_CLUSTER also lists the
+  range servers this PD knows, with liveness, load and their last REPORT_METRICS.
+* A range server that cannot be reached fails only the items that needed it, with the
+  retriable REQUEST_TIMEOUT naming the server.
+
 Range servers learn about their ranges in two ways: the PD pushes each new range to its servers
-when it opens it, and whenever a server (re)appears (its first heartbeat after a PD start, a
-restart, or silence past the liveness timeout) or a push to it failed, the PD pushes it every
-range it holds. So a range server that missed a push catches up within one heartbeat.
+when it opens it, and whenever a server (re)appears (its first heartbeat after a PD start, a new
+address after a restart, or a heartbeat after silence past the liveness timeout) or a push to it
+failed, the PD pushes it every range it holds. So a server that missed a push catches up within
+one heartbeat.
 """
 
 from __future__ import annotations
