@@ -326,3 +326,58 @@ def test_pool_reuses_connections_across_clients(cluster):
         conn = pool.get(cluster.pd_address)
         b.create_streams()
         assert pool.get(cluster.pd_address) is conn
+
+
+def test_report_metrics_reaches_the_pd(cluster, pool):
+    pd = PdClient(cluster.pd_address, TEST_CONFIG, pool)
+    (stream,) = pd.create_streams([m.Stream()])
+    (listed,) = pd.list_ranges([stream.unwrap().stream_id])
+    server = listed.unwrap()[0].primary
+    response = pd.report_metrics(m.ReportMetricsRequest(range_server=server, disk_in_rate=1))
+    assert response.status.ok
+
+
+def test_writer_rides_through_a_range_server_restart(tmp_path):
+    """GOAWAY and a closed connection mid-traffic: the writer retries and nothing is lost."""
+    from sbp_spark.server.cluster import EmbeddedCluster
+
+    config = ClientConfig(request_timeout_s=10, retries=200, retry_backoff_ms=10,
+                          retry_backoff_max_ms=100, retry_deadline_s=60)
+    with EmbeddedCluster(str(tmp_path / "restart"), range_servers=1) as small, \
+            ConnectionPool(config) as private:
+        client = SbpClient(small.pd_address, config, private)
+        (stream,) = client.create_streams()
+        writer = client.open_stream(stream.stream_id)
+        written: list[int] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def write() -> None:
+            i = 0
+            try:
+                while not stop.is_set():
+                    writer.append([opaque(i + k) for k in range(20)])
+                    written.extend(range(i, i + 20))
+                    i += 20
+            except BaseException as exc:  # surfaced by the assertions below
+                errors.append(exc)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        wait_until(lambda: len(written) >= 100)
+        address = small.range_server_addresses[0]
+        before = private.connections()[address]
+        small.stop_range_server(0)
+        assert before.goaway_received or before.closed
+        small.start_range_server(0)
+        mark = len(written)
+        wait_until(lambda: len(written) >= mark + 100 or errors, timeout=60)
+        stop.set()
+        thread.join(60)
+        assert not errors
+        assert all(conn is not before for conn in private.connections().values())
+        values = [v for _, v in read_values(client, stream.stream_id)]
+        stored = {int(v[7:13]) for v in values}
+        assert stored >= set(written)
+        offsets = [o for o, _ in read_values(client, stream.stream_id)]
+        assert offsets == list(range(len(offsets)))
