@@ -66,9 +66,39 @@ def find_processes(markers: Iterable[str]) -> list[int]:
     return sorted(pids)
 
 
-def pyspark_workers() -> list[int]:
-    """Pids of Spark's Python workers (and their daemon) on this machine."""
-    return find_processes(PYSPARK_WORKER_MARKERS)
+def parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (2nd field) is in parentheses and may hold spaces: split after it.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def descendants(root: int) -> set[int]:
+    """Pids of every living process below ``root`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = parent_pid(int(entry))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry))
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in out:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
+def pyspark_workers(root: int | None = None) -> list[int]:
+    """Pids of the Python workers (and their daemon) of Spark sessions started below ``root``
+    (default: this process), so other users' Spark jobs on the machine are not counted."""
+    mine = descendants(os.getpid() if root is None else root)
+    return [pid for pid in find_processes(PYSPARK_WORKER_MARKERS) if pid in mine]
 
 
 class PeakSampler:

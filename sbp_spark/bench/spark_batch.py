@@ -130,8 +130,10 @@ def run(ctx: BenchContext) -> list[Figure]:
     sbp_df = None
     read_schema = DEFAULT_SCHEMA
     if sbp_reason is None and write_streams:
+        # minPartitions: the same parallelism as the ceiling, whatever the stream's ranges.
         sbp_df = (spark.read.format("sbp").option("pd", ctx.server.pd)
-                  .option("streams", str(write_streams[-1])).load())
+                  .option("streams", str(write_streams[-1])).option("minPartitions", parts)
+                  .load())
         read_schema = sbp_df.schema
     elif sbp_reason is None:
         sbp_reason = f"the sbp write failed ({sbp_w.error}), nothing to read"

@@ -7,8 +7,10 @@ Registered per session under ``sbp_bench_arrow``; imported by Spark's Python wor
 
 Reader options: ``rows``, ``partitions``, ``batch_rows``, ``record_size`` and ``schema`` (a
 ``StructType`` as JSON, so the ceiling produces exactly the schema of the query it stands
-next to). Columns are filled by name and type: integers count up (the record's offset),
-timestamps are a fixed time plus the offset, a binary column named ``value`` holds
+next to). Each worker builds one batch of ``batch_rows`` rows once and yields it over and over
+(sliced for the last batch of a partition): the same number of rows and bytes as the query it
+stands next to, with no Python work per batch. Columns are filled by name and type: integers
+count up, timestamps are a fixed time plus that count, a binary column named ``value`` holds
 ``record_size`` random bytes per row, any other column is null.
 """
 
@@ -50,9 +52,9 @@ DEFAULT_SCHEMA = StructType([
 ])
 _BASE_TIME_US = 1_763_800_000_000_000  # a fixed instant, so every run yields the same rows
 
-# Batches built once per Python worker and reused by later queries (worker reuse is on by
+# The batch each Python worker builds once and reuses in later queries (worker reuse is on by
 # default), so the timed runs measure handing batches to Spark, not building them.
-_CACHE: dict[tuple, list[pa.RecordBatch]] = {}
+_TEMPLATES: dict[tuple, pa.RecordBatch] = {}
 
 
 def _int_option(options: dict, name: str, default: int) -> int:
@@ -94,15 +96,21 @@ def _column(field: pa.Field, offsets: pa.Array, record_size: int) -> pa.Array:
     return pa.nulls(n, field.type)
 
 
-def build_batches(schema: pa.Schema, start: int, stop: int, batch_rows: int,
-                  record_size: int) -> list[pa.RecordBatch]:
-    """Rows ``[start, stop)`` of the ceiling's data as batches of ``batch_rows``."""
-    out = []
-    for lo in range(start, stop, batch_rows):
-        offsets = pa.array(range(lo, min(stop, lo + batch_rows)), pa.int64())
-        columns = [_column(f, offsets, record_size) for f in schema]
-        out.append(pa.RecordBatch.from_arrays(columns, schema=schema))
-    return out
+def build_batch(schema: pa.Schema, rows: int, record_size: int) -> pa.RecordBatch:
+    """One batch of ``rows`` rows of the ceiling's data."""
+    offsets = pa.array(range(rows), pa.int64())
+    columns = [_column(f, offsets, record_size) for f in schema]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def template(schema_json: str, batch_rows: int, record_size: int) -> pa.RecordBatch:
+    """This worker's prebuilt batch for these settings (built on first use)."""
+    key = (schema_json, batch_rows, record_size)
+    batch = _TEMPLATES.get(key)
+    if batch is None:
+        schema = to_arrow_schema(StructType.fromJson(json.loads(schema_json)), timezone="UTC")
+        batch = _TEMPLATES[key] = build_batch(schema, batch_rows, record_size)
+    return batch
 
 
 class _CeilingReader(DataSourceReader):
@@ -120,16 +128,12 @@ class _CeilingReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Slice)
-        key = (self.schema_json, partition.start, partition.stop, self.batch_rows,
-               self.record_size)
-        batches = _CACHE.get(key)
-        if batches is None:
-            schema = to_arrow_schema(StructType.fromJson(json.loads(self.schema_json)),
-                                     timezone="UTC")
-            batches = build_batches(schema, partition.start, partition.stop, self.batch_rows,
-                                    self.record_size)
-            _CACHE[key] = batches
-        yield from batches
+        batch = template(self.schema_json, self.batch_rows, self.record_size)
+        full, rest = divmod(partition.stop - partition.start, self.batch_rows)
+        for _ in range(full):
+            yield batch
+        if rest:
+            yield batch.slice(0, rest)
 
 
 class _DroppingWriter(DataSourceArrowWriter):
