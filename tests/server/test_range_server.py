@@ -350,16 +350,23 @@ def test_heartbeat_is_answered_with_this_server(server, peer):
     assert msg.range_server.advertise_addr == server.advertise_addr
 
 
-def test_requests_after_shutdown_began_get_shutting_down(tmp_path):
+def test_shutdown_ends_long_polls_early_and_says_goaway(tmp_path):
     srv = Server(_config(tmp_path)).start()
     with RawPeer(srv.address) as peer:
         _sync(peer, _range(1))
         waiting = peer.request(FetchRequest(30_000, 1, [_entry(1)]))
+        deadline = time.monotonic() + 10
+        while not any(c.inflight for c in srv.net.connections()):
+            assert time.monotonic() < deadline, "the fetch never started"
+            time.sleep(0.01)
+        began = time.monotonic()
         stopper = threading.Thread(target=srv.stop)
         stopper.start()
-        # The long poll ends early with an (empty) answer, and GOAWAY arrives.
         frames = peer.response(waiting, timeout=10)
+        assert time.monotonic() - began < 10
         assert frames[-1].is_end and not isinstance(decode_response(frames[-1]), SystemError)
+        assert any(f.opcode == Opcode.GOAWAY for f in peer.frames) or \
+            peer.next_frame().opcode == Opcode.GOAWAY
         assert peer.wait_eof()
         stopper.join(10)
 
