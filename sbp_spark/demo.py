@@ -99,6 +99,7 @@ class DemoReport:
     pd_address: str
     data_dir: str
     stream_ids: list[int]
+    data_kept: bool = False
     write: Timed | None = None
     read: Timed | None = None
     streaming_rows: int = 0
@@ -278,7 +279,7 @@ def run_demo(rows: int = DEFAULT_ROWS, streams: int = DEFAULT_STREAMS,
         pd = cluster.pd_address
         client = stack.enter_context(SbpClient(pd))
         stream_ids = [s.stream_id for s in client.create_streams(count=streams)]
-        report = DemoReport(pd, str(workdir), stream_ids)
+        report = DemoReport(pd, str(workdir), stream_ids, data_kept=data_dir is not None)
         say(f"  PD at {pd}; created streams {', '.join(map(str, stream_ids))}")
 
         say("Starting Spark (local[2]) ...")
@@ -348,7 +349,9 @@ def _print_summary(say: Callable[[str], None], report: DemoReport) -> None:
         say(f"    stream {s.stream_id}: {s.rows:,} rows, next offset {s.next_offset:,}")
         for text in s.ranges:
             say(f"      {text}")
-    say(f"  PD was at {report.pd_address}; data in {report.data_dir}")
+    where = (f"kept in {report.data_dir}" if report.data_kept
+             else "in a temporary directory, removed now")
+    say(f"  PD was at {report.pd_address}; data {where}")
     say("OK: every count and offset matched.")
 
 
@@ -381,6 +384,9 @@ def demo_command(args: argparse.Namespace) -> int:
     for name in ("rows", "streams", "range_servers"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    # The embedded cluster's start-up and connection notes are not what the demo is about.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("sbp_spark.server").setLevel(logging.WARNING)
     run_demo(rows=args.rows, streams=args.streams, range_servers=args.range_servers,
              data_dir=args.data_dir)
     return 0

@@ -31,11 +31,14 @@ class ServerView:
     error: str = ""
 
 
-def gather(client: Any) -> dict[str, Any]:
-    """The PD members and the range servers of every live stream's ranges, pinged."""
+def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
+    """The PD members and (unless ``pd_only``) the range servers of every live stream's
+    ranges, pinged."""
     pd_cluster = client.pd.describe_pd_cluster()
     members = [{"name": n.name, "address": n.advertise_addr, "leader": n.is_leader}
                for n in pd_cluster.members]
+    if pd_only:
+        return {"pd": pd_of_client(client), "members": members}
     streams = client.list_streams()
     servers: dict[tuple[int, str], ServerView] = {}
     counts: dict[str, int] = defaultdict(int)
@@ -68,11 +71,14 @@ def pd_of_client(client: Any) -> str:
 
 
 def _print(facts: dict[str, Any]) -> None:
-    print(f"PD {facts['pd']}: {facts['streams']} streams, {facts['ranges']} ranges")
-    print()
+    if "streams" in facts:
+        print(f"PD {facts['pd']}: {facts['streams']} streams, {facts['ranges']} ranges")
+        print()
     print("PD members")
     print_table([[m["name"], m["address"], "leader" if m["leader"] else "follower"]
                  for m in facts["members"]], ["NAME", "ADDRESS", "ROLE"])
+    if "range_servers" not in facts:
+        return
     print()
     servers = facts["range_servers"]
     if not servers:
@@ -92,12 +98,12 @@ def _print(facts: dict[str, Any]) -> None:
 @cli_errors
 def cluster_command(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        facts = gather(client)
+        facts = gather(client, pd_only=args.pd_only)
     if args.json:
         print(json.dumps(facts))
     else:
         _print(facts)
-    down = [s for s in facts["range_servers"] if s["ping_ms"] is None]
+    down = [s for s in facts.get("range_servers", []) if s["ping_ms"] is None]
     return 1 if down else 0
 
 
@@ -108,7 +114,10 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         description="Show the PD members (and which leads), and the range servers that hold "
                     "ranges of live streams, with how many ranges each holds and a PING round "
                     "trip. Exits 0 when the PD and every listed range server answer, 1 "
-                    "otherwise (usable as a health check).")
+                    "otherwise (usable as a health check). Range-server load metrics are "
+                    "not shown: SBP has no request that reads them back from the PD.")
     add_pd_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--pd-only", action="store_true",
+                   help="only ask the PD for its members (a quick health check of the PD)")
     p.set_defaults(handler=cluster_command, command="sbp cluster")
