@@ -97,15 +97,16 @@ def server_process(fsync: str) -> Iterator[tuple[str, int]]:
                 proc.kill()
 
 
-def rss_of(pid: int) -> tuple[int, int]:
-    """(current RSS, peak RSS) of a process in bytes."""
+def memory_of(pid: int) -> dict[str, int]:
+    """RSS figures of a process in bytes: VmRSS, VmHWM (peak), RssAnon, RssFile."""
     fields = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads"):
+                n = int(value.split()[0])
+                fields[key] = n if key == "Threads" else n * 1024
+    return fields
 
 
 # -- client helpers --------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
     client long-polls its stream."""
     batch = batch_bytes(os.urandom(64 * 1024 - 28))
     with server_process(fsync) as (address, pid):
-        idle_rss, _ = rss_of(pid)
+        idle = memory_of(pid)
         with Connection(address, _CLIENT) as admin:
             for sid in range(clients):
                 create_range(admin, 100 + sid)
@@ -244,20 +245,26 @@ def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
                    for i in range(clients) for f in (writer, reader)]
         for t in threads:
             t.start()
-        peak = idle_rss
+        peak = dict(idle)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            peak = max(peak, rss_of(pid)[0])
+            now = memory_of(pid)
+            if now["VmRSS"] > peak["VmRSS"]:
+                peak = now
             time.sleep(0.1)
         stop.set()
         for t in threads:
             t.join(60)
-        _, hwm = rss_of(pid)
+        hwm = memory_of(pid)["VmHWM"]
+        time.sleep(1.0)  # let the server finish with the departed clients
+        after = memory_of(pid)
         if errors:
             raise RuntimeError(f"{len(errors)} client errors, first: {errors[0]!r}")
     total = sum(counts)
-    return {"clients": clients, "idle_rss_MiB": idle_rss / MIB, "peak_rss_MiB": peak / MIB,
-            "hwm_rss_MiB": hwm / MIB, "appended_MiB": total * len(batch) / MIB,
+    return {"clients": clients, "idle_rss_MiB": idle["VmRSS"] / MIB,
+            "peak_rss_MiB": peak["VmRSS"] / MIB, "peak_anon_MiB": peak["RssAnon"] / MIB,
+            "peak_file_MiB": peak["RssFile"] / MIB, "peak_threads": peak["Threads"],
+            "hwm_rss_MiB": hwm / MIB, "after_rss_MiB": after["VmRSS"] / MIB, "appended_MiB": total * len(batch) / MIB,
             "append_MBps": total * len(batch) / seconds / 1e6}
 
 
@@ -288,7 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["rss"] = r
         print(f"RSS with {r['clients']} clients appending + long-polling for {args.seconds:g} "
               f"s: idle {r['idle_rss_MiB']:.0f} MiB, peak {r['peak_rss_MiB']:.0f} MiB "
-              f"(high-water {r['hwm_rss_MiB']:.0f} MiB); {r['append_MBps']:.0f} MB/s appended")
+              f"(anonymous {r['peak_anon_MiB']:.0f}, file-backed {r['peak_file_MiB']:.0f}; "
+              f"{r['peak_threads']} threads; high-water {r['hwm_rss_MiB']:.0f} MiB; "
+              f"{r['after_rss_MiB']:.0f} MiB after the clients left); "
+              f"{r['append_MBps']:.0f} MB/s appended")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -23,7 +23,9 @@ Request life cycle:
   on its stream_id (``ctx.reply(..., end=True)``, ``ctx.system_error(...)``, or any
   ``ctx.send`` of a frame whose flags carry END). While a connection has
   ``max_inflight_per_connection`` requests in flight its reader stops reading (backpressure:
-  the peer's sends block in TCP).
+  the peer's sends block in TCP). Likewise, while the whole server holds more than
+  ``max_inflight_bytes`` of request frames (in flight or partly received), readers wait at
+  frame boundaries.
 * ``handle`` runs inline on the reader thread for quick opcodes, on the bounded worker pool for
   ``long_opcodes`` (long polls, calls to other servers) so the reader keeps reading.
 * If ``handle`` returns without ending the request, the core answers SYSTEM_ERROR UNKNOWN,
@@ -47,6 +49,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -74,6 +77,8 @@ from ..protocol.frame import (
 
 log = logging.getLogger(__name__)
 
+_U32 = struct.Struct(">I")
+
 Buffer = bytes | bytearray | memoryview
 
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
@@ -90,6 +95,13 @@ DEFAULT_MAX_INFLIGHT = 64
 # Bytes that threads may hold waiting to send on one connection. A slow reader then blocks the
 # senders instead of making the server buffer unbounded responses for it.
 DEFAULT_MAX_OUTGOING_BYTES = 64 * 1024 * 1024
+# Request bytes the whole server holds at once: frames received but not yet answered, and
+# frames being received. A reader at a frame boundary waits while the total is above this, so
+# memory stays bounded by this plus one frame per connection, however many clients write.
+DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+# Longest wait for that budget before a reader reads anyway (a slow long-running request must
+# not starve every other client forever).
+_BUDGET_WAIT_S = 5.0
 # Threads for long requests (long-poll fetches, calls to other servers). Long polls hold a thread
 # while they wait, so this must exceed the number of concurrent long polls we want to serve.
 DEFAULT_WORKER_THREADS = 128
@@ -110,6 +122,7 @@ class NetConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_inflight_per_connection: int = DEFAULT_MAX_INFLIGHT
     max_outgoing_bytes_per_connection: int = DEFAULT_MAX_OUTGOING_BYTES
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     worker_threads: int = DEFAULT_WORKER_THREADS
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
@@ -122,6 +135,7 @@ class NetConfig:
             "max_connections": self.max_connections,
             "max_inflight_per_connection": self.max_inflight_per_connection,
             "max_outgoing_bytes_per_connection": self.max_outgoing_bytes_per_connection,
+            "max_inflight_bytes": self.max_inflight_bytes,
             "worker_threads": self.worker_threads,
             "send_timeout_s": self.send_timeout_s,
         }
@@ -197,6 +211,8 @@ class Connection:
         self._send_lock = threading.Lock()
         self._state = threading.Condition()  # guards the fields below
         self._inflight = 0
+        # Requests not yet answered (only these keep their frames, and so their memory, alive).
+        self._open: set[RequestContext] = set()
         self._outgoing = 0
         self._closed = False
         self._draining = False  # no new requests will be read (peer or server GOAWAY)
@@ -315,14 +331,20 @@ class Connection:
 
     # -- in-flight accounting --------------------------------------------------------------
 
-    def _begin_request(self) -> None:
+    def _begin_request(self, ctx: RequestContext) -> None:
         with self._state:
             self._inflight += 1
+            self._open.add(ctx)
 
-    def _end_request(self) -> None:
+    def _end_request(self, ctx: RequestContext) -> None:
         with self._state:
             self._inflight -= 1
+            self._open.discard(ctx)
             self._state.notify_all()
+
+    def _unfinished(self) -> list[RequestContext]:
+        with self._state:
+            return list(self._open)
 
     def _wait_below_inflight_limit(self) -> None:
         limit = self.config.max_inflight_per_connection
@@ -363,11 +385,12 @@ class Connection:
 class RequestContext:
     """One request being served: its frame, and the ways to answer it."""
 
-    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock")
+    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock", "_nbytes")
 
     def __init__(self, frame: Frame, conn: Connection) -> None:
         self.frame = frame
         self.conn = conn
+        self._nbytes = len(frame.header) + len(frame.payload)
         self._done = False
         self._deferred = False
         self._lock = threading.Lock()
@@ -456,7 +479,8 @@ class RequestContext:
             if self._done:
                 return
             self._done = True
-        self.conn._end_request()
+        self.conn._end_request(self)
+        self.conn.server._release_bytes(self._nbytes)
 
     def _abandon(self) -> None:
         """The connection died: stop counting this request as in flight."""
@@ -486,6 +510,8 @@ class FrameServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._inflight_bytes = 0
+        self._budget = threading.Condition()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -655,10 +681,13 @@ class FrameServer:
     def _read_loop(self, conn: Connection) -> None:
         sock = conn.sock
         decoder = FrameDecoder(self.config.max_frame_length)
-        pending: list[RequestContext] = []
+        receiving = 0  # bytes of a partly received frame, charged to the server's budget
+        expected = 0  # its whole size, when its length prefix came at the start of a read
         try:
             while True:
                 conn._wait_below_inflight_limit()
+                if receiving == 0:
+                    self._wait_for_budget(conn)
                 if conn.closed or conn._draining:
                     break
                 buf = decoder.get_buffer()
@@ -670,6 +699,10 @@ class FrameServer:
                     break
                 if n == 0:
                     break
+                if receiving == 0 and n >= 4:
+                    # A frame starts here: charge all of it now, since the decoder allocates
+                    # its whole body as soon as it sees the length.
+                    expected = 4 + _U32.unpack_from(buf, 0)[0]
                 conn.last_activity = time.monotonic()
                 self.stats.bytes_in += n
                 try:
@@ -677,24 +710,32 @@ class FrameServer:
                 except FrameError as exc:
                     log.warning("%r sent an unreadable frame, closing: %s", conn, exc)
                     break
+                # Decoded frames are charged by their contexts; what is still partial here.
+                partial = decoder.buffered
                 while (event := decoder.next_event()) is not None:
                     # One read may bring many frames: the limit holds per request.
                     conn._wait_below_inflight_limit()
                     if conn.closed:
                         break
-                    self._dispatch(conn, event, pending)
+                    self._dispatch(conn, event)
                     if conn._draining:
                         break
+                if partial == 0:
+                    expected = 0
+                charge = max(partial, expected) if partial else 0
+                self._charge_bytes(charge - receiving)
+                receiving = charge
             if conn._draining and not conn.closed:
                 conn.wait_idle(time.monotonic() + self.config.shutdown_timeout_s)
         except Exception:
             log.exception("%r reader failed", conn)
         finally:
+            self._charge_bytes(-receiving)
             conn._abort("reader finished")
             with conn._send_lock:
                 with contextlib.suppress(OSError):
                     sock.close()
-            for ctx in pending:
+            for ctx in conn._unfinished():
                 ctx._abandon()
             with self._lock:
                 self._connections.pop(conn.id, None)
@@ -705,8 +746,7 @@ class FrameServer:
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def _dispatch(self, conn: Connection, event: Frame | InvalidFrame,
-                  pending: list[RequestContext]) -> None:
+    def _dispatch(self, conn: Connection, event: Frame | InvalidFrame) -> None:
         if isinstance(event, InvalidFrame):
             self.stats.invalid_frames += 1
             if event.flags & Flags.RESPONSE or event.opcode not in self._known_opcodes():
@@ -714,8 +754,7 @@ class FrameServer:
                 return
             code = (ErrorCode.CHECKSUM_MISMATCH if isinstance(event.error, ChecksumError)
                     else ErrorCode.INVALID_REQUEST)
-            ctx = self._new_context(conn, Frame(event.opcode, event.flags, event.stream_id),
-                                    pending)
+            ctx = self._new_context(conn, Frame(event.opcode, event.flags, event.stream_id))
             self._answer_error(ctx, code, str(event.error))
             return
         frame = event
@@ -725,7 +764,7 @@ class FrameServer:
             return
         opcode = frame.opcode
         if opcode == Opcode.PING:
-            ctx = self._new_context(conn, frame, pending)
+            ctx = self._new_context(conn, frame)
             self._run(ctx, self._pong)
             return
         if opcode == Opcode.GOAWAY:
@@ -738,7 +777,7 @@ class FrameServer:
             return
         self.stats.requests += 1
         self.stats.per_opcode[opcode] = self.stats.per_opcode.get(opcode, 0) + 1
-        ctx = self._new_context(conn, frame, pending)
+        ctx = self._new_context(conn, frame)
         if self._stopping.is_set():
             self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
         elif opcode in self.handler.long_opcodes:
@@ -752,16 +791,41 @@ class FrameServer:
     def _known_opcodes(self) -> frozenset[int]:
         return self.handler.opcodes | {Opcode.PING}
 
-    @staticmethod
-    def _new_context(conn: Connection, frame: Frame,
-                     pending: list[RequestContext]) -> RequestContext:
+    def _new_context(self, conn: Connection, frame: Frame) -> RequestContext:
         ctx = RequestContext(frame, conn)
-        conn._begin_request()
-        # Remember unfinished contexts so a dying connection releases them; prune as we go.
-        if len(pending) >= 64:
-            pending[:] = [c for c in pending if not c._done]
-        pending.append(ctx)
+        conn._begin_request(ctx)
+        self._charge_bytes(ctx._nbytes)
         return ctx
+
+    # -- the server-wide byte budget -------------------------------------------------------
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Request bytes held now (answered requests excluded)."""
+        return self._inflight_bytes
+
+    def _charge_bytes(self, n: int) -> None:
+        if n:
+            with self._budget:
+                self._inflight_bytes += n
+                if n < 0:
+                    self._budget.notify_all()
+
+    def _release_bytes(self, n: int) -> None:
+        self._charge_bytes(-n)
+
+    def _wait_for_budget(self, conn: Connection) -> None:
+        limit = self.config.max_inflight_bytes
+        if self._inflight_bytes < limit:
+            return
+        deadline = time.monotonic() + _BUDGET_WAIT_S
+        with self._budget:
+            while self._inflight_bytes >= limit and not conn.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.debug("%r read past the byte budget after %.0f s", conn, _BUDGET_WAIT_S)
+                    return
+                self._budget.wait(min(left, 0.5))
 
     @staticmethod
     def _pong(ctx: RequestContext) -> None:

@@ -55,6 +55,8 @@ class Scripted(RequestHandler):
 
     def handle(self, ctx) -> None:
         action = bytes(ctx.payload)
+        if action.startswith(b"block\0"):
+            action = b"block"
         if action == b"boom":
             raise ValueError("handler exploded")
         if action == b"sealed":
@@ -219,6 +221,23 @@ def test_inflight_limit_stops_reading_until_requests_finish(handler):
             handler.release.set()
             for sid in sids:
                 assert peer.next_frame(sid).is_end
+    finally:
+        srv.stop()
+
+
+def test_server_byte_budget_pauses_readers_and_is_released(handler):
+    srv = _server(handler, max_inflight_bytes=500 * 1024)
+    try:
+        with RawPeer(srv.address) as peer:
+            big = b"block" + b"\0" * (300 * 1024)  # more than one 256 KiB read each
+            sids = [peer.request(FetchRequest(), big) for _ in range(4)]
+            assert _until(lambda: handler.running == 2)
+            time.sleep(0.3)  # a reader ignoring the budget would start a third meanwhile
+            assert handler.max_running == 2
+            handler.release.set()
+            for sid in sids:
+                assert peer.next_frame(sid).is_end
+        assert _until(lambda: srv.inflight_bytes == 0)
     finally:
         srv.stop()
 
