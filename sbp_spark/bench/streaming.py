@@ -60,26 +60,33 @@ class _Sink:
 
 def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size: int,
               sent: list[int], errors: list[BaseException]) -> None:
+    """Append ``rate`` records/s for ``seconds``: every tick, whatever is due by then.
+
+    An append that takes longer than a tick makes the next batch larger, so the offered rate
+    holds even when the server or the GIL is slow to answer.
+    """
     import pyarrow as pa
 
     from sbp_spark.protocol.records import encode_arrow_batch, make_records_batch
 
-    per_tick = max(1, round(rate * PRODUCER_TICK_S))
-    offsets = pa.array(range(0, (per_tick + 1) * size, size), pa.int32())
-    values = pa.BinaryArray.from_buffers(pa.binary(), per_tick, [
-        None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_tick * size))])
-    batch = make_records_batch(values)
+    most = max(1, rate)  # a second's worth: the largest batch a late tick may need
+    offsets = pa.array(range(0, (most + 1) * size, size), pa.int32())
+    values = pa.BinaryArray.from_buffers(pa.binary(), most, [
+        None, offsets.buffers()[1], pa.py_buffer(os.urandom(most * size))])
+    template = make_records_batch(values)
     try:
         with adapters.bench_client(ctx, private=True) as client:
             writer = client.open_stream(stream_id)
             start = time.monotonic()
-            tick = 0
-            while time.monotonic() - start < seconds:
-                writer.append([encode_arrow_batch(batch, base_timestamp_ms=int(
-                    time.time() * 1000))])
-                sent.append(per_tick)
-                tick += 1
-                pause = start + tick * PRODUCER_TICK_S - time.monotonic()
+            total = 0
+            while (elapsed := time.monotonic() - start) < seconds:
+                due = min(most, int(rate * elapsed) + 1 - total)
+                if due > 0:
+                    writer.append([encode_arrow_batch(template.slice(0, due),
+                                                      base_timestamp_ms=int(time.time() * 1000))])
+                    sent.append(due)
+                    total += due
+                pause = PRODUCER_TICK_S - (time.monotonic() - start - elapsed)
                 if pause > 0:
                     time.sleep(pause)  # pacing the offered load, not waiting for a condition
     except BaseException as exc:
