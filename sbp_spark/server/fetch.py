@@ -309,10 +309,10 @@ class _FrameBuilder:
         batches = chunk.batches
         try:
             if chunk.nbytes >= SENDFILE_MIN_BATCH_BYTES * len(batches):
-                crc = chunk.verify() if self.verify else chunk.crc
+                crc = chunk.checked_crc() if self.verify else chunk.crc
                 parts: list = [FileRegion(b.fd, b.position, b.length) for b in batches]
             else:
-                parts, crc = _read_small(batches, self.verify)
+                parts, crc = _read_small(batches, self.verify and not chunk.verified)
         except BaseException:
             chunk.release()
             raise

@@ -118,6 +118,9 @@ class Segment:
         self._deleted = False
         self._ref_lock = threading.Lock()
         self.synced_size = 0  # bytes known to be on disk (fsynced)
+        # Bytes whose CRCs were checked by this process: written from memory, scanned at
+        # recovery, or verified on a read. Reads below it need no second pass over the data.
+        self.verified_size = 0
         self.index_written = False
 
     def __repr__(self) -> str:
@@ -146,6 +149,8 @@ class Segment:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFullError(f"disk full writing {self.path}: {exc}") from exc
             raise StorageFullError(f"cannot write {self.path}: {exc}") from exc
+        if self.verified_size == start:
+            self.verified_size = start + total
         self.size = start + total
         for base, count, pos in records:
             if pos - self._last_indexed_pos >= self.index_interval:
@@ -248,7 +253,7 @@ class Segment:
         # What survived a process crash may still sit only in the page cache: make it durable
         # before it is served.
         os.fsync(self.fd)
-        self.size = self.synced_size = result.valid_size
+        self.size = self.synced_size = self.verified_size = result.valid_size
         self.end_offset = result.end_offset
         self.max_time = result.max_time
         self._index_offsets = [o for o, _ in result.index]
@@ -260,6 +265,7 @@ class Segment:
         """Keep a full segment whose middle is corrupt: the valid prefix stays indexed, the
         bytes after it stay on disk, and reads that reach them fail with CorruptDataError."""
         self.size = self.synced_size = os.fstat(self.fd).st_size
+        self.verified_size = result.valid_size
         self.end_offset = end_offset
         self.max_time = result.max_time
         self._index_offsets = [o for o, _ in result.index]
@@ -376,6 +382,20 @@ def verify_batches(batches: list[StoredBatch]) -> int:
     finally:
         view.release()
         mm.close()
+
+
+def verify_once(segment: Segment, batches: list[StoredBatch]) -> int:
+    """``verify_batches`` unless this process already checked those bytes; returns the CRC of
+    the batches end to end either way."""
+    if not batches:
+        return 0
+    end = batches[-1].position + batches[-1].length
+    if end <= segment.verified_size:
+        return combined_crc(batches)
+    crc = verify_batches(batches)
+    if batches[0].position - STORAGE_HEADER_SIZE <= segment.verified_size:
+        segment.verified_size = max(segment.verified_size, end)
+    return crc
 
 
 def combined_crc(batches: list[StoredBatch]) -> int:

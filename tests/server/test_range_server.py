@@ -356,7 +356,7 @@ def test_shutdown_ends_long_polls_early_and_says_goaway(tmp_path):
         _sync(peer, _range(1))
         waiting = peer.request(FetchRequest(30_000, 1, [_entry(1)]))
         deadline = time.monotonic() + 10
-        while not any(c.inflight for c in srv.net.connections()):
+        while not srv.metrics.fetches:  # the FETCH handler is running (long-polling)
             assert time.monotonic() < deadline, "the fetch never started"
             time.sleep(0.01)
         began = time.monotonic()
@@ -414,3 +414,22 @@ def test_disk_full_fails_the_entries_with_storage_full(peer, monkeypatch):
     _, _, batches = _fetch(peer, [_entry(1)])
     assert [b[ENVELOPE_SIZE:] for b in batches[0]] == [b"kept"]
     assert [r.base_offset for r in _append(peer, [(1, b"next")]).append_responses] == [1]
+
+
+def test_fetch_of_corrupt_stored_data_fails_that_entry_cleanly(tmp_path):
+    cfg = _config(tmp_path, storage=StorageConfig(fsync="never", segment_bytes=4096))
+    with Server(cfg).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        for _ in range(3):
+            _append(peer, [(1, b"c" * 3000)])
+        first_segment = sorted(p for p in (tmp_path / "data").rglob("*.seg"))[0]
+    with open(first_segment, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xee")
+    with Server(RangeServerConfig(data_dir=str(tmp_path))).start() as srv, \
+            RawPeer(srv.address) as peer:
+        _, statuses, batches = _fetch(peer, [_entry(1, offset=0, index=0),
+                                             _entry(1, offset=1, index=1)])
+        assert statuses[0][-1].code == ErrorCode.UNKNOWN
+        assert "corrupt" in statuses[0][-1].message
+        assert [parse_header(b).base_offset for b in batches[1]] == [1, 2]

@@ -371,3 +371,25 @@ def test_wait_for_is_woken_by_a_commit(tmp_path):
         assert s.wait_for(lambda: rlog.next_offset > 0, timeout=10)
         assert time.monotonic() - started < 5
         t.join()
+
+
+def test_reads_check_each_stored_byte_once_per_process(tmp_path):
+    cfg = StorageConfig(fsync="never", segment_bytes=4096)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        for _ in range(3):
+            rlog.append([_batch(b"q" * 1500)])
+    with Storage(str(tmp_path), cfg) as s:  # full segments come back unchecked (index only)
+        rlog = s.get_range(1, 0)
+        with rlog.read(0, 1 << 20) as chunk:
+            assert not chunk.verified
+            crc = chunk.checked_crc()
+            assert chunk.verified
+            path, at = _segment_files(rlog)[0], chunk.batches[0].position
+        with open(path, "r+b") as f:  # damage after the check: only a full verify sees it
+            f.seek(at + 40)
+            f.write(b"!")
+        with rlog.read(0, 1 << 20) as chunk:
+            assert chunk.checked_crc() == crc
+            with pytest.raises(CorruptDataError):
+                chunk.verify()
