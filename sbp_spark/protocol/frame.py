@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .constants import (
@@ -166,13 +166,18 @@ class FrameDecoder:
     Fatal framing errors raise ``FrameError``; afterwards the decoder refuses more input.
     """
 
-    def __init__(self, max_frame_length: int = MAX_FRAME_LENGTH) -> None:
+    def __init__(self, max_frame_length: int = MAX_FRAME_LENGTH,
+                 allocate: Callable[[int], bytearray] | None = None) -> None:
+        """``allocate(n)``, when given, supplies the writable buffer of exactly ``n`` bytes a
+        large frame's body is received into (default: a new ``bytearray``), so a receiver can
+        recycle buffers whose frames are no longer referenced."""
         if not MIN_FRAME_LENGTH <= max_frame_length <= MAX_FRAME_LENGTH:
             raise ValueError(
                 f"max_frame_length={max_frame_length} must be in "
                 f"[{MIN_FRAME_LENGTH}, {MAX_FRAME_LENGTH}]"
             )
         self.max_frame_length = max_frame_length
+        self._allocate = allocate if allocate is not None else bytearray
         self.discarded = 0  # frames skipped for a wrong magic
         self._events: deque[Frame | InvalidFrame] = deque()
         self._stage = bytearray(RECEIVE_CHUNK)
@@ -282,7 +287,7 @@ class FrameDecoder:
                 continue
             if total > len(stage):
                 # Too big for the stage: give the rest of this frame its own buffer.
-                body = bytearray(body_len)
+                body = self._allocate(body_len)
                 have = avail - FIXED_HEADER_SIZE
                 body_start = self._start + FIXED_HEADER_SIZE
                 body[:have] = stage[body_start:self._end]
