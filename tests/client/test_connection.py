@@ -285,3 +285,37 @@ def test_closed_connection_rejects_requests(echo_server):
     conn.close()
     with pytest.raises(TransportError, match="closed"):
         conn.request(OP)
+
+
+def test_receive_buffers_reuse_only_unreferenced_buffers():
+    from sbp_spark.client.connection import ReceiveBuffers
+
+    buffers = ReceiveBuffers(budget=4 << 20)
+    first = buffers(1 << 20)
+    view = memoryview(first)[10:20]  # a frame's payload view keeps its buffer busy
+    second = buffers(1 << 20)
+    assert second is not first and len(second) == 1 << 20
+    del view
+    grown = buffers((1 << 20) + 100)  # free again: resized in place within its headroom
+    assert grown is first and len(grown) == (1 << 20) + 100
+    held = memoryview(grown)
+    smaller = buffers(900_000)
+    assert smaller is second and len(smaller) == 900_000
+    assert buffers(100_000) is not second  # far smaller frames do not pin large buffers
+    held.release()
+    for _ in range(10):  # past the budget, the oldest buffers are forgotten
+        buffers(1 << 20)
+    assert sum(cap for _, cap in buffers._buffers) <= (4 << 20) + (2 << 20)
+
+
+def test_large_frames_arrive_intact_through_recycled_buffers(echo_server):
+    with Connection(echo_server.address, FAST) as conn:
+        kept = []
+        for i in range(12):
+            payload = bytes([i]) * (700_000 + i * 1000)
+            (frame,) = list(conn.request(OP, b"", payload))
+            assert bytes(frame.payload) == payload
+            if i % 3 == 0:
+                kept.append((frame.payload, payload))  # held views must never be overwritten
+        for view, payload in kept:
+            assert bytes(view) == payload
