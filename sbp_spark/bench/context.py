@@ -15,6 +15,17 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
 @dataclass
 class BenchConfig:
     """Sizes and repetitions of a run; ``BenchConfig.full()`` / ``.quick_run()`` are the presets."""
@@ -80,6 +91,10 @@ class BenchContext:
             use_this_python_for_workers()
             from pyspark.sql import SparkSession
 
+            # Spark's own WARN lines would drown the progress lines: errors only.
+            log_config = self.workdir / "log4j2.properties"
+            log_config.write_text(_LOG4J2)
+
             self._spark = (
                 SparkSession.builder.master("local[2]")
                 .appName("sbp-bench")
@@ -92,6 +107,8 @@ class BenchContext:
                 .config("spark.sql.python.filterPushdown.enabled", "true")
                 .config("spark.local.dir", str(self.workdir / "spark-local"))
                 .config("spark.sql.warehouse.dir", str(self.workdir / "warehouse"))
+                .config("spark.driver.extraJavaOptions",
+                        f"-Dlog4j.configurationFile=file:{log_config}")
                 .getOrCreate()
             )
             self._spark.sparkContext.setLogLevel("ERROR")
