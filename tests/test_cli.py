@@ -206,6 +206,28 @@ def test_produce_keys_and_files(sbp, tmp_path):
     assert out == "file\tk1:v1\r\nk2:v:2\n\n"
 
 
+def test_tail_prints_opaque_and_arrow_payloads(sbp, cluster):
+    import pyarrow as pa
+
+    from sbp_spark.client import SbpClient
+    from sbp_spark.protocol.records import (
+        PAYLOAD_ARROW,
+        encode_arrow_batch,
+        encode_batch,
+        with_payload_kind,
+    )
+
+    (stream,) = _create(sbp)
+    table = pa.record_batch({"id": [1, 2], "name": ["a", "b"]})
+    SbpClient(cluster.pd_address).append(stream, [
+        encode_batch(b"raw bytes"),
+        encode_arrow_batch(with_payload_kind(table, PAYLOAD_ARROW)),
+    ])
+    _, out, _ = sbp("tail", str(stream), "--print-offsets")
+    assert out.splitlines() == ["0\traw bytes", '1\t{"id": 1, "name": "a"}',
+                                '2\t{"id": 2, "name": "b"}']
+
+
 def test_produce_reports_a_line_without_separator(sbp, tmp_path):
     (stream,) = _create(sbp)
     source = tmp_path / "bad.txt"
@@ -373,7 +395,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "OK: every count and offset matched." in out
-    assert "20,000 rows in" in out and "exactly 1,000 new rows" in out
+    assert "20,000 rows in" in out and "exactly the 1,000 new rows" in out
     assert "MB/s" in out and "rows/s" in out
     assert "Traceback" not in proc.stderr and " INFO " not in proc.stderr
     # --data-dir is kept: the streaming output is there.
