@@ -386,6 +386,27 @@ def test_demo_without_java_says_how_to_install_it(tmp_path):
     assert proc.stdout == ""
 
 
+def test_demo_cleans_up_when_a_step_fails(monkeypatch):
+    import re
+    import socket
+
+    from sbp_spark import demo
+
+    def broken_spark(workdir):
+        raise demo.DemoError("Spark refused to start")
+
+    monkeypatch.setattr(demo, "_quiet_spark", broken_spark)
+    out = io.StringIO()
+    with pytest.raises(demo.DemoError, match="refused"):
+        demo.run_demo(rows=10, out=out)
+    text = out.getvalue()
+    workdir = Path(re.search(r"range servers\) in (\S+) \.\.\.", text).group(1))
+    host, port = re.search(r"PD at (\S+):(\d+);", text).groups()
+    assert not workdir.exists()
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=2).close()
+
+
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     data_dir = tmp_path / "demo"
