@@ -6,8 +6,10 @@
 # the Java this project is tested with (Spark 4 needs 17+).
 FROM python:3.11-slim-bookworm
 
-# procps: Spark's launch scripts call `ps`.
-RUN apt-get update \
+# procps: Spark's launch scripts call `ps`. The man1 directory: slim images drop it, and the
+# JRE's post-install step fails when it cannot link java's manual page there.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
 
