@@ -367,11 +367,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Spark, read it back in batch and with a streaming query, print what happened, "
             "and clean up. Needs Java 17+; works offline."),
     )
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, metavar="N",
                         help=f"rows to write (default {DEFAULT_ROWS:,})")
-    parser.add_argument("--streams", type=int, default=DEFAULT_STREAMS,
+    parser.add_argument("--streams", type=int, default=DEFAULT_STREAMS, metavar="N",
                         help=f"streams to spread them over (default {DEFAULT_STREAMS})")
-    parser.add_argument("--range-servers", type=int, default=DEFAULT_RANGE_SERVERS,
+    parser.add_argument("--range-servers", type=int, default=DEFAULT_RANGE_SERVERS, metavar="N",
                         help=f"range servers of the cluster (default {DEFAULT_RANGE_SERVERS})")
     parser.add_argument("--data-dir", metavar="DIR",
                         help="keep the cluster's data and the output here (default: a "

@@ -32,6 +32,9 @@ CLI_CONNECT_TIMEOUT_S = 3.0
 CLI_RETRIES = 3
 CLI_RETRY_DEADLINE_S = 15.0
 
+# Stream.replica_nums is a byte on the wire.
+MAX_REPLICAS = 127
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -98,6 +101,14 @@ def positive_int(text: str) -> int:
     value = non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def replicas_arg(text: str) -> int:
+    """argparse type: a replica count, 1-127 (a byte on the wire)."""
+    value = positive_int(text)
+    if value > MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_REPLICAS}")
     return value
 
 

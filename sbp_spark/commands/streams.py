@@ -15,6 +15,7 @@ from .common import (
     connect,
     non_negative_int,
     print_table,
+    replicas_arg,
     retention_arg,
     stream_id_arg,
 )
@@ -191,7 +192,8 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
                                        "on) or the retention of a stream.")
     add_pd_argument(p)
     p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
-    p.add_argument("--replicas", type=int, help="replicas of each new range")
+    p.add_argument("--replicas", type=replicas_arg, metavar="N",
+                   help="replicas of each range opened from now on (1-127)")
     p.add_argument("--retention-ms", type=retention_arg, metavar="MS",
                    help="how long records are kept, -1 = forever")
     _json_flag(p)
