@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -144,7 +145,7 @@ def admit(
     start: Mapping[int, int],
     latest: Mapping[int, int],
     limits: TriggerLimits,
-    bytes_per_record: Mapping[int, float] | None = None,
+    bytes_per_record: Mapping[int, float | Fraction] | None = None,
 ) -> dict[int, int]:
     """The end offsets of a micro-batch from ``start`` towards ``latest`` under ``limits``.
 
@@ -167,13 +168,16 @@ def _min_each(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
 
 
 def _records_within_bytes(
-    max_bytes: int, backlog: Mapping[int, int], bytes_per_record: Mapping[int, float]
+    max_bytes: int, backlog: Mapping[int, int],
+    bytes_per_record: Mapping[int, float | Fraction],
 ) -> dict[int, int]:
     """Records per stream whose estimated size fits ``max_bytes``, shared by byte backlog."""
-    size = {sid: max(1.0, float(bytes_per_record.get(sid, 1.0))) for sid in backlog}
+    # Exact fractions: a budget of exactly k records' bytes must admit k records.
+    size = {sid: max(Fraction(1), Fraction(bytes_per_record.get(sid, 1)))
+            for sid in backlog}
     byte_backlog = {sid: math.ceil(n * size[sid]) for sid, n in backlog.items()}
     budgets = apportion(max_bytes, byte_backlog)
-    records = {sid: min(backlog[sid], int(budgets[sid] // size[sid])) for sid in backlog}
+    records = {sid: min(backlog[sid], math.floor(budgets[sid] / size[sid])) for sid in backlog}
     if sum(records.values()) == 0 and any(backlog.values()):
         # A record larger than the whole budget must still pass, or the query stalls forever.
         first = max((sid for sid in backlog if backlog[sid] > 0),

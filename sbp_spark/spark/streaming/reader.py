@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import replace
+from fractions import Fraction
 from typing import Any
 
 import pyarrow as pa
@@ -286,10 +287,11 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return woken
 
     def _bytes_per_record(self, layouts: Mapping[int, StreamLayout | None],
-                          begin: Mapping[int, int], cap: Mapping[int, int]) -> dict[int, float]:
+                          begin: Mapping[int, int], cap: Mapping[int, int]
+                          ) -> dict[int, Fraction]:
         """Stored bytes per record of each stream with a backlog, from the batch holding its
         next offset (``batch_length / record_count``, envelope included)."""
-        sizes: dict[int, float] = {}
+        sizes: dict[int, Fraction] = {}
         for sid, lo in begin.items():
             layout = layouts.get(sid)
             if layout is None or cap[sid] <= lo:
@@ -300,7 +302,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             batch = _batch_at(self.client, layout, lo)
             if batch is not None:
-                sizes[sid] = batch.header.batch_length / batch.header.record_count
+                sizes[sid] = Fraction(batch.header.batch_length, batch.header.record_count)
                 self.state.sizes[sid] = (lo, sizes[sid])
         return sizes
 
@@ -350,7 +352,7 @@ class _DriverState:
         self.target: dict[int, int] | None = None
         self.delay = TriggerDelay()
         self.report: dict[str, dict[str, int]] | None = None
-        self.sizes: dict[int, tuple[int, float]] = {}
+        self.sizes: dict[int, tuple[int, Fraction]] = {}
         self.stamps: dict[tuple[int, int], int] = {}
         self._warned: set[tuple] = set()
         self._pool: ThreadPoolExecutor | None = None

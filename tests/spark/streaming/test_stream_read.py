@@ -1,0 +1,199 @@
+"""readStream.format("sbp") end to end: local[2] Spark against the embedded cluster.
+
+Each streaming query costs a second or more, so tests are few and each checks several things.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from .helpers import append_values, memory_values, new_stream, wait_for
+
+
+def stream_df(spark, pd, streams, **options):
+    reader = (spark.readStream.format("sbp").option("pd", pd)
+              .option("streams", ",".join(str(s) for s in streams)))
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def to_memory(df, name, checkpoint, **trigger):
+    return (df.writeStream.format("memory").queryName(name)
+            .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+
+
+def source_progress(query):
+    """(numInputRows, endOffset, latestOffset) of each micro-batch that read rows."""
+    out = []
+    for progress in query.recentProgress:
+        source = progress["sources"][0]
+        if progress["numInputRows"]:
+            out.append((progress["numInputRows"], _json(source["endOffset"]),
+                        _json(source["latestOffset"])))
+    return out
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_available_now_spreads_a_row_limit_over_skewed_streams(spark, pd, sbp_client, tmp_path):
+    big, small = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, big, [f"big-{i}" for i in range(100)], timestamp_ms=1_000)
+    append_values(sbp_client, small, [f"small-{i}" for i in range(20)], timestamp_ms=5_000)
+    query = to_memory(
+        stream_df(spark, pd, [big, small], startingOffsets="earliest", maxRecordsPerTrigger=30),
+        "skewed", tmp_path / "ck", availableNow=True)
+    # written after availableNow fixed its target: not read by this run
+    query.awaitTermination(120)
+    append_values(sbp_client, big, ["late"])
+
+    batches = source_progress(query)
+    assert [rows for rows, _, _ in batches] == [30, 30, 30, 30]
+    # the first micro-batch shares 30 rows by backlog (100:20), keys in numeric order
+    rows, end, latest = batches[0]
+    assert list(end) == sorted(end, key=int)
+    assert end == {str(big): 25, str(small): 5}
+    # lag is reported, never part of the offsets
+    assert latest[str(big)] == {"latestOffset": 100, "recordsBehind": 75,
+                                "msBehindLatest": 0}
+    assert latest[str(small)]["recordsBehind"] == 15
+    assert batches[-1][1] == {str(big): 100, str(small): 20}
+    values = memory_values(spark, "skewed")
+    assert sorted(values) == sorted([f"big-{i}" for i in range(100)]
+                                    + [f"small-{i}" for i in range(20)])
+
+
+def test_available_now_with_a_byte_limit(spark, pd, sbp_client, tmp_path):
+    sid = new_stream(sbp_client)
+    lengths = {append_values(sbp_client, sid, [f"{i}-{j:04d}" for j in range(10)])[0]
+               .batch_length for i in range(9)}
+    (batch_length,) = lengths  # every stored batch has the same size
+    # 90 records in batches of 10; a budget of two stored batches admits 20 records
+    query = to_memory(stream_df(spark, pd, [sid], startingOffsets="earliest",
+                                maxBytesPerTrigger=2 * batch_length),
+                      "bytes", tmp_path / "ck", availableNow=True)
+    query.awaitTermination(120)
+    assert [rows for rows, _, _ in source_progress(query)] == [20, 20, 20, 20, 10]
+    assert len(memory_values(spark, "bytes")) == 90
+
+
+def test_processing_time_follows_new_records_and_seals(spark, pd, sbp_client, tmp_path):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["before-start"])
+    query = to_memory(stream_df(spark, pd, [sid]), "live", tmp_path / "ck",
+                      processingTime="0 seconds")
+    try:
+        # startingOffsets defaults to latest: the record written before the start is not read
+        wait_for(lambda: query.lastProgress is not None, what="the first trigger")
+        append_values(sbp_client, sid, ["a1", "a2"])
+        wait_for(lambda: len(memory_values(spark, "live")) == 2, what="the first records")
+        sbp_client.seal_range(sid)  # between micro-batches: the next records go to range 1
+        append_values(sbp_client, sid, ["b1"])
+        sbp_client.seal_range(sid)
+        append_values(sbp_client, sid, ["c1", "c2"])
+        wait_for(lambda: len(memory_values(spark, "live")) == 5, what="records after seals")
+    finally:
+        query.stop()
+    rows = spark.sql("SELECT CAST(value AS STRING) v, range_index, offset FROM live "
+                     "ORDER BY offset").collect()
+    assert [(r.v, r.range_index, r.offset) for r in rows] == [
+        ("a1", 0, 1), ("a2", 0, 2), ("b1", 1, 3), ("c1", 2, 4), ("c2", 2, 5)]
+
+
+def test_restart_from_checkpoint_reads_exactly_the_new_records(spark, pd, sbp_client, tmp_path):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, [f"old-{i}" for i in range(50)])
+    out, checkpoint = tmp_path / "out", tmp_path / "ck"
+
+    def run():
+        query = (stream_df(spark, pd, [sid], startingOffsets="earliest",
+                           maxRecordsPerTrigger=20)
+                 .selectExpr("CAST(value AS STRING) AS v", "offset")
+                 .writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return query
+
+    first = run()
+    assert sum(rows for rows, _, _ in source_progress(first)) == 50
+    append_values(sbp_client, sid, [f"new-{i}" for i in range(30)])
+    sbp_client.seal_range(sid)
+    append_values(sbp_client, sid, [f"newer-{i}" for i in range(5)])
+    second = run()
+    assert sum(rows for rows, _, _ in source_progress(second)) == 35
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted(r.offset for r in rows) == list(range(85))
+    assert len({r.v for r in rows}) == 85
+
+
+def _trim_under_held_back_query(spark, pd, sbp_client, tmp_path, name, fail_on_data_loss):
+    """A query that read 10 records and holds back (minRecordsPerTrigger) while 30 of the next
+    50 are trimmed away; then 1000 more records release the next micro-batch."""
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, [f"r{i}" for i in range(10)])
+    query = to_memory(
+        stream_df(spark, pd, [sid], startingOffsets="earliest", minRecordsPerTrigger=1000,
+                  maxTriggerDelay="1h", failOnDataLoss=str(fail_on_data_loss).lower()),
+        name, tmp_path / name, processingTime="0 seconds")
+    wait_for(lambda: len(memory_values(spark, name)) == 10, what="the first micro-batch")
+    append_values(sbp_client, sid, [f"r{i}" for i in range(10, 60)])
+    assert sbp_client.trim_stream(sid, 40).start_offset == 40
+    append_values(sbp_client, sid, [f"r{i}" for i in range(60, 1060)])
+    return sid, query
+
+
+def test_trim_under_a_running_query_fails_it(spark, pd, sbp_client, tmp_path):
+    sid, query = _trim_under_held_back_query(spark, pd, sbp_client, tmp_path, "trimfail", True)
+    try:
+        with pytest.raises(StreamingQueryException) as info:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    message = str(info.value)
+    assert f"stream {sid}: offsets [10, 40) were trimmed" in message
+    assert "now starts at offset 40" in message and "failOnDataLoss=false" in message
+
+
+def test_trim_under_a_running_query_skips_with_fail_on_data_loss_false(
+        spark, pd, sbp_client, tmp_path):
+    _, query = _trim_under_held_back_query(spark, pd, sbp_client, tmp_path, "trimskip", False)
+    try:
+        wait_for(lambda: len(memory_values(spark, "trimskip")) == 10 + 1020,
+                 what="the records after the trim")
+    finally:
+        query.stop()
+    values = memory_values(spark, "trimskip")
+    assert sorted(values, key=lambda v: int(v[1:])) == (
+        [f"r{i}" for i in range(10)] + [f"r{i}" for i in range(40, 1060)])
+
+
+def test_deleted_stream(spark, pd, sbp_client, tmp_path):
+    kept, doomed = new_stream(sbp_client), new_stream(sbp_client)
+    for sid in (kept, doomed):
+        append_values(sbp_client, sid, ["x"])
+    out = tmp_path / "out"
+
+    def run(**options):
+        query = (stream_df(spark, pd, [kept, doomed], startingOffsets="earliest", **options)
+                 .selectExpr("CAST(value AS STRING) AS v")
+                 .writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+
+    run()
+    sbp_client.delete_streams([doomed])
+    append_values(sbp_client, kept, ["after"])
+    with pytest.raises(StreamingQueryException) as info:
+        run()
+    assert f"stream {doomed} was deleted" in str(info.value)
+    assert "from offset 1" in str(info.value)
+    # failOnDataLoss=false drops the deleted stream and goes on with the other
+    run(failOnDataLoss="false")
+    assert sorted(r.v for r in spark.read.parquet(str(out)).collect()) == ["after", "x", "x"]
