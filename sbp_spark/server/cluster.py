@@ -330,28 +330,35 @@ class ProcessCluster:
     """``sbp pd`` and ``range_servers`` x ``sbp range-server``, each in its own process.
 
     Range server ``i`` keeps ``<data_dir>/rs-<i>`` across restarts; ``kill_range_server`` is a
-    SIGKILL, ``stop_range_server`` a SIGTERM.
+    SIGKILL, ``stop_range_server`` a SIGTERM (the same for the PD: ``kill_pd``, ``stop_pd``).
+    The PD takes a free port (or ``pd_port``) and comes back on the same port after a
+    restart, so the address clients hold stays good; a range server first tries its previous
+    port too (a server restarting on its configured port), and takes a free one if that is
+    taken. ``env`` is the environment of every child process.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
+                 env: dict[str, str] | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
+        if not 0 <= pd_port <= 65535:
+            raise ValueError(f"pd_port={pd_port!r} must be in 0..65535")
         self.data_dir = Path(data_dir)
         self.host = host
         self.fsync = _fsync_policy(fsync)
         self.start_timeout_s = start_timeout_s
+        self.env = env
+        self._pd_port = pd_port
+        self._rs_ports: list[int] = [0] * range_servers
         self.pd: ServerProcess | None = None
         self.range_servers: list[ServerProcess | None] = [None] * range_servers
 
     def start(self) -> ProcessCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.pd = ServerProcess(
-                ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", self.host,
-                 "--fsync", self.fsync.value],
-                self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s)
+            self.start_pd()
             for i in range(len(self.range_servers)):
                 self.start_range_server(i)
         except BaseException:
@@ -363,9 +370,7 @@ class ProcessCluster:
         """SIGTERM every range server, then the PD."""
         for i in range(len(self.range_servers)):
             self.stop_range_server(i)
-        if self.pd is not None:
-            pd, self.pd = self.pd, None
-            pd.terminate()
+        self.stop_pd()
 
     def __enter__(self) -> ProcessCluster:
         if self.pd is None:
@@ -375,27 +380,76 @@ class ProcessCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- the PD -----------------------------------------------------------------------------
+
     @property
     def pd_address(self) -> str:
-        if self.pd is None:
-            raise RuntimeError("the cluster is not running")
-        return str(self.pd.info["pd"])
+        """``host:port`` of the PD (the same across its restarts)."""
+        if self.pd is not None:
+            return str(self.pd.info["pd"])
+        if self._pd_port:
+            return f"{self.host}:{self._pd_port}"
+        raise RuntimeError("the cluster's PD has not been started")
+
+    def start_pd(self) -> ServerProcess:
+        """Start the PD (again) on its data directory and port."""
+        if self.pd is not None and self.pd.running:
+            raise RuntimeError("the PD is already running")
+        self.pd = ServerProcess(
+            ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", self.host,
+             "--port", str(self._pd_port), "--fsync", self.fsync.value],
+            self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s,
+            env=self.env)
+        self._pd_port = int(str(self.pd.info["pd"]).rsplit(":", 1)[1])
+        return self.pd
+
+    def kill_pd(self) -> None:
+        """SIGKILL the PD."""
+        proc, self.pd = self.pd, None
+        if proc is not None:
+            proc.kill()
+
+    def stop_pd(self) -> None:
+        """SIGTERM the PD and wait for it to exit."""
+        proc, self.pd = self.pd, None
+        if proc is not None:
+            proc.terminate()
+
+    # -- range servers ----------------------------------------------------------------------
 
     @property
     def range_server_addresses(self) -> list[str]:
         return [str(p.info["range_server"]) for p in self.range_servers if p is not None]
 
+    def range_server_dir(self, i: int) -> Path:
+        """The data directory of range server ``i``."""
+        return self.data_dir / f"rs-{i}"
+
     def start_range_server(self, i: int) -> ServerProcess:
-        """Start range server ``i`` (again) on its data directory."""
+        """Start range server ``i`` (again) on its data directory, on its previous port if
+        that is free."""
         if self.range_servers[i] is not None and self.range_servers[i].running:
             raise RuntimeError(f"range server {i} is already running")
-        proc = ServerProcess(
-            ["range-server", "--pd", self.pd_address, "--data-dir",
-             str(self.data_dir / f"rs-{i}"), "--host", self.host, "--fsync", self.fsync.value],
-            self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
-            self.start_timeout_s)
+        port = self._rs_ports[i]
+        try:
+            proc = self._launch_range_server(i, port)
+        except RuntimeError:
+            if not port:
+                raise
+            log.info("range server %d could not start on port %d again; taking a free one",
+                     i, port)
+            proc = self._launch_range_server(i, 0)
+        self._rs_ports[i] = int(str(proc.info["range_server"]).rsplit(":", 1)[1])
         self.range_servers[i] = proc
         return proc
+
+    def _launch_range_server(self, i: int, port: int) -> ServerProcess:
+        return ServerProcess(
+            ["range-server", "--pd", self.pd_address, "--data-dir",
+             str(self.range_server_dir(i)), "--host", self.host, "--port", str(port),
+             "--fsync", self.fsync.value],
+            self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
+            self.start_timeout_s, env=self.env)
 
     def kill_range_server(self, i: int) -> None:
         """SIGKILL range server ``i``."""
