@@ -27,6 +27,13 @@ Decisions the specification leaves open, made here:
   range servers this PD knows, with liveness, load and their last REPORT_METRICS.
 * A range server that cannot be reached fails only the items that needed it, with the
   retriable REQUEST_TIMEOUT naming the server.
+* Failover: when a range server stops heartbeating, each open range with a replica on it is
+  sealed on its live replicas, at the smallest end they report (every acknowledged record is on
+  every replica, so none is lost; records past that end were never acknowledged), and the next
+  range opens on live servers; writers find it when they ask the PD again. A range with no
+  live replica left (always the case for R = 1) stays open and waits for its server: its
+  acknowledged records exist only there. A new range needs replica_nums live servers; with
+  fewer, the range is sealed and the next one opens once enough servers are live.
 
 Range servers learn about their ranges in two ways: the PD pushes each new range to its servers
 when it opens it, and whenever a server (re)appears (its first heartbeat after a PD start, a new
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -171,6 +179,8 @@ class PlacementDriver:
         self._stream_locks_guard = threading.Lock()
         self._resync: set[int] = set()  # servers owed a full SYNC_RANGES
         self._resync_lock = threading.Lock()
+        self._failover: set[int] = set()  # gone servers whose open ranges await a failover
+        self._failover_lock = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._started = False
@@ -551,12 +561,17 @@ class PlacementDriver:
         self.store.update_next_offset(rng.stream_id, rng.range_index, result.range.next_offset)
         return result.range.next_offset
 
-    def _push_ranges(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None) -> None:
-        """SYNC_RANGES ``ranges`` to the servers holding them; failures are owed a resync."""
+    def _push_ranges(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
+                     skip: Iterable[int] = ()) -> None:
+        """SYNC_RANGES ``ranges`` to the servers holding them; failures, and the servers in
+        ``skip`` (known to be down), are owed a resync."""
         by_server: dict[int, list[RangeMeta]] = defaultdict(list)
         for rng in ranges:
             for sid in rng.server_ids:
                 by_server[sid].append(rng)
+        for sid in set(skip) & by_server.keys():
+            del by_server[sid]
+            self._owe_resync(sid)
         for sid, held in by_server.items():
             try:
                 self._sync_to(sid, held, timeout_s)
@@ -606,17 +621,122 @@ class PlacementDriver:
             self._owe_resync(server_id)
 
     def _sweep_liveness(self) -> None:
-        """Notice range servers that stopped heartbeating.
+        """Notice range servers that stopped heartbeating and fail their ranges over.
 
-        Their ranges stay where they are: a server that comes back continues them. Failover
-        (sealing a lost primary's ranges and reopening them elsewhere) would start here.
+        Servers that were registered before this PD started but never heartbeated to it are
+        treated as gone once one liveness timeout has passed since the start.
         """
         interval = max(0.05, self.config.heartbeat_timeout_s / 3)
+        started = time.monotonic()
+        checked_absent = False
         while not self._stop.wait(interval):
             for gone in self.liveness.expire():
                 log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
                             gone.server_id, gone.advertise_addr, self.config.heartbeat_timeout_s)
+                self._owe_failover(gone.server_id)
+            if not checked_absent and \
+                    time.monotonic() - started > self.config.heartbeat_timeout_s:
+                checked_absent = True
+                for server in self.store.list_servers():
+                    if server.registered and not self.liveness.is_live(server.server_id):
+                        log.warning("range server %d (%s) has not heartbeated since this PD "
+                                    "started: not live", server.server_id,
+                                    server.advertise_addr)
+                        self._owe_failover(server.server_id)
+            self.run_failovers()
 
+    # -- failover ---------------------------------------------------------------------------
+
+    def _owe_failover(self, server_id: int) -> None:
+        with self._failover_lock:
+            self._failover.add(server_id)
+
+    def run_failovers(self) -> None:
+        """Fail over the open ranges of every server owed a failover that is still not live.
+
+        Runs on the liveness thread; a failover that could not finish (a surviving replica did
+        not answer) is tried again on the next sweep.
+        """
+        with self._failover_lock:
+            owed = sorted(self._failover)
+        for server_id in owed:
+            if self._stop.is_set():
+                return
+            done = True
+            if not self.liveness.is_live(server_id):
+                try:
+                    done = self.fail_over_server(server_id)
+                except SbpError as exc:
+                    log.warning("failover of range server %d not finished (retried): %s",
+                                server_id, exc)
+                    done = False
+            if done:
+                with self._failover_lock:
+                    self._failover.discard(server_id)
+
+    def fail_over_server(self, server_id: int) -> bool:
+        """Seal every open range that has a replica on the dead ``server_id`` and open its
+        successor on live servers. True when nothing is left to do for this server.
+
+        Where a range survives on other live replicas, those are sealed first (so a primary
+        that is only cut off from the PD can no longer get appends acknowledged: its forwards
+        are refused), and the range ends at the smallest end they report. Every acknowledged
+        record is on every replica (the primary acknowledges only what all secondaries
+        stored), so that end keeps all of them; records past it were never acknowledged.
+
+        A range whose every replica is down is left open: for R = 1 the acknowledged records
+        exist only on the dead server, and sealing it anywhere else would either lose them or
+        let new records take their offsets. Its writers wait (retriable errors) until the
+        server returns and carries on where it stopped.
+        """
+        finished = True
+        for rng in self.store.ranges_on_server(server_id):
+            if not rng.is_open:
+                continue
+            try:
+                finished &= self._fail_over_range(rng.stream_id, rng.range_index, server_id)
+            except ServerError as exc:
+                if exc.code == ErrorCode.STREAM_NOT_FOUND:
+                    continue  # deleted meanwhile
+                raise
+        return finished
+
+    def _fail_over_range(self, stream_id: int, range_index: int, dead: int) -> bool:
+        """One range of ``fail_over_server``: True when handled (or left for the server to
+        return), False when it should be tried again."""
+        with self._stream_lock(stream_id):
+            rng = self.store.get_range(stream_id, range_index)
+            if not rng.is_open or dead not in rng.server_ids or self.liveness.is_live(dead):
+                return True
+            survivors = [sid for sid in rng.server_ids
+                         if sid != dead and self.liveness.is_live(sid)]
+            if not survivors:
+                log.warning("range %d of stream %d has no live replica (servers %s): it stays "
+                            "open until one of them returns", range_index, stream_id,
+                            rng.server_ids)
+                return True
+            request = m.SealRangesRequest(
+                timeout_ms=int(self.config.range_server_timeout_s * 1000),
+                ranges=[m.RangeId(stream_id, range_index)])
+            ends = {sid: self._seal_one(sid, request, rng, None) for sid in survivors}
+            end = min(ends.values())
+            stream = self.store.get_stream(stream_id)
+            with self._placement_lock:
+                try:
+                    servers = self._choose(stream.replica_nums)
+                except ServerError as exc:
+                    # Not enough live servers for a new range: seal anyway (no write could be
+                    # acknowledged on this one); writers open the next range when they can.
+                    log.warning("range %d of stream %d: no successor yet (%s)", range_index,
+                                stream_id, exc.message)
+                    servers = None
+                sealed, new = self.store.seal_range(stream_id, range_index, end, servers)
+        log.warning("failover: range %d of stream %d (server %d gone) sealed at %d from "
+                    "replicas %s%s", range_index, stream_id, dead, end, ends,
+                    "" if new is None else f"; range {new.range_index} open on "
+                    f"{new.server_ids}")
+        self._push_ranges([sealed] if new is None else [sealed, new], skip={dead})
+        return True
 
 class _PdHandler(RequestHandler):
     """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""

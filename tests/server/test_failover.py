@@ -1,0 +1,201 @@
+"""PD failover: a range server stops heartbeating, the PD seals its open ranges on the live
+replicas and opens their successors elsewhere.
+
+The PD is real; range servers are the stand-ins of test_pd (they seal where the test says), so
+the end offset the PD picks can be checked exactly. The last test runs real range servers.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.client.connection import Connection
+from sbp_spark.protocol import messages as m
+from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.records import batch_bytes
+from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.server.pd import PdConfig, PlacementDriver
+
+from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
+
+TIMEOUT_S = 0.4
+
+
+class Beater(threading.Thread):
+    """Heartbeats for the servers in ``live`` every 50 ms, like their PD links would."""
+
+    def __init__(self, address: str, servers: list[FakeRangeServer]) -> None:
+        super().__init__(daemon=True)
+        self.conn = Connection(address)
+        self.live = list(servers)
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.05):
+            for rs in list(self.live):
+                beat(self.conn, rs)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(5)
+        self.conn.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    pd = PlacementDriver(PdConfig(tmp_path / "pd", fsync=False, heartbeat_timeout_s=TIMEOUT_S,
+                                  range_server_timeout_s=2.0)).start()
+    servers = [FakeRangeServer() for _ in range(4)]
+    conn = Connection(pd.address)
+    for rs in servers:
+        register(conn, rs)
+    beater = Beater(pd.address, servers)
+    beater.start()
+    yield pd, conn, servers, beater
+    beater.stop()
+    conn.close()
+    for rs in servers:
+        rs.stop()
+    pd.stop()
+
+
+def by_id(servers: list[FakeRangeServer], ids: list[int]) -> list[FakeRangeServer]:
+    return [next(rs for rs in servers if rs.server_id == sid) for sid in ids]
+
+
+def new_stream(conn: Connection, replicas: int) -> tuple[int, list[int]]:
+    [res] = create(conn, m.Stream(replica_nums=replicas))
+    assert res.status.ok, res.status
+    [rng] = list_ranges(conn, res.stream.stream_id)
+    primary = [r.server.server_id for r in rng.servers if r.is_primary]
+    others = [r.server.server_id for r in rng.servers if not r.is_primary]
+    return res.stream.stream_id, primary + others
+
+
+def test_dead_primary_range_is_sealed_at_what_every_survivor_holds(cluster):
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 3)
+    primary, second, third = by_id(servers, ids)
+    second.next_offsets[(sid, 0)] = 12
+    third.next_offsets[(sid, 0)] = 9  # lags: records 9..11 were never acknowledged
+    beater.live.remove(primary)
+
+    poll(lambda: len(list_ranges(conn, sid)) == 2, what="the failover")
+    sealed, opened = list_ranges(conn, sid)
+    assert (sealed.end_offset, opened.start_offset, opened.end_offset) == (9, 9, -1)
+    placed = {r.server.server_id for r in opened.servers}
+    assert len(placed) == 3 and primary.server_id not in placed
+    # Survivors were told where the range ended, and the new range's servers know it.
+    poll(lambda: third.ranges[(sid, 0)].end_offset == 9, what="the seal to reach a survivor")
+    for rs in by_id(servers, sorted(placed)):
+        poll(lambda rs=rs: (sid, 1) in rs.ranges, what="the new range to be pushed")
+
+
+def test_dead_secondary_also_moves_the_range(cluster):
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 2)
+    primary, secondary = by_id(servers, ids)
+    primary.next_offsets[(sid, 0)] = 5
+    beater.live.remove(secondary)
+    poll(lambda: len(list_ranges(conn, sid)) == 2, what="the failover")
+    sealed, opened = list_ranges(conn, sid)
+    assert sealed.end_offset == 5 and opened.start_offset == 5
+    assert secondary.server_id not in {r.server.server_id for r in opened.servers}
+
+
+def test_single_replica_range_waits_for_its_server(cluster):
+    pd, conn, servers, beater = cluster
+    sid, [only] = new_stream(conn, 1)
+    [rs] = by_id(servers, [only])
+    rs.next_offsets[(sid, 0)] = 4
+    beater.live.remove(rs)
+    poll(lambda: not pd.liveness.is_live(only), what="the server to be declared dead")
+    pd.run_failovers()  # what the liveness thread does: nothing may change
+    [rng] = list_ranges(conn, sid)
+    assert rng.is_open and [r.server.server_id for r in rng.servers] == [only]
+    beater.live.append(rs)
+    poll(lambda: pd.liveness.is_live(only), what="the server to come back")
+    [rng] = list_ranges(conn, sid)
+    assert rng.is_open
+
+
+def test_too_few_live_servers_seal_without_a_successor(cluster):
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 4)
+    dead = by_id(servers, ids)[0]
+    for rs in servers:
+        rs.next_offsets[(sid, 0)] = 3
+    beater.live.remove(dead)
+    poll(lambda: not list_ranges(conn, sid)[-1].is_open, what="the seal")
+    assert [r.end_offset for r in list_ranges(conn, sid)] == [3]
+    resp, _ = conn.call(m.CreateRangeRequest(ranges=[m.RangeId(sid, 1)]))
+    assert resp.create_responses[0].status.code == ErrorCode.NOT_ENOUGH_SERVERS
+    beater.live.append(dead)
+    poll(lambda: pd.liveness.is_live(dead.server_id), what="the server to come back")
+    resp, _ = conn.call(m.CreateRangeRequest(ranges=[m.RangeId(sid, 1)]))
+    assert resp.create_responses[0].status.ok
+
+
+def test_unreachable_survivor_is_retried(cluster):
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 2)
+    primary, secondary = by_id(servers, ids)
+    secondary.next_offsets[(sid, 0)] = 2
+    saved = secondary.ranges.pop((sid, 0))  # the survivor answers "unknown range" for now
+    beater.live.remove(primary)
+    poll(lambda: not pd.liveness.is_live(primary.server_id), what="the primary to be dead")
+    pd.run_failovers()
+    assert list_ranges(conn, sid)[-1].is_open
+    secondary.ranges[(sid, 0)] = saved
+    poll(lambda: len(list_ranges(conn, sid)) == 2, what="the retried failover")
+    assert list_ranges(conn, sid)[0].end_offset == 2
+
+
+def test_servers_silent_since_a_pd_restart_are_failed_over(tmp_path):
+    servers = [FakeRangeServer() for _ in range(3)]
+    config = PdConfig(tmp_path / "pd", fsync=False, heartbeat_timeout_s=TIMEOUT_S)
+    try:
+        with PlacementDriver(config) as pd, Connection(pd.address) as conn:
+            for rs in servers:
+                register(conn, rs)
+            sid, ids = new_stream(conn, 2)
+        primary, secondary = by_id(servers, ids)
+        secondary.next_offsets[(sid, 0)] = 7
+        with PlacementDriver(config) as pd, Connection(pd.address) as conn:
+            beater = Beater(pd.address, [rs for rs in servers if rs is not primary])
+            beater.start()
+            try:
+                poll(lambda: len(list_ranges(conn, sid)) == 2, what="the failover")
+            finally:
+                beater.stop()
+            assert list_ranges(conn, sid)[0].end_offset == 7
+    finally:
+        for rs in servers:
+            rs.stop()
+
+
+def test_writer_carries_on_after_its_primary_dies(tmp_path):
+    """Real range servers: R=2 on 3 servers, the primary stops; the PD moves the stream."""
+    config = ClientConfig(connect_timeout_s=1, request_timeout_s=5, retries=100,
+                          retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=30)
+    with EmbeddedCluster(tmp_path, range_servers=3, heartbeat_interval_s=0.2) as cluster, \
+            ConnectionPool(config) as pool:
+        client = SbpClient(cluster.pd_address, config, pool)
+        [stream] = client.create_streams(1, replicas=2)
+        writer = client.open_stream(stream.stream_id)
+        acked = {a.base_offset for a in writer.append([batch_bytes(b"x%d" % i)
+                                                       for i in range(10)])}
+        [rng] = client.list_ranges(stream.stream_id)
+        primary = rng.primary.server_id
+        index = next(i for i in range(3) if cluster.server_id(i) == primary)
+        cluster.stop_range_server(index)
+        acked |= {a.base_offset for a in writer.append([batch_bytes(b"y%d" % i)
+                                                        for i in range(10)])}
+        ranges = client.list_ranges(stream.stream_id)
+        assert len(ranges) == 2 and ranges[0].end_offset == 10
+        assert primary not in {r.server.server_id for r in ranges[1].servers}
+        stored = [b.header.base_offset for b in client.read(stream.stream_id)]
+        assert stored == list(range(20)) and acked == set(range(20))
