@@ -1,0 +1,234 @@
+"""What the fault cases share: self-checking record bodies, writer and reader threads, and the
+checks every case ends with.
+
+Every batch body names its stream and a sequence number and ends with a CRC-32 of the rest, so a
+reader can tell a corrupted or foreign batch from a good one without knowing what was written,
+and duplicates show up as a repeated sequence number.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from sbp_spark.client import ClientConfig, SbpClient
+from sbp_spark.protocol.errors import SbpError, ServerError
+from sbp_spark.protocol.records import ENVELOPE_SIZE, BatchHeader, batch_bytes
+
+# Enough retrying to ride out a process restart (a cold interpreter: about a second) and a PD
+# failover (three missed heartbeats: about three seconds).
+RIDE_OUT = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=200,
+                        retry_backoff_ms=20, retry_backoff_max_ms=250, retry_deadline_s=60)
+
+_TRAILER = struct.Struct(">I")
+
+
+def make_body(stream_id: int, seq: int, size: int = 256) -> bytes:
+    """A body of about ``size`` bytes naming ``stream_id`` and ``seq``, with a CRC trailer."""
+    head = f"s{stream_id:06d} n{seq:09d} ".encode()
+    filler = (head * (size // len(head) + 1))[:max(size - len(head) - 4, 0)]
+    core = head + filler
+    return core + _TRAILER.pack(zlib.crc32(core))
+
+
+def check_body(body: bytes) -> tuple[int, int]:
+    """(stream_id, seq) of a body made by ``make_body``; ValueError if it is damaged."""
+    if len(body) < 22:
+        raise ValueError(f"body of {len(body)} bytes is too short")
+    core, (crc,) = body[:-4], _TRAILER.unpack(body[-4:])
+    if zlib.crc32(core) != crc:
+        raise ValueError(f"body fails its CRC: {body[:24]!r}...")
+    try:
+        return int(core[1:7]), int(core[9:18])
+    except ValueError:
+        raise ValueError(f"body does not name a stream and sequence: {body[:24]!r}") from None
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Writer(threading.Thread):
+    """Appends numbered batches to one stream until stopped; keeps what was acknowledged."""
+
+    def __init__(self, client: SbpClient, stream_id: int, batches_per_append: int = 8,
+                 body_size: int = 256) -> None:
+        super().__init__(name=f"writer-{stream_id}", daemon=True)
+        self.client = client
+        self.stream_id = stream_id
+        self.batches_per_append = batches_per_append
+        self.body_size = body_size
+        self.acked: dict[int, bytes] = {}  # base_offset -> body
+        self.failures: list[SbpError] = []
+        self.stop = threading.Event()
+        self.last_ack = time.monotonic()
+        self.longest_stall_s = 0.0  # longest time between two acknowledged appends
+        self._seq = 0
+
+    def run(self) -> None:
+        writer = self.client.open_stream(self.stream_id)
+        while not self.stop.is_set():
+            bodies = []
+            for _ in range(self.batches_per_append):
+                self._seq += 1
+                bodies.append(make_body(self.stream_id, self._seq, self.body_size))
+            try:
+                done = writer.append([batch_bytes(b) for b in bodies])
+            except SbpError as exc:  # gave up on these: unacknowledged, may or may not exist
+                self.failures.append(exc)
+                continue
+            now = time.monotonic()
+            self.longest_stall_s = max(self.longest_stall_s, now - self.last_ack)
+            self.last_ack = now
+            for appended, body in zip(done, bodies, strict=True):
+                self.acked[appended.base_offset] = body
+
+    def wait_for_more(self, count: int, timeout: float = 60.0) -> None:
+        """Block until ``count`` more batches were acknowledged."""
+        target = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= target or not self.is_alive(), timeout,
+                   f"stream {self.stream_id} to get {count} more acknowledged batches "
+                   f"(failures: {self.failures[-3:]})")
+        assert len(self.acked) >= target, f"writer of stream {self.stream_id} died"
+
+    def finish(self, timeout: float = 60.0) -> None:
+        self.stop.set()
+        self.join(timeout)
+        assert not self.is_alive(), f"writer of stream {self.stream_id} did not stop"
+
+
+@dataclass
+class StreamCheck:
+    """What a full read of a stream found."""
+
+    stream_id: int
+    batches: int = 0
+    records: int = 0
+    end: int = 0
+    bad_bodies: list[int] = field(default_factory=list)  # offsets of damaged batches
+    holes: list[int] = field(default_factory=list)  # offsets where a gap begins
+    duplicates: list[int] = field(default_factory=list)  # seqs stored more than once
+    lost: list[int] = field(default_factory=list)  # acknowledged offsets missing or changed
+
+    @property
+    def ok(self) -> bool:
+        return not (self.bad_bodies or self.holes or self.lost)
+
+    def summary(self) -> str:
+        return (f"stream {self.stream_id}: {self.batches} batches, offsets [0, {self.end}), "
+                f"{len(self.bad_bodies)} corrupt, {len(self.holes)} holes, "
+                f"{len(self.lost)} acknowledged lost, {len(self.duplicates)} duplicated "
+                "(at-least-once retries)")
+
+
+def check_batches(stream_id: int, batches: Iterator, acked: dict[int, bytes] | None = None,
+                  start: int = 0) -> StreamCheck:
+    """Check a stream's batches read from ``start``: valid bodies of this stream, offsets
+    without holes, and every acknowledged batch where its acknowledgement said."""
+    result = StreamCheck(stream_id)
+    expected = start
+    stored: dict[int, bytes] = {}
+    seen: set[int] = set()
+    for b in batches:
+        base, count = b.header.base_offset, b.header.record_count
+        if base + count <= expected and base in stored:
+            continue  # the same batch again (a resumed read): not a new record
+        if base != expected:
+            result.holes.append(expected)
+        expected = base + count
+        body = bytes(memoryview(b.data)[ENVELOPE_SIZE:])
+        stored[base] = body
+        result.batches += 1
+        result.records += count
+        try:
+            sid, seq = check_body(body)
+        except ValueError:
+            result.bad_bodies.append(base)
+            continue
+        if sid != stream_id:
+            result.bad_bodies.append(base)
+        elif seq in seen:
+            result.duplicates.append(seq)
+        seen.add(seq)
+    result.end = expected
+    if acked:
+        result.lost = sorted(o for o, body in acked.items() if stored.get(o) != body)
+    return result
+
+
+def check_stream(client: SbpClient, stream_id: int, acked: dict[int, bytes] | None = None
+                 ) -> StreamCheck:
+    """Read a whole stream and check it (see ``check_batches``)."""
+    return check_batches(stream_id, client.read(stream_id), acked)
+
+
+class Seen(NamedTuple):
+    """A batch a reader kept (a copy: the client's view dies with its frame)."""
+
+    header: BatchHeader
+    data: bytes
+
+
+class Tail(threading.Thread):
+    """Follows a stream from offset 0 like a streaming reader: long-polls the open range,
+    moves on when it is sealed, rides out server failures; checks every batch it gets."""
+
+    def __init__(self, client: SbpClient, stream_id: int, wait_ms: int = 200) -> None:
+        super().__init__(name=f"tail-{stream_id}", daemon=True)
+        self.client = client
+        self.stream_id = stream_id
+        self.wait_ms = wait_ms
+        self.offset = 0
+        self.batches: list[Seen] = []
+        self.errors: list[SbpError] = []
+        self.stop = threading.Event()
+        self.fatal: BaseException | None = None
+
+    def _range_at(self, offset: int):
+        for rng in self.client.list_ranges(self.stream_id):
+            if rng.start_offset <= offset and (rng.is_open or offset < rng.end_offset):
+                return rng
+        return None
+
+    def run(self) -> None:
+        try:
+            self._follow()
+        except BaseException as exc:  # reported by the test through .fatal
+            self.fatal = exc
+
+    def _follow(self) -> None:
+        while not self.stop.is_set():
+            try:
+                rng = self._range_at(self.offset)
+                if rng is None:
+                    time.sleep(0.05)  # the PD has not opened the next range yet
+                    continue
+                for b in self.client.fetch(rng, self.offset,
+                                           max_wait_ms=self.wait_ms if rng.is_open else 0):
+                    if b.header.end_offset <= self.offset:
+                        continue
+                    self.batches.append(Seen(b.header, bytes(b.data)))
+                    self.offset = b.header.end_offset
+            except SbpError as exc:
+                if isinstance(exc, ServerError) and not exc.retriable:
+                    raise
+                self.errors.append(exc)
+                time.sleep(0.05)  # a server is down or moving: ask the PD again shortly
+
+    def caught_up_to(self, end: int, timeout: float = 60.0) -> None:
+        wait_until(lambda: self.offset >= end or self.fatal is not None, timeout,
+                   f"the tail of stream {self.stream_id} to reach {end} (at {self.offset})")
+        assert self.fatal is None, f"tail failed: {self.fatal!r}"
+
+    def check(self, acked: dict[int, bytes]) -> StreamCheck:
+        return check_batches(self.stream_id, iter(self.batches), acked)
