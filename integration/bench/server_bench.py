@@ -264,7 +264,8 @@ def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
     return {"clients": clients, "idle_rss_MiB": idle["VmRSS"] / MIB,
             "peak_rss_MiB": peak["VmRSS"] / MIB, "peak_anon_MiB": peak["RssAnon"] / MIB,
             "peak_file_MiB": peak["RssFile"] / MIB, "peak_threads": peak["Threads"],
-            "hwm_rss_MiB": hwm / MIB, "after_rss_MiB": after["VmRSS"] / MIB, "appended_MiB": total * len(batch) / MIB,
+            "hwm_rss_MiB": hwm / MIB, "after_rss_MiB": after["VmRSS"] / MIB,
+            "appended_MiB": total * len(batch) / MIB,
             "append_MBps": total * len(batch) / seconds / 1e6}
 
 
