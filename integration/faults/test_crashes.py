@@ -252,3 +252,108 @@ def test_kill_and_restart_pd(tmp_path, figures):
         assert set(streams) <= listed
         checks = [check_stream(client, w.stream_id, w.acked) for w in writers]
         _assert_clean(checks, figures, sum(len(w.acked) for w in writers))
+
+
+def _holder_index(cluster: ProcessCluster, client: SbpClient, stream_id: int,
+                  primary: bool = True) -> int:
+    """Index (in the cluster) of the primary (or a secondary) of the stream's open range."""
+    rng = client.list_ranges(stream_id)[-1]
+    wanted = [r.server.advertise_addr for r in rng.servers if r.is_primary == primary][0]
+    return next(i for i, p in enumerate(cluster.range_servers)
+                if p is not None and p.info["range_server"] == wanted)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.fault_case(
+    "primary killed during writes and a streaming read (R=3)",
+    "4 range servers, streams with 3 replicas; kill -9 the primary of the open range while 2 "
+    "writers append and a tail follows; restart it only after the PD failed the range over",
+    "writers carry on on a new range without the dead server; acked batches intact, no holes "
+    "(the sealed range ends where every survivor holds data); the tail sees every batch")
+def test_kill_primary_with_three_replicas(tmp_path, figures):
+    with ProcessCluster(tmp_path, range_servers=4) as cluster, ConnectionPool(RIDE_OUT) as pool:
+        client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
+        streams = [s.stream_id for s in client.create_streams(2, replicas=3)]
+        writers = [Writer(client, sid) for sid in streams]
+        tail = Tail(client, streams[0])
+        for w in writers:
+            w.start()
+        tail.start()
+        try:
+            for w in writers:
+                w.wait_for_more(40)
+            victim = _holder_index(cluster, client, streams[0], primary=True)
+            began = time.monotonic()
+            cluster.kill_range_server(victim)
+            for w in writers:
+                w.wait_for_more(40)
+            failover_s = time.monotonic() - began
+            cluster.start_range_server(victim)
+            for w in writers:
+                w.wait_for_more(40)
+        finally:
+            for w in writers:
+                w.finish()
+        checks = [check_stream(client, w.stream_id, w.acked) for w in writers]
+        try:
+            tail.caught_up_to(checks[0].end)
+        finally:
+            tail.stop.set()
+            tail.join(30)
+        _assert_clean(checks, figures, sum(len(w.acked) for w in writers))
+        ranges = client.list_ranges(streams[0])
+        assert len(ranges) >= 2 and not ranges[0].is_open
+        figures["writes resumed after the kill"] = f"{failover_s:.1f} s"
+        figures["ranges of the first stream"] = len(ranges)
+        figures["appends given up"] = sum(len(w.failures) for w in writers)
+        tail_check = tail.check(writers[0].acked)
+        figures["tail"] = f"{tail_check.batches} batches, {len(tail.errors)} errors ridden out"
+        assert tail_check.ok, tail_check.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.fault_case(
+    "replica killed during batch reads (R=3)",
+    "3 range servers, a 3-replica stream of 20 MiB read end to end in a loop; kill -9 the "
+    "server the reads go to (the primary), no restart",
+    "reads fall back to the other replicas and return exactly the stream each time")
+def test_kill_replica_during_batch_reads_with_three_replicas(tmp_path, figures):
+    with ProcessCluster(tmp_path, range_servers=3) as cluster, ConnectionPool(RIDE_OUT) as pool:
+        client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
+        [stream] = client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        writer = client.open_stream(sid)
+        acked: dict[int, bytes] = {}
+        for n in range(20):
+            bodies = [make_body(sid, n * 64 + i, 16 * 1024) for i in range(64)]
+            for a, body in zip(writer.append([batch_bytes(b) for b in bodies]), bodies,
+                               strict=True):
+                acked[a.base_offset] = body
+        reads: list = []
+        failed: list[str] = []
+        stop = threading.Event()
+
+        def reader() -> None:
+            while not stop.is_set():
+                try:
+                    reads.append(check_batches(sid, client.read(sid, 0, len(acked)), acked))
+                except SbpError as exc:
+                    failed.append(f"{type(exc).__name__}: {exc}")
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        try:
+            wait_until(lambda: len(reads) >= 2, 60, "two full reads")
+            cluster.kill_range_server(_holder_index(cluster, client, sid, primary=True))
+            before = len(reads)
+            wait_until(lambda: len(reads) >= before + 3 or len(failed) > 3, 90,
+                       "three more reads after the kill")
+        finally:
+            stop.set()
+            t.join(60)
+        figures["full reads"] = len(reads)
+        figures["reads failed"] = len(failed)
+        assert not failed, failed[:3]
+        for r in reads:
+            assert r.ok and not r.duplicates and r.records == len(acked), r.summary()
