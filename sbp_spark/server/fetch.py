@@ -58,6 +58,7 @@ class _Entry:
     sent_bytes: int = 0
     reported: bool = False
     stop: int = -1  # where streaming stops for the current range (end bound or snapshot)
+    corrupt: CorruptDataError | None = None  # found at ``stop``: reported once there
     rlog: RangeLog | None = field(default=None, repr=False)
 
     def fail(self, exc: ServerError) -> None:
@@ -241,6 +242,9 @@ class FetchServer:
                     frame.add_result(e, None)
                 return
             if e.offset >= e.stop:
+                if e.corrupt is not None:
+                    self._corrupt(frame, e, e.corrupt)
+                    return
                 e.done = True  # caught up with what was committed when streaming began
                 return
             room = self.frame_bytes - frame.nbytes
@@ -250,6 +254,9 @@ class FetchServer:
             except ServerError as exc:
                 e.fail(exc)
                 frame.add_result(e, None)
+                return
+            except CorruptDataError as exc:
+                self._corrupt(frame, e, exc)
                 return
             if not chunk.batches:
                 if frame.empty or budget == e.remaining:
@@ -265,10 +272,11 @@ class FetchServer:
             try:
                 frame.add_chunk(e, chunk)
             except CorruptDataError as exc:
-                log.error("fetch of stream %d at %d: %s", e.req.stream_id, e.offset, exc)
-                e.status = Status(ErrorCode.UNKNOWN, f"stored data is corrupt: {exc}")
-                e.done = True
-                frame.add_result(e, None)
+                if exc.offset > e.offset:
+                    # Serve the sound batches before the bad one, then report it.
+                    e.stop, e.corrupt = exc.offset, exc
+                    continue
+                self._corrupt(frame, e, exc)
                 return
             e.offset = chunk.next_offset
             e.remaining -= chunk.nbytes
@@ -277,6 +285,14 @@ class FetchServer:
                 e.done = True
             if frame.nbytes >= self.frame_bytes:
                 return
+
+
+    @staticmethod
+    def _corrupt(frame: _FrameBuilder, e: _Entry, exc: CorruptDataError) -> None:
+        log.error("fetch of stream %d at %d: %s", e.req.stream_id, e.offset, exc)
+        e.status = Status(ErrorCode.UNKNOWN, f"stored data is corrupt: {exc}")
+        e.done = True
+        frame.add_result(e, None)
 
 
 class _FrameBuilder:
@@ -355,7 +371,7 @@ def _read_small(batches: list[StoredBatch], verify: bool) -> tuple[list[memoryvi
             if actual != b.crc:
                 raise CorruptDataError(
                     f"stored batch at offset {b.base_offset} fails its checksum "
-                    f"({actual:#010x} != {b.crc:#010x})")
+                    f"({actual:#010x} != {b.crc:#010x})", b.base_offset)
         parts.append(piece)
         combined = crc32_combine(combined, b.crc, b.length)
     return parts, combined

@@ -22,7 +22,7 @@ import mmap
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..protocol.errors import SbpError, StorageFullError
@@ -45,7 +45,12 @@ _SCAN_CHUNK = 1024 * 1024
 
 
 class CorruptDataError(SbpError):
-    """Stored bytes do not match their checksum."""
+    """Stored bytes do not match their checksum. ``offset``: the first bad batch's base
+    offset, when known (-1 otherwise)."""
+
+    def __init__(self, message: str, offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class StoredBatch(NamedTuple):
@@ -85,13 +90,21 @@ def unpack_storage_header(buf, pos: int = 0) -> tuple[int, int, int, int, int] |
 
 @dataclass
 class ScanResult:
-    """What a recovery scan found: the valid prefix of a segment file."""
+    """What a recovery scan found in a segment file."""
 
-    valid_size: int
+    valid_size: int  # end of the last good batch: anything after it is a torn tail
     end_offset: int
     max_time: int
     index: list[tuple[int, int]]
-    problem: str | None  # why the scan stopped before the end of the file
+    problem: str | None  # why the tail after valid_size is unusable, if there is one
+    # Corrupt stretches with good batches after them: (first byte, end byte, first offset,
+    # end offset). Their bytes stay on disk; reads reaching them fail cleanly.
+    damaged: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    @property
+    def first_damage(self) -> int:
+        """Position of the first corrupt byte (or valid_size when nothing is damaged)."""
+        return self.damaged[0][0] if self.damaged else self.valid_size
 
 
 class Segment:
@@ -204,47 +217,50 @@ class Segment:
     # -- recovery --------------------------------------------------------------------------
 
     def scan(self) -> ScanResult:
-        """Walk every stored batch, checking headers, CRCs and offset continuity."""
+        """Walk every stored batch, checking headers, CRCs and offset continuity.
+
+        A bad batch followed by good ones is corruption, not a torn write (appends only ever
+        tear at the end): the scan resumes at the next good batch and reports the stretch in
+        ``damaged``, so acknowledged batches after it keep their offsets. A bad batch with no
+        good one after it is a torn tail, reported in ``problem``.
+        """
         file_size = os.fstat(self.fd).st_size
         pos, expect, max_time = 0, self.base_offset, -1
         index: list[tuple[int, int]] = []
+        damaged: list[tuple[int, int, int, int]] = []
         last_indexed = -self.index_interval
         problem = None
+        valid_end = 0
         mm = _map(self.fd, file_size)
         try:
             view = memoryview(mm) if mm is not None else memoryview(b"")
             try:
                 while pos < file_size:
-                    if file_size - pos < STORAGE_HEADER_SIZE:
-                        problem = f"{file_size - pos} trailing bytes at {pos} (torn header)"
-                        break
-                    fields = unpack_storage_header(view, pos)
+                    fields, why = _check_batch_at(view, pos, file_size, expect, exact=True)
                     if fields is None:
-                        problem = f"storage header at {pos} fails its checksum"
-                        break
-                    length, batch_crc, base, count, ts = fields
-                    body_at = pos + STORAGE_HEADER_SIZE
-                    if body_at + length > file_size:
-                        problem = f"batch at {pos} needs {length} bytes, file ends first (torn)"
-                        break
-                    if base != expect or count < 1:
-                        problem = f"batch at {pos} has base_offset {base}, expected {expect}"
-                        break
-                    if crc32(view[body_at:body_at + length]) != batch_crc:
-                        problem = f"batch at {pos} (offset {base}) fails its checksum"
-                        break
+                        found = _resync(mm, view, pos + 1, file_size, expect)
+                        if found is None:
+                            problem = why
+                            break
+                        next_pos, next_base = found
+                        damaged.append((pos, next_pos, expect, next_base))
+                        pos, expect = next_pos, next_base
+                        last_indexed = -self.index_interval  # index the batch after it
+                        continue
+                    length, _, base, count, ts = fields
                     if pos - last_indexed >= self.index_interval:
                         index.append((base, pos))
                         last_indexed = pos
                     expect = base + count
                     max_time = max(max_time, ts)
-                    pos = body_at + length
+                    pos += STORAGE_HEADER_SIZE + length
+                    valid_end = pos
             finally:
                 view.release()
         finally:
             if mm is not None:
                 mm.close()
-        return ScanResult(pos, expect, max_time, index, problem)
+        return ScanResult(valid_end, expect, max_time, index, problem, damaged)
 
     def adopt_scan(self, result: ScanResult) -> None:
         """Take the scan's valid prefix as the segment's content, cutting off anything after."""
@@ -253,7 +269,8 @@ class Segment:
         # What survived a process crash may still sit only in the page cache: make it durable
         # before it is served.
         os.fsync(self.fd)
-        self.size = self.synced_size = self.verified_size = result.valid_size
+        self.size = self.synced_size = result.valid_size
+        self.verified_size = result.first_damage
         self.end_offset = result.end_offset
         self.max_time = result.max_time
         self._index_offsets = [o for o, _ in result.index]
@@ -265,7 +282,7 @@ class Segment:
         """Keep a full segment whose middle is corrupt: the valid prefix stays indexed, the
         bytes after it stay on disk, and reads that reach them fail with CorruptDataError."""
         self.size = self.synced_size = os.fstat(self.fd).st_size
-        self.verified_size = result.valid_size
+        self.verified_size = result.first_damage
         self.end_offset = end_offset
         self.max_time = result.max_time
         self._index_offsets = [o for o, _ in result.index]
@@ -302,11 +319,15 @@ class Segment:
         total = 0
         buf = bytearray(STORAGE_HEADER_SIZE)
         while pos + STORAGE_HEADER_SIZE <= limit_size:
-            if os.preadv(self.fd, [buf], pos) != STORAGE_HEADER_SIZE:
-                raise CorruptDataError(f"{self.path}: short read of the header at {pos}")
-            fields = unpack_storage_header(buf)
+            fields = None
+            if os.preadv(self.fd, [buf], pos) == STORAGE_HEADER_SIZE:
+                fields = unpack_storage_header(buf)
             if fields is None:
-                raise CorruptDataError(f"{self.path}: storage header at {pos} is corrupt")
+                if out:
+                    break  # serve the sound batches before it; the next read fails here
+                raise CorruptDataError(
+                    f"{self.path}: the storage header at byte {pos} is corrupt (reading "
+                    f"offset {offset})")
             length, batch_crc, base, count, ts = fields
             if end_offset >= 0 and base >= end_offset:
                 break
@@ -354,6 +375,51 @@ class Segment:
                 os.close(fd)
 
 
+def _check_batch_at(view: memoryview, pos: int, file_size: int, expect: int, exact: bool
+                    ) -> tuple[tuple[int, int, int, int, int] | None, str]:
+    """The stored batch at ``pos`` if it is whole and sound, else (None, why not).
+
+    ``exact``: its base_offset must be ``expect``; otherwise any base_offset >= ``expect``.
+    """
+    if file_size - pos < STORAGE_HEADER_SIZE:
+        return None, f"{file_size - pos} trailing bytes at {pos} (torn header)"
+    fields = unpack_storage_header(view, pos)
+    if fields is None:
+        return None, f"storage header at {pos} fails its checksum"
+    length, batch_crc, base, count, _ = fields
+    body_at = pos + STORAGE_HEADER_SIZE
+    if body_at + length > file_size:
+        return None, f"batch at {pos} needs {length} bytes, the file ends first (torn)"
+    if count < 1 or (base != expect if exact else base < expect):
+        return None, f"batch at {pos} has base_offset {base}, expected {expect}"
+    if crc32(view[body_at:body_at + length]) != batch_crc:
+        return None, f"batch at {pos} (offset {base}) fails its checksum"
+    return fields, ""
+
+
+# A stored batch's envelope starts with this byte, right after the storage header.
+_ENVELOPE_MAGIC = b"\x42"
+
+
+def _resync(mm, view: memoryview, start: int, file_size: int, expect: int
+            ) -> tuple[int, int] | None:
+    """The first sound batch at or after ``start`` (position, base_offset), or None.
+
+    Candidates are the positions followed by an envelope magic 32 bytes on; each must pass
+    every check of a good batch (two CRCs), so a false match is practically impossible.
+    """
+    pos = start
+    while True:
+        hit = mm.find(_ENVELOPE_MAGIC, pos + STORAGE_HEADER_SIZE, file_size)
+        if hit < 0:
+            return None
+        pos = hit - STORAGE_HEADER_SIZE
+        fields, _ = _check_batch_at(view, pos, file_size, expect, exact=False)
+        if fields is not None:
+            return pos, fields[2]
+        pos += 1
+
+
 def verify_batches(batches: list[StoredBatch]) -> int:
     """Check every batch's bytes against its stored CRC; return the CRC of them end to end.
 
@@ -376,7 +442,7 @@ def verify_batches(batches: list[StoredBatch]) -> int:
             if actual != b.crc:
                 raise CorruptDataError(
                     f"stored batch at offset {b.base_offset} fails its checksum "
-                    f"({actual:#010x} != {b.crc:#010x})")
+                    f"({actual:#010x} != {b.crc:#010x})", b.base_offset)
             combined = crc32_combine(combined, actual, b.length)
         return combined
     finally:

@@ -588,6 +588,10 @@ class RangeLog:
                 kept.append(seg)
                 continue
             result = seg.scan()
+            for first, end, lost_from, lost_to in result.damaged:
+                log.error("range %s: bytes %d-%d of %s are corrupt; offsets %d to %d are "
+                          "unreadable, the batches after them are kept", self, first, end,
+                          seg.path, lost_from, lost_to)
             if result.problem is None:
                 seg.adopt_scan(result)
             elif last:

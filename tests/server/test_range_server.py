@@ -433,3 +433,24 @@ def test_fetch_of_corrupt_stored_data_fails_that_entry_cleanly(tmp_path):
         assert statuses[0][-1].code == ErrorCode.UNKNOWN
         assert "corrupt" in statuses[0][-1].message
         assert [parse_header(b).base_offset for b in batches[1]] == [1, 2]
+
+
+def test_fetch_serves_the_sound_batches_around_a_corrupt_one(tmp_path):
+    with Server(_config(tmp_path)).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        _append(peer, [(1, bytes([i]) * 500) for i in range(4)])
+        [segment_file] = list((tmp_path / "data").rglob("*.seg"))
+    data = segment_file.read_bytes()
+    at = data.index(bytes([1]) * 500)  # the body of the batch at offset 1
+    with open(segment_file, "r+b") as f:
+        f.seek(at + 10)
+        f.write(b"\x00")
+    with Server(RangeServerConfig(data_dir=str(tmp_path))).start() as srv, \
+            RawPeer(srv.address) as peer:
+        _, statuses, batches = _fetch(peer, [_entry(1, offset=0, index=0),
+                                             _entry(1, offset=2, index=1)])
+        assert [parse_header(b).base_offset for b in batches[0]] == [0]
+        assert statuses[0][-1].code == ErrorCode.UNKNOWN
+        assert [parse_header(b).base_offset for b in batches[1]] == [2, 3]
+        # The damaged offset is never handed out again.
+        assert [r.base_offset for r in _append(peer, [(1, b"new")]).append_responses] == [4]

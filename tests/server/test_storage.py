@@ -149,7 +149,7 @@ def test_torn_tail_is_cut_on_restart(tmp_path):
         assert _read_all(rlog)[-1][ENVELOPE_SIZE:] == b"again"
 
 
-def test_corrupt_byte_in_the_active_segment_cuts_the_log_there(tmp_path):
+def test_corrupt_batch_in_the_active_segment_keeps_the_batches_after_it(tmp_path):
     with Storage(str(tmp_path), _MANUAL) as s:
         rlog = s.create_range(1, 0, 0)
         rlog.append([_batch(b"first"), _batch(b"second"), _batch(b"third")])
@@ -162,7 +162,39 @@ def test_corrupt_byte_in_the_active_segment_cuts_the_log_there(tmp_path):
         f.write(b"X")  # flips a body byte of batch 1
     with Storage(str(tmp_path), _MANUAL) as s:
         rlog = s.get_range(1, 0)
-        assert rlog.next_offset == 1
+        assert rlog.next_offset == 3  # not a torn write: offsets 0 and 2 are still there
+        with rlog.read(0, 1) as chunk:
+            chunk.checked_crc()
+        with rlog.read(1, 1) as chunk, pytest.raises(CorruptDataError) as info:
+            chunk.checked_crc()
+        assert info.value.offset == 1
+        with rlog.read(2, 1) as chunk:
+            assert chunk.checked_crc() == zlib.crc32(os.pread(
+                chunk.batches[0].fd, chunk.batches[0].length, chunk.batches[0].position))
+        assert rlog.append([_batch(b"fourth")])[0] == [3]
+
+
+def test_corrupt_header_in_the_active_segment_is_skipped_to_the_next_good_batch(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(bytes([i]) * 100) for i in range(5)])
+        rlog.sync()
+        with rlog.read(2, 1) as chunk:
+            third = chunk.batches[0]
+        [path] = _segment_files(rlog)
+    with open(path, "r+b") as f:
+        f.seek(third.position - 20)  # inside batch 2's storage header
+        f.write(b"\xff\xff")
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.get_range(1, 0)
+        assert rlog.next_offset == 5
+        with pytest.raises(CorruptDataError):
+            rlog.read(2, 1 << 20)
+        with rlog.read(0, 1 << 20) as chunk:  # the batches before it are served
+            assert [b.base_offset for b in chunk.batches] == [0, 1]
+        with rlog.read(3, 1 << 20) as chunk:
+            assert [b.base_offset for b in chunk.batches] == [3, 4]
+            chunk.checked_crc()
 
 
 @pytest.mark.parametrize("lose_index", [False, True], ids=["indexed", "rescanned"])
