@@ -48,6 +48,16 @@ class StreamMissingError(ValueError):
     """A stream the query names does not exist."""
 
 
+class RangeUnavailableError(RuntimeError):
+    """No range server holding a range answered."""
+
+
+def describe_replicas(replicas: Sequence[Replica]) -> str:
+    """``host:port (primary), host:port`` for messages."""
+    return ", ".join(f"{r.address}{' (primary)' if r.is_primary else ''}"
+                     for r in replicas) or "none"
+
+
 def _replicas(rng: Range) -> tuple[Replica, ...]:
     replicas = [Replica(r.server.server_id, r.server.advertise_addr, r.is_primary)
                 for r in rng.servers]
@@ -84,12 +94,19 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
         ranges = sorted(client.list_ranges(stream.stream_id), key=lambda r: r.range_index)
         out = []
         for rng in ranges:
+            replicas = _replicas(rng)
             if rng.end_offset >= 0:
                 end, is_open = rng.end_offset, False
             else:
-                end, is_open = client.open_range_end(rng), True
-            out.append(RangeLayout(rng.range_index, rng.start_offset, end, _replicas(rng),
-                                   is_open))
+                try:
+                    end, is_open = client.open_range_end(rng), True
+                except SbpError as exc:
+                    raise RangeUnavailableError(
+                        f"cannot learn where the open range {rng.range_index} of stream "
+                        f"{stream.stream_id} ends: none of its range servers answered "
+                        f"({describe_replicas(replicas)}): {type(exc).__name__}: {exc}"
+                    ) from exc
+            out.append(RangeLayout(rng.range_index, rng.start_offset, end, replicas, is_open))
         start = max([stream.start_offset] + [r.start_offset for r in out[:1]])
         layouts.append(StreamLayout(stream.stream_id, start, tuple(out)))
     return layouts
@@ -129,5 +146,6 @@ def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
     return None
 
 
-__all__ = ["SbpError", "StreamMissingError", "check_streams_exist", "close_clients", "fetch",
-           "first_batch", "get_client", "partition_range", "stream_layouts"]
+__all__ = ["RangeUnavailableError", "StreamMissingError", "check_streams_exist",
+           "close_clients", "describe_replicas", "fetch", "first_batch", "get_client",
+           "partition_range", "stream_layouts"]

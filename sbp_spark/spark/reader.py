@@ -50,11 +50,10 @@ def read_partition(options: ReadOptions, schema: StructType,
             decoder.next_offset = max(decoder.next_offset, position)
             continue
         except SbpError as exc:
-            servers = ", ".join(f"{r.address}{' (primary)' if r.is_primary else ''}"
-                                for r in partition.replicas)
             raise ReadFailedError(
-                f"reading {partition.describe()} failed at offset {decoder.next_offset} "
-                f"(replicas: {servers or 'none'}): {type(exc).__name__}: {exc}") from exc
+                f"reading {partition.describe()} failed at offset {decoder.next_offset}; no "
+                f"replica could serve it ({cluster.describe_replicas(partition.replicas)}): "
+                f"{type(exc).__name__}: {exc}") from exc
         if decoder.next_offset <= position:
             raise ReadFailedError(
                 f"reading {partition.describe()}: the range server returned no records at "
