@@ -646,6 +646,8 @@ class Storage:
         self._ranges: dict[tuple[int, int], RangeLog] = {}
         self._by_stream: dict[int, list[RangeLog]] = {}
         self._lock = threading.Lock()
+        self._create_lock = threading.Lock()
+        self._data_version = 0
         # Woken whenever readable data, seals or deletions change: long-poll fetches wait on it.
         self.data_changed = threading.Condition()
         self._dirty: dict[int, RangeLog] = {}  # id(range) -> range with unsynced writes
@@ -674,7 +676,9 @@ class Storage:
                 f"range {stream_id}/{range_index}: end_offset {end_offset} is below its start "
                 f"{start_offset}")
         key = (stream_id, range_index)
-        with self._lock:
+        # Creations are serialised on their own lock: they write and fsync files, and must not
+        # hold up the lookups every append and fetch makes (self._lock).
+        with self._create_lock:
             existing = self._ranges.get(key)
             if existing is not None:
                 if existing.base_start_offset != start_offset:
@@ -696,7 +700,8 @@ class Storage:
             rlog._written = rlog._committed = start_offset
             rlog._save_meta()
             fsync_dir(os.path.dirname(directory))
-            self._add(rlog)
+            with self._lock:
+                self._add(rlog)
         return rlog
 
     def _add(self, rlog: RangeLog) -> None:
@@ -826,20 +831,31 @@ class Storage:
 
     def notify_data(self) -> None:
         with self.data_changed:
+            self._data_version += 1
             self.data_changed.notify_all()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until ``predicate()`` is true; re-checked on every
-        data change. Returns the predicate's last value."""
+        data change. Returns the predicate's last value.
+
+        The predicate runs without the condition's lock (it may read files and take range
+        locks); a change that lands while it runs is noticed through a version counter.
+        """
         deadline = time.monotonic() + timeout
-        with self.data_changed:
-            while True:
-                if predicate():
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
-                    return predicate()
-                self.data_changed.wait(left)
+        while True:
+            with self.data_changed:
+                seen = self._data_version
+            if predicate():
+                return True
+            with self.data_changed:
+                while self._data_version == seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        break
+                    self.data_changed.wait(left)
+                else:
+                    continue
+            return predicate()
 
     # -- lifecycle -------------------------------------------------------------------------
 
