@@ -312,7 +312,12 @@ class Connection:
             remaining -= sent
 
     def send_goaway(self, reason: str = "") -> None:
-        """Tell the peer to send no new requests here; never blocks on a full socket."""
+        """Tell the peer to send no new requests here.
+
+        Skipped when another sender holds the socket for long (a peer that does not read);
+        a GOAWAY that only partly fits the socket buffer is finished with a blocking send
+        (guarded by the send timeout), since half a frame would break the framing.
+        """
         with self._state:
             if self._goaway_sent or self._closed:
                 return
@@ -323,10 +328,16 @@ class Connection:
             return
         try:
             if not self._closed:
-                self.sock.send(data, socket.MSG_DONTWAIT)
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                if sent < len(data):
+                    self._send_started = time.monotonic()
+                    self.sock.sendall(data[sent:])
+        except BlockingIOError:
+            log.debug("GOAWAY to %s not sent: its socket buffer is full", self.peer_str)
         except OSError as exc:
             log.debug("GOAWAY to %s not sent: %s", self.peer_str, exc)
         finally:
+            self._send_started = None
             self._send_lock.release()
 
     # -- in-flight accounting --------------------------------------------------------------
