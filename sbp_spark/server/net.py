@@ -637,7 +637,8 @@ class FrameServer:
             if t is not threading.current_thread():
                 t.join(1.0)
         self._stopped.set()
-        log.info("%s on %s stopped", self.config.name, self.address_str)
+        if self._address is not None:
+            log.info("%s on %s stopped", self.config.name, self.address_str)
 
     # -- threads ---------------------------------------------------------------------------
 
