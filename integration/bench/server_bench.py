@@ -10,7 +10,8 @@ Measured, for each fsync policy (``never``, ``interval``, ``always``):
   for the whole range);
 * APPEND and FETCH records/s with 100-byte records in 1,000-record Arrow batches;
 
-and the server's resident memory (RSS) while 64 clients append and long-poll at once.
+next to the disk's own write speed (APPEND cannot beat it), and the server's resident memory
+(RSS) while 64 clients append and long-poll at once.
 
 Usage: ``python integration/bench/server_bench.py [--mib 256] [--records 1000000]
 [--clients 64] [--seconds 5] [--policies never,interval,always] [--json FILE]``.
@@ -22,6 +23,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -202,6 +204,27 @@ def bench_policy(fsync: str, mib: int, records: int) -> dict:
     return out
 
 
+def bench_disk(mib: int) -> dict:
+    """The ceiling APPEND cannot beat: plain 8 MiB pwritev calls into a file on the disk the
+    server's data goes to (page cache), then one fsync of it all."""
+    chunk = os.urandom(8 * MIB)
+    with tempfile.TemporaryDirectory(prefix="sbp-server-bench-") as d:
+        fd = os.open(os.path.join(d, "probe"), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            began = time.perf_counter()
+            for i in range(max(1, mib // 8)):
+                os.pwritev(fd, [chunk], i * len(chunk))
+            write_s = time.perf_counter() - began
+            began = time.perf_counter()
+            os.fsync(fd)
+            fsync_s = time.perf_counter() - began
+        finally:
+            os.close(fd)
+    nbytes = max(1, mib // 8) * len(chunk)
+    return {"write_MBps": nbytes / write_s / 1e6,
+            "write_fsync_MBps": nbytes / (write_s + fsync_s) / 1e6}
+
+
 def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
     """Server RSS while ``clients`` connections each append 64 KiB batches and a reader per
     client long-polls its stream."""
@@ -280,13 +303,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--policies", default="never,interval,always")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per policy (median shown)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
     results: dict = {"policies": [], "machine_cpus": os.cpu_count()}
+    disk = results["disk"] = bench_disk(args.mib)
+    print(f"disk ceiling: pwritev {disk['write_MBps']:.0f} MB/s into the page cache, "
+          f"{disk['write_fsync_MBps']:.0f} MB/s including the fsync")
     print(f"{'fsync':9} {'APPEND MB/s':>12} {'FETCH MB/s':>11} {'APPEND rec/s':>13} "
           f"{'FETCH rec/s':>12}")
     for policy in args.policies.split(","):
-        r = bench_policy(policy.strip(), args.mib, args.records)
+        runs = [bench_policy(policy.strip(), args.mib, args.records)
+                for _ in range(args.repeats)]
+        # Medians: this machine's disk and neighbours make single runs swing 2-5x.
+        r = {k: (statistics.median(run[k] for run in runs) if isinstance(v, float) else v)
+             for k, v in runs[0].items()}
+        r["runs"] = runs
         results["policies"].append(r)
         print(f"{r['fsync']:9} {r['append_MBps']:12.0f} {r['fetch_MBps']:11.0f} "
               f"{r['append_records_per_s']:13,.0f} {r['fetch_records_per_s']:12,.0f}",
