@@ -21,7 +21,9 @@ from sbp_spark.server.pd import PdConfig, PlacementDriver
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
 
-TIMEOUT_S = 0.4
+# Liveness timeout of the test PD: short for speed, long enough that a loaded machine does not
+# make a beating server look dead.
+TIMEOUT_S = 1.0
 
 
 class Beater(threading.Thread):
@@ -181,7 +183,7 @@ def test_writer_carries_on_after_its_primary_dies(tmp_path):
     """Real range servers: R=2 on 3 servers, the primary stops; the PD moves the stream."""
     config = ClientConfig(connect_timeout_s=1, request_timeout_s=5, retries=100,
                           retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=30)
-    with EmbeddedCluster(tmp_path, range_servers=3, heartbeat_interval_s=0.2) as cluster, \
+    with EmbeddedCluster(tmp_path, range_servers=3, heartbeat_interval_s=0.4) as cluster, \
             ConnectionPool(config) as pool:
         client = SbpClient(cluster.pd_address, config, pool)
         [stream] = client.create_streams(1, replicas=2)
@@ -195,7 +197,7 @@ def test_writer_carries_on_after_its_primary_dies(tmp_path):
         acked |= {a.base_offset for a in writer.append([batch_bytes(b"y%d" % i)
                                                         for i in range(10)])}
         ranges = client.list_ranges(stream.stream_id)
-        assert len(ranges) == 2 and ranges[0].end_offset == 10
-        assert primary not in {r.server.server_id for r in ranges[1].servers}
+        assert len(ranges) >= 2 and ranges[0].end_offset == 10
+        assert primary not in {r.server.server_id for r in ranges[-1].servers}
         stored = [b.header.base_offset for b in client.read(stream.stream_id)]
         assert stored == list(range(20)) and acked == set(range(20))
