@@ -7,7 +7,7 @@ from .heartbeat import Heartbeat
 from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
-from .retry import call_with_retries, is_retriable
+from .retry import Retrier, call_with_retries, is_retriable
 from .stream import SbpClient, StreamWriter
 from .types import Appended, FetchedBatch, ItemResult
 
@@ -25,6 +25,7 @@ __all__ = [
     "PdClient",
     "RangeServerClient",
     "ResponseStream",
+    "Retrier",
     "SbpClient",
     "StreamWriter",
     "call_with_retries",

@@ -36,7 +36,6 @@ from ._calls import checked_call, item_results
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .connection import Connection, ResponseStream
 from .pool import ConnectionPool, get_pool
-from .retry import call_with_retries
 from .types import ItemResult, status_error
 
 Buffer = bytes | bytearray | memoryview
@@ -116,7 +115,11 @@ class FetchChunk:
 
 
 class RangeServerClient:
-    """Talks to the range server at ``address`` over the pooled connection."""
+    """Talks to the range server at ``address`` over the pooled connection.
+
+    Each call is one attempt: failures come back as errors (or per-entry results) and the
+    caller, which knows the range's other replicas and the PD, decides how to retry.
+    """
 
     def __init__(self, address: str, config: ClientConfig | None = None,
                  pool: ConnectionPool | None = None) -> None:
@@ -323,10 +326,9 @@ class RangeServerClient:
     # -- ranges ----------------------------------------------------------------------------
 
     def _call(self, msg):
-        def attempt():
-            return checked_call(self.connection(), msg)
-
-        return call_with_retries(attempt, self.config)
+        # One attempt, like append and fetch: callers that know the range's other replicas
+        # (SbpClient) decide where to retry.
+        return checked_call(self.connection(), msg)
 
     def seal(self, ranges: Sequence[RangeId | tuple[int, int]]) -> list[ItemResult[Range]]:
         """Seal ranges on this server (SEAL_RANGES); each result is the sealed range."""

@@ -44,6 +44,53 @@ def backoff_s(attempt: int, config: ClientConfig) -> float:
     return (ceiling / 2 + random.uniform(0, ceiling / 2)) / 1000.0
 
 
+class Retrier:
+    """The retry state of one operation: how many attempts were made, until when retries may
+    start, and the wait before the next one.
+
+    ``on_error(error)`` runs before each retry (to refresh placement, follow a PD leader, move
+    to another replica); returning True retries at once, without backoff (a redirect, not a
+    failure). A server's throttle time is always honoured.
+    """
+
+    # Redirects cost no wait, but only a few in a row: a ring of PDs that keep naming each
+    # other must not spin.
+    MAX_IMMEDIATE = 3
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        on_error: Callable[[SbpError], bool] | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.config = config
+        self.on_error = on_error
+        self.deadline = (time.monotonic() + config.retry_deadline_s if deadline is None
+                         else deadline)
+        self.attempt = 0
+        self._immediate = 0
+
+    def retry_after(self, error: SbpError) -> None:
+        """Called with the failure of an attempt: waits as long as needed and returns when
+        another attempt may start; raises ``error`` when it may not be retried, retries are
+        used up (``config.retries``) or the wait would pass the deadline."""
+        if not is_retriable(error) or self.attempt >= self.config.retries:
+            raise error
+        immediate = bool(self.on_error(error)) if self.on_error is not None else False
+        if immediate and self._immediate < self.MAX_IMMEDIATE:
+            self._immediate += 1
+            delay = 0.0
+        else:
+            self._immediate = 0
+            delay = backoff_s(self.attempt, self.config)
+            self.attempt += 1
+        delay = max(delay, throttle_ms(error) / 1000.0)
+        if time.monotonic() + delay > self.deadline:
+            raise error
+        if delay > 0:
+            time.sleep(delay)
+
+
 def call_with_retries(
     op: Callable[[], T],
     config: ClientConfig,
@@ -52,34 +99,12 @@ def call_with_retries(
 ) -> T:
     """Run ``op()``; after a retriable failure wait and run it again, at most ``config.retries``
     more times and never past ``deadline`` (a ``time.monotonic()`` value; default: the
-    config's ``retry_deadline_s`` from now).
-
-    ``on_error(error)`` runs before each retry (to refresh placement, follow a PD leader...);
-    returning True retries at once, without backoff (a redirect, not a failure). A server's
-    throttle time is always honoured. The last error is raised when retries run out.
+    config's ``retry_deadline_s`` from now). See ``Retrier`` for ``on_error``. The last error
+    is raised when retries run out.
     """
-    if deadline is None:
-        deadline = time.monotonic() + config.retry_deadline_s
-    attempt = 0
-    immediate_redirects = 0
+    retrier = Retrier(config, on_error, deadline)
     while True:
         try:
             return op()
         except SbpError as error:
-            if not is_retriable(error) or attempt >= config.retries:
-                raise
-            immediate = bool(on_error(error)) if on_error is not None else False
-            # Redirects cost no wait, but only a few in a row: a ring of PDs that keep naming
-            # each other must not spin.
-            if immediate and immediate_redirects < 3:
-                immediate_redirects += 1
-                delay = 0.0
-            else:
-                immediate_redirects = 0
-                delay = backoff_s(attempt, config)
-                attempt += 1
-            delay = max(delay, throttle_ms(error) / 1000.0)
-            if time.monotonic() + delay > deadline:
-                raise
-            if delay > 0:
-                time.sleep(delay)
+            retrier.retry_after(error)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 from collections.abc import Iterator, Sequence
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
     PdNotLeaderError,
+    ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
     SbpError,
@@ -28,7 +28,7 @@ from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .pd import PdClient
 from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient, batch_buffers
-from .retry import backoff_s, call_with_retries, is_retriable
+from .retry import Retrier, call_with_retries, is_retriable
 from .types import Appended, FetchedBatch, ItemResult
 
 
@@ -151,23 +151,29 @@ class SbpClient:
         if not servers:
             raise RangeNotFoundError(
                 f"range {range.stream_id}/{range.range_index} lists no range server")
-        last_error: SbpError | None = None
-        for address in servers:
-            try:
-                (result,) = self.range_server(address).describe_ranges([range])
-                described = result.unwrap()
-            except SbpError as exc:
-                if not is_retriable(exc):
-                    raise
-                last_error = exc
-                continue
-            if described is None:
-                continue
-            if not described.is_open:
-                return described.end_offset
-            return described.next_offset
-        assert last_error is not None
-        raise last_error
+
+        def attempt() -> int:
+            # The primary first: a secondary may lag behind it.
+            last_error: SbpError | None = None
+            for address in servers:
+                try:
+                    (result,) = self.range_server(address).describe_ranges([range])
+                    described = result.unwrap()
+                except SbpError as exc:
+                    if not is_retriable(exc):
+                        raise
+                    last_error = exc
+                    continue
+                if described is None:
+                    last_error = ProtocolError(
+                        f"{address} described range {range.stream_id}/{range.range_index} "
+                        f"without its state")
+                    continue
+                return described.next_offset if described.is_open else described.end_offset
+            assert last_error is not None
+            raise last_error
+
+        return call_with_retries(attempt, self.config)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -204,8 +210,9 @@ class SbpClient:
             raise RangeNotFoundError(
                 f"range {stream_id}/{range_index} lists no range server to read from")
         position, budget = start, max_bytes
-        attempt, failures = 0, 0
-        last_error: SbpError | None = None
+        failures = 0
+        # Another replica is tried at once; after every replica failed, back off.
+        retrier = Retrier(self.config, on_error=lambda _: failures % len(servers) != 0)
         while True:
             address = servers[failures % len(servers)]
             try:
@@ -218,17 +225,10 @@ class SbpClient:
                     budget = max(budget - header.batch_length, 0)
                 return
             except SbpError as exc:
-                if not is_retriable(exc):
-                    raise
-                last_error = exc
-            failures += 1
-            if end != -1 and position >= end:
-                return
-            if failures % len(servers) == 0:  # every replica failed once more: back off
-                if attempt >= self.config.retries:
-                    raise last_error
-                time.sleep(backoff_s(attempt, self.config))
-                attempt += 1
+                failures += 1
+                if end != -1 and position >= end:
+                    return  # everything asked for arrived before the failure
+                retrier.retry_after(exc)
 
     def read(self, stream_id: int, start: int = 0, end: int = -1) -> Iterator[FetchedBatch]:
         """Every batch of ``stream_id`` holding offsets in ``[start, end)`` (``end`` -1: what

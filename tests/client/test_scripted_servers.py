@@ -331,3 +331,32 @@ def test_abandoned_fetch_frees_its_stream(pool):
         batches.close()
         assert conn.outstanding == 0
         release.set()
+
+
+def test_fetch_resumes_on_another_replica_after_a_mid_stream_failure(pool):
+    from sbp_spark.client import SbpClient
+
+    batches = [batch_bytes(b"r%d" % i, base_offset=i) for i in range(5)]
+    asked_b = []
+
+    def replica_a(peer: Peer) -> None:  # sends two batches, then the connection drops
+        frame = peer.read_frame()
+        data = b"".join(batches[:2])
+        respond(peer, frame, m.FetchResponse(fetch_responses=[m.FetchResult(4, 0, len(data))]),
+                data, end=False)
+
+    def replica_b(peer: Peer) -> None:
+        while (frame := peer.read_frame()) is not None:
+            entry = m.decode_request(frame).fetch_requests[0]
+            asked_b.append(entry.fetch_offset)
+            data = b"".join(batches[entry.fetch_offset:entry.end_offset])
+            respond(peer, frame, m.FetchResponse(fetch_responses=[
+                m.FetchResult(4, 0, len(data))]), data)
+
+    with FakeServer(replica_a) as a, FakeServer(replica_b) as b:
+        rng = m.Range(4, 0, 0, 5, 5, [m.RangeReplica(m.RangeServer(1, a.address), True),
+                                      m.RangeReplica(m.RangeServer(2, b.address), False)])
+        client = SbpClient("127.0.0.1:1", CONFIG, pool)  # the PD is not needed for a fetch
+        got = [f.header.base_offset for f in client.fetch(rng, 0)]
+    assert got == [0, 1, 2, 3, 4]
+    assert asked_b == [2]
