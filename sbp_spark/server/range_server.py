@@ -4,7 +4,8 @@ It learns its ranges from the PD (SYNC_RANGES, or directly in tests), keeps them
 :class:`~sbp_spark.server.storage.Storage`, and answers:
 
 * APPEND to ranges it is the primary of (open ranges only); each entry by its request_index,
-  acknowledged once the fsync policy is met;
+  acknowledged once the fsync policy is met and every secondary stored it (``replication.py``);
+  on a secondary, the batches its primary forwards;
 * FETCH (long poll, then streamed whole batches, see ``fetch.py``);
 * SEAL_RANGES (seal only: the sealed range, end_offset = its next_offset), SYNC_RANGES,
   DESCRIBE_RANGES (live next_offset), DELETE_STREAMS (no more writes), TRIM_STREAMS (drop local
