@@ -319,3 +319,40 @@ def test_large_frames_arrive_intact_through_recycled_buffers(echo_server):
                 kept.append((frame.payload, payload))  # held views must never be overwritten
         for view, payload in kept:
             assert bytes(view) == payload
+
+
+def test_system_error_frame_raises_the_server_error():
+    from sbp_spark.protocol import messages as m
+    from sbp_spark.protocol.errors import InvalidRequestError
+
+    def refuse(peer: Peer) -> None:
+        while (frame := peer.read_frame()) is not None:
+            peer.send(m.system_error_frame(frame.stream_id, frame.opcode, m.Status(
+                2, "header does not parse")))
+
+    with FakeServer(refuse) as server, Connection(server.address, FAST) as conn:
+        with pytest.raises(InvalidRequestError, match="header does not parse"):
+            list(conn.request(OP, b"junk"))
+        with pytest.raises(InvalidRequestError):
+            conn.call(m.DescribeStreamsRequest(stream_ids=[1]))
+        assert conn.outstanding == 0 and conn.usable
+
+
+def test_call_rejects_answers_of_the_wrong_shape():
+    from sbp_spark.protocol import messages as m
+    from sbp_spark.protocol.errors import ProtocolError
+
+    def odd(peer: Peer) -> None:
+        first = peer.read_frame()  # answered with a different opcode
+        peer.send(m.response_frame(first.stream_id, m.ListRangesResponse()))
+        second = peer.read_frame()  # answered with two frames
+        peer.send(m.response_frame(second.stream_id, m.DescribeStreamsResponse(), end=False))
+        peer.send(m.response_frame(second.stream_id, m.DescribeStreamsResponse()))
+        echo_handler(peer)
+
+    with FakeServer(odd) as server, Connection(server.address, FAST) as conn:
+        with pytest.raises(ProtocolError, match="LIST_RANGES"):
+            conn.call(m.DescribeStreamsRequest(stream_ids=[1]))
+        with pytest.raises(ProtocolError, match="more than one frame"):
+            conn.call(m.DescribeStreamsRequest(stream_ids=[1]))
+        assert conn.ping() >= 0 and conn.outstanding == 0
