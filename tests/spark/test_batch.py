@@ -170,6 +170,19 @@ def test_starting_and_ending_offsets(spark, pd, three_ranges):
         read(spark, pd, sid, startingOffsets=json.dumps({str(sid): 400})).collect()
 
 
+def test_trimmed_streams_and_fail_on_data_loss(spark, pd, sbp_client):
+    sid = new_stream(sbp_client)
+    for i in range(3):
+        append_values(sbp_client, sid, [b"v"] * 100, timestamp_ms=1000 * (i + 1))
+    assert sbp_client.trim_stream(sid, 100).start_offset == 100
+    assert offsets_summary(read(spark, pd, sid)) == (200, 100, 299)
+    below = json.dumps({str(sid): 50})
+    with pytest.raises(Exception, match="offsets below 100 were trimmed away.*failOnDataLoss"):
+        read(spark, pd, sid, startingOffsets=below).collect()
+    assert offsets_summary(read(spark, pd, sid, startingOffsets=below,
+                                failOnDataLoss="false")) == (200, 100, 299)
+
+
 def test_filter_pushdown_prunes_and_stays_correct(spark, plain_spark, pd, sbp_client,
                                                   three_ranges):
     sid = three_ranges
