@@ -14,7 +14,8 @@ next to the disk's own write speed (APPEND cannot beat it), and the server's res
 (RSS) while 64 clients append and long-poll at once.
 
 Usage: ``python integration/bench/server_bench.py [--mib 256] [--records 1000000]
-[--clients 64] [--seconds 5] [--policies never,interval,always] [--json FILE]``.
+[--clients 64] [--seconds 5] [--policies never,interval,always] [--repeats 3]
+[--data-root DIR] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ SERVER_ID = 1
 FRAME_BUDGET = 8 * MIB  # APPEND frames of about this size (the connector packs frames too)
 INFLIGHT = 4
 _CLIENT = ClientConfig(request_timeout_s=120.0)
+# Where the server's data directories go (None: the system's temporary directory). Pointing
+# it at a tmpfs (/dev/shm) takes the disk out and shows the server's own CPU cost.
+DATA_ROOT: str | None = None
 
 
 # -- the server process ----------------------------------------------------------------------
@@ -84,7 +88,7 @@ def _serve(data_dir: str, fsync: str, pipe) -> None:
 def server_process(fsync: str) -> Iterator[tuple[str, int]]:
     """A range server in a child process; yields (address, pid)."""
     ctx = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="sbp-server-bench-") as data_dir:
+    with tempfile.TemporaryDirectory(prefix="sbp-server-bench-", dir=DATA_ROOT) as data_dir:
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(data_dir, fsync, child), daemon=True)
         proc.start()
@@ -208,7 +212,7 @@ def bench_disk(mib: int) -> dict:
     """The ceiling APPEND cannot beat: plain 8 MiB pwritev calls into a file on the disk the
     server's data goes to (page cache), then one fsync of it all."""
     chunk = os.urandom(8 * MIB)
-    with tempfile.TemporaryDirectory(prefix="sbp-server-bench-") as d:
+    with tempfile.TemporaryDirectory(prefix="sbp-server-bench-", dir=DATA_ROOT) as d:
         fd = os.open(os.path.join(d, "probe"), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             began = time.perf_counter()
@@ -304,9 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--policies", default="never,interval,always")
     ap.add_argument("--repeats", type=int, default=3, help="runs per policy (median shown)")
+    ap.add_argument("--data-root", help="parent of the data directories (e.g. /dev/shm)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
-    results: dict = {"policies": [], "machine_cpus": os.cpu_count()}
+    global DATA_ROOT
+    DATA_ROOT = args.data_root
+    results: dict = {"policies": [], "machine_cpus": os.cpu_count(),
+                     "data_root": args.data_root or tempfile.gettempdir()}
     disk = results["disk"] = bench_disk(args.mib)
     print(f"disk ceiling: pwritev {disk['write_MBps']:.0f} MB/s into the page cache, "
           f"{disk['write_fsync_MBps']:.0f} MB/s including the fsync")
