@@ -13,7 +13,7 @@ import time
 import pytest
 
 from sbp_spark.client import ConnectionPool, SbpClient
-from sbp_spark.protocol.errors import SbpError
+from sbp_spark.protocol.errors import NotEnoughServersError, SbpError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import ProcessCluster
 
@@ -242,7 +242,14 @@ def test_kill_and_restart_pd(tmp_path, figures):
             figures["admin call while PD down"] = (
                 f"{type(info.value).__name__} after {refused_in:.1f} s")
             cluster.start_pd()
-            wait_until(lambda: len(client.create_streams(1)) == 1, 30, "the PD to serve again")
+
+            def serving() -> bool:  # until the range server heartbeats, no stream can be placed
+                try:
+                    return len(client.create_streams(1)) == 1
+                except NotEnoughServersError:
+                    return False
+
+            wait_until(serving, 30, "the PD to serve again")
             for w in writers:
                 w.wait_for_more(40)
         finally:
