@@ -82,8 +82,8 @@ class FakeServer:
             peer = Peer(sock)
             self.peers.append(peer)
             thread = threading.Thread(target=self._run, args=(peer,), daemon=True)
-            self._threads.append(thread)
             thread.start()
+            self._threads.append(thread)
 
     def _run(self, peer: Peer) -> None:
         try:

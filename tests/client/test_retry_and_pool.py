@@ -129,6 +129,7 @@ def test_pool_hands_out_one_connection_per_address_across_threads():
         for t in threads:
             t.join(10)
         assert len({id(c) for c in got}) == 1
+        assert got[0].ping() >= 0  # answered, so the server has accepted it
         assert server.connections == 1
 
 
