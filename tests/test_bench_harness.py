@@ -163,3 +163,20 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "chart.png"
     plot(_figures(), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_spark_and_streaming_sections_measure_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    code = main(["--quick", "--sections", "spark,streaming", "--rows", "20000", "--runs", "1",
+                 "--stream-seconds", "3", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    by_name = {f["name"]: f for f in doc["figures"]}
+    assert code == 0, [f["status"] for f in doc["figures"]]
+    for figure in doc["figures"]:
+        assert figure["value"] is not None and figure["value"] > 0, figure
+    read = next(f for n, f in by_name.items() if n.startswith("read sbp"))
+    assert read["ceiling_name"] == "Arrow ceiling" and read["ceiling"] > 0
+    write = next(f for n, f in by_name.items() if n.startswith("write sbp"))
+    assert write["ceiling_name"] == "Arrow-writer ceiling" and write["ceiling"] > 0
+    assert any(n.startswith("append-to-sink latency p99") for n in by_name)

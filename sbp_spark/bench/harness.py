@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,13 @@ SECTIONS: dict[str, str] = {
 
 def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
     return importlib.import_module(SECTIONS[name]).run
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -125,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sbp-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc)
+    load_before = _load_average()
     ctx = BenchContext(config, workdir, progress)
     progress("setup", f"{'quick' if config.quick else 'full'} run, sections "
                       f"{','.join(args.sections)}, work dir {workdir}")
@@ -141,13 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         "quick": config.quick,
         "config": {k: v for k, v in vars(config).items()},
         "machine": machine_info(),
+        # Other work on the machine skews every figure: say how busy it was.
+        "load_average_1m": {"start": load_before, "end": _load_average()},
     }
     print(format_table(figures))
     passed = sum(1 for f in figures if f.passed)
     missed = sum(1 for f in figures if f.passed is False)
     missing = sum(1 for f in figures if f.value is None)
+    load = meta["load_average_1m"]
     print(f"\n{passed} targets met, {missed} missed, {missing} figures not measured; "
-          f"{meta['duration_s']} s")
+          f"{meta['duration_s']} s; load average {load['start']} at start, {load['end']} at end "
+          f"on {meta['machine']['nproc']} cores")
     if args.json is not None:
         args.json.write_text(to_json(figures, meta) + "\n")
         progress("output", f"wrote {args.json}")
