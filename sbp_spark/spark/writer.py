@@ -9,13 +9,15 @@ appended by a task whose job later fails stay in the stream.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from sbp_spark.client import Appended, SbpClient
+from sbp_spark.client import Appended, SbpClient, StreamWriter
 
 from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
@@ -23,9 +25,12 @@ from .options import WriteOptions
 
 log = logging.getLogger(__name__)
 
-# Encoded bytes a task gathers for one stream before handing them to the client in one call:
-# enough for the client to keep several 16 MiB frames in flight.
-APPEND_CALL_BYTES = 48 * 1024 * 1024
+# Encoded bytes a task gathers for one stream before handing them to the client in one call
+# (the client packs them into frames and keeps several in flight).
+APPEND_CALL_BYTES = 16 * 1024 * 1024
+# Append calls a task lets wait behind the one being sent; bounds a task's buffered bytes to
+# about (1 + APPENDS_QUEUED) * APPEND_CALL_BYTES.
+APPENDS_QUEUED = 2
 
 
 @dataclass
@@ -56,10 +61,37 @@ class SbpCommitMessage(WriterCommitMessage):
 
 
 class _TaskAppends:
-    """Collects one task's appends into spans."""
+    """One task's append calls and what they appended (as spans).
+
+    Calls go out from one background thread, in order, so that encoding the next batches
+    overlaps sending the previous ones; a failure surfaces in the task's thread at the next
+    ``submit`` or at ``finish``.
+    """
 
     def __init__(self) -> None:
         self.spans: dict[tuple[int, int], AppendedSpan] = {}
+        self._thread: ThreadPoolExecutor | None = None
+        self._calls: deque[Future] = deque()
+
+    def submit(self, writer: StreamWriter, batches: list[list]) -> None:
+        """Append ``batches`` (encoded record batches) to ``writer``'s stream."""
+        while len(self._calls) > APPENDS_QUEUED:
+            self.record(self._calls.popleft().result())
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="sbp-append")
+        self._calls.append(self._thread.submit(writer.append, batches))
+
+    def finish(self) -> None:
+        """Wait for every call; raises the first failure."""
+        while self._calls:
+            self.record(self._calls.popleft().result())
+
+    def close(self) -> None:
+        """Stop the background thread (calls not yet started are dropped)."""
+        for call in self._calls:
+            call.cancel()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
 
     def record(self, appended: list[Appended]) -> None:
         for item in appended:
@@ -108,7 +140,7 @@ class _StreamSink:
         if not self.pending:
             return
         batches, self.pending, self.pending_bytes = self.pending, [], 0
-        self.appends.record(self.writer.append([b.buffers for b in batches]))
+        self.appends.submit(self.writer, [b.buffers for b in batches])
 
 
 class SbpBatchWriter(DataSourceArrowWriter):
@@ -125,15 +157,19 @@ class SbpBatchWriter(DataSourceArrowWriter):
         client = cluster.get_client(self.options.client)
         appends = _TaskAppends()
         sinks: dict[int, _StreamSink] = {}
-        for batch in iterator:
-            for stream_id, body in self.encoder.bodies(batch, self.stream):
-                sink = sinks.get(stream_id)
-                if sink is None:
-                    sink = self._open_sink(client, stream_id, appends)
-                    sinks[stream_id] = sink
-                sink.add(body)
-        for sink in sinks.values():
-            sink.finish()
+        try:
+            for batch in iterator:
+                for stream_id, body in self.encoder.bodies(batch, self.stream):
+                    sink = sinks.get(stream_id)
+                    if sink is None:
+                        sink = self._open_sink(client, stream_id, appends)
+                        sinks[stream_id] = sink
+                    sink.add(body)
+            for sink in sinks.values():
+                sink.finish()
+            appends.finish()
+        finally:
+            appends.close()
         return appends.message()
 
     def _open_sink(self, client: SbpClient, stream_id: int, appends: _TaskAppends
