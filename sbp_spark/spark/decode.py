@@ -167,11 +167,11 @@ class PartitionDecoder:
         kind = payload_kind(data.schema)
         wanted = PAYLOAD_RECORDS if self.payload == "records" else PAYLOAD_ARROW
         if kind != wanted and (self.payload == "records" or kind == PAYLOAD_RECORDS):
-            stored = kind.decode() if kind else "Arrow data of another writer"
+            stored = f"payload={kind.decode()}" if kind else "Arrow data of another writer"
             raise SchemaMismatchError(
-                f"stream {self.stream_id} offset {header.base_offset} holds "
-                f"payload={stored}, which a payload={self.payload} read cannot decode; read it "
-                f"with payload={'arrow' if self.payload == 'records' else 'records'}")
+                f"stream {self.stream_id} offset {header.base_offset} holds {stored}, which a "
+                f"payload={self.payload} read cannot decode; read it with "
+                f"payload={'arrow' if self.payload == 'records' else 'records'}")
         skip, take = first - header.base_offset, last - first
         if skip or take != data.num_rows:
             data = data.slice(skip, take)
