@@ -40,10 +40,6 @@ class _Sink:
         self.arrivals: list[tuple[float, int]] = []  # (arrival time, records) per micro-batch
         self.records = 0
 
-    def records_between(self, t0: float, t1: float) -> int:
-        with self.lock:
-            return sum(n for t, n in self.arrivals if t0 <= t <= t1)
-
     def __call__(self, df, batch_id: int) -> None:
         import pyarrow as pa
 
@@ -151,11 +147,15 @@ def _latency(ctx: BenchContext) -> list[Figure]:
     if not measured:
         raise RuntimeError("no record reached the sink after the warm-up window")
     p50, p99 = percentile(measured, 50), percentile(measured, 99)
-    # Sustained: what reached the sink while the load was steady (after the warm-up window).
-    window = stopped - (started + WARMUP_S)
-    if window <= 0:
+    # Sustained: the records appended while the load was steady (after the warm-up window),
+    # over the time their arrivals spanned at the sink (at least the time they took to offer).
+    t0 = started + WARMUP_S
+    if stopped <= t0:
         raise RuntimeError(f"--stream-seconds must exceed the {WARMUP_S:g} s warm-up window")
-    sustained = sink.records_between(started + WARMUP_S, stopped) / window
+    arrivals = [t + lat for t, lat in sink.latencies_s if t0 <= t <= stopped]
+    if not arrivals:
+        raise RuntimeError("no record appended after the warm-up window reached the sink")
+    sustained = len(arrivals) / max(max(arrivals) - min(arrivals), stopped - t0)
     offered = sum(sent) / (stopped - started)
     ctx.progress(SECTION, f"latency p50 {p50 * 1000:,.0f} ms, p99 {p99 * 1000:,.0f} ms; "
                           f"offered {offered:,.0f}/s, sink received {sustained:,.0f}/s")
