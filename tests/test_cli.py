@@ -286,13 +286,19 @@ def test_cluster_shows_members_and_range_servers(sbp, cluster):
     facts = json.loads(out)
     assert facts["members"] == [{"name": facts["members"][0]["name"],
                                  "address": cluster.pd_address, "leader": True}]
+    # Every registered range server, including one that holds no range yet.
     addresses = {s["address"] for s in facts["range_servers"]}
-    assert addresses <= set(cluster.range_server_addresses) and addresses
-    assert all(s["ping_ms"] is not None for s in facts["range_servers"])
+    assert addresses == set(cluster.range_server_addresses)
+    assert all(s["ping_ms"] is not None and s["live"] for s in facts["range_servers"])
+    assert sum(s["primary_of"] for s in facts["range_servers"]) >= 1
+    # Range servers report their metrics as soon as they register.
+    assert all(s["metrics"]["disk_free_space"] > 0 and s["metrics"]["memory_used"] > 0
+               for s in facts["range_servers"])
     assert facts["streams"] >= 1
 
     status, out, _ = sbp("cluster")
     assert status == 0 and "leader" in out and cluster.pd_address in out
+    assert "DISK FREE" in out and "MiB" in out
 
 
 # -- tail -f in a real process -------------------------------------------------------------------

@@ -36,6 +36,7 @@ from sbp_spark.protocol.messages import (
     RangeId,
     RangeOwner,
     RangeServer,
+    RangeServerState,
     ReportMetricsRequest,
     ReportMetricsResponse,
     SealRangesRequest,
@@ -230,6 +231,11 @@ class PdClient:
         response = self.call(
             DescribePdClusterRequest(range_server, self.config.server_timeout_ms))
         return response.cluster if response.cluster is not None else PlacementDriverCluster()
+
+    def range_servers(self) -> list[RangeServerState]:
+        """Every range server the PD knows: address, liveness, open ranges, last metrics."""
+        response = self.call(DescribePdClusterRequest(None, self.config.server_timeout_ms))
+        return list(response.range_servers)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         """Send one HEARTBEAT (a range server announcing itself, or an SDK client)."""

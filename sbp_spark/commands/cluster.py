@@ -1,55 +1,73 @@
-"""``sbp cluster``: the PD members (DESCRIBE_PD_CLUSTER) and the range servers holding ranges.
-
-SBP has no request that lists range servers or reads back the metrics they report to the PD,
-so the range servers shown are those named by the ranges of the live streams, each checked
-with a PING. The command exits 0 only when the PD answers and every listed server does.
-"""
+"""``sbp cluster``: the PD members, and every range server the PD knows with its liveness,
+load, last reported metrics and a PING round trip."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from sbp_spark.protocol.errors import SbpError
 
 from .common import add_pd_argument, cli_errors, connect, print_table
 
+# Metrics shown in the table (all of them are in --json).
+_SHOWN_METRICS = (
+    ("memory_used", "MEM", "bytes"),
+    ("disk_free_space", "DISK FREE", "bytes"),
+    ("network_append_rate", "APPEND/S", "count"),
+    ("network_fetch_rate", "FETCH/S", "count"),
+    ("network_append_avg_latency", "APPEND MS", "count"),
+)
+
 
 @dataclass
 class ServerView:
-    """A range server as seen through the ranges it holds."""
+    """A range server as the PD reports it, plus what its ranges and a PING say."""
 
     server_id: int
     address: str
-    ranges: int = 0
+    live: bool = False
+    heartbeat_age_ms: int | None = None
     open_ranges: int = 0
+    ranges: int = 0
     primary_of: int = 0
+    metrics: dict[str, int] = field(default_factory=dict)
+    metrics_age_ms: int | None = None
     ping_ms: float | None = None
     error: str = ""
 
 
 def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
-    """The PD members and (unless ``pd_only``) the range servers of every live stream's
-    ranges, pinged."""
+    """The PD members and (unless ``pd_only``) every range server the PD knows, pinged."""
     pd_cluster = client.pd.describe_pd_cluster()
     members = [{"name": n.name, "address": n.advertise_addr, "leader": n.is_leader}
                for n in pd_cluster.members]
     if pd_only:
         return {"pd": pd_of_client(client), "members": members}
+    now_ms = int(time.time() * 1000)
+    servers: dict[int, ServerView] = {}
+    for state in client.pd.range_servers():
+        view = ServerView(state.server.server_id, state.server.advertise_addr, live=state.live,
+                          open_ranges=state.open_ranges)
+        if state.last_heartbeat_ms >= 0:
+            view.heartbeat_age_ms = max(now_ms - state.last_heartbeat_ms, 0)
+        if state.metrics is not None:
+            view.metrics = {f.name: getattr(state.metrics, f.name)
+                            for f in fields(state.metrics) if f.name != "range_server"}
+            view.metrics_age_ms = max(now_ms - state.metrics_ms, 0)
+        servers[view.server_id] = view
     streams = client.list_streams()
-    servers: dict[tuple[int, str], ServerView] = {}
-    counts: dict[str, int] = defaultdict(int)
+    range_count = 0
     for stream in streams:
         for rng in client.list_ranges(stream.stream_id):
-            counts["ranges"] += 1
+            range_count += 1
             for replica in rng.servers:
-                key = (replica.server.server_id, replica.server.advertise_addr)
-                view = servers.setdefault(key, ServerView(*key))
+                view = servers.setdefault(replica.server.server_id, ServerView(
+                    replica.server.server_id, replica.server.advertise_addr))
                 view.ranges += 1
-                view.open_ranges += int(rng.is_open)
                 view.primary_of += int(replica.is_primary)
     for view in servers.values():
         try:
@@ -60,7 +78,7 @@ def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
         "pd": pd_of_client(client),
         "members": members,
         "streams": len(streams),
-        "ranges": counts["ranges"],
+        "ranges": range_count,
         "range_servers": [asdict(v) for v in sorted(servers.values(),
                                                     key=lambda v: v.server_id)],
     }
@@ -68,6 +86,17 @@ def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
 
 def pd_of_client(client: Any) -> str:
     return ",".join(client.pd.addresses)
+
+
+def _human(value: int, unit: str) -> str:
+    if unit != "bytes":
+        return str(value)
+    size = float(value)
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or suffix == "TiB":
+            return f"{size:.0f} {suffix}" if suffix == "B" else f"{size:.1f} {suffix}"
+        size /= 1024
+    return str(value)
 
 
 def _print(facts: dict[str, Any]) -> None:
@@ -82,17 +111,24 @@ def _print(facts: dict[str, Any]) -> None:
     print()
     servers = facts["range_servers"]
     if not servers:
-        print("Range servers: none holds a range yet (they appear once streams are placed "
-              "on them)")
+        print("Range servers: none has registered with the PD yet")
         return
-    print("Range servers holding ranges")
+    print("Range servers")
     rows = []
     for s in servers:
-        state = f"up, ping {s['ping_ms']:.1f} ms" if s["ping_ms"] is not None else (
-            f"DOWN: {s['error']}")
-        rows.append([str(s["server_id"]), s["address"], str(s["ranges"]),
-                     str(s["open_ranges"]), str(s["primary_of"]), state])
-    print_table(rows, ["ID", "ADDRESS", "RANGES", "OPEN", "PRIMARY", "STATE"])
+        if s["ping_ms"] is not None:
+            state = f"up, ping {s['ping_ms']:.1f} ms"
+        else:
+            state = f"DOWN: {s['error']}"
+        if not s["live"]:
+            state += " (no recent heartbeat)"
+        metrics = s["metrics"]
+        shown = [_human(metrics[name], unit) if name in metrics else "-"
+                 for name, _, unit in _SHOWN_METRICS]
+        rows.append([str(s["server_id"]), s["address"], str(s["open_ranges"]), str(s["ranges"]),
+                     str(s["primary_of"]), *shown, state])
+    print_table(rows, ["ID", "ADDRESS", "OPEN", "RANGES", "PRIMARY",
+                       *(title for _, title, _ in _SHOWN_METRICS), "STATE"])
 
 
 @cli_errors
@@ -103,7 +139,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         print(json.dumps(facts))
     else:
         _print(facts)
-    down = [s for s in facts.get("range_servers", []) if s["ping_ms"] is None]
+    down = [s for s in facts.get("range_servers", []) if s["ping_ms"] is None or not s["live"]]
     return 1 if down else 0
 
 
@@ -111,11 +147,11 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp cluster``."""
     p = subparsers.add_parser(
         "cluster", help="show the PD members and the range servers",
-        description="Show the PD members (and which leads), and the range servers that hold "
-                    "ranges of live streams, with how many ranges each holds and a PING round "
-                    "trip. Exits 0 when the PD and every listed range server answer, 1 "
-                    "otherwise (usable as a health check). Range-server load metrics are "
-                    "not shown: SBP has no request that reads them back from the PD.")
+        description="Show the PD members (and which leads), and every range server the PD "
+                    "knows: whether it heartbeats, the ranges it holds, the load metrics it "
+                    "last reported (all of them with --json) and a PING round trip. Exits 0 "
+                    "when the PD and every range server answer, 1 otherwise (usable as a "
+                    "health check).")
     add_pd_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--pd-only", action="store_true",
