@@ -128,10 +128,14 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         backlog = sum(max(0, cap[sid] - begin[sid]) for sid in begin)
         if limits.min_records is not None and state.delay.should_wait(
                 backlog, limits.min_records, limits.max_trigger_delay_ms):
-            log.info("sbp: %d records wait, fewer than minRecordsPerTrigger=%d; next "
-                     "micro-batch at the latest in %.0f ms", backlog, limits.min_records,
-                     state.delay.remaining_ms(limits.max_trigger_delay_ms))
+            log.debug("sbp: %d records wait, fewer than minRecordsPerTrigger=%d; next "
+                      "micro-batch at the latest in %.0f ms", backlog, limits.min_records,
+                      state.delay.remaining_ms(limits.max_trigger_delay_ms))
             self._update_report(layouts, latest, begin, admitted=False)
+            # Held back: wait at the tails for more records rather than let Spark ask again
+            # every few milliseconds.
+            self._long_poll({sid: layouts[sid] for sid in begin},
+                            state.delay.remaining_ms(limits.max_trigger_delay_ms))
             return to_spark(begin_given)
         sizes = (self._bytes_per_record(layouts, begin, cap)
                  if limits.max_bytes is not None else None)
@@ -254,10 +258,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.state.warn_once(("lost", sid), logging.WARNING,
                              "sbp data loss (failOnDataLoss=false): %s; dropping it", message)
 
-    def _long_poll(self, layouts: Mapping[int, StreamLayout | None]) -> list[int]:
-        """Wait (FETCH long poll, up to fetchMaxWaitMs) until a record arrives at the tail of
-        an open range; returns the streams that got one."""
+    def _long_poll(self, layouts: Mapping[int, StreamLayout | None],
+                   at_most_ms: float | None = None) -> list[int]:
+        """Wait (FETCH long poll, up to fetchMaxWaitMs and ``at_most_ms``) until a record
+        arrives at the tail of an open range; returns the streams that got one."""
         wait_ms = self.options.read.fetch_max_wait_ms
+        if at_most_ms is not None:
+            wait_ms = min(wait_ms, int(at_most_ms))
         by_server: dict[str, list[tuple[int, RangeLayout, int]]] = {}
         for sid, layout in layouts.items():
             if layout is None or not layout.ranges or not layout.ranges[-1].is_open:
