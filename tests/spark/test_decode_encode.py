@@ -271,3 +271,12 @@ def test_batches_respect_byte_limit_and_frame_size():
     assert sum(p.record_count for p in parts) == 6
     with pytest.raises(ValueError, match="one record needs"):
         encode_batches(make_records_batch(pa.array([b"z" * (17 << 20)])), "none", 1)
+
+
+def test_large_stored_batch_is_cut_into_equal_slices():
+    encoded = [encode_batches(make_records_batch(pa.array([b"x"] * 250_001)), "none", 1)[0]
+               .buffers]
+    out = decode_all(PartitionDecoder(records_schema(), "records", 1, 0, 0, 250_001),
+                     stored(encoded))
+    assert [b.num_rows for b in out] == [83_334, 83_334, 83_333]
+    assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(250_001))
