@@ -43,7 +43,8 @@ def _json(value):
 
 def test_available_now_spreads_a_row_limit_over_skewed_streams(spark, pd, sbp_client, tmp_path):
     big, small = new_stream(sbp_client), new_stream(sbp_client)
-    append_values(sbp_client, big, [f"big-{i}" for i in range(100)], timestamp_ms=1_000)
+    append_values(sbp_client, big, [f"big-{i}" for i in range(50)], timestamp_ms=1_000)
+    append_values(sbp_client, big, [f"big-{i}" for i in range(50, 100)], timestamp_ms=4_000)
     append_values(sbp_client, small, [f"small-{i}" for i in range(20)], timestamp_ms=5_000)
     query = to_memory(
         stream_df(spark, pd, [big, small], startingOffsets="earliest", maxRecordsPerTrigger=30),
@@ -58,10 +59,12 @@ def test_available_now_spreads_a_row_limit_over_skewed_streams(spark, pd, sbp_cl
     rows, end, latest = batches[0]
     assert list(end) == sorted(end, key=int)
     assert end == {str(big): 25, str(small): 5}
-    # lag is reported, never part of the offsets
+    # lag is reported, never part of the offsets: the next record of 'big' (offset 25) was
+    # written at 1 s, its newest at 4 s
     assert latest[str(big)] == {"latestOffset": 100, "recordsBehind": 75,
-                                "msBehindLatest": 0}
-    assert latest[str(small)]["recordsBehind"] == 15
+                                "msBehindLatest": 3_000}
+    assert latest[str(small)] == {"latestOffset": 20, "recordsBehind": 15,
+                                  "msBehindLatest": 0}
     assert batches[-1][1] == {str(big): 100, str(small): 20}
     values = memory_values(spark, "skewed")
     assert sorted(values) == sorted([f"big-{i}" for i in range(100)]
