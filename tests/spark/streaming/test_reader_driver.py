@@ -1,0 +1,104 @@
+"""The stream reader's driver-side calls against the embedded cluster, without a Spark query:
+the cases a query rarely reaches (streams joining on restart, spans trimmed away entirely,
+availableNow targets, long polls)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from sbp_spark.spark.schemas import records_schema
+from sbp_spark.spark.streaming.reader import DataLossError, stream_reader
+
+from .helpers import append_values, new_stream
+
+
+def make_reader(pd, streams, **options):
+    opts = {"pd": pd, "streams": ",".join(str(s) for s in streams)}
+    opts.update({k: str(v) for k, v in options.items()})
+    return stream_reader(opts, records_schema())
+
+
+def test_a_stream_added_on_restart_joins_at_its_first_offset(pd, sbp_client):
+    old, added = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, old, ["a"] * 5)
+    append_values(sbp_client, added, ["b"] * 7)
+    sbp_client.trim_stream(added, 2)
+    reader = make_reader(pd, [old, added])
+    checkpointed = {str(old): 3}  # offsets of a query that only read 'old'
+    end = reader.latestOffset(checkpointed, ReadAllAvailable())
+    assert end == {str(old): 5, str(added): 2}
+    assert [(p.stream_id, p.start_offset, p.end_offset)
+            for p in reader.partitions(checkpointed, end)] == [(old, 3, 5)]
+    following = reader.latestOffset(end, ReadAllAvailable())
+    assert following == {str(old): 5, str(added): 7}
+    assert [(p.stream_id, p.start_offset, p.end_offset)
+            for p in reader.partitions(end, following)] == [(added, 2, 7)]
+    # a stream no longer named in 'streams' leaves the offsets
+    assert make_reader(pd, [added]).latestOffset(following, ReadAllAvailable()) == {
+        str(added): 7}
+
+
+def test_a_planned_span_trimmed_away(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 30)
+    sbp_client.trim_stream(sid, 20)
+    start, end = {str(sid): 0}, {str(sid): 10}
+    with pytest.raises(DataLossError, match=rf"stream {sid}: offsets \[0, 20\).*offset 20"):
+        make_reader(pd, [sid]).partitions(start, end)
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    assert tolerant.partitions(start, end) == []
+    assert [(p.start_offset, p.end_offset)
+            for p in tolerant.partitions(start, {str(sid): 25})] == [(20, 25)]
+
+
+def test_available_now_stops_at_its_target(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 10)
+    reader = make_reader(pd, [sid], startingOffsets="earliest", maxRecordsPerTrigger=4,
+                         minRecordsPerTrigger=1000)
+    reader.prepareForTriggerAvailableNow()
+    append_values(sbp_client, sid, ["late"] * 5)
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMaxRows(4)
+    offsets = [reader.initialOffset()]
+    while True:
+        end = reader.latestOffset(offsets[-1], limit)
+        if end == offsets[-1]:
+            break
+        offsets.append(end)
+    assert [o[str(sid)] for o in offsets] == [0, 4, 8, 10]
+    assert reader.reportLatestOffset()[str(sid)]["latestOffset"] == 15
+
+
+def test_an_idle_reader_wakes_when_a_record_arrives(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"])
+    reader = make_reader(pd, [sid], fetchMaxWaitMs=30_000)
+    start = reader.initialOffset()
+    assert start == {str(sid): 1}
+    timer = threading.Timer(0.2, lambda: append_values(sbp_client, sid, ["y"]))
+    began = time.monotonic()
+    timer.start()
+    try:
+        end = reader.latestOffset(start, ReadAllAvailable())
+    finally:
+        timer.join()
+    assert end == {str(sid): 2}
+    assert time.monotonic() - began < 30  # the poll ended with the record, not at its limit
+
+
+def test_the_reader_spark_pickles_carries_no_driver_state(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 3)
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert reader.reportLatestOffset() is not None
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._state is None and copy.options == reader.options
+    (partition,) = reader.partitions({str(sid): 0}, {str(sid): 3})
+    assert sum(b.num_rows for b in copy.read(pickle.loads(pickle.dumps(partition)))) == 3
