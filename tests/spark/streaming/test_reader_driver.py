@@ -102,3 +102,21 @@ def test_the_reader_spark_pickles_carries_no_driver_state(pd, sbp_client):
     assert copy._state is None and copy.options == reader.options
     (partition,) = reader.partitions({str(sid): 0}, {str(sid): 3})
     assert sum(b.num_rows for b in copy.read(pickle.loads(pickle.dumps(partition)))) == 3
+
+
+def test_a_range_sealed_after_planning_is_still_read(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, [f"v{i}" for i in range(6)])
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    (partition,) = reader.partitions(start, end)
+    assert partition.range_is_open
+    sbp_client.seal_range(sid)  # during the micro-batch: tasks have not read yet
+    append_values(sbp_client, sid, ["after-seal"])
+    (batch,) = list(reader.read(partition))
+    assert [v.decode() for v in batch.column("value").to_pylist()] == [
+        f"v{i}" for i in range(6)]
+    following = reader.latestOffset(end, ReadAllAvailable())
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in reader.partitions(end, following)] == [(1, 6, 7)]
