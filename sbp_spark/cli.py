@@ -105,6 +105,30 @@ def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
                         help="write the listening addresses to FILE as JSON once serving")
 
 
+def _add_tls_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "TLS", "serve TLS on every port; with --tls-ca, peers must present a certificate "
+               "signed by that CA (mutual TLS), and the servers call each other with theirs")
+    group.add_argument("--tls-cert", metavar="FILE", help="this server's certificate (PEM)")
+    group.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    group.add_argument("--tls-ca", metavar="FILE",
+                       help="CA certificates that peers' certificates must chain to (PEM)")
+
+
+def _tls_of(args: argparse.Namespace):
+    """The server TLS settings of the command line (None without --tls-cert/--tls-key)."""
+    from sbp_spark.client.tls import TlsConfig
+
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key (a server's own "
+                             "certificate)")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    return TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+
+
 # -- running servers in the foreground ----------------------------------------------------------
 
 
@@ -151,6 +175,7 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
     _add_fsync_arg(parser)
     _add_ready_file_arg(parser)
+    _add_tls_args(parser)
     parser.set_defaults(handler=server_command, command="sbp server")
     return parser
 
@@ -160,7 +185,7 @@ def server_command(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args.data_dir)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
-                              pd_port=args.port, fsync=args.fsync)
+                              pd_port=args.port, fsync=args.fsync, tls=_tls_of(args))
     with _StopSignals() as stop:
         cluster.start()
         try:
@@ -195,18 +220,21 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
                         help="'never' skips the disk sync of metadata commits (default: sync)")
     _add_ready_file_arg(parser)
+    _add_tls_args(parser)
     parser.set_defaults(handler=pd_command, command="sbp pd")
     return parser
 
 
 def pd_command(args: argparse.Namespace) -> int:
     from sbp_spark.server.cluster import write_ready_file
+    from sbp_spark.server.net import NetConfig
     from sbp_spark.server.pd import PdConfig, PlacementDriver
 
     data_dir = _data_dir(args.data_dir)
     pd = PlacementDriver(PdConfig(data_dir, host=args.host, port=args.port,
                                   advertise_addr=args.advertise_addr or "",
-                                  fsync=args.fsync != "never"))
+                                  fsync=args.fsync != "never",
+                                  net=NetConfig(tls=_tls_of(args))))
     with _StopSignals() as stop:
         try:
             pd.start()
@@ -236,6 +264,7 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
                         help="address clients should use, if not the listening one")
     _add_fsync_arg(parser)
     _add_ready_file_arg(parser)
+    _add_tls_args(parser)
     parser.set_defaults(handler=range_server_command, command="sbp range-server")
     return parser
 
@@ -243,6 +272,7 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
 def range_server_command(args: argparse.Namespace) -> int:
     from sbp_spark.client.pd import parse_pd_addresses
     from sbp_spark.server.cluster import write_ready_file
+    from sbp_spark.server.net import NetConfig
     from sbp_spark.server.range_server import RangeServer, RangeServerConfig
     from sbp_spark.server.storage import StorageConfig
 
@@ -250,7 +280,8 @@ def range_server_command(args: argparse.Namespace) -> int:
     rs = RangeServer(RangeServerConfig(
         data_dir=str(data_dir), host=args.host, port=args.port,
         advertise_addr=args.advertise_addr, pd_addresses=parse_pd_addresses(args.pd),
-        storage=StorageConfig(fsync=args.fsync)))
+        storage=StorageConfig(fsync=args.fsync),
+        net=NetConfig(name="range-server", tls=_tls_of(args))))
     announced = False
 
     def announce_when_registered() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -156,9 +155,6 @@ def _timed_step(say: Callable[[str], None], label: str, step: Callable[[], objec
 def _quiet_spark(workdir: Path) -> SparkSession:
     from sbp_spark.environment import local_spark_session
 
-    # Everything runs on this machine: bind Spark to loopback (no warning about the host
-    # name resolving to it, no traffic on other interfaces).
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # py4j reports every gateway connection it closes at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
 

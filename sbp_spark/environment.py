@@ -76,11 +76,16 @@ def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", *
     """
     check_java()
     use_this_python_for_workers()
+    # Everything runs on this machine: Spark listens on loopback only (and does not warn that
+    # the host name resolves to it).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.python.filterPushdown.enabled", "true")

@@ -26,7 +26,7 @@ def test_ci_runs_the_readme_test_command():
     tests_block = _quick_start_blocks()[1]
     command = [line for line in tests_block.splitlines() if "pytest" in line][0].strip()
     assert command in ci
-    assert 'pip install -q -e ".[test]"' in ci
+    assert 'pip install -q -e ".[test]" --config-settings editable_mode=compat' in ci
 
 
 def test_every_option_is_in_the_readme_table():

@@ -9,6 +9,7 @@ from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import Retrier, call_with_retries, is_retriable
 from .stream import SbpClient, StreamWriter
+from .tls import TlsConfig
 from .types import Appended, FetchedBatch, ItemResult
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Retrier",
     "SbpClient",
     "StreamWriter",
+    "TlsConfig",
     "call_with_retries",
     "close_pool",
     "get_pool",

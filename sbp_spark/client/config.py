@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
+
+from .tls import TlsConfig
 
 # Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch):
 # the largest value batch_max_bytes (an int32 on the wire) can carry, so one request can stream
@@ -41,6 +44,13 @@ class ClientConfig:
     append_frame_bytes: int = DEFAULT_APPEND_FRAME_BYTES
     # timeout_ms sent in request headers that carry one (server-side processing bound).
     server_timeout_ms: int = 30_000
+    # TLS (see client/tls.py): verify servers against tls_ca_file (else the system's trust
+    # store) and, for servers that require client certificates, present tls_cert_file and
+    # tls_key_file (PEM).
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "request_timeout_s", "idle_timeout_s",
@@ -58,8 +68,31 @@ class ClientConfig:
             raise ValueError(
                 f"ClientConfig.retry_backoff_max_ms={self.retry_backoff_max_ms} is below "
                 f"retry_backoff_ms={self.retry_backoff_ms}")
+        files = {name: getattr(self, name)
+                 for name in ("tls_ca_file", "tls_cert_file", "tls_key_file")}
+        if not self.tls and any(files.values()):
+            given = ", ".join(n for n, v in files.items() if v)
+            raise ValueError(f"ClientConfig: {given} given but tls=False; set tls=True to use "
+                             "TLS")
+        if self.tls:
+            self.tls_settings()  # the files must exist, and cert and key go together
         if not isinstance(self.max_frame_bytes, int) or not (
                 MIN_FRAME_LENGTH <= self.max_frame_bytes <= MAX_FRAME_LENGTH):
             raise ValueError(
                 f"ClientConfig.max_frame_bytes={self.max_frame_bytes!r}: must be an integer in "
                 f"[{MIN_FRAME_LENGTH}, {MAX_FRAME_LENGTH}] (the protocol's frame limit)")
+
+    def tls_settings(self) -> TlsConfig | None:
+        """The TLS files as a ``TlsConfig`` (None without TLS); ValueError if unusable."""
+        if not self.tls:
+            return None
+        return TlsConfig(cert_file=self.tls_cert_file, key_file=self.tls_key_file,
+                         ca_file=self.tls_ca_file)
+
+    def with_tls(self, tls: TlsConfig | None) -> ClientConfig:
+        """This configuration speaking TLS with ``tls``'s files (unchanged when None): what a
+        server uses to call other servers, presenting its own certificate."""
+        if tls is None:
+            return self
+        return dataclasses.replace(self, tls=True, tls_ca_file=tls.ca_file,
+                                   tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)

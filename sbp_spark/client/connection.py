@@ -34,6 +34,7 @@ from sbp_spark.protocol.frame import RECEIVE_CHUNK, Frame, FrameDecoder, encode_
 
 from .config import ClientConfig
 from .heartbeat import Heartbeat
+from .tls import TlsConfig, TlsSocket, wrap_client
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,11 @@ class Connection:
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
-        self._sock = sock
+        tls = self.config.tls_settings()
+        if tls is not None:
+            sock = self._start_tls(sock, tls, host)
+            self._rsock = sock  # one TLS state: the reader decrypts through the same object
+        self._sock: socket.socket | TlsSocket = sock
         self._decoder = FrameDecoder(MAX_FRAME_LENGTH, allocate=ReceiveBuffers())
         # Guards _pending inserts, _next_id and the state below. Reentrant: a ResponseStream
         # dropped (and finalized) while this thread holds it releases its slot through it.
@@ -305,6 +310,21 @@ class Connection:
         self._reader = threading.Thread(
             target=self._read_loop, name=f"sbp-reader-{address}", daemon=True)
         self._reader.start()
+
+    def _start_tls(self, sock: socket.socket, tls: TlsConfig, host: str) -> TlsSocket:
+        """Run the TLS handshake over the connected socket (and its reading twin)."""
+        try:
+            return wrap_client(sock, tls, host, self.config.connect_timeout_s,
+                               reader=self._rsock)
+        except TimeoutError:
+            error: SbpError = SbpTimeoutError(
+                f"TLS handshake with {self.address} timed out after "
+                f"{self.config.connect_timeout_s:g}s")
+        except OSError as exc:  # TlsError, ssl.SSLError, a reset...
+            error = TransportError(f"TLS handshake with {self.address} failed: {exc}")
+        sock.close()
+        self._rsock.close()
+        raise error
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "goaway" if self._goaway else "open"

@@ -28,9 +28,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.connection import Connection
+from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
 
+from .net import NetConfig
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
 from .range_server import RangeServer, RangeServerConfig
 from .storage import FsyncPolicy, StorageConfig
@@ -57,10 +60,11 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> Non
         delay = min(delay * 2, 0.1)
 
 
-def accepts_connections(address: str, timeout_s: float = 2.0) -> bool:
-    """True when a server at ``address`` answers a PING."""
+def accepts_connections(address: str, timeout_s: float = 2.0,
+                        config: ClientConfig | None = None) -> bool:
+    """True when a server at ``address`` answers a PING (sent with ``config``: TLS...)."""
     try:
-        with Connection(address) as conn:
+        with Connection(address, config) as conn:
             conn.ping(timeout=timeout_s)
         return True
     except SbpError:
@@ -93,13 +97,15 @@ class EmbeddedCluster:
     ``fsync`` is the range servers' policy (``"always"``, ``"interval"``, ``"never"``, or a
     bool); the PD syncs its metadata commits unless it is ``"never"``. ``pd_port`` fixes the
     PD's port (0 = any free port). Range servers take free ports; after a restart each one
-    tries its previous port first.
+    tries its previous port first. ``tls`` puts every port behind TLS (mutual TLS when it
+    names a CA file); the servers then call each other with its certificate.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL, pd_port: int = 0,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 tls: TlsConfig | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if heartbeat_interval_s <= 0:
@@ -111,6 +117,7 @@ class EmbeddedCluster:
         self.fsync = _fsync_policy(fsync)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
+        self.tls = tls
         self._pd_port = pd_port
         self._count = range_servers
         self._ports: list[int] = [0] * range_servers
@@ -128,7 +135,8 @@ class EmbeddedCluster:
             self.pd = PlacementDriver(PdConfig(
                 self.data_dir / "pd", host=self.host, port=self._pd_port,
                 fsync=self.fsync is not FsyncPolicy.NEVER,
-                heartbeat_timeout_s=_MISSED_HEARTBEATS * self.heartbeat_interval_s)).start()
+                heartbeat_timeout_s=_MISSED_HEARTBEATS * self.heartbeat_interval_s,
+                net=NetConfig(tls=self.tls))).start()
             # A restart comes back on the same PD port, so addresses held by clients stay good.
             self._pd_port = int(self.pd.bound_address.rsplit(":", 1)[1])
             for i in range(self._count):
@@ -194,7 +202,8 @@ class EmbeddedCluster:
         return RangeServerConfig(
             data_dir=str(self.data_dir / f"rs-{i}"), host=self.host, port=port,
             pd_addresses=[self.pd.address], storage=StorageConfig(fsync=self.fsync),
-            heartbeat_interval_s=self.heartbeat_interval_s)
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            net=NetConfig(name="range-server", tls=self.tls))
 
     def _launch_range_server(self, i: int) -> None:
         port = self._ports[i]
@@ -334,13 +343,14 @@ class ProcessCluster:
     The PD takes a free port (or ``pd_port``) and comes back on the same port after a
     restart, so the address clients hold stays good; a range server first tries its previous
     port too (a server restarting on its configured port), and takes a free one if that is
-    taken. ``env`` is the environment of every child process.
+    taken. ``env`` is the environment of every child process; ``tls`` becomes their
+    ``--tls-cert``/``--tls-key``/``--tls-ca`` options.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, tls: TlsConfig | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
@@ -350,6 +360,7 @@ class ProcessCluster:
         self.fsync = _fsync_policy(fsync)
         self.start_timeout_s = start_timeout_s
         self.env = env
+        self.tls = tls
         self._pd_port = pd_port
         self._rs_ports: list[int] = [0] * range_servers
         self.pd: ServerProcess | None = None
@@ -397,11 +408,18 @@ class ProcessCluster:
             raise RuntimeError("the PD is already running")
         self.pd = ServerProcess(
             ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", self.host,
-             "--port", str(self._pd_port), "--fsync", self.fsync.value],
+             "--port", str(self._pd_port), "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s,
             env=self.env)
         self._pd_port = int(str(self.pd.info["pd"]).rsplit(":", 1)[1])
         return self.pd
+
+    def _tls_args(self) -> list[str]:
+        tls = self.tls
+        if tls is None:
+            return []
+        args = ["--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file)]
+        return args + (["--tls-ca", tls.ca_file] if tls.ca_file else [])
 
     def kill_pd(self) -> None:
         """SIGKILL the PD."""
@@ -447,7 +465,7 @@ class ProcessCluster:
         return ServerProcess(
             ["range-server", "--pd", self.pd_address, "--data-dir",
              str(self.range_server_dir(i)), "--host", self.host, "--port", str(port),
-             "--fsync", self.fsync.value],
+             "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
             self.start_timeout_s, env=self.env)
 

@@ -57,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..client.tls import TlsConfig, TlsSocket
 from ..protocol import messages
 from ..protocol.constants import MAX_FRAME_LENGTH, Flags, Opcode
 from ..protocol.errors import (
@@ -129,6 +130,9 @@ class NetConfig:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     max_frame_length: int = MAX_FRAME_LENGTH
     name: str = "sbp"
+    # TLS on this port (certificate and key; with a CA file, peers must present a certificate
+    # signed by it: mutual TLS). None: plain TCP.
+    tls: TlsConfig | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -175,6 +179,7 @@ class NetStats:
     bytes_out: int = 0
     invalid_frames: int = 0
     handler_errors: int = 0
+    tls_failures: int = 0  # handshakes that failed (no or bad certificate, not TLS...)
     per_opcode: dict[int, int] = field(default_factory=dict)
 
 
@@ -220,6 +225,7 @@ class Connection:
         self.last_activity = time.monotonic()
         self._send_started: float | None = None  # for the stuck-send watchdog
         self.reader: threading.Thread | None = None
+        self.tls = False  # sock became a TlsSocket after the handshake
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer_str}>"
@@ -302,6 +308,9 @@ class Connection:
                     sent = 0
 
     def _sendfile_all(self, region: FileRegion) -> None:
+        if self.tls:  # the kernel cannot encrypt: read and encrypt here
+            self.sock.sendfile_region(region.fd, region.offset, region.length)
+            return
         out = self.sock.fileno()
         offset, remaining = region.offset, region.length
         while remaining:
@@ -521,6 +530,7 @@ class FrameServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._tls_context = None  # ssl.SSLContext when config.tls is set (built by start())
         self._inflight_bytes = 0
         self._budget = threading.Condition()
 
@@ -530,6 +540,8 @@ class FrameServer:
         """Bind, listen and start the accept and housekeeping threads."""
         if self._listener is not None:
             raise RuntimeError("server already started")
+        if self.config.tls is not None:  # bad certificate files fail here, not per peer
+            self._tls_context = self.config.tls.server_context()
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -690,12 +702,29 @@ class FrameServer:
                     log.debug("%r idle for %.0f s: closing", conn, now - conn.last_activity)
                     conn.close("idle timeout")
 
+    def _start_tls(self, conn: Connection) -> bool:
+        """TLS handshake with a new peer (on its reader thread, so a slow one holds up no one
+        else); False when it failed and the connection is to be dropped."""
+        tls = TlsSocket(conn.sock, self._tls_context, server_side=True)
+        try:
+            tls.handshake()
+        except OSError as exc:  # TlsError, ssl.SSLError, timeout, reset
+            self.stats.tls_failures += 1
+            log.info("%s: TLS handshake with %s failed: %s", self.config.name, conn.peer_str,
+                     exc)
+            return False
+        with conn._send_lock:
+            conn.sock, conn.tls = tls, True
+        return True
+
     def _read_loop(self, conn: Connection) -> None:
-        sock = conn.sock
         decoder = FrameDecoder(self.config.max_frame_length)
         receiving = 0  # bytes of a partly received frame, charged to the server's budget
         expected = 0  # its whole size, when its length prefix came at the start of a read
         try:
+            if self._tls_context is not None and not self._start_tls(conn):
+                return
+            sock = conn.sock
             while True:
                 conn._wait_below_inflight_limit()
                 if receiving == 0:
@@ -746,7 +775,7 @@ class FrameServer:
             conn._abort("reader finished")
             with conn._send_lock:
                 with contextlib.suppress(OSError):
-                    sock.close()
+                    conn.sock.close()
             for ctx in conn._unfinished():
                 ctx._abandon()
             with self._lock:

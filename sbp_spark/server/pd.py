@@ -170,9 +170,10 @@ class PlacementDriver:
         net = config.net or NetConfig()
         net.host, net.port, net.name = config.host, config.port, config.name
         self._server = FrameServer(_PdHandler(self), net)
+        # Calls to range servers speak TLS like this PD's port, presenting its certificate.
         self._pool = ConnectionPool(ClientConfig(
             connect_timeout_s=min(5.0, config.range_server_timeout_s),
-            request_timeout_s=config.range_server_timeout_s, retries=1))
+            request_timeout_s=config.range_server_timeout_s, retries=1).with_tls(net.tls))
         # Serialises placement decisions, so concurrent creates see each other's load.
         self._placement_lock = threading.Lock()
         self._stream_locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)

@@ -178,7 +178,7 @@ class RangeServer:
         self.fetcher = FetchServer(self.storage, config.fetch_frame_bytes,
                                    config.storage.verify_reads)
         self.handler = RangeServerHandler(self)
-        self.replicator = Replicator(lambda: self._server_id)
+        self.replicator = Replicator(lambda: self._server_id, tls=config.net.tls)
         net = config.net
         net.host, net.port = config.host, config.port
         self.net = FrameServer(self.handler, net)
@@ -251,7 +251,8 @@ class RangeServer:
         if self.config.pd_addresses:
             from .registration import PdLink
 
-            self.pd_link = PdLink(self, list(self.config.pd_addresses))
+            self.pd_link = PdLink(self, list(self.config.pd_addresses),
+                                  tls=self.config.net.tls)
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self._server_id,
                  self.advertise_addr, self.config.data_dir, self.config.storage.fsync.value)

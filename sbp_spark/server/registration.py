@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..client.config import ClientConfig
 from ..client.pd import PdClient
 from ..client.pool import ConnectionPool
+from ..client.tls import TlsConfig
 from ..protocol.errors import SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
 
@@ -59,10 +60,13 @@ class PdLink:
     """Keeps one range server registered with, and reporting to, the PD."""
 
     def __init__(self, server: RangeServer, pd_addresses: list[str],
-                 client_config: ClientConfig | None = None) -> None:
+                 client_config: ClientConfig | None = None, tls: TlsConfig | None = None
+                 ) -> None:
         self.server = server
-        self.pool = ConnectionPool(client_config or _LINK_CLIENT)
-        self.pd = PdClient(pd_addresses, client_config or _LINK_CLIENT, pool=self.pool)
+        # With TLS, the PD is called with the range server's own certificate.
+        config = (client_config or _LINK_CLIENT).with_tls(tls)
+        self.pool = ConnectionPool(config)
+        self.pd = PdClient(pd_addresses, config, pool=self.pool)
         self._stop = threading.Event()
         self._trims: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="range-server-pd-link",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..client.config import ClientConfig
 from ..client.connection import ResponseStream
 from ..client.pool import ConnectionPool
+from ..client.tls import TlsConfig
 from ..protocol.constants import Opcode
 from ..protocol.errors import ReplicationFailedError, SbpError
 from ..protocol.messages import (
@@ -55,10 +56,12 @@ class Forward:
 class Replicator:
     """Forwards a primary's stored batches to its secondaries."""
 
-    def __init__(self, server_id_source, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S
-                 ) -> None:
+    def __init__(self, server_id_source, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
+                 tls: TlsConfig | None = None) -> None:
         self._server_id = server_id_source  # callable: this server's current id
-        self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0))
+        # With TLS, secondaries are called with this server's own certificate.
+        self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0
+                                                ).with_tls(tls))
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 

@@ -10,7 +10,6 @@ session's settings.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,28 +22,19 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def spark():
     """The session, with ``sbp_spark.register`` applied (filter pushdown on)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     # pyspark discovers pyspark_sbp by listing top-level modules on the workers' sys.path. A
     # wheel install puts it in site-packages; an editable install only adds an import hook,
     # which such a listing does not see, so the checkout goes on the workers' path.
     paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    from pyspark.sql import SparkSession
+    from sbp_spark.environment import local_spark_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sbp-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    session = local_spark_session("sbp-spark-tests", **{
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+    })
     session.sparkContext.setLogLevel("ERROR")
-    from sbp_spark import register
-
-    register(session)
     yield session
     session.stop()
 

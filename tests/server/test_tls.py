@@ -1,0 +1,194 @@
+"""TLS and mutual TLS on every server port, in the client, between the servers, and in the
+``sbp`` commands. Certificates are made at test time (tests/certs.py, ``openssl``).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
+from sbp_spark.client.tls import TlsConfig
+from sbp_spark.protocol.errors import TransportError
+from sbp_spark.protocol.records import batch_bytes
+from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
+from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+
+from ..certs import Certs, make_certs
+
+FAST = dict(connect_timeout_s=3, request_timeout_s=10, retries=2, retry_deadline_s=10)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("pki"))
+
+
+def client_config(certs: Certs, cert: str | None = "client", **extra) -> ClientConfig:
+    files = {"client": (certs.client_cert, certs.client_key),
+             "rogue": (certs.rogue_cert, certs.rogue_key), None: (None, None)}[cert]
+    return ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=files[0],
+                        tls_key_file=files[1], **{**FAST, **extra})
+
+
+def server_tls(certs: Certs, mutual: bool = True) -> TlsConfig:
+    return TlsConfig(certs.cert, certs.key, certs.ca if mutual else None)
+
+
+class Nothing(RequestHandler):
+    """The core answers PING by itself; no other opcode is served."""
+
+
+@pytest.fixture
+def mtls_server(certs):
+    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs))) as server:
+        yield server
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_bad_tls_settings_name_the_problem(tmp_path, certs):
+    with pytest.raises(ValueError, match="not a readable file"):
+        TlsConfig(str(tmp_path / "missing.pem"), certs.key)
+    with pytest.raises(ValueError, match="both a certificate file and its key"):
+        TlsConfig(cert_file=certs.cert)
+    with pytest.raises(ValueError, match="tls"):
+        ClientConfig(tls_ca_file=certs.ca)  # files without tls=True
+    with pytest.raises(ValueError, match="certificate file and a key file"):
+        FrameServer(Nothing(), NetConfig(tls=TlsConfig(ca_file=certs.ca))).start()
+
+
+# -- one connection -----------------------------------------------------------------------------
+
+
+def test_ping_over_mutual_tls(mtls_server, certs):
+    with Connection(mtls_server.address_str, client_config(certs)) as conn:
+        conn.ping(b"x" * (1 << 20))
+
+
+def test_full_duplex_many_threads_large_frames(mtls_server, certs):
+    """Many threads send 2 MiB PINGs on one TLS connection while its reader decrypts the
+    answers: the TLS state is shared safely between the reader and the senders."""
+    errors: list[BaseException] = []
+    with Connection(mtls_server.address_str, client_config(certs)) as conn:
+        def worker(seed: int) -> None:
+            try:
+                for i in range(5):
+                    conn.ping(bytes([seed, i]) * (1 << 20))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[:2]
+
+
+@pytest.mark.parametrize("cert", [None, "rogue"])
+def test_client_without_a_valid_certificate_is_refused(mtls_server, certs, cert):
+    with pytest.raises(TransportError) as info:
+        with Connection(mtls_server.address_str, client_config(certs, cert)) as conn:
+            conn.ping()
+    # The server's alert says why (TLS 1.3 refuses a client certificate after the handshake).
+    assert "certificate required" in str(info.value) or "unknown ca" in str(info.value), \
+        info.value
+    # The server is unharmed.
+    with Connection(mtls_server.address_str, client_config(certs)) as conn:
+        conn.ping()
+
+
+def test_plain_tcp_client_is_refused_and_the_server_survives(mtls_server, certs):
+    failures = mtls_server.stats.tls_failures
+    with pytest.raises(TransportError):
+        with Connection(mtls_server.address_str, ClientConfig(**FAST)) as conn:
+            conn.ping()
+    with socket.create_connection(mtls_server.address, timeout=5) as raw:
+        raw.sendall(b"\0\0\0\x10" + b"\x17" * 16)  # an SBP frame, not a TLS hello
+        answer = b""
+        while chunk := raw.recv(100):  # a TLS alert (record type 21) at most, then EOF
+            answer += chunk
+        assert answer == b"" or answer[0] == 21, answer
+    assert mtls_server.stats.tls_failures >= failures + 2
+    with Connection(mtls_server.address_str, client_config(certs)) as conn:
+        conn.ping()
+
+
+def test_tls_client_to_a_plain_server_fails_cleanly(certs):
+    with FrameServer(Nothing(), NetConfig()) as server:
+        with pytest.raises(TransportError):
+            with Connection(server.address_str, client_config(certs)) as conn:
+                conn.ping()
+
+
+def test_server_without_client_verification_accepts_any_tls_client(certs):
+    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs, mutual=False))) as server:
+        with Connection(server.address_str, client_config(certs, None)) as conn:
+            conn.ping()
+
+
+def test_server_name_is_checked(certs):
+    """A client checks that the server's certificate names the host it dialled."""
+    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs))) as server:
+        with Connection(f"localhost:{server.address[1]}", client_config(certs)) as conn:
+            conn.ping()  # the certificate names 127.0.0.1 and localhost
+    elsewhere = TlsConfig(certs.elsewhere_cert, certs.elsewhere_key, certs.ca)
+    with FrameServer(Nothing(), NetConfig(tls=elsewhere)) as server:
+        with pytest.raises(TransportError, match="(?i)hostname|match"):
+            with Connection(server.address_str, client_config(certs)) as conn:
+                conn.ping()
+
+
+# -- whole clusters -----------------------------------------------------------------------------
+
+
+def test_embedded_cluster_with_mutual_tls_replicates_and_refuses_strangers(tmp_path, certs):
+    with EmbeddedCluster(tmp_path, range_servers=2, tls=server_tls(certs)) as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        client = SbpClient(cluster.pd_address, client_config(certs), pool)
+        [stream] = client.create_streams(1, replicas=2)  # PD -> range servers over mTLS
+        done = client.open_stream(stream.stream_id).append(
+            [batch_bytes(b"secret %d" % i) for i in range(20)])  # primary -> secondary too
+        assert [a.base_offset for a in done] == list(range(20))
+        [rng] = client.list_ranges(stream.stream_id)
+        for replica in rng.servers:  # every replica holds the data
+            got = list(client.range_server(replica.server.advertise_addr).fetch(
+                stream.stream_id, 0, 20))
+            assert len(got) == 20
+        with ConnectionPool(client_config(certs, "rogue")) as rogue_pool:
+            rogue = SbpClient(cluster.pd_address, client_config(certs, "rogue"), rogue_pool)
+            with pytest.raises(TransportError):
+                rogue.list_streams()
+        assert not accepts_connections(cluster.pd_address)  # plain TCP
+        assert accepts_connections(cluster.pd_address, config=client_config(certs))
+
+
+def test_sbp_commands_serve_mutual_tls(tmp_path, certs):
+    with ProcessCluster(tmp_path, range_servers=1, tls=server_tls(certs)) as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        client = SbpClient(cluster.pd_address, client_config(certs), pool)
+        [stream] = client.create_streams(1)
+        client.open_stream(stream.stream_id).append([batch_bytes(b"over tls")])
+        assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"over tls"]
+        with ConnectionPool(client_config(certs, None)) as anonymous:
+            with pytest.raises(TransportError):
+                SbpClient(cluster.pd_address, client_config(certs, None), anonymous
+                          ).list_streams()
+
+
+def test_sbp_server_commands_check_their_tls_options(tmp_path, certs):
+    for args, message in (
+            (["--tls-ca", certs.ca], "--tls-ca needs --tls-cert and --tls-key"),
+            (["--tls-cert", certs.cert], "--tls-cert and --tls-key go together"),
+            (["--tls-cert", str(tmp_path / "none.pem"), "--tls-key", certs.key],
+             "not a readable file")):
+        done = subprocess.run(
+            [sys.executable, "-m", "sbp_spark.cli", "pd", "--data-dir", str(tmp_path / "pd"),
+             "--port", "0", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and message in done.stderr, done.stderr
