@@ -53,7 +53,7 @@ class BenchConfig:
 
     @classmethod
     def full(cls) -> BenchConfig:
-        return cls(quick=False, spark_rows=4_000_000, spark_runs=3)
+        return cls(quick=False, spark_rows=4_000_000, spark_runs=5)
 
     @classmethod
     def quick_run(cls) -> BenchConfig:

@@ -35,7 +35,7 @@ def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
 
 def _load_average() -> float | None:
     try:
-        return os.getloadavg()[0]
+        return round(os.getloadavg()[0], 2)
     except OSError:
         return None
 

@@ -35,20 +35,20 @@ class _Timed:
 
 
 def write_input(spark, rows: int, record_size: int, partitions: int):
-    """The rows every writer gets: null key, ``record_size`` incompressible value bytes.
+    """The rows every writer gets: null key, ``record_size`` random value bytes.
 
-    Values are SHA-512 digests of the row id laid end to end, so parquet cannot shrink them.
+    Made by the Arrow ceiling source (cheap next to hashing in SQL). Its values repeat every
+    ``CEILING_BATCH_ROWS`` rows, megabytes apart: too far for parquet's dictionary and
+    snappy's window, so parquet cannot shrink them.
     """
-    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StructField, StructType
 
-    blocks = -(-record_size // 64)
-    digests = [F.unhex(F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"/{i}")), 512))
-               for i in range(blocks)]
-    value = F.substring(F.concat(*digests), 1, record_size) if blocks > 1 else digests[0]
-    if blocks == 1 and record_size < 64:
-        value = F.substring(value, 1, record_size)
-    return spark.range(0, rows, 1, partitions).select(
-        F.lit(None).cast("binary").alias("key"), value.alias("value"))
+    from .spark_sources import NAME
+
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    return (spark.read.format(NAME).option("rows", rows).option("partitions", partitions)
+            .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", record_size)
+            .option("schema", schema.json()).load())
 
 
 def aggregate(df) -> tuple[int, int]:

@@ -27,7 +27,10 @@ Request life cycle:
   ``max_inflight_bytes`` of request frames (in flight or partly received), readers wait at
   frame boundaries.
 * ``handle`` runs inline on the reader thread for quick opcodes, on the bounded worker pool for
-  ``long_opcodes`` (long polls, calls to other servers) so the reader keeps reading.
+  ``long_opcodes`` (long polls, calls to other servers) so the reader keeps reading, and for
+  ``ordered_opcodes`` on the connection's own handler thread, one request after the other in
+  arrival order: the reader then receives (and checksums) the next frame while the handler
+  thread stores and answers the previous one.
 * If ``handle`` returns without ending the request, the core answers SYSTEM_ERROR UNKNOWN,
   unless the handler called ``ctx.defer()``: then the request stays in flight until some
   thread ends it later (e.g. an append acknowledged after the next fsync).
@@ -52,13 +55,15 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 from typing import NamedTuple
 
 from ..client.tls import TlsConfig, TlsSocket
 from ..protocol import messages
+from ..protocol.buffers import ReceiveBuffers
 from ..protocol.constants import MAX_FRAME_LENGTH, Flags, Opcode
 from ..protocol.errors import (
     ChecksumError,
@@ -90,6 +95,9 @@ _IOV_MAX = 1024
 # Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
 # than let one noisy client starve the process of threads and memory.
 DEFAULT_MAX_CONNECTIONS = 1024
+# Large frames' bodies each reader keeps for reuse (bytes): a fresh buffer per frame costs a
+# memset and page faults. Enough for a few 16 MiB APPEND frames, or many smaller ones.
+DEFAULT_RECYCLE_BYTES = 48 * 1024 * 1024
 # Requests a single connection may have in flight before its reader stops reading. Bounds the
 # work (and payload memory: up to this many 16 MiB frames) one client can queue on the server.
 DEFAULT_MAX_INFLIGHT = 64
@@ -130,6 +138,8 @@ class NetConfig:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     max_frame_length: int = MAX_FRAME_LENGTH
     name: str = "sbp"
+    # Bytes of received frame bodies each connection keeps to receive later frames into.
+    recycle_bytes_per_connection: int = DEFAULT_RECYCLE_BYTES
     # TLS on this port (certificate and key; with a CA file, peers must present a certificate
     # signed by it: mutual TLS). None: plain TCP.
     tls: TlsConfig | None = None
@@ -149,6 +159,9 @@ class NetConfig:
         if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
             raise ValueError(
                 f"NetConfig.idle_timeout_s={self.idle_timeout_s!r} must be > 0 or None (never)")
+        if self.recycle_bytes_per_connection < 0:
+            raise ValueError(f"NetConfig.recycle_bytes_per_connection="
+                             f"{self.recycle_bytes_per_connection!r} must be >= 0")
         if self.shutdown_timeout_s < 0:
             raise ValueError(
                 f"NetConfig.shutdown_timeout_s={self.shutdown_timeout_s!r} must be >= 0")
@@ -190,6 +203,9 @@ class RequestHandler:
     opcodes: frozenset[int] = frozenset()
     #: Subset of ``opcodes`` that run on the worker pool instead of the reader thread.
     long_opcodes: frozenset[int] = frozenset()
+    #: Subset of ``opcodes`` that run, in arrival order, on one handler thread per connection
+    #: (so the reader keeps receiving while a request is served).
+    ordered_opcodes: frozenset[int] = frozenset()
 
     def handle(self, ctx: RequestContext) -> None:
         """Serve ``ctx.frame``; answer through ``ctx``."""
@@ -225,6 +241,9 @@ class Connection:
         self.last_activity = time.monotonic()
         self._send_started: float | None = None  # for the stuck-send watchdog
         self.reader: threading.Thread | None = None
+        # Requests for the ordered handler thread (started on first use); None ends it.
+        self._ordered: SimpleQueue[tuple[RequestContext, Callable] | None] = SimpleQueue()
+        self._ordered_thread: threading.Thread | None = None
         self.tls = False  # sock became a TlsSocket after the handshake
 
     def __repr__(self) -> str:
@@ -381,6 +400,35 @@ class Connection:
                     return False
                 self._state.wait(min(left, 0.5))
             return True
+
+    # -- the ordered handler thread --------------------------------------------------------
+
+    def _run_ordered(self, ctx: RequestContext, fn: Callable[[RequestContext], None]) -> None:
+        """Queue ``fn(ctx)`` for this connection's handler thread (started on first use)."""
+        if self._ordered_thread is None:
+            t = threading.Thread(target=self._ordered_loop,
+                                 name=f"{self.config.name}-conn{self.id}-handler", daemon=True)
+            self._ordered_thread = t
+            t.start()
+        self._ordered.put((ctx, fn))
+
+    def _ordered_loop(self) -> None:
+        server = self.server
+        while (item := self._ordered.get()) is not None:
+            ctx, fn = item
+            if self._closed:
+                ctx._abandon()
+                continue
+            server._run(ctx, fn)
+
+    def _stop_ordered(self, timeout: float) -> None:
+        """End the handler thread once it served (or dropped) what was queued."""
+        t = self._ordered_thread
+        if t is None:
+            return
+        self._ordered.put(None)
+        if t is not threading.current_thread():
+            t.join(timeout)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -718,7 +766,8 @@ class FrameServer:
         return True
 
     def _read_loop(self, conn: Connection) -> None:
-        decoder = FrameDecoder(self.config.max_frame_length)
+        decoder = FrameDecoder(self.config.max_frame_length,
+                               allocate=ReceiveBuffers(self.config.recycle_bytes_per_connection))
         receiving = 0  # bytes of a partly received frame, charged to the server's budget
         expected = 0  # its whole size, when its length prefix came at the start of a read
         try:
@@ -776,6 +825,8 @@ class FrameServer:
             with conn._send_lock:
                 with contextlib.suppress(OSError):
                     conn.sock.close()
+            # The connection is closed: the handler thread drops what is still queued.
+            conn._stop_ordered(self.config.shutdown_timeout_s)
             for ctx in conn._unfinished():
                 ctx._abandon()
             with self._lock:
@@ -826,6 +877,8 @@ class FrameServer:
                 self._pool.submit(self._run, ctx, self.handler.handle)
             except RuntimeError:  # pool shut down under us
                 self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
+        elif opcode in self.handler.ordered_opcodes:
+            conn._run_ordered(ctx, self.handler.handle)
         else:
             self._run(ctx, self.handler.handle)
 

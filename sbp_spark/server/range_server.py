@@ -326,6 +326,9 @@ class RangeServerHandler(RequestHandler):
         Opcode.FETCH, Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.DELETE_STREAMS,
         Opcode.TRIM_STREAMS,
     })
+    # The rest run in arrival order on the connection's handler thread: the reader receives and
+    # checksums the next APPEND frame while the previous one is stored and answered.
+    ordered_opcodes = frozenset({Opcode.APPEND, Opcode.DESCRIBE_RANGES, Opcode.HEARTBEAT})
 
     def __init__(self, server: RangeServer) -> None:
         self.server = server
