@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from sbp_spark.protocol.buffers import ReceiveBuffers
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MAX_STREAM_ID, Flags, Opcode
 from sbp_spark.protocol.errors import (
     ChecksumError,
@@ -108,64 +109,6 @@ def system_error_of(frame: Frame) -> ServerError:
     except ProtocolError as exc:
         return ServerError(f"SYSTEM_ERROR frame with an unreadable header: {exc}")
     return ServerError.for_status(status.code, status.message, bytes(status.detail))
-
-
-# Receive buffers a connection keeps for reuse: large frames' bodies are received into them.
-# Fresh buffers cost a memset and, once glibc hands freed memory back to the kernel, a page fault
-# per 4 KiB: together about a third of the client's CPU per received byte.
-RECYCLE_BYTES = 32 * 1024 * 1024
-# A buffer can grow this much in place (it is allocated with 1/8 headroom) from a shared zero
-# source; larger growth takes a new buffer.
-_ZEROS = bytes(RECEIVE_CHUNK)
-
-
-class ReceiveBuffers:
-    """Allocator for ``FrameDecoder(allocate=...)`` that reuses a body buffer once no view of
-    it is alive any more.
-
-    A bytearray refuses to change size while a memoryview of it exists (``BufferError``), and
-    every frame handed to a caller is a view: so a buffer that can be resized is one nobody
-    reads any more. Only the connection's reader thread calls it.
-    """
-
-    def __init__(self, budget: int = RECYCLE_BYTES) -> None:
-        self.budget = budget
-        self._buffers: list[tuple[bytearray, int]] = []  # (buffer, capacity), oldest first
-        self._held = 0
-        self.reused = 0
-
-    def __call__(self, n: int) -> bytearray:
-        for buf, cap in self._buffers:
-            if cap // 2 <= n <= cap and _claim(buf, n):
-                self.reused += 1
-                return buf
-        cap = n + (n >> 3)
-        buf = bytearray(cap)
-        del buf[n:]  # within the allocation: keeps the headroom
-        self._buffers.append((buf, cap))
-        self._held += cap
-        while self._held > self.budget and len(self._buffers) > 1:
-            # Forgetting a buffer only drops this reference: views still alive keep it.
-            _, old_cap = self._buffers.pop(0)
-            self._held -= old_cap
-        return buf
-
-
-def _claim(buf: bytearray, n: int) -> bool:
-    """Resize ``buf`` to ``n`` bytes if no view of it is alive (else leave it alone)."""
-    size = len(buf)
-    try:
-        if n < size:
-            del buf[n:]
-        elif n - size <= len(_ZEROS):
-            # Also the probe when n == size: growing fails while a view exists.
-            buf += memoryview(_ZEROS)[:n - size + 1]
-            del buf[n:]
-        else:
-            return False
-    except BufferError:
-        return False
-    return True
 
 
 class _Failure:
