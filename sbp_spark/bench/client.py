@@ -24,12 +24,14 @@ BATCH_BYTES = MIB
 APPEND_CALL_BATCHES = 64
 # The ceiling is cheap to measure and swings between runs: take the median of at least this many.
 LOOPBACK_RUNS = 5
+STORAGE_CEILING = "file append"
 
 
-def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
-    """Run times of pushing and of pulling ``client_bytes`` over plain loopback TCP."""
+def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float], list[float]]:
+    """Run times of pushing and of pulling ``client_bytes`` over plain loopback TCP, and of
+    the server process appending as many bytes to a file (the storage under an APPEND)."""
     cfg = ctx.config
-    sends, receives = [], []
+    sends, receives, files = [], [], []
     runs = max(LOOPBACK_RUNS, cfg.client_runs)
     with LoopbackClient(ctx.server.loopback) as lo:
         lo.send(64 * MIB)  # warm-up: socket buffers, page faults
@@ -37,10 +39,12 @@ def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
         for n in range(runs):
             sends.append(lo.send(cfg.client_bytes))
             receives.append(lo.receive(cfg.client_bytes))
-            ctx.progress(SECTION, f"loopback run {n + 1}/{runs}: push "
+            files.append(lo.file_append(cfg.client_bytes))
+            ctx.progress(SECTION, f"ceilings run {n + 1}/{runs}: loopback push "
                                   f"{cfg.client_bytes / MB / sends[-1]:,.0f} MB/s, pull "
-                                  f"{cfg.client_bytes / MB / receives[-1]:,.0f} MB/s")
-    return sends, receives
+                                  f"{cfg.client_bytes / MB / receives[-1]:,.0f} MB/s; file append "
+                                  f"{cfg.client_bytes / MB / files[-1]:,.0f} MB/s")
+    return sends, receives, files
 
 
 def _opaque_batches(count: int) -> list[list]:
@@ -93,11 +97,13 @@ def _fetch(ctx: BenchContext, stream_id: int, decode_arrow: bool) -> tuple[float
 def run(ctx: BenchContext) -> list[Figure]:
     cfg = ctx.config
     ctx.progress(SECTION, f"loopback ceiling, {cfg.client_bytes // MIB} MiB each way per run")
-    sends, receives = loopback_ceilings(ctx)
+    sends, receives, files = loopback_ceilings(ctx)
     push = cfg.client_bytes / MB / statistics.median(sends)
     pull = cfg.client_bytes / MB / statistics.median(receives)
+    disk = cfg.client_bytes / MB / statistics.median(files)
 
     names = ("APPEND 1 MiB batches", "FETCH 1 MiB batches",
+             "APPEND 1 MiB batches, next to the storage",
              f"APPEND {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)",
              f"FETCH {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)")
     reason = adapters.client_missing(ctx)
@@ -106,8 +112,9 @@ def run(ctx: BenchContext) -> list[Figure]:
                             "loopback push"),
                 unavailable(SECTION, names[1], "MB/s", reason, FETCH_TARGET, pull,
                             "loopback pull"),
-                unavailable(SECTION, names[2], "records/s", reason),
-                unavailable(SECTION, names[3], "records/s", reason)]
+                unavailable(SECTION, names[2], "MB/s", reason, None, disk, STORAGE_CEILING),
+                unavailable(SECTION, names[3], "records/s", reason),
+                unavailable(SECTION, names[4], "records/s", reason)]
 
     total = cfg.client_bytes // BATCH_BYTES
     batches = _opaque_batches(min(total, APPEND_CALL_BATCHES))
@@ -153,8 +160,10 @@ def run(ctx: BenchContext) -> list[Figure]:
         Figure(SECTION, names[1], "MB/s", mb / statistics.median(fetch_times), pull,
                "loopback pull", FETCH_TARGET,
                extra={"times_s": fetch_times, "ceiling_times_s": receives}),
-        Figure(SECTION, names[2], "records/s", records_total / statistics.median(rec_append),
+        Figure(SECTION, names[2], "MB/s", mb / statistics.median(append_times), disk,
+               STORAGE_CEILING, extra={"ceiling_times_s": files}),
+        Figure(SECTION, names[3], "records/s", records_total / statistics.median(rec_append),
                extra={"times_s": rec_append, "records": records_total}),
-        Figure(SECTION, names[3], "records/s", records_total / statistics.median(rec_fetch),
+        Figure(SECTION, names[4], "records/s", records_total / statistics.median(rec_fetch),
                extra={"times_s": rec_fetch, "records": records_total}),
     ]

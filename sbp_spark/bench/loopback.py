@@ -4,21 +4,27 @@ No framing, no checksums, no protocol: the best any client can do between the sa
 on this machine. The sending side calls ``sendall`` with 1 MiB buffers and the receiving side
 ``recv_into`` a reused buffer in 256 KiB pieces (the fastest pattern in PERF_NOTES).
 
-A request on a new connection is 9 bytes: ``b"W"`` or ``b"R"`` and a u64 byte count.
+A request on a new connection is 9 bytes: ``b"W"``, ``b"R"`` or ``b"F"`` and a u64 byte count.
 ``W``: the client sends that many bytes and the server answers one byte once it has them all.
 ``R``: the server sends that many bytes.
+``F``: the server appends that many bytes to a new file in its directory with 1 MiB ``pwritev``
+calls (page cache, no fsync), deletes it, and answers the seconds it took as a big-endian
+double: the storage ceiling of an APPEND, in the server process.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import tempfile
 import threading
 import time
 
 SEND_CHUNK = 1024 * 1024
 RECV_CHUNK = 256 * 1024
 _REQUEST = struct.Struct(">cQ")
+_SECONDS = struct.Struct(">d")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -50,10 +56,29 @@ def _send(sock: socket.socket, total: int, chunk: bytes) -> None:
         left -= n
 
 
-class LoopbackServer:
-    """The server half; runs in the server process (threads, one per connection)."""
+def _file_append(directory: str, total: int, chunk: bytes) -> float:
+    fd, path = tempfile.mkstemp(prefix="bench-ceiling-", dir=directory)
+    try:
+        view = memoryview(chunk)
+        start = time.perf_counter()
+        pos = 0
+        while pos < total:
+            n = min(total - pos, len(chunk))
+            pos += os.pwritev(fd, [view[:n]], pos)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+
+class LoopbackServer:
+    """The server half; runs in the server process (threads, one per connection).
+
+    ``directory`` is where the storage ceiling writes its scratch file (the cluster's disk).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", directory: str | None = None) -> None:
+        self._directory = directory or tempfile.gettempdir()
         self._sock = socket.create_server((host, 0))
         host, port = self._sock.getsockname()[:2]
         self.address = f"{host}:{port}"
@@ -84,6 +109,9 @@ class LoopbackServer:
                         conn.sendall(b"k")
                     elif op == b"R":
                         _send(conn, total, self._chunk)
+                    elif op == b"F":
+                        conn.sendall(_SECONDS.pack(_file_append(self._directory, total,
+                                                                self._chunk)))
                     else:
                         return
             except OSError:
@@ -119,6 +147,11 @@ class LoopbackClient:
         self._sock.sendall(_REQUEST.pack(b"R", total))
         _drain(self._sock, total, self._buf)
         return time.perf_counter() - start
+
+    def file_append(self, total: int) -> float:
+        """Seconds the server process took to append ``total`` bytes to a file (page cache)."""
+        self._sock.sendall(_REQUEST.pack(b"F", total))
+        return _SECONDS.unpack(_recv_exact(self._sock, _SECONDS.size))[0]
 
     def close(self) -> None:
         self._sock.close()

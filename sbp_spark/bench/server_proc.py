@@ -31,7 +31,8 @@ def _cluster_unavailable_reason() -> str | None:
 
 
 def _serve(data_dir: str, range_servers: int, fsync: str | None) -> int:
-    loopback = LoopbackServer()
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    loopback = LoopbackServer(directory=data_dir)
     info: dict[str, Any] = {"pid": os.getpid(), "loopback": loopback.address,
                             "pd": None, "range_servers": [], "cluster_error": None}
     reason = _cluster_unavailable_reason()
