@@ -17,8 +17,16 @@ from .config import ClientConfig
 from .connection import Connection, parse_address
 
 
+def _key(address: str, config: ClientConfig) -> str:
+    """Pool key: the address, and for TLS the identity the connection was made with, so a
+    connection authenticated with one certificate never serves a caller without it."""
+    if not config.tls:
+        return address
+    return f"{address} tls {config.tls_ca_file} {config.tls_cert_file} {config.tls_key_file}"
+
+
 class ConnectionPool:
-    """Thread-safe map from ``host:port`` to one open ``Connection``."""
+    """Thread-safe map from ``host:port`` (and TLS identity) to one open ``Connection``."""
 
     def __init__(self, config: ClientConfig | None = None) -> None:
         self.config = config if config is not None else ClientConfig()
@@ -30,22 +38,25 @@ class ConnectionPool:
     def get(self, address: str, config: ClientConfig | None = None) -> Connection:
         """An open connection to ``address``, made now if none is usable.
 
-        ``config`` applies only when a new connection is made (connect timeout and so on).
+        ``config`` applies only when a new connection is made (connect timeout and so on),
+        except its TLS settings: connections with other TLS settings are not shared.
         """
-        conn = self._connections.get(address)
+        config = config if config is not None else self.config
+        key = _key(address, config)
+        conn = self._connections.get(key)
         if conn is not None and conn.usable:
             return conn
         parse_address(address)  # a bad address fails here, with a message naming it
         with self._lock:
             if self._closed:
                 raise TransportError(f"connection pool is closed; cannot connect to {address}")
-            gate = self._connecting.setdefault(address, threading.Lock())
+            gate = self._connecting.setdefault(key, threading.Lock())
         # One connect per address at a time; other addresses are not held up meanwhile.
         with gate:
-            conn = self._connections.get(address)
+            conn = self._connections.get(key)
             if conn is not None and conn.usable:
                 return conn
-            fresh = Connection(address, config if config is not None else self.config)
+            fresh = Connection(address, config)
             with self._lock:
                 if self._closed:
                     fresh.close()
@@ -53,20 +64,21 @@ class ConnectionPool:
                         f"connection pool is closed; cannot connect to {address}")
                 # The old connection (if any) is closed or draining after GOAWAY: requests
                 # still in flight on it finish, and it closes itself afterwards.
-                self._connections[address] = fresh
+                self._connections[key] = fresh
             return fresh
 
     def discard(self, conn: Connection) -> None:
         """Close ``conn`` and forget it, so the next ``get`` reconnects."""
+        key = _key(conn.address, conn.config)
         with self._lock:
-            if self._connections.get(conn.address) is conn:
-                del self._connections[conn.address]
+            if self._connections.get(key) is conn:
+                del self._connections[key]
         conn.close()
 
     def connections(self) -> dict[str, Connection]:
         """A snapshot of the pooled connections by address."""
         with self._lock:
-            return dict(self._connections)
+            return {conn.address: conn for conn in self._connections.values()}
 
     def close(self) -> None:
         """Close every pooled connection; the pool refuses new ones afterwards."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -105,6 +106,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "longest wait for minRecordsPerTrigger (e.g. 500ms, 30s, 15m, 1h)"),
     OptionSpec("idempotent", "false", "stream write",
                "write each micro-batch exactly once, also when Spark re-runs it"),
+    OptionSpec("tls.enabled", "false", "all", "talk to the cluster over TLS"),
+    OptionSpec("tls.caFile", "(system trust store)", "all",
+               "CA certificates (PEM) the servers' certificates must chain to"),
+    OptionSpec("tls.certFile", "(none)", "all",
+               "client certificate (PEM) for clusters that require one (mutual TLS)"),
+    OptionSpec("tls.keyFile", "(none)", "all", "private key (PEM) of tls.certFile"),
 )
 
 _CANONICAL: dict[str, str] = {spec.name.lower(): spec.name for spec in OPTIONS}
@@ -328,11 +335,38 @@ class ClientOptions:
     request_timeout_ms: int = 30_000
     retries: int = 5
     max_inflight_frames: int = 4
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def client_config(self) -> ClientConfig:
         """The client settings these options stand for."""
         return ClientConfig(request_timeout_s=self.request_timeout_ms / 1000.0,
-                            retries=self.retries, max_inflight_frames=self.max_inflight_frames)
+                            retries=self.retries, max_inflight_frames=self.max_inflight_frames,
+                            tls=self.tls, tls_ca_file=self.tls_ca_file,
+                            tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file)
+
+
+def parse_file(name: str, value: str) -> str:
+    """A path to a readable file (the same path must work on every executor)."""
+    path = value.strip()
+    if not path or not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise _fail(name, value, "the path of a readable file")
+    return path
+
+
+def _tls_options(opts: _Options) -> dict[str, Any]:
+    enabled = opts.parse("tls.enabled", parse_bool, False)
+    files = {field: opts.parse(name, parse_file, None) for field, name in (
+        ("tls_ca_file", "tls.caFile"), ("tls_cert_file", "tls.certFile"),
+        ("tls_key_file", "tls.keyFile"))}
+    given = [name for name in ("tls.caFile", "tls.certFile", "tls.keyFile") if opts.has(name)]
+    if given and not enabled:
+        raise OptionError(f"option '{given[0]}' needs 'tls.enabled' = true")
+    if (files["tls_cert_file"] is None) != (files["tls_key_file"] is None):
+        raise OptionError("options 'tls.certFile' and 'tls.keyFile' go together")
+    return {"tls": enabled, **files}
 
 
 def _client_options(opts: _Options) -> ClientOptions:
@@ -343,6 +377,7 @@ def _client_options(opts: _Options) -> ClientOptions:
         retries=opts.parse("retries", lambda n, v: parse_int(n, v, 0, 1000), 5),
         max_inflight_frames=opts.parse(
             "maxInflightFrames", lambda n, v: parse_int(n, v, 1, 1024), 4),
+        **_tls_options(opts),
     )
 
 

@@ -163,6 +163,6 @@ def test_every_option_is_documented_and_parsed():
             "createIfMissing", "replicas", "retentionMs", "compression",
             "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger",
             "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay",
-            "idempotent"} == names
+            "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile"} == names
     for name in names:
         assert f"| {name} |" in table
