@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from sbp_spark.commands.common import add_pd_argument, cli_errors, pd_of
+from sbp_spark.commands.common import add_pd_argument, cli_errors, pd_of, tls_from_env
 from sbp_spark.protocol.errors import SbpError
 
 log = logging.getLogger("sbp_spark.cli")
@@ -324,7 +324,7 @@ def add_streams_parser(subparsers: argparse._SubParsersAction) -> argparse._SubP
 def _client_config():
     from sbp_spark.client.config import ClientConfig
 
-    return ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S,
+    return ClientConfig(**tls_from_env(), connect_timeout_s=CLI_CONNECT_TIMEOUT_S,
                         retry_deadline_s=CLI_RETRY_DEADLINE_S)
 
 

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from sbp_spark.client import SbpClient
 
 PD_ENV = "SBP_PD"
+# TLS for the admin commands, from the environment: CA file, and for clusters that require
+# client certificates (mutual TLS), certificate and key. Any of them turns TLS on.
+TLS_ENV = {"tls_ca_file": "SBP_TLS_CA", "tls_cert_file": "SBP_TLS_CERT",
+           "tls_key_file": "SBP_TLS_KEY"}
 # The port `sbp server` and `sbp pd` listen on when none is given.
 DEFAULT_PD = "127.0.0.1:2378"
 
@@ -123,13 +127,21 @@ def retention_arg(text: str) -> int:
     return value
 
 
+def tls_from_env() -> dict[str, object]:
+    """ClientConfig TLS arguments from $SBP_TLS_CA, $SBP_TLS_CERT and $SBP_TLS_KEY."""
+    files = {field: os.environ.get(env) or None for field, env in TLS_ENV.items()}
+    if not any(files.values()):
+        return {}
+    return {"tls": True, **files}
+
+
 @contextmanager
 def connect(args: argparse.Namespace) -> Iterator[SbpClient]:
     """An SbpClient for the command's PD with the command line's short timeouts."""
     from sbp_spark.client import ClientConfig, SbpClient
 
     config = ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S, retries=CLI_RETRIES,
-                          retry_deadline_s=CLI_RETRY_DEADLINE_S)
+                          retry_deadline_s=CLI_RETRY_DEADLINE_S, **tls_from_env())
     client = SbpClient(pd_of(args), config)
     try:
         yield client

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -180,6 +181,16 @@ def test_sbp_commands_serve_mutual_tls(tmp_path, certs):
             with pytest.raises(TransportError):
                 SbpClient(cluster.pd_address, client_config(certs, None), anonymous
                           ).list_streams()
+        # The admin commands take their TLS files from the environment.
+        command = [sys.executable, "-m", "sbp_spark.cli", "streams", "create", "--pd",
+                   cluster.pd_address]
+        env = {**os.environ, "SBP_TLS_CA": certs.ca, "SBP_TLS_CERT": certs.client_cert,
+               "SBP_TLS_KEY": certs.client_key}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stderr
+        env = {k: v for k, v in env.items() if not k.startswith("SBP_TLS_")}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_sbp_server_commands_check_their_tls_options(tmp_path, certs):
