@@ -133,7 +133,7 @@ class FetchServer:
             return None
         if e.rlog is not rlog:
             e.rlog = rlog
-            snapshot = rlog.end_offset if rlog.sealed else rlog.next_offset
+            snapshot = rlog.readable_offset
             e.stop = snapshot if bound < 0 else min(bound, snapshot)
         return rlog
 
@@ -147,7 +147,7 @@ class FetchServer:
                 continue
             if rlog.sealed and e.offset >= rlog.end_offset:
                 return max(min_bytes, 1)  # answer now: RANGE_SEALED will not change
-            if rlog.next_offset <= e.offset:
+            if rlog.readable_offset <= e.offset:
                 continue
             if min_bytes <= 1:
                 return 1

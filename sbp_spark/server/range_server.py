@@ -148,7 +148,7 @@ def range_view(rlog: RangeLog) -> Range:
         stream_id=rlog.stream_id,
         range_index=rlog.range_index,
         start_offset=rlog.start_offset,
-        next_offset=rlog.next_offset,
+        next_offset=rlog.readable_offset,
         end_offset=rlog.end_offset,
         servers=[RangeReplica(RangeServerInfo(r.server_id, r.advertise_addr), r.is_primary)
                  for r in rlog.replicas],
@@ -423,7 +423,14 @@ class RangeServerHandler(RequestHandler):
                 else:
                     stored: list = []
                     with replicator.order_lock(rlog):
-                        bases, target = rlog.append(batches, now, stored=stored)
+                        # Readers wait for the secondaries (see replication.py).
+                        start = rlog.written_offset
+                        replicator.hold_reads(rlog, start)
+                        try:
+                            bases, target = rlog.append(batches, now, stored=stored)
+                        except BaseException:
+                            replicator.release_reads(rlog, start, None)
+                            raise
                         forwards = replicator.send(rlog, stored, req.timeout_ms)
             except ServerError as exc:
                 for i in indexes:
@@ -437,7 +444,7 @@ class RangeServerHandler(RequestHandler):
             if rlog.next_offset < target:
                 parts.append(("durable", rlog, target, indexes))
             if forwards:
-                parts.append(("replicated", rlog, forwards, indexes))
+                parts.append(("replicated", rlog, (forwards, start, target), indexes))
         if not parts:
             self._finish_append(ctx, results, started)
             return
@@ -466,9 +473,12 @@ class RangeServerHandler(RequestHandler):
             else:
                 self.server.net.submit(self._await_replicas, rlog, what, indexes, done)
 
-    def _await_replicas(self, rlog: RangeLog, forwards, indexes: list[int], done) -> None:
-        problem = self.server.replicator.wait(forwards)
+    def _await_replicas(self, rlog: RangeLog, shipment, indexes: list[int], done) -> None:
+        forwards, start, end = shipment
+        replicator = self.server.replicator
+        problem = replicator.wait(forwards)
         if problem is None:
+            replicator.release_reads(rlog, start, end)
             done(indexes, None)
             return
         log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",
@@ -478,6 +488,7 @@ class RangeServerHandler(RequestHandler):
         except (OSError, ServerError) as exc:
             log.error("sealing range %d/%d after a replication failure failed: %s",
                       rlog.stream_id, rlog.range_index, exc)
+        replicator.release_reads(rlog, start, None)
         done(indexes, ReplicationFailedError(f"not stored on every replica: {problem}"))
 
     def _finish_append(self, ctx: RequestContext, results: list, started: float) -> None:

@@ -13,6 +13,11 @@ is always a prefix of the primary's.
 An entry is acknowledged when it is durable locally and every secondary stored it. When a
 secondary fails, the entries fail with REPLICATION_FAILED and the primary seals the range: the
 writer then asks the PD, which seals the range where the primary ended and opens a new one.
+
+Readers of an open range on the primary see only records every secondary stored
+(``hold_reads``/``release_reads`` set the range's read cap): a record that only the primary
+holds is not acknowledged yet and would not survive a failover (the PD seals a range at the
+smallest end its live replicas hold), so no reader may see it first.
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ class Replicator:
                                                 ).with_tls(tls))
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # Per range: where the appends not yet settled (sent, not yet stored by every
+        # secondary) begin, and the end of everything settled so far.
+        self._unsettled: dict[tuple[int, int], set[int]] = {}
+        self._settled_end: dict[tuple[int, int], int] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -80,6 +89,32 @@ class Replicator:
             if lock is None:
                 lock = self._locks[key] = threading.Lock()
             return lock
+
+    def hold_reads(self, rlog: RangeLog, start: int) -> None:
+        """Before appending at ``start`` (under ``order_lock``): readers stop there until
+        ``release_reads(rlog, start, end)``."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            self._unsettled.setdefault(key, set()).add(start)
+            self._settled_end[key] = max(self._settled_end.get(key, start), start)
+            self._apply_cap(rlog, key)
+
+    def release_reads(self, rlog: RangeLog, start: int, end: int | None) -> None:
+        """The batches appended at ``start`` are settled: stored by every secondary up to
+        ``end``, or (``end`` None) not appended or not replicated (the range is then sealed or
+        the append failed: nothing past ``start`` from them becomes readable)."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            self._unsettled.get(key, set()).discard(start)
+            if end is not None:
+                self._settled_end[key] = max(self._settled_end.get(key, end), end)
+            self._apply_cap(rlog, key)
+
+    def _apply_cap(self, rlog: RangeLog, key: tuple[int, int]) -> None:
+        # Everything below the first unsettled append was stored by every secondary.
+        pending = self._unsettled.get(key)
+        cap = min(pending) if pending else self._settled_end.get(key)
+        rlog.set_read_cap(cap)
 
     def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
              ) -> list[Forward]:

@@ -197,6 +197,9 @@ class RangeLog:
         self._written = self._start_offset  # next offset after the last written batch
         self._committed = self._start_offset  # next offset after the last durable batch
         self._failed: str | None = None  # set when an fsync failed: no more writes
+        # While set (a primary waiting for its secondaries), readers of the open range see no
+        # further: a record only this server holds could vanish in a failover. None: no cap.
+        self._read_cap: int | None = None
         # Segments with bytes not yet fsynced: the active one and any just rolled.
         self._unsynced: list[Segment] = []
 
@@ -215,6 +218,21 @@ class RangeLog:
     def next_offset(self) -> int:
         """Offset after the last acknowledged (readable) record."""
         return self._committed
+
+    @property
+    def readable_offset(self) -> int:
+        """Offset after the last record readers may see: acknowledged (durable here, and
+        stored by every secondary while a read cap is set), or the end of a sealed range."""
+        if self._end_offset >= 0:
+            return self._end_offset
+        cap = self._read_cap
+        return self._committed if cap is None else min(self._committed, cap)
+
+    def set_read_cap(self, cap: int | None) -> None:
+        """Let readers of the open range see at most ``cap`` (None: all committed records)."""
+        with self.lock:
+            self._read_cap = cap
+        self.storage.notify_data()
 
     @property
     def written_offset(self) -> int:
@@ -428,7 +446,7 @@ class RangeLog:
             raise OffsetOutOfRangeError(
                 f"offset {offset} of stream {self.stream_id} is below the start "
                 f"{self._start_offset} (trimmed); fetch from {self._start_offset}")
-        limit = self._end_offset if self._end_offset >= 0 else self._committed
+        limit = self.readable_offset
         if offset > limit:
             raise OffsetOutOfRangeError(
                 f"offset {offset} of stream {self.stream_id} is beyond the range's "
@@ -446,7 +464,9 @@ class RangeLog:
         """
         with self.lock:
             self.check_readable(offset)
-            committed = self._committed
+            # A sealed range may hold bytes past its end (it was sealed where every replica
+            # has data); those are never served.
+            committed = min(self._committed, self.readable_offset)
             if offset >= committed or (end_offset >= 0 and offset >= end_offset):
                 return ReadChunk([], 0, offset)
             bases = [s.base_offset for s in self.segments]
