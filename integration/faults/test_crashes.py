@@ -364,3 +364,39 @@ def test_kill_replica_during_batch_reads_with_three_replicas(tmp_path, figures):
         assert not failed, failed[:3]
         for r in reads:
             assert r.ok and not r.duplicates and r.records == len(acked), r.summary()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.fault_case(
+    "secondary killed and restarted before the PD notices (R=2)",
+    "3 range servers, streams with 2 replicas; kill -9 the secondary of the open range while "
+    "2 writers append and restart it at once (the PD never sees it miss a heartbeat)",
+    "the primary seals the range it could not replicate and the writers move on to a new "
+    "range without giving up an append; acked batches intact, no holes")
+def test_secondary_restarted_quickly(tmp_path, figures):
+    with ProcessCluster(tmp_path, range_servers=3) as cluster, ConnectionPool(RIDE_OUT) as pool:
+        client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
+        streams = [s.stream_id for s in client.create_streams(2, replicas=2)]
+        writers = [Writer(client, sid) for sid in streams]
+        for w in writers:
+            w.start()
+        try:
+            for w in writers:
+                w.wait_for_more(40)
+            victim = _holder_index(cluster, client, streams[0], primary=False)
+            began = time.monotonic()
+            cluster.kill_range_server(victim)
+            cluster.start_range_server(victim)
+            for w in writers:
+                w.wait_for_more(40, timeout=30)
+            resumed_s = time.monotonic() - began
+        finally:
+            for w in writers:
+                w.finish()
+        checks = [check_stream(client, w.stream_id, w.acked) for w in writers]
+        _assert_clean(checks, figures, sum(len(w.acked) for w in writers))
+        figures["writes resumed after the restart"] = f"{resumed_s:.1f} s"
+        figures["ranges of the first stream"] = len(client.list_ranges(streams[0]))
+        given_up = sum(len(w.failures) for w in writers)
+        figures["appends given up"] = given_up
+        assert given_up == 0, [w.failures[:2] for w in writers]

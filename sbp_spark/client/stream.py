@@ -284,6 +284,8 @@ class StreamWriter:
         self.stream_id = int(stream_id)
         self._lock = threading.Lock()
         self._range: Range | None = None
+        # The range a range server last answered RANGE_SEALED for.
+        self._sealed_index: int | None = None
 
     def __repr__(self) -> str:
         return f"StreamWriter(stream_id={self.stream_id})"
@@ -304,8 +306,16 @@ class StreamWriter:
     def _find_open_range(self) -> Range:
         ranges = self.client.list_ranges(self.stream_id)
         if ranges and ranges[-1].is_open:
-            return ranges[-1]
-        # No open range (a range server sealed the last one on its own): open the next.
+            last = ranges[-1]
+            if last.range_index != self._sealed_index:
+                return last
+            # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
+            # has not heard of it: ask the PD to seal it where the primary ended and to open
+            # the next range (seal-and-new).
+            (result,) = self.client.pd.seal_ranges([last])
+            return _unwrap(result, f"sealing range {last.range_index} of stream "
+                                   f"{self.stream_id} after its primary sealed it")
+        # No open range (sealed without a successor): open the next.
         next_index = ranges[-1].range_index + 1 if ranges else 0
         (created,) = self.client.pd.create_range([RangeId(self.stream_id, next_index)])
         if created.ok and created.value is not None:
@@ -351,6 +361,8 @@ class StreamWriter:
                                               outcome.value.base_offset, count, length)
                     continue
                 error = outcome.exception()
+                if isinstance(error, RangeSealedError):
+                    self._sealed_index = target.range_index
                 if not is_retriable(error):
                     raise _with_context(error, f"append of batch {index} to stream "
                                                f"{self.stream_id} at {primary.advertise_addr}")
