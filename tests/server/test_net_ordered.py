@@ -1,0 +1,105 @@
+"""Requests served on a connection's ordered handler thread (``RequestHandler.ordered_opcodes``)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import pytest
+
+from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.messages import DescribeRangesRequest, DescribeRangesResponse, PingRequest
+from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+
+from .wire import RawPeer
+
+DESCRIBE = Opcode.DESCRIBE_RANGES
+
+
+def _until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+class Ordered(RequestHandler):
+    """Serves DESCRIBE_RANGES on the ordered thread; records what it saw, in order."""
+
+    opcodes = frozenset({DESCRIBE})
+    ordered_opcodes = frozenset({DESCRIBE})
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        self.seen: list[tuple[int, str]] = []  # (stream_id, digest of the payload)
+        self.threads: set[str] = set()
+
+    def handle(self, ctx) -> None:
+        self.threads.add(threading.current_thread().name)
+        payload = bytes(ctx.payload)
+        if payload == b"block":
+            self.blocked.set()
+            self.release.wait(30)
+        self.seen.append((ctx.stream_id, hashlib.sha256(payload).hexdigest()))
+        ctx.reply(DescribeRangesResponse(throttle_time_ms=len(payload)))
+
+
+@pytest.fixture
+def ordered():
+    handler = Ordered()
+    server = FrameServer(handler, NetConfig(recycle_bytes_per_connection=2 << 20)).start()
+    yield handler, server
+    handler.release.set()
+    server.stop()
+
+
+def test_ordered_requests_leave_the_reader_free_and_keep_their_order(ordered):
+    handler, server = ordered
+    with RawPeer(server.address) as peer:
+        first = peer.request(DescribeRangesRequest(), b"block")
+        assert handler.blocked.wait(10)
+        later = [peer.request(DescribeRangesRequest(), b"n%d" % i) for i in range(5)]
+        # The handler thread is stuck, yet the reader still reads: PING is answered.
+        ping = peer.request(PingRequest(), b"still reading")
+        assert peer.next_frame(ping).payload == b"still reading"
+        assert handler.seen == []
+        handler.release.set()
+        for sid in [first, *later]:
+            assert peer.next_frame(sid).is_end
+    assert [sid for sid, _ in handler.seen] == [first, *later]
+    reader_names = {name for name in handler.threads if not name.endswith("-handler")}
+    assert reader_names == set(), handler.threads
+
+
+def test_large_frames_on_the_ordered_thread_arrive_intact_with_recycled_buffers(ordered):
+    handler, server = ordered
+    payloads = [bytes([i]) * (300_000 + 70_000 * (i % 4)) for i in range(16)]
+    with RawPeer(server.address) as peer:
+        first = peer.request(DescribeRangesRequest(), b"block")
+        assert handler.blocked.wait(10)
+        # Queued behind a blocked request: their buffers are all held at once, past the
+        # recycling budget, so later frames must not be received into a buffer still in use.
+        sids = [peer.request(DescribeRangesRequest(), p) for p in payloads]
+        handler.release.set()
+        for sid in [first, *sids]:
+            assert peer.next_frame(sid).is_end
+        # A second round, answered one at a time, reuses the freed buffers.
+        for p in payloads:
+            msg, _ = peer.call(DescribeRangesRequest(), p)
+            assert msg.throttle_time_ms == len(p)
+    expected = [hashlib.sha256(p).hexdigest() for p in payloads]
+    assert [digest for _, digest in handler.seen[1:]] == expected * 2
+
+
+def test_closing_the_connection_ends_the_handler_thread(ordered):
+    handler, server = ordered
+    with RawPeer(server.address) as peer:
+        peer.call(DescribeRangesRequest(), b"x")
+    assert _until(lambda: server.connection_count == 0)
+    assert _until(lambda: not any(
+        t.name.startswith("sbp-conn") and t.name.endswith("-handler") and t.is_alive()
+        for t in threading.enumerate()))
