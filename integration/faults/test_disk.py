@@ -224,7 +224,7 @@ def test_corrupt_segment_byte_is_never_served(tmp_path, figures):
         got, error = _read_all(client, sid)
         figures["read after restart"] = (
             f"{len(got)} batches, then {type(error).__name__ if error else 'no error'}"
-            f"{': ' + str(error)[:90] if error else ''}")
+            f"{': ' + str(error)[:160] if error else ''}")
         assert all(o != bad_offset for o, _ in got)
         for o, body in got:
             assert body == acked[o], f"batch at {o} differs from what was acknowledged"

@@ -259,3 +259,31 @@ def test_client_that_never_reads_does_not_grow_server_memory(server, figures):
         check = check_stream(client, stream.stream_id)
         assert check.ok and check.batches == 8192, check.summary()
         assert os.path.exists(f"/proc/{server.proc.pid}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=False, reason=(
+    "the client queues every frame of an answer as fast as the socket delivers it "
+    "(no flow control per request), and one FETCH may ask for up to 2 GiB"))
+@pytest.mark.fault_case(
+    "client memory while a reader pauses mid-read",
+    "read a 256 MiB stream (1 MiB batches) with SbpClient.read, take one batch, then stop "
+    "consuming for 3 s",
+    "the client process's memory grows by less than 96 MiB while the reader pauses")
+def test_paused_reader_does_not_buffer_the_whole_answer(server, figures):
+    with ConnectionPool(RIDE_OUT) as pool:
+        client = SbpClient(server.pd, RIDE_OUT, pool)
+        [stream] = client.create_streams(1)
+        writer = client.open_stream(stream.stream_id)
+        body = make_body(stream.stream_id, 0, 1 << 20)
+        for _ in range(16):
+            writer.append([batch_bytes(body)] * 16)
+        baseline = (rss_kib(os.getpid()) or 0) / 1024
+        batches = client.read(stream.stream_id)
+        next(batches)
+        time.sleep(3)  # the reader is busy elsewhere: what piles up in the client meanwhile
+        paused = (rss_kib(os.getpid()) or 0) / 1024
+        rest = sum(1 for _ in batches)
+        figures["client RSS growth while paused"] = f"{paused - baseline:.0f} MiB"
+        assert rest == 255
+        assert paused - baseline < 96, figures["client RSS growth while paused"]
