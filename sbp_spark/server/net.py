@@ -46,6 +46,7 @@ requests get a bounded time to finish. Idle connections are closed with a GOAWAY
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import logging
@@ -196,7 +197,7 @@ class NetStats:
     per_opcode: dict[int, int] = field(default_factory=dict)
 
 
-class RequestHandler:
+class RequestHandler(abc.ABC):
     """What a server does with requests. Subclass and set ``opcodes``/``long_opcodes``."""
 
     #: Opcodes this handler serves; other request opcodes are discarded (the seed says so).
@@ -207,14 +208,14 @@ class RequestHandler:
     #: (so the reader keeps receiving while a request is served).
     ordered_opcodes: frozenset[int] = frozenset()
 
+    @abc.abstractmethod
     def handle(self, ctx: RequestContext) -> None:
         """Serve ``ctx.frame``; answer through ``ctx``."""
-        raise NotImplementedError
 
-    def server_stopping(self) -> None:
+    def server_stopping(self) -> None:  # noqa: B027 - an optional hook
         """Called once when ``stop()`` begins: wake long polls so they finish early."""
 
-    def connection_closed(self, conn: Connection) -> None:
+    def connection_closed(self, conn: Connection) -> None:  # noqa: B027 - an optional hook
         """Called once per connection after it closed."""
 
 
