@@ -20,6 +20,7 @@ SECTION = "spark batch"
 READ_TARGET = Target(AT_LEAST_RATIO, 0.7)
 WRITE_TARGET = Target(AT_LEAST_RATIO, 0.6)
 CEILING_BATCH_ROWS = 65_536
+SAMPLE_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -126,6 +127,7 @@ def run(ctx: BenchContext) -> list[Figure]:
 
     # The read side: the sbp stream as written above, the ceiling shaped like the sbp read,
     # and the parquet files the last parquet write run left (the same rows).
+    ceiling_r, sbp_r, pq_r = _Timed("Arrow ceiling"), _Timed("sbp read"), _Timed("parquet read")
     sbp_df = None
     read_schema = DEFAULT_SCHEMA
     if sbp_reason is None and write_streams:
@@ -135,13 +137,12 @@ def run(ctx: BenchContext) -> list[Figure]:
                   .load())
         read_schema = sbp_df.schema
     elif sbp_reason is None:
-        sbp_reason = f"the sbp write failed ({sbp_w.error}), nothing to read"
+        sbp_r.error = f"nothing to read: the sbp write failed ({sbp_w.error})"
     ceiling_df = (spark.read.format(NAME).option("rows", rows).option("partitions", parts)
                   .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", size)
                   .option("schema", read_schema.json()).load())
     pq_read_path = str(pq_dir / f"write-{runs}")
 
-    ceiling_r, sbp_r, pq_r = _Timed("Arrow ceiling"), _Timed("sbp read"), _Timed("parquet read")
     worker_peaks: list[float] = []
     server_peaks: list[float] = []
 
@@ -149,7 +150,10 @@ def run(ctx: BenchContext) -> list[Figure]:
         return lambda: _check_rows(what, aggregate(df_fn()), rows, size)
 
     def sbp_read_measured() -> None:
-        with PeakSampler(pyspark_workers) as workers, PeakSampler([ctx.server.pid]) as server:
+        # Sparse samples: the kernel's peak (VmHWM) catches what happens between them, and a
+        # busy sampler would take CPU from the read it measures.
+        with PeakSampler(pyspark_workers, SAMPLE_INTERVAL_S) as workers, \
+                PeakSampler([ctx.server.pid], SAMPLE_INTERVAL_S) as server:
             checked("sbp read", lambda: sbp_df)()
         if workers.max_mib() is not None:
             worker_peaks.append(workers.max_mib())
@@ -195,6 +199,10 @@ def run(ctx: BenchContext) -> list[Figure]:
                                    sbp_reason))
         figures.append(unavailable("memory", "server peak RSS during Spark read", "MiB",
                                    sbp_reason))
+    elif sbp_r.error:
+        for name in ("Python worker peak RSS during sbp read",
+                     "server peak RSS during Spark read"):
+            figures.append(Figure("memory", name, "MiB", note=f"error: {sbp_r.error}"))
     else:
         for name, peaks in (("Python worker peak RSS during sbp read", worker_peaks),
                             ("server peak RSS during Spark read", server_peaks)):
