@@ -106,6 +106,9 @@ def test_bad_options_fail_with_a_message(capsys):
     assert "nonsense" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rows", "0"])
+    with pytest.raises(SystemExit):
+        main(["--stream-seconds", "1"])
+    assert "warm-up" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):

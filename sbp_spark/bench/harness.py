@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .context import BenchConfig, BenchContext
 from .report import Figure, format_table, machine_info, to_json
+from .streaming import WARMUP_S as STREAM_WARMUP_S
 from .timing import Progress
 
 # Sections in run order: name -> module with ``run(ctx) -> list[Figure]``. Spark comes after
@@ -77,8 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
-    if args.stream_seconds is not None and args.stream_seconds <= 0:
-        parser.error(f"--stream-seconds {args.stream_seconds}: must be > 0")
+    if args.stream_seconds is not None and args.stream_seconds <= STREAM_WARMUP_S:
+        parser.error(f"--stream-seconds {args.stream_seconds}: must be above the "
+                     f"{STREAM_WARMUP_S:g} s whose latencies are dropped as warm-up")
     return args
 
 
