@@ -183,11 +183,28 @@ def arrow_to_body(batch: pa.RecordBatch, compression: str | None = None) -> pa.B
         compression = None
     if compression not in _COMPRESSIONS:
         raise ValueError(f"compression {compression!r} is not one of none, lz4, zstd")
-    sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
+    if compression is not None:
+        # compressed sizes are only known by compressing; the output is small anyway
+        sink = pa.BufferOutputStream()
+        _write_ipc_stream(sink, batch, options)
+        return sink.getvalue()
+    # Uncompressed: measure the stream first (no data is copied to count it), then write it
+    # into one buffer of exactly that size, so every value byte is copied once.
+    counter = pa.MockOutputStream()
+    _write_ipc_stream(counter, batch, options)
+    body = pa.allocate_buffer(counter.size())
+    writer = pa.FixedSizeBufferWriter(body)
+    _write_ipc_stream(writer, batch, options)
+    if writer.tell() != body.size:
+        raise RuntimeError(f"Arrow IPC body wrote {writer.tell()} bytes, measured {body.size}")
+    return body
+
+
+def _write_ipc_stream(sink: pa.NativeFile, batch: pa.RecordBatch,
+                      options: pa.ipc.IpcWriteOptions) -> None:
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
-    return sink.getvalue()
 
 
 def body_to_arrow(body: Buffer) -> pa.RecordBatch:
