@@ -31,12 +31,16 @@ from sbp_spark.protocol.records import (
 from .filters import Predicate, row_mask
 from .schemas import ARROW_TIMESTAMP, METADATA_TYPES, to_arrow
 
-# Batches handed to Spark: small ones are combined up to TARGET_ROWS (Spark's Arrow path is
-# clearly slower below ~10k rows) or TARGET_BYTES; one larger than MAX_ROWS is cut into equal
-# slices (no copy).
+# Batches handed to Spark: a stored batch with at least SOLO_ROWS rows or SOLO_BYTES bytes
+# (within the partition) is handed on by itself, its columns zero-copy views of the fetched
+# body. Runs of smaller ones (opaque records, tiny Arrow batches) are combined up to
+# TARGET_ROWS (Spark's Arrow path is clearly slower below ~10k rows) or TARGET_BYTES. A batch
+# larger than MAX_ROWS is cut into equal slices (no copy).
 TARGET_ROWS = 65_536
 MAX_ROWS = 100_000
 TARGET_BYTES = 32 * 1024 * 1024
+SOLO_ROWS = 10_000
+SOLO_BYTES = 1024 * 1024
 
 _RECORDS_BODY_COLUMNS = ("key", "value", "headers")
 
@@ -110,6 +114,8 @@ class PartitionDecoder:
         self.row_predicates = tuple(row_predicates)
         self.target_rows = target_rows
         self.target_bytes = target_bytes
+        self.solo_rows = min(SOLO_ROWS, target_rows)
+        self.solo_bytes = min(SOLO_BYTES, target_bytes)
         self.next_offset = start_offset  # first offset not yet seen
         self._pieces: list[_Piece] = []
         self._rows = 0
@@ -119,6 +125,7 @@ class PartitionDecoder:
         self._names = [f.name for f in schema.fields]
         self._types = {f.name: t for f, t in
                        zip(schema.fields, self.arrow_schema.types, strict=True)}
+        self._constants: dict[str, pa.Array] = {}  # stream_id / range_index columns to slice
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -147,8 +154,14 @@ class PartitionDecoder:
             self._bytes += header.body_length
         else:
             self._flush_opaque()
-            self._add_arrow(header, body, max(base, self.start_offset),
-                            min(end, self.end_offset))
+            piece = self._arrow_piece(header, body, max(base, self.start_offset),
+                                      min(end, self.end_offset))
+            if piece.num_rows >= self.solo_rows or piece.nbytes >= self.solo_bytes:
+                # big enough for Spark on its own: never copied into a combined batch
+                return self._drain() + self._output([piece])
+            self._pieces.append(piece)
+            self._rows += piece.num_rows
+            self._bytes += piece.nbytes
         if self._rows < self.target_rows and self._bytes < self.target_bytes:
             return []
         return self._drain()
@@ -159,7 +172,8 @@ class PartitionDecoder:
 
     # -- arrow bodies --------------------------------------------------------------------------
 
-    def _add_arrow(self, header: BatchHeader, body: memoryview, first: int, last: int) -> None:
+    def _arrow_piece(self, header: BatchHeader, body: memoryview, first: int, last: int
+                     ) -> _Piece:
         data = body_to_arrow(body)
         if data.num_rows != header.record_count:
             raise SchemaMismatchError(
@@ -186,10 +200,7 @@ class PartitionDecoder:
             timestamps = pa.repeat(base_ts, take)
         else:
             timestamps = row_ts.cast(ARROW_TIMESTAMP).fill_null(base_ts)
-        nbytes = data.nbytes
-        self._pieces.append(_Piece(columns, _arange(first, take), timestamps, nbytes))
-        self._rows += take
-        self._bytes += nbytes
+        return _Piece(columns, _arange(first, take), timestamps, data.nbytes)
 
     def _flush_opaque(self) -> None:
         run = self._opaque
@@ -215,6 +226,9 @@ class PartitionDecoder:
         self._rows = self._bytes = 0
         if not pieces:
             return []
+        return self._output(pieces)
+
+    def _output(self, pieces: list[_Piece]) -> list[pa.RecordBatch]:
         batch = self._build(pieces)
         if batch.num_rows <= MAX_ROWS:
             return [batch]
@@ -232,9 +246,9 @@ class PartitionDecoder:
             if all(name in p.columns for p in pieces):
                 array = _concat([p.columns[name] for p in pieces])
             elif name == "stream_id":
-                array = pa.repeat(pa.scalar(self.stream_id, pa.int64()), total)
+                array = self._constant(name, pa.scalar(self.stream_id, pa.int64()), total)
             elif name == "range_index":
-                array = pa.repeat(pa.scalar(self.range_index, pa.int32()), total)
+                array = self._constant(name, pa.scalar(self.range_index, pa.int32()), total)
             elif name in internal:
                 array = internal[name]
             else:
@@ -248,6 +262,14 @@ class PartitionDecoder:
             mask = row_mask(self.row_predicates, internal)
             batch = batch.filter(mask)
         return batch
+
+    def _constant(self, name: str, value: pa.Scalar, count: int) -> pa.Array:
+        """``count`` copies of ``value``: a slice of one array kept for the partition."""
+        array = self._constants.get(name)
+        if array is None or len(array) < count:
+            array = pa.repeat(value, max(count, MAX_ROWS))
+            self._constants[name] = array
+        return array.slice(0, count)
 
 
 def _concat(arrays: list[pa.Array]) -> pa.Array:

@@ -147,47 +147,70 @@ class RowEncoder:
                                   timestamp=timestamp)
 
 
+# A body batch with at least this many rows or bytes is a good record batch on its own: it is
+# encoded as it comes (cut by zero-copy slices only when over the limits), never concatenated.
+# Spark hands writers ~10,000-row batches, so in practice only small ones are combined.
+SOLO_ROWS = 4096
+SOLO_BYTES = 512 * 1024
+
+
 class Batcher:
-    """Combines and cuts body batches of one stream into batches of at most ``max_records``
-    rows and about ``max_bytes`` bytes."""
+    """Turns body batches of one stream into record batches of at most ``max_records`` rows and
+    about ``max_bytes`` bytes, in order.
+
+    A batch that is big enough on its own is passed on as it is, or cut into equal zero-copy
+    slices when it is over a limit. Only runs of small batches are concatenated (one copy of
+    small data), each run up to the limits.
+    """
 
     def __init__(self, max_records: int, max_bytes: int) -> None:
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError(f"batch limits must be positive (max_records={max_records}, "
+                             f"max_bytes={max_bytes})")
         self.max_records = max_records
         self.max_bytes = max_bytes
+        self.solo_rows = min(SOLO_ROWS, max_records)
+        self.solo_bytes = min(SOLO_BYTES, max_bytes)
         self._pending: list[pa.RecordBatch] = []
         self._rows = 0
         self._bytes = 0
 
     def add(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Take ``batch``; return the batches that are full."""
-        if batch.num_rows == 0:
+        """Take ``batch``; return the batches that are ready."""
+        rows = batch.num_rows
+        if rows == 0:
             return []
-        self._pending.append(batch)
-        self._rows += batch.num_rows
-        self._bytes += batch.nbytes
+        nbytes = batch.nbytes
+        if rows >= self.solo_rows or nbytes >= self.solo_bytes:
+            return self._take() + self._cut(batch, rows, nbytes)
         out = []
-        while self._pending and (self._rows >= self.max_records or self._bytes >= self.max_bytes):
-            out.append(self._take())
+        if self._rows + rows > self.max_records or self._bytes + nbytes > self.max_bytes:
+            out = self._take()
+        self._pending.append(batch)
+        self._rows += rows
+        self._bytes += nbytes
         return out
 
     def flush(self) -> list[pa.RecordBatch]:
-        """The rest, as full-sized batches and one last smaller one."""
-        out = []
-        while self._pending:
-            out.append(self._take())
-        return out
+        """The rest (at most one batch)."""
+        return self._take()
 
-    def _take(self) -> pa.RecordBatch:
-        combined = (self._pending[0] if len(self._pending) == 1
-                    else pa.concat_batches(self._pending))
-        per_row = max(1.0, combined.nbytes / combined.num_rows)
-        rows = max(1, min(self.max_records, combined.num_rows, int(self.max_bytes // per_row)))
-        head = combined.slice(0, rows)
-        rest = combined.slice(rows)
-        self._pending = [rest] if rest.num_rows else []
-        self._rows = rest.num_rows
-        self._bytes = rest.nbytes if rest.num_rows else 0
-        return head
+    def _take(self) -> list[pa.RecordBatch]:
+        pending = self._pending
+        if not pending:
+            return []
+        self._pending = []
+        self._rows = self._bytes = 0
+        return [pending[0] if len(pending) == 1 else pa.concat_batches(pending)]
+
+    def _cut(self, batch: pa.RecordBatch, rows: int, nbytes: int) -> list[pa.RecordBatch]:
+        """``batch`` as equal slices within the limits (itself when it fits)."""
+        pieces = max(-(-rows // self.max_records), -(-nbytes // self.max_bytes))
+        if pieces <= 1:
+            return [batch]
+        pieces = min(pieces, rows)
+        size = -(-rows // pieces)
+        return [batch.slice(start, size) for start in range(0, rows, size)]
 
 
 @dataclass(frozen=True)

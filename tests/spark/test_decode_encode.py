@@ -81,12 +81,15 @@ def test_records_round_trip_with_cuts_and_combining():
     encoder = records_encoder(REC_FIELDS)
     batcher = Batcher(max_records=700, max_bytes=1 << 20)
     bodies = []
-    for start in range(0, 5000, 1000):  # Spark hands 1000-row batches
-        for sid, body in encoder.bodies(spark_batch(1000, start), 5):
+    start = 0
+    for size in (1000, 1000, 100, 100, 100, 1000, 1700):  # sums to 5000
+        for sid, body in encoder.bodies(spark_batch(size, start), 5):
             assert sid == 5
             bodies.extend(batcher.add(body))
+        start += size
     bodies.extend(batcher.flush())
-    assert [b.num_rows for b in bodies] == [700] * 7 + [100]
+    # big batches are cut into equal slices, the run of small ones is combined, order is kept
+    assert [b.num_rows for b in bodies] == [500] * 4 + [300] + [500] * 2 + [567, 567, 566]
     encoded = [e.buffers for b in bodies for e in encode_batches(b, "none", 1_000)]
     batches = stored(encoded, first_offset=100)
     schema = records_schema(include_headers=True)
@@ -259,6 +262,23 @@ def test_headers_are_stored_and_read_back():
         list(encoder.bodies(bad, 1))
 
 
+def test_batcher_passes_spark_sized_batches_on_without_copying():
+    batcher = Batcher(max_records=65_536, max_bytes=4 << 20)
+    spark_sized = pa.record_batch({"value": pa.array([b"v" * 100] * 10_000)})
+    assert batcher.add(spark_sized)[0] is spark_sized
+    # small batches are combined up to the limits, flushed before the next big one
+    small = pa.record_batch({"value": pa.array([b"s" * 100] * 10)})
+    assert batcher.add(small) == [] and batcher.add(small) == []
+    combined, passed = batcher.add(spark_sized)
+    assert combined.num_rows == 20 and passed is spark_sized
+    assert batcher.flush() == []
+    tiny = Batcher(max_records=25, max_bytes=4 << 20)
+    out = [b for _ in range(6) for b in tiny.add(small)] + tiny.flush()
+    assert [b.num_rows for b in out] == [20, 20, 20]
+    with pytest.raises(ValueError, match="batch limits must be positive"):
+        Batcher(max_records=0, max_bytes=1)
+
+
 def test_batches_respect_byte_limit_and_frame_size():
     big = pa.record_batch({"value": pa.array([b"x" * 1000] * 100)})
     batcher = Batcher(max_records=1_000_000, max_bytes=20_000)
@@ -280,3 +300,21 @@ def test_large_stored_batch_is_cut_into_equal_slices():
                      stored(encoded))
     assert [b.num_rows for b in out] == [83_334, 83_334, 83_333]
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(250_001))
+
+
+def test_big_stored_batches_are_handed_on_alone_without_copying():
+    sizes = (12_000, 300, 400, 12_000, 15_000)
+    encoded = [encode_batches(make_records_batch(pa.array([b"v%d" % n] * n)), "none", 1)[0]
+               .buffers for n in sizes]
+    batches = stored(encoded)
+    out = decode_all(PartitionDecoder(records_schema(), "records", 1, 0, 100, 39_600), batches)
+    # the partition cuts the first and last stored batch; the two small ones are combined
+    assert [b.num_rows for b in out] == [11_900, 700, 12_000, 14_900]
+    table = pa.Table.from_batches(out)
+    assert table.column("offset").to_pylist() == list(range(100, 39_600))
+    assert set(table.column("stream_id").to_pylist()) == {1}
+    # a batch handed on alone keeps its values in the fetched body's memory
+    for batch, view in ((out[0], batches[0][1]), (out[2], batches[3][1])):
+        start = pa.py_buffer(view).address
+        values = batch.column(batch.schema.get_field_index("value")).buffers()[2]
+        assert start <= values.address < start + view.nbytes
