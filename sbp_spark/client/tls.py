@@ -35,6 +35,8 @@ Buffer = bytes | bytearray | memoryview
 ENCRYPT_PIECE = 256 * 1024
 # Ciphertext read from the socket at once.
 RECV_PIECE = 256 * 1024
+# How long a failed send waits for the reader to decrypt the alert that explains it.
+_ALERT_WAIT_S = 0.5
 # Longest a TLS handshake may take before the connection is given up.
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -111,6 +113,7 @@ class TlsSocket:
         # Why the peer ended the session (an alert the reader decrypted), for the senders'
         # errors: with TLS 1.3 a server refuses a client certificate only after the handshake.
         self._ended_by: str | None = None
+        self._ended = threading.Event()  # the reader saw the session end (alert or EOF)
         self._eof = False
 
     # -- handshake -------------------------------------------------------------------------
@@ -179,8 +182,10 @@ class TlsSocket:
                     pass
                 except ssl.SSLZeroReturnError:  # the peer's close_notify
                     self._eof = True
+                    self._ended.set()
                 except ssl.SSLError as exc:
                     self._ended_by = _describe(exc)
+                    self._ended.set()
                     raise
                 pending = self._outgoing.pending
             if pending:
@@ -189,6 +194,7 @@ class TlsSocket:
                 return got
             data = self.raw_reader.recv(RECV_PIECE)
             if not data:
+                self._ended.set()
                 return 0
             with self._state:
                 self._incoming.write(data)
@@ -208,8 +214,16 @@ class TlsSocket:
         """Send what is encrypted but not yet sent; call holding ``_wire``."""
         with self._state:
             data = self._outgoing.read()
-        if data:
+        if not data:
+            return
+        try:
             self.raw.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The peer closed, most likely right after an alert saying why (a refused client
+            # certificate): give the reader a moment to decrypt it, and report that instead.
+            if self._ended.wait(_ALERT_WAIT_S) and self._ended_by is not None:
+                raise TlsError(f"the peer ended the TLS session: {self._ended_by}") from exc
+            raise
 
     def _encrypt(self, data: Buffer) -> None:
         try:

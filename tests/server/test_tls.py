@@ -14,7 +14,7 @@ import pytest
 
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
 from sbp_spark.client.tls import TlsConfig
-from sbp_spark.protocol.errors import TransportError
+from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
@@ -42,6 +42,9 @@ def server_tls(certs: Certs, mutual: bool = True) -> TlsConfig:
 
 class Nothing(RequestHandler):
     """The core answers PING by itself; no other opcode is served."""
+
+    def handle(self, ctx) -> None:  # never called: no opcode is declared
+        ctx.system_error(ErrorCode.INVALID_REQUEST, "this test server serves only PING")
 
 
 @pytest.fixture
