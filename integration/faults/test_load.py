@@ -262,9 +262,6 @@ def test_client_that_never_reads_does_not_grow_server_memory(server, figures):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=False, reason=(
-    "the client queues every frame of an answer as fast as the socket delivers it "
-    "(no flow control per request), and one FETCH may ask for up to 2 GiB"))
 @pytest.mark.fault_case(
     "client memory while a reader pauses mid-read",
     "read a 256 MiB stream (1 MiB batches) with SbpClient.read, take one batch, then stop "

@@ -9,10 +9,13 @@ from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
 from .tls import TlsConfig
 
-# Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch):
-# the largest value batch_max_bytes (an int32 on the wire) can carry, so one request can stream
-# a whole range.
-DEFAULT_FETCH_MAX_BYTES = (1 << 31) - 1
+# Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch).
+# The client queues an answer's frames as fast as the socket delivers them, so this is also what
+# a reader that pauses can have buffered; readers ask again from where an answer stopped. 64 MiB
+# keeps that bounded while the extra round trip per answer costs well under 1% of a read.
+DEFAULT_FETCH_MAX_BYTES = 64 * 1024 * 1024
+# The most batch_max_bytes (an int32 on the wire) can carry.
+MAX_FETCH_MAX_BYTES = (1 << 31) - 1
 
 
 DEFAULT_APPEND_FRAME_BYTES = 1024 * 1024

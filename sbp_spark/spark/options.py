@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sbp_spark.client.config import ClientConfig
+from sbp_spark.client.config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 
 # Sentinels in offset specifications, as in Spark's Kafka source.
 EARLIEST = -2
@@ -71,7 +71,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "whenever the DataFrame has one"),
     OptionSpec("payload", "records", "read/write",
                "records (Kafka-like key/value rows) or arrow (the DataFrame's own columns)"),
-    OptionSpec("fetchMaxBytes", "2147483647", "read",
+    OptionSpec("fetchMaxBytes", "64m", "read",
                "byte budget of one FETCH request (a partition larger than this takes several)"),
     OptionSpec("fetchMaxWaitMs", "500", "read",
                "how long a FETCH at the end of an open range waits for new records"),
@@ -392,7 +392,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     payload: str = "records"
-    fetch_max_bytes: int = MAX_FETCH_BYTES
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     fetch_max_wait_ms: int = 500
     max_records_per_partition: int | None = None
     min_partitions: int | None = None
@@ -477,7 +477,8 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         include_headers=include_headers,
         payload=payload,
         fetch_max_bytes=opts.parse(
-            "fetchMaxBytes", lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES), MAX_FETCH_BYTES),
+            "fetchMaxBytes", lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES),
+            DEFAULT_FETCH_MAX_BYTES),
         fetch_max_wait_ms=opts.parse(
             "fetchMaxWaitMs", lambda n, v: parse_int(n, v, 0, 3_600_000), 500),
         max_records_per_partition=opts.parse(
