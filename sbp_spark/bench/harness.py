@@ -6,8 +6,10 @@ import argparse
 import importlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,6 +34,14 @@ SECTIONS: dict[str, str] = {
 
 def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
     return importlib.import_module(SECTIONS[name]).run
+
+
+def _exit_cleanly_on_sigterm():
+    """Turn SIGTERM (``timeout``, a CI runner) into SystemExit, so the server process, Spark
+    and the temporary work dir are cleaned up as on Ctrl-C; returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _load_average() -> float | None:
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         from .plot import require_matplotlib
 
         require_matplotlib()  # fail now, not after minutes of measuring
+    previous_sigterm = _exit_cleanly_on_sigterm()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sbp-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc)
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     meta = {
         "started": started.isoformat(timespec="seconds"),
         "duration_s": round(progress.elapsed, 1),
