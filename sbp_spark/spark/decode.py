@@ -154,8 +154,10 @@ class PartitionDecoder:
             self._bytes += header.body_length
         else:
             self._flush_opaque()
-            piece = self._arrow_piece(header, body, max(base, self.start_offset),
-                                      min(end, self.end_offset))
+            piece = self._filtered(self._arrow_piece(header, body, max(base, self.start_offset),
+                                                     min(end, self.end_offset)))
+            if piece is None:
+                return []
             if piece.num_rows >= self.solo_rows or piece.nbytes >= self.solo_bytes:
                 # big enough for Spark on its own: never copied into a combined batch
                 return self._drain() + self._output([piece])
@@ -215,8 +217,28 @@ class PartitionDecoder:
                 columns[name] = pa.nulls(count, self._types[name])
         offsets = pa.array(run.offsets, pa.int64())
         timestamps = pa.array([ms * 1000 for ms in run.timestamps_ms], ARROW_TIMESTAMP)
-        self._pieces.append(_Piece(columns, offsets, timestamps, run.nbytes))
         self._opaque = _OpaqueRun()
+        piece = self._filtered(_Piece(columns, offsets, timestamps, run.nbytes))
+        if piece is not None:
+            self._pieces.append(piece)
+
+    def _filtered(self, piece: _Piece) -> _Piece | None:
+        """``piece`` with only the rows every row predicate keeps (None: no row is left).
+
+        Filtering each piece before combining keeps the output batches full when a
+        predicate drops most rows."""
+        if not self.row_predicates:
+            return piece
+        mask = row_mask(self.row_predicates,
+                        {"offset": piece.offsets, "timestamp": piece.timestamps})
+        kept = pc.sum(mask).as_py() or 0
+        if kept == piece.num_rows and mask.null_count == 0:
+            return piece
+        if kept == 0:
+            return None
+        return _Piece({name: array.filter(mask) for name, array in piece.columns.items()},
+                      piece.offsets.filter(mask), piece.timestamps.filter(mask),
+                      piece.nbytes * kept // piece.num_rows)
 
     # -- output --------------------------------------------------------------------------------
 
@@ -257,11 +279,7 @@ class PartitionDecoder:
                     f"stream {self.stream_id}: column '{name}' is data in some batches and "
                     "metadata in others; give the read a schema without it")
             arrays.append(array)
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
-        if self.row_predicates:
-            mask = row_mask(self.row_predicates, internal)
-            batch = batch.filter(mask)
-        return batch
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _constant(self, name: str, value: pa.Scalar, count: int) -> pa.Array:
         """``count`` copies of ``value``: a slice of one array kept for the partition."""

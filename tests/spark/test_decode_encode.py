@@ -318,3 +318,17 @@ def test_big_stored_batches_are_handed_on_alone_without_copying():
         start = pa.py_buffer(view).address
         values = batch.column(batch.schema.get_field_index("value")).buffers()[2]
         assert start <= values.address < start + view.nbytes
+
+
+def test_selective_predicates_on_big_stored_batches_give_full_batches():
+    encoded = [encode_batches(make_records_batch(pa.array([b"v"] * 12_000)), "none", ts)[0]
+               .buffers for ts in (1_000, 2_000, 3_000, 4_000, 5_000)]
+    wanted = (5, 11_999, 12_000, 30_001, 59_999)
+    preds = [Predicate("timestamp", "<", 5_000_000), Predicate("offset", "in", wanted)]
+    schema = StructType([StructField("offset", LongType()), StructField("value", BinaryType())])
+    out = decode_all(PartitionDecoder(schema, "records", 1, 0, 0, 60_000, preds),
+                     stored(encoded))
+    # the few rows left of every stored batch are combined into one batch, not one per batch
+    assert len(out) == 1
+    assert out[0].to_pydict() == {"offset": [5, 11_999, 12_000, 30_001],
+                                  "value": [b"v"] * 4}
