@@ -24,7 +24,8 @@ HEADER_TARGET = Target(AT_LEAST, 10_000)
 FRAME_TARGET = Target(AT_LEAST_RATIO, 0.7)
 
 
-def _messages(kind: str, entries: int):
+def sample_messages(kind: str, entries: int):
+    """A request and its response with ``entries`` entries, for ``kind`` append or fetch."""
     from sbp_spark.protocol.messages import (
         AppendEntry,
         AppendRequest,
@@ -53,7 +54,7 @@ def _messages(kind: str, entries: int):
 def bench_headers(kind: str = "append", entries: int = ENTRIES, min_time: float = 0.3) -> dict:
     """Request + response header round trips/s (encode and decode of both) and the
     microseconds of each step, for ``kind`` ``append`` or ``fetch`` with ``entries`` entries."""
-    request, response = _messages(kind, entries)
+    request, response = sample_messages(kind, entries)
     req_cls, resp_cls = type(request), type(response)
     req_bytes, resp_bytes = request.to_flatbuffers(), response.to_flatbuffers()
     if req_cls.from_flatbuffers(req_bytes) != request or \
