@@ -51,6 +51,9 @@ logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativecode.level = error
 logger.streamplan.name = org.apache.spark.sql.execution.streaming.runtime.ResolveWriteToStream
 logger.streamplan.level = error
+# sbp_spark.register() replacing the automatically discovered source is what it is meant to do.
+logger.sources.name = org.apache.spark.sql.execution.datasources.DataSourceManager
+logger.sources.level = error
 """
 
 # Every generated value is this exact width (JSON padded with spaces), so the bytes written
