@@ -389,6 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _configure_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # py4j logs every call to the JVM at INFO: thousands of lines that would bury what the
+    # commands that start Spark (demo, bench) say. Only at --log-level debug do they show.
+    if level != "debug":
+        logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,9 +158,6 @@ def _timed_step(say: Callable[[str], None], label: str, step: Callable[[], objec
 def _quiet_spark(workdir: Path) -> SparkSession:
     from sbp_spark.environment import local_spark_session
 
-    # py4j reports every gateway connection it closes at INFO.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
     log_config = workdir / "log4j2-demo.properties"
     log_config.write_text(LOG4J2_PROPERTIES)
     spark = local_spark_session(
