@@ -19,6 +19,10 @@ MAX_FETCH_MAX_BYTES = (1 << 31) - 1
 
 
 DEFAULT_APPEND_FRAME_BYTES = 1024 * 1024
+# APPEND frames kept in flight. A range server acknowledges after its fsync policy is met (by
+# default a group commit every 10 ms), so the window, not the link, bounds a writer: 4 x 1 MiB
+# frames gave ~185 MB/s here, 16 gave ~470 MB/s, 64 no more than 16.
+DEFAULT_MAX_INFLIGHT_FRAMES = 16
 
 
 @dataclass
@@ -39,7 +43,7 @@ class ClientConfig:
     retry_backoff_max_ms: int = 2000
     # No retry starts after this much time has passed since the first attempt.
     retry_deadline_s: float = 60.0
-    max_inflight_frames: int = 4
+    max_inflight_frames: int = DEFAULT_MAX_INFLIGHT_FRAMES
     max_frame_bytes: int = MAX_FRAME_LENGTH
     # APPEND frames are closed at about this size (a larger batch still gets a frame of its
     # own, up to max_frame_bytes). Several mid-sized frames in flight keep the client and the

@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sbp_spark.client.config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
+from sbp_spark.client.config import (
+    DEFAULT_FETCH_MAX_BYTES,
+    DEFAULT_MAX_INFLIGHT_FRAMES,
+    ClientConfig,
+)
 
 # Sentinels in offset specifications, as in Spark's Kafka source.
 EARLIEST = -2
@@ -83,7 +87,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("batchMaxRecords", "65536", "write", "most records per SBP record batch"),
     OptionSpec("batchMaxBytes", "4m", "write",
                f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)"),
-    OptionSpec("maxInflightFrames", "4", "write",
+    OptionSpec("maxInflightFrames", "16", "write",
                "APPEND frames a task keeps in flight on one connection"),
     OptionSpec("requestTimeoutMs", "30000", "read/write",
                "how long to wait for each answer frame of a request"),
@@ -334,7 +338,7 @@ class ClientOptions:
     pd: tuple[str, ...]
     request_timeout_ms: int = 30_000
     retries: int = 5
-    max_inflight_frames: int = 4
+    max_inflight_frames: int = DEFAULT_MAX_INFLIGHT_FRAMES
     tls: bool = False
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
@@ -376,7 +380,8 @@ def _client_options(opts: _Options) -> ClientOptions:
             "requestTimeoutMs", lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000),
         retries=opts.parse("retries", lambda n, v: parse_int(n, v, 0, 1000), 5),
         max_inflight_frames=opts.parse(
-            "maxInflightFrames", lambda n, v: parse_int(n, v, 1, 1024), 4),
+            "maxInflightFrames", lambda n, v: parse_int(n, v, 1, 1024),
+            DEFAULT_MAX_INFLIGHT_FRAMES),
         **_tls_options(opts),
     )
 

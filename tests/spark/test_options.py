@@ -32,7 +32,7 @@ def test_read_defaults_and_case_insensitive_names():
     assert opts.payload == "records"
     assert opts.max_records_per_partition is None and opts.min_partitions is None
     config = opts.client.client_config()
-    assert config.retries == 5 and config.max_inflight_frames == 4
+    assert config.retries == 5 and config.max_inflight_frames == 16
     assert config.request_timeout_s == 30.0
 
 
