@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .report import Figure
 
-INSTALL_HINT = "--plot needs matplotlib, which is not installed: pip install matplotlib"
+INSTALL_HINT = ("--plot needs matplotlib, which is not installed: "
+                "pip install 'sbp-spark[bench]' (or pip install matplotlib)")
 
 
 def require_matplotlib() -> None:
