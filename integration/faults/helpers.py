@@ -268,3 +268,24 @@ class Tail(threading.Thread):
         if self.light:
             return self.inline
         return check_batches(self.stream_id, iter(self.batches), acked)
+
+
+class Writers(list):
+    """``Writer`` threads for several streams, started on entering and stopped on leaving."""
+
+    def __init__(self, client: SbpClient, stream_ids: list[int], **kwargs) -> None:
+        super().__init__(Writer(client, sid, **kwargs) for sid in stream_ids)
+
+    def __enter__(self) -> Writers:
+        for writer in self:
+            writer.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for writer in self:
+            writer.finish()
+
+    def wait_for_more(self, count: int, timeout: float = 60.0) -> None:
+        """Block until every writer got ``count`` more batches acknowledged."""
+        for writer in self:
+            writer.wait_for_more(count, timeout)
