@@ -1,25 +1,88 @@
-"""Records every fault case's outcome and figures; writes the README table at session end.
+"""Records every fault case's outcome and figures; writes the README table only when asked.
 
 A case declares what it does with ``@pytest.mark.fault_case(title, fault, checks)`` and reports
 measured figures through the ``figures`` fixture (a dict: name -> value as shown).
+
+The table (``README.md``) and ``results.json`` are rewritten at the end of a run only with
+``--faults-report`` (``pytest integration/faults --faults-report``; the option exists when
+pytest starts from this directory or one above it in the command line) or with the environment
+variable ``SBP_FAULTS_REPORT=1`` (works however pytest is started). Without either, a run
+leaves the working tree untouched.
+
+The ``spark`` fixture is the Spark session of the Spark fault cases (one per test session).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from . import report
 
+REPO = Path(__file__).resolve().parents[2]
+REPORT_ENV = "SBP_FAULTS_REPORT"
+# Spark cases run on local[2] with up to 4 attempts per task (Spark's default on a cluster), so
+# a task that fails on a killed server is retried as it would be in production.
+SPARK_MASTER = "local[2,4]"
+
 _FIGURES = pytest.StashKey[dict]()
 _collected: dict[str, dict[str, Any]] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--faults-report", action="store_true", default=False,
+        help=f"rewrite integration/faults/README.md and results.json with the results of the "
+             f"fault cases that ran (also: {REPORT_ENV}=1)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fault_case(title, fault, checks): a row of integration/faults/README.md")
+    _report_env()  # a bad value fails the run before any case starts
+
+
+def _report_env() -> bool:
+    flag = os.environ.get(REPORT_ENV, "").strip().lower()
+    if flag not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise pytest.UsageError(
+            f"environment variable {REPORT_ENV}={flag!r} is not valid: expected 1 (write the "
+            "fault table) or 0")
+    return flag in ("1", "true", "yes")
+
+
+def report_requested(config: pytest.Config) -> bool:
+    """Whether this run should rewrite the fault table (option or environment variable)."""
+    return bool(config.getoption("faults_report", default=False)) or _report_env()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local Spark session (the sbp source registered) for the Spark fault cases.
+
+    When a Spark session is already running in this process (a run that includes tests/spark),
+    Spark hands that one out instead, with its own master (local[2]: a failed task fails its
+    job at once); the cases work either way.
+    """
+    # Workers find pyspark_sbp on the checkout (see tests/spark/conftest.py).
+    paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from sbp_spark.environment import local_spark_session
+
+    session = local_spark_session("sbp-faults", master=SPARK_MASTER, **{
+        "spark.driver.memory": "1g",
+        "spark.ui.showConsoleProgress": "false",
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 @pytest.fixture
@@ -82,5 +145,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _collected:
+    if _collected and report_requested(session.config):
         report.save(_collected)

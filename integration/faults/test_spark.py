@@ -1,15 +1,12 @@
 """A Spark batch read (``format("sbp")``) while its range server is killed and restarted.
 
-Slow: it starts a local[2] Spark session of its own (the Spark tests' session fixture lives
-under tests/spark). Run with ``pytest integration/faults -m slow -k spark``.
+Slow: it starts Spark (the ``spark`` fixture of this suite's conftest). Run with
+``pytest integration/faults -m slow -k spark``.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -19,27 +16,8 @@ from sbp_spark.server.cluster import ProcessCluster
 
 from .helpers import RIDE_OUT, check_body, make_body, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 BATCHES = 4000
 BODY = 8 * 1024
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Workers find pyspark_sbp on the checkout (see tests/spark/conftest.py).
-    paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("sbp-faults")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.mark.slow
