@@ -4,7 +4,9 @@ They write the same FlatBuffers format as ``_flatbuf`` (tests check both against
 generated readers and builders), with layouts fixed in advance so a whole header is one
 ``struct`` call:
 
-- ``AppendRequest``: the entries are a vector of 16-byte structs, packed in one go.
+- ``AppendRequest``: the entries are a vector of 16-byte structs, packed in one go. Only a
+  request without ``committed_offset`` (every client append) has this layout; a forward that
+  sets it is written and read by the generic codec.
 - ``AppendResponse``, ``FetchResponse``, ``FetchRequest``: the root table, then a vector of
   offsets, then the item tables at a fixed stride, every scalar written (defaults too) so all
   items share one vtable. Items whose status is not OK use a second vtable that also names
@@ -350,7 +352,14 @@ def install(*, AppendRequest: type, AppendEntry: type, AppendResponse: type,
     append_request_codec = codecs["AppendRequest"]
     entry_fields = attrgetter("stream_id", "request_index", "batch_length")
 
+    generic_encode = append_request_codec.encode
+
     def encode_append_request(msg: Any) -> bytes:
+        if msg.committed_offset != -1:
+            # A primary's forward (one per secondary per frame): the generic layout, which
+            # also writes the third slot. The fast reader below sees its longer vtable and
+            # leaves it to the generic reader.
+            return generic_encode(msg)
         try:
             entries = msg.append_requests
             values = list(chain.from_iterable(map(entry_fields, entries)))

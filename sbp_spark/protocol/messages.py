@@ -412,8 +412,11 @@ class AppendRequest(Message):
 
     timeout_ms: int = 0
     append_requests: list[AppendEntry] = field(default_factory=list)
+    # Set only on a primary's forward to its secondaries: every replica holds every record of
+    # the range below this offset (-1: a client's append, or nothing known).
+    committed_offset: int = -1
 
-    _WIRE: ClassVar = (INT, vector("AppendEntry"))
+    _WIRE: ClassVar = (INT, vector("AppendEntry"), LONG)
 
 
 @dataclass(slots=True)

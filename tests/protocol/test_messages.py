@@ -656,3 +656,39 @@ def test_hot_messages_with_many_items(n):
         data = msg.to_flatbuffers()
         assert type(msg).from_flatbuffers(data) == msg
         assert gen_read(type(msg), data) == msg
+
+
+# ---- AppendRequest.committed_offset (set on a primary's forwards) -------------------------
+
+
+def test_append_request_without_committed_offset_keeps_the_two_slot_layout():
+    """Client appends (committed_offset -1) are byte-identical to the layout before the field
+    existed: a 2-slot vtable, then the entries as packed structs."""
+    req = AppendRequest(500, [AppendEntry(7, 0, 3), AppendEntry(8, 1, 2)])
+    data = req.to_flatbuffers()
+    expected = struct.pack("<I4HiiI4xI", 12, 8, 12, 4, 8, 8, 500, 8, 2) + \
+        struct.pack("<qii", 7, 0, 3) + struct.pack("<qii", 8, 1, 2)
+    assert data == expected
+    assert AppendRequest.from_flatbuffers(data).committed_offset == -1
+    assert gen_read(AppendRequest, data) == req
+
+
+@pytest.mark.parametrize("committed", [0, 1, 41, 2**63 - 1, -2])
+@pytest.mark.parametrize("n", [0, 1, 3, 300])
+def test_append_request_with_committed_offset_round_trips_both_ways(committed, n):
+    req = AppendRequest(30_000, [AppendEntry(5, i, 100 + i) for i in range(n)],
+                        committed_offset=committed)
+    ours = req.to_flatbuffers()
+    root = struct.unpack_from("<I", ours)[0]
+    vt = root - struct.unpack_from("<i", ours, root)[0]
+    assert struct.unpack_from("<H", ours, vt)[0] == 4 + 2 * 3  # a third slot is written
+    assert AppendRequest.from_flatbuffers(ours) == req  # fast reader falls back correctly
+    assert AppendRequest.from_flatbuffers(memoryview(bytearray(ours))) == req
+    assert gen_read(AppendRequest, ours) == req  # flatc's reader sees the field
+    theirs = gen_write(req)
+    assert AppendRequest.from_flatbuffers(theirs) == req  # and flatc's builder's bytes read back
+
+
+def test_append_request_committed_offset_out_of_range_names_the_field():
+    with pytest.raises(ValueError, match="AppendRequest.committed_offset"):
+        AppendRequest(0, [], committed_offset=2**63).to_flatbuffers()

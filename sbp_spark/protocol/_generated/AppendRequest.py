@@ -55,8 +55,15 @@ class AppendRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # AppendRequest
+    def CommittedOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def AppendRequestStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder):
     AppendRequestStart(builder)
@@ -78,6 +85,12 @@ def AppendRequestStartAppendRequestsVector(builder, numElems):
 
 def StartAppendRequestsVector(builder, numElems):
     return AppendRequestStartAppendRequestsVector(builder, numElems)
+
+def AppendRequestAddCommittedOffset(builder, committedOffset):
+    builder.PrependInt64Slot(2, committedOffset, -1)
+
+def AddCommittedOffset(builder, committedOffset):
+    AppendRequestAddCommittedOffset(builder, committedOffset)
 
 def AppendRequestEnd(builder):
     return builder.EndObject()
