@@ -98,15 +98,18 @@ class PdClient:
 
     # -- the call path ---------------------------------------------------------------------
 
-    def call(self, msg: Any) -> Any:
+    def call(self, msg: Any, deadline: float | None = None) -> Any:
         """Send ``msg`` to the leader (following redirects, retrying within the config's
-        policy) and return the response; a failed top-level status raises ``ServerError``."""
+        policy) and return the response; a failed top-level status raises ``ServerError``.
+        ``deadline`` (a ``time.monotonic()`` value) ends the retries sooner than the config's
+        ``retry_deadline_s``: a caller inside its own retry loop passes its deadline."""
 
         def attempt() -> Any:
             conn = self.pool.get(self.leader, self.config)
             return checked_call(conn, msg)
 
-        return call_with_retries(attempt, self.config, on_error=self._on_error)
+        return call_with_retries(attempt, self.config, on_error=self._on_error,
+                                 deadline=deadline)
 
     def _on_error(self, error: SbpError) -> bool:
         if isinstance(error, PdNotLeaderError):
@@ -193,11 +196,13 @@ class PdClient:
         return item_results(response.list_responses, len(owners), lambda a: list(a.ranges),
                             "LIST_RANGES")
 
-    def describe_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]]
-                        ) -> list[ItemResult[Range]]:
-        """The PD's view of ranges."""
+    def describe_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]],
+                        deadline: float | None = None) -> list[ItemResult[Range]]:
+        """The PD's view of ranges (replicas with the addresses they last announced).
+        ``deadline``: as in ``call``."""
         ids = [_range_id(r) for r in ranges]
-        response = self.call(DescribeRangesRequest(self.config.server_timeout_ms, ids))
+        response = self.call(DescribeRangesRequest(self.config.server_timeout_ms, ids),
+                             deadline=deadline)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             "DESCRIBE_RANGES")
 

@@ -7,17 +7,21 @@ following seals to the next range.
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
+    DataCorruptError,
     PdNotLeaderError,
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
     SbpError,
+    SbpTimeoutError,
     ServerError,
     TransportError,
 )
@@ -30,6 +34,8 @@ from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, call_with_retries, is_retriable
 from .types import Appended, FetchedBatch, ItemResult
+
+_log = logging.getLogger(__name__)
 
 
 class SbpClient:
@@ -147,15 +153,15 @@ class SbpClient:
         live next_offset from its primary (DESCRIBE_RANGES)."""
         if not range.is_open:
             return range.end_offset
-        servers = _servers_of(range)
-        if not servers:
-            raise RangeNotFoundError(
-                f"range {range.stream_id}/{range.range_index} lists no range server")
+        replicas = _Replicas(self, range)
+        deadline = time.monotonic() + self.config.retry_deadline_s
 
         def attempt() -> int:
+            if replicas.sealed_end is not None:
+                return replicas.sealed_end  # sealed meanwhile (the PD said so)
             # The primary first: a secondary may lag behind it.
             last_error: SbpError | None = None
-            for address in servers:
+            for address in list(replicas.servers):
                 try:
                     (result,) = self.range_server(address).describe_ranges([range])
                     described = result.unwrap()
@@ -173,7 +179,10 @@ class SbpClient:
             assert last_error is not None
             raise last_error
 
-        return call_with_retries(attempt, self.config)
+        # Every replica failed: ask the PD where they are now (a restart on a new port) and
+        # try again at once if they moved.
+        return call_with_retries(attempt, self.config, deadline=deadline,
+                                 on_error=lambda _: replicas.refresh(deadline))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -205,16 +214,15 @@ class SbpClient:
     def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
                min_bytes: int) -> Iterator[FetchedBatch]:
         stream_id, range_index = range.stream_id, range.range_index
-        servers = _servers_of(range)
-        if not servers:
-            raise RangeNotFoundError(
-                f"range {stream_id}/{range_index} lists no range server to read from")
+        replicas = _Replicas(self, range)
         position, budget = start, max_bytes
-        failures = 0
-        # Another replica is tried at once; after every replica failed, back off.
-        retrier = Retrier(self.config, on_error=lambda _: failures % len(servers) != 0)
+        # Servers that answered DATA_CORRUPT at ``position``: server -> its message.
+        corrupt: dict[str, str] = {}
+        corrupt_at = position
+        retrier = Retrier(self.config, on_error=lambda exc: replicas.after_failure(
+            exc, retrier.deadline))
         while True:
-            address = servers[failures % len(servers)]
+            address = replicas.current()
             try:
                 batches = self.range_server(address).fetch(
                     stream_id, position, end, budget, max_wait_ms, min_bytes)
@@ -225,10 +233,21 @@ class SbpClient:
                     budget = max(budget - header.batch_length, 0)
                 return
             except SbpError as exc:
-                failures += 1
                 if end != -1 and position >= end:
                     return  # everything asked for arrived before the failure
+                if isinstance(exc, DataCorruptError):
+                    if corrupt_at != position:
+                        corrupt, corrupt_at = {}, position
+                    corrupt[address] = exc.message
+                    if corrupt.keys() >= set(replicas.servers):
+                        raise _corrupt_everywhere(stream_id, range_index, position,
+                                                  corrupt) from exc
                 retrier.retry_after(exc)
+                if replicas.sealed_end is not None:
+                    # The PD says the range ended (sealed while being read): stop there.
+                    end = replicas.sealed_end if end == -1 else min(end, replicas.sealed_end)
+                    if position >= end:
+                        return
 
     def read(self, stream_id: int, start: int = 0, end: int = -1) -> Iterator[FetchedBatch]:
         """Every batch of ``stream_id`` holding offsets in ``[start, end)`` (``end`` -1: what
@@ -408,6 +427,84 @@ def _describe_batch(index: int, batch: BatchLike) -> tuple[list, int, int]:
             f"batch {index}: the envelope says {header.batch_length} bytes, the batch has "
             f"{length}")
     return buffers, length, header.record_count
+
+
+class _Replicas:
+    """Where one read of a range goes: its replicas, primary first, moving to the next one
+    after each failure and asking the PD again where they live when a failure says the
+    address may be stale (a server restarted on another port, the range moved or was sealed).
+    """
+
+    def __init__(self, client: SbpClient, range: Range) -> None:
+        self.client = client
+        self.range = range
+        self.servers = _servers_of(range)
+        self.index = 0
+        self.sealed_end: int | None = None if range.is_open else range.end_offset
+        if not self.servers:
+            # Planned without a replica (every server was gone): the PD may know one now.
+            self.refresh(None)
+        if not self.servers:
+            raise RangeNotFoundError(
+                f"range {range.stream_id}/{range.range_index} lists no range server to read "
+                f"from")
+
+    def current(self) -> str:
+        return self.servers[self.index % len(self.servers)]
+
+    def after_failure(self, error: SbpError, deadline: float) -> bool:
+        """Move on after ``error`` (a ``Retrier`` hook): True to try again at once (another
+        replica, or new addresses from the PD), False to back off first."""
+        self.index += 1
+        round_done = self.index % len(self.servers) == 0
+        if isinstance(error, DataCorruptError):
+            # The same server would send the same bytes: the next replica, without waiting.
+            return True
+        stale = isinstance(error, (TransportError, SbpTimeoutError)) or (
+            isinstance(error, ServerError) and error.invalid_metadata)
+        if (stale or round_done) and self.refresh(deadline):
+            return True
+        return not round_done
+
+    def refresh(self, deadline: float | None) -> bool:
+        """Ask the PD for the range's replicas; True when it said something new (other
+        addresses, or that the range is sealed)."""
+        rng = self.range
+        try:
+            (result,) = self.client.pd.describe_ranges([rng], deadline=deadline)
+        except SbpError as exc:
+            # The PD is unreachable too: keep reading from the addresses known so far.
+            _log.debug("re-resolving range %d/%d from the PD failed: %s", rng.stream_id,
+                       rng.range_index, exc)
+            return False
+        error = result.exception()
+        if error is not None:
+            if is_retriable(error):
+                return False
+            # Deleted meanwhile, say: reading on would only fail the same way.
+            raise _with_context(error, f"range {rng.range_index} of stream {rng.stream_id}")
+        fresh = result.value
+        if fresh is None:
+            return False
+        learned = False
+        if not fresh.is_open and self.sealed_end != fresh.end_offset:
+            self.sealed_end, learned = fresh.end_offset, True
+        servers = _servers_of(fresh)
+        if not servers or servers == self.servers:
+            return learned
+        _log.info("range %d/%d: replicas now at %s (were %s)", rng.stream_id, rng.range_index,
+                  ", ".join(servers), ", ".join(self.servers) or "none")
+        self.servers, self.index = servers, 0
+        return True
+
+
+def _corrupt_everywhere(stream_id: int, range_index: int, offset: int,
+                        reports: dict[str, str]) -> ServerError:
+    """The error of a read whose every replica holds a corrupt copy at ``offset``."""
+    detail = "; ".join(f"{address}: {message}" for address, message in reports.items())
+    return DataCorruptError(
+        f"stream {stream_id} range {range_index}: offset {offset} is corrupt on every replica "
+        f"({', '.join(reports)}), no sound copy to read: {detail}")
 
 
 def _servers_of(range: Range) -> list[str]:
