@@ -34,6 +34,7 @@ class ErrorCode(IntEnum):
     REPLICATION_FAILED = 22
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
+    DATA_CORRUPT = 25
 
     @property
     def retriable(self) -> bool:
@@ -75,6 +76,12 @@ _CODE_INFO: dict[ErrorCode, tuple[bool, bool, str]] = {
     ErrorCode.REPLICATION_FAILED: (True, True, "a replica did not store the data"),
     ErrorCode.TOO_MANY_REQUESTS: (True, False, "too many requests in flight on this connection"),
     ErrorCode.STREAM_ALREADY_EXISTS: (False, False, "the stream already exists"),
+    # Retriable in the sense "another replica may hold a sound copy": asking the same server
+    # again returns the same bad bytes, so readers move to the next replica at once and give
+    # up when every replica reported the same offset corrupt.
+    ErrorCode.DATA_CORRUPT: (
+        True, False, "this server's stored copy fails its checksum at the offset named in the "
+                     "message; read it from another replica"),
 }
 
 
@@ -185,3 +192,4 @@ ShuttingDownError = _BY_CODE[ErrorCode.SHUTTING_DOWN]
 ReplicationFailedError = _BY_CODE[ErrorCode.REPLICATION_FAILED]
 TooManyRequestsError = _BY_CODE[ErrorCode.TOO_MANY_REQUESTS]
 StreamAlreadyExistsError = _BY_CODE[ErrorCode.STREAM_ALREADY_EXISTS]
+DataCorruptError = _BY_CODE[ErrorCode.DATA_CORRUPT]

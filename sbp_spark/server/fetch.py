@@ -289,8 +289,13 @@ class FetchServer:
 
     @staticmethod
     def _corrupt(frame: _FrameBuilder, e: _Entry, exc: CorruptDataError) -> None:
-        log.error("fetch of stream %d at %d: %s", e.req.stream_id, e.offset, exc)
-        e.status = Status(ErrorCode.UNKNOWN, f"stored data is corrupt: {exc}")
+        """Answer the entry DATA_CORRUPT: the reader takes the rest from another replica."""
+        offset = exc.offset if exc.offset >= 0 else e.offset
+        log.error("fetch of stream %d at %d: stored data is corrupt at offset %d: %s",
+                  e.req.stream_id, e.offset, offset, exc)
+        e.status = Status(ErrorCode.DATA_CORRUPT,
+                          f"stored copy of stream {e.req.stream_id} is corrupt at offset "
+                          f"{offset} on this server: {exc}")
         e.done = True
         frame.add_result(e, None)
 
