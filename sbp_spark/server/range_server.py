@@ -387,10 +387,15 @@ class RangeServerHandler(RequestHandler):
         n = len(entries)
         metrics.appends += n
         total = sum(e.batch_length for e in entries)
+        problem = None
         if any(e.batch_length < 0 for e in entries) or total != payload.nbytes:
-            status = Status(ErrorCode.INVALID_REQUEST,
-                            f"the entries' batch_length values add up to {total} bytes but the "
-                            f"payload holds {payload.nbytes}")
+            problem = (f"the entries' batch_length values add up to {total} bytes but the "
+                       f"payload holds {payload.nbytes}")
+        elif req.committed_offset < -1:
+            problem = (f"committed_offset {req.committed_offset} must be >= 0, or -1 when not "
+                       f"set")
+        if problem is not None:
+            status = Status(ErrorCode.INVALID_REQUEST, problem)
             metrics.failed_appends += n
             ctx.reply(AppendResponse(status=status, append_responses=[
                 AppendResult(e.stream_id, e.request_index, -1, 0, status) for e in entries]))
@@ -415,11 +420,18 @@ class RangeServerHandler(RequestHandler):
         # Each pending part ends in done(indexes, error): local durability, replication.
         parts: list[tuple[str, RangeLog, object, list[int]]] = []
         replicator = self.server.replicator
+        # A forward from a primary says how far every replica holds its (one) range: once its
+        # batches are stored here, readers of this secondary may see that far.
+        committed = req.committed_offset
+        if committed >= 0 and sum(1 for g in groups.values() if g[1]) != 1:
+            committed = -1  # not one range: the offset names none of them
         for rlog, replicated, indexes, batches in groups.values():
             forwards = None
             try:
                 if replicated or not replicator.secondaries(rlog):
                     bases, target = rlog.append(batches, now, replicated=replicated)
+                    if replicated and committed >= 0:
+                        rlog.raise_read_cap(committed)
                 else:
                     stored: list = []
                     with replicator.order_lock(rlog):

@@ -14,10 +14,19 @@ An entry is acknowledged when it is durable locally and every secondary stored i
 secondary fails, the entries fail with REPLICATION_FAILED and the primary seals the range: the
 writer then asks the PD, which seals the range where the primary ended and opens a new one.
 
-Readers of an open range on the primary see only records every secondary stored
-(``hold_reads``/``release_reads`` set the range's read cap): a record that only the primary
-holds is not acknowledged yet and would not survive a failover (the PD seals a range at the
-smallest end its live replicas hold), so no reader may see it first.
+Readers of an open range see only records every replica stored (the range's read cap, see
+``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
+would not survive a failover (the PD seals a range at the smallest end its live replicas
+hold), so no reader may see it first. On the primary, ``hold_reads``/``release_reads`` move
+the cap as the secondaries store appends; every forward carries the primary's cap as
+``committed_offset``, and a secondary that stored the forward raises its own cap to it. A
+secondary therefore lags the primary by one forward: it learns that an append settled only
+from the next one (or the range's seal, which ends the cap).
+
+After a restart every open replicated range starts capped at its start, on the primary as on
+the secondaries: a restarted primary cannot tell whether its tail reached the secondaries.
+The first append after the restart settles only if every secondary continued its log exactly
+where the primary's ends, so once it settles everything below its end is on every replica.
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ class Replicator:
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         # Per range: where the appends not yet settled (sent, not yet stored by every
-        # secondary) begin, and the end of everything settled so far.
+        # secondary) begin, and the end of the prefix known to be on every replica.
         self._unsettled: dict[tuple[int, int], set[int]] = {}
         self._settled_end: dict[tuple[int, int], int] = {}
 
@@ -96,7 +105,11 @@ class Replicator:
         key = (rlog.stream_id, rlog.range_index)
         with self._locks_guard:
             self._unsettled.setdefault(key, set()).add(start)
-            self._settled_end[key] = max(self._settled_end.get(key, start), start)
+            if key not in self._settled_end:
+                # First append since this process opened the range: only the range's cap
+                # (its start after a restart) is known to be on every replica, not ``start``.
+                cap = rlog.read_cap
+                self._settled_end[key] = start if cap is None else min(cap, start)
             self._apply_cap(rlog, key)
 
     def release_reads(self, rlog: RangeLog, start: int, end: int | None) -> None:
@@ -111,22 +124,32 @@ class Replicator:
             self._apply_cap(rlog, key)
 
     def _apply_cap(self, rlog: RangeLog, key: tuple[int, int]) -> None:
-        # Everything below the first unsettled append was stored by every secondary.
+        # Everything below the first unsettled append and below the settled end was stored by
+        # every secondary. (The settled end is below the first unsettled append only after a
+        # restart, until the first append settles.)
         pending = self._unsettled.get(key)
-        cap = min(pending) if pending else self._settled_end.get(key)
+        settled = self._settled_end.get(key)
+        if settled is None:  # no append held here yet: the range keeps the cap it has
+            return
+        cap = settled if not pending else min(min(pending), settled)
         rlog.set_read_cap(cap)
 
     def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
              ) -> list[Forward]:
         """Send the stored batches (``[envelope, body]`` each) to every secondary; call
-        under ``order_lock(rlog)`` right after the local append."""
+        under ``order_lock(rlog)`` right after ``hold_reads`` and the local append.
+
+        Each forward carries the range's current read cap as ``committed_offset`` (at most
+        where these batches start): the secondaries may let their readers see that far."""
         entries = []
         payload: list = []
         for i, pieces in enumerate(stored):
             entries.append(AppendEntry(rlog.stream_id, i,
                                        sum(memoryview(p).nbytes for p in pieces)))
             payload.extend(pieces)
-        request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries)
+        cap = rlog.read_cap
+        request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
+                                committed_offset=-1 if cap is None else cap)
         out = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:

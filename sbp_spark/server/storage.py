@@ -46,6 +46,7 @@ from ..protocol.errors import (
 )
 from ..protocol.frame import crc32
 from ..protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
+from .pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCacheBudget
 from .segment import (
     SEGMENT_SUFFIX,
     STORAGE_HEADER_SIZE,
@@ -106,6 +107,9 @@ class StorageConfig:
     # this process wrote or scanned count as checked): corruption on disk becomes a clean error
     # instead of a frame whose checksum fails at the client.
     verify_reads: bool = True
+    # Most recently written bytes left in the OS page cache; older written data is dropped
+    # from it once durable, so its pages are reused (see pagecache.py). 0: no bound.
+    page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
         try:
@@ -119,6 +123,9 @@ class StorageConfig:
             raise ValueError(f"segment_bytes={self.segment_bytes} must be at least 4096")
         if self.index_interval_bytes <= 0:
             raise ValueError(f"index_interval_bytes={self.index_interval_bytes} must be > 0")
+        if self.page_cache_bytes < 0:
+            raise ValueError(f"page_cache_bytes={self.page_cache_bytes} must be >= 0 (0: no "
+                             f"bound)")
 
 
 @dataclass(frozen=True)
@@ -197,9 +204,13 @@ class RangeLog:
         self._written = self._start_offset  # next offset after the last written batch
         self._committed = self._start_offset  # next offset after the last durable batch
         self._failed: str | None = None  # set when an fsync failed: no more writes
-        # While set (a primary waiting for its secondaries), readers of the open range see no
-        # further: a record only this server holds could vanish in a failover. None: no cap.
-        self._read_cap: int | None = None
+        # Readers of an open replicated range see no further than this: a record that not
+        # every replica holds could vanish in a failover (the PD seals at the smallest end the
+        # survivors hold). The primary moves it as its secondaries store appends
+        # (replication.py), a secondary as forwards tell it how far every replica got. It
+        # starts at the start (nothing is known to be on every replica yet, also after a
+        # restart). None: no cap (a range with one replica, or sealed: its end rules).
+        self._read_cap: int | None = self._initial_read_cap()
         # Segments with bytes not yet fsynced: the active one and any just rolled.
         self._unsynced: list[Segment] = []
 
@@ -228,11 +239,36 @@ class RangeLog:
         cap = self._read_cap
         return self._committed if cap is None else min(self._committed, cap)
 
+    @property
+    def read_cap(self) -> int | None:
+        """How far readers of the open range may see (None: no cap), durability aside."""
+        return self._read_cap
+
     def set_read_cap(self, cap: int | None) -> None:
         """Let readers of the open range see at most ``cap`` (None: all committed records)."""
         with self.lock:
             self._read_cap = cap
         self.storage.notify_data()
+
+    def raise_read_cap(self, offset: int) -> bool:
+        """Let readers see up to ``offset`` (a secondary learning from its primary how far
+        every replica holds the range), never above what is stored here and never lower than
+        before. True when the cap moved. Ignored for an uncapped range."""
+        with self.lock:
+            cap = self._read_cap
+            if cap is None or self._end_offset >= 0:
+                return False
+            new = min(offset, self._written)
+            if new <= cap:
+                return False
+            self._read_cap = new
+        self.storage.notify_data()
+        return True
+
+    def _initial_read_cap(self) -> int | None:
+        if self._end_offset >= 0 or len(self._replicas) < 2:
+            return None
+        return self._start_offset
 
     @property
     def written_offset(self) -> int:
@@ -278,9 +314,16 @@ class RangeLog:
     def set_replicas(self, replicas: Sequence[Replica]) -> None:
         with self.lock:
             replicas = tuple(replicas)
-            if replicas != self._replicas:
-                self._replicas = replicas
-                self._save_meta()
+            if replicas == self._replicas:
+                return
+            self._replicas = replicas
+            self._save_meta()
+            if len(replicas) < 2:
+                self._read_cap = None  # one replica: nothing to wait for
+            elif self._read_cap is None and self._end_offset < 0:
+                # Newly replicated: what readers could see stays visible, nothing more yet.
+                self._read_cap = self._committed
+        self.storage.notify_data()
 
     def mark_deleted(self) -> None:
         """Refuse further writes (the stream was deleted); reads of stored data still work."""
@@ -356,7 +399,10 @@ class RangeLog:
             if never:
                 self._committed = offset
         self.storage.stats.bytes_written += pos - records[0][2]
+        page_cache = self.storage.page_cache
+        page_cache.wrote(seg, records[0][2], pos)
         if never:
+            page_cache.trim()
             self.storage.notify_data()
         else:
             self.storage._mark_dirty(self)
@@ -427,11 +473,19 @@ class RangeLog:
         return self._end_offset
 
     def seal_at(self, end_offset: int) -> None:
-        """Adopt the PD's record that this range ended at ``end_offset``."""
+        """Adopt the PD's record that this range ended at ``end_offset``.
+
+        A replica sealed here past the PD's end (a failover seals where every survivor holds
+        data, and this one held more) takes the PD's end: the records past it were never
+        acknowledged, are not part of the stream and must not be served.
+        """
         with self.lock:
             if self._end_offset >= 0:
-                return
-            if end_offset > self._written:
+                if not 0 <= end_offset < self._end_offset:
+                    return
+                log.info("range %s: sealed here at %d but by the PD at %d; records past %d "
+                         "are not served", self, self._end_offset, end_offset, end_offset)
+            elif end_offset > self._written:
                 log.warning("range %s sealed by the PD at %d beyond local data at %d", self,
                             end_offset, self._written)
             self._end_offset = end_offset
@@ -511,10 +565,12 @@ class RangeLog:
     def trim(self, offset: int) -> int:
         """Make offsets below ``offset`` unreadable and delete whole segments below it.
 
-        Returns the new start offset (never moves backwards, never past next_offset).
+        Returns the new start offset (never moves backwards, never past what readers may see:
+        the end of a sealed range, else ``readable_offset``).
         """
         with self.lock:
-            limit = self._end_offset if self._end_offset >= 0 else self._committed
+            # Never past what readers may see (the read cap of an open replicated range).
+            limit = self.readable_offset
             new_start = min(max(offset, self._start_offset), limit)
             if new_start == self._start_offset:
                 return new_start
@@ -536,7 +592,7 @@ class RangeLog:
         with self.lock:
             new_start = None
             for seg in list(self.segments):
-                if seg.empty or seg.max_time >= cutoff or seg.end_offset > self._committed:
+                if seg.empty or seg.max_time >= cutoff or seg.end_offset > self.readable_offset:
                     break
                 new_start = seg.end_offset
             if new_start is None or new_start <= self._start_offset:
@@ -645,6 +701,9 @@ class RangeLog:
         if self._end_offset >= 0 and self._written < self._end_offset:
             log.warning("range %s: sealed at %d but only %d is stored", self, self._end_offset,
                         self._written)
+        # Restarted: nothing past the start is known to be on every replica (the start may
+        # have moved up above, when data below it was missing).
+        self._read_cap = self._initial_read_cap()
 
 
 class StorageStats:
@@ -674,6 +733,8 @@ class Storage:
         self._waiters: list[tuple[RangeLog, int, Waiter]] = []
         self._sync_cond = threading.Condition()
         self._closed = False
+        self.page_cache = PageCacheBudget(self.config.page_cache_bytes,
+                                          durable_only=self.config.fsync is not FsyncPolicy.NEVER)
         os.makedirs(os.path.join(self.data_dir, _RANGES_DIR), exist_ok=True)
         self._recover()
         self._syncer: threading.Thread | None = None
@@ -827,6 +888,7 @@ class Storage:
                 except (OSError, SbpError) as exc:
                     log.error("fsync of %s failed: %s", rlog, exc)
             self._release_waiters()
+            self.page_cache.trim()  # after the answers: not on their critical path
         self._release_waiters(final=True)
 
     def _release_waiters(self, final: bool = False) -> None:
