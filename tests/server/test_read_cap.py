@@ -1,0 +1,345 @@
+"""Read caps of open replicated ranges, on secondaries and after restarts (issue 9).
+
+A secondary stores what its primary forwards but lets readers see only what every replica
+holds: the primary says how far that is in each forward (``committed_offset``). A replica that
+restarts knows nothing settled past the range's start until the next append settles.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
+from sbp_spark.client.connection import Connection
+from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    FetchEntry,
+    Range,
+    RangeReplica,
+    RangeServer,
+    StreamRanges,
+    SyncRangesRequest,
+)
+from sbp_spark.protocol.records import batch_bytes, parse_header
+from sbp_spark.server import EmbeddedCluster
+from sbp_spark.server.range_server import RangeServer as Server
+from sbp_spark.server.range_server import RangeServerConfig
+from sbp_spark.server.storage import StorageConfig
+
+STREAM = 4
+CONFIG = ClientConfig(request_timeout_s=20, retries=0)
+NEVER = StorageConfig(fsync="never")
+
+
+def poll(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def start(path, server_id: int) -> Server:
+    return Server(RangeServerConfig(data_dir=str(path), server_id=server_id,
+                                    storage=NEVER)).start()
+
+
+def sync(server: Server, replicas: list[RangeReplica], end_offset: int = -1) -> None:
+    request = SyncRangesRequest(stream_ranges=[StreamRanges(STREAM, [
+        Range(STREAM, 0, 0, 0, end_offset, replicas)])])
+    with Connection(server.advertise_addr) as conn:
+        response, _ = conn.call(request)
+    assert response.sync_responses[0].status.ok
+
+
+def forward(server: Server, first: int, count: int, committed: int) -> list:
+    """A primary's forward: ``count`` one-record batches at ``first`` with ``committed``."""
+    batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
+    request = AppendRequest(timeout_ms=5000, committed_offset=committed, append_requests=[
+        AppendEntry(STREAM, i, len(b)) for i, b in enumerate(batches)])
+    with Connection(server.advertise_addr) as conn:
+        response, _ = conn.call(request, batches)
+    return response.append_responses
+
+
+def offsets(rs: RangeServerClient, start: int = 0, **kw) -> list[int]:
+    return [h.base_offset for h, _ in rs.fetch(STREAM, start, **kw)]
+
+
+def served(rs: RangeServerClient) -> tuple[list[int], int]:
+    """Base offsets one FETCH from 0 returns, and the code that ended it (0: none)."""
+    got, code = [], 0
+    for chunk in rs.fetch_many([_entry(0)]):
+        got += [h.base_offset for h, _ in chunk.batches()]
+        code = code or chunk.status.code
+    return got, code
+
+
+def _entry(offset: int) -> FetchEntry:
+    return FetchEntry(STREAM, 0, offset, 1 << 20)
+
+
+def next_offset(rs: RangeServerClient) -> int:
+    [described] = rs.describe_ranges([(STREAM, 0)])
+    return described.unwrap().next_offset
+
+
+# ---- a secondary driven directly --------------------------------------------------------
+
+
+@pytest.fixture
+def secondary(tmp_path):
+    """Server 2, a secondary of an open range whose primary (server 1) is not running."""
+    srv = start(tmp_path / "s", 2)
+    replicas = [RangeReplica(RangeServer(1, "127.0.0.1:1"), True),
+                RangeReplica(RangeServer(2, srv.advertise_addr), False)]
+    sync(srv, replicas)
+    try:
+        yield srv, replicas
+    finally:
+        srv.stop()
+
+
+def test_secondary_serves_only_up_to_the_committed_offset_its_primary_sent(secondary):
+    srv, _ = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        # Stored (and durable here: fsync never), but the primary knows of nothing settled.
+        assert all(r.status.ok for r in forward(srv, 0, 3, committed=0))
+        assert srv.storage.get_range(STREAM, 0).next_offset == 3
+        assert offsets(rs) == [] and next_offset(rs) == 0
+        # The next forward says the first two are on every replica.
+        assert all(r.status.ok for r in forward(srv, 3, 1, committed=2))
+        assert offsets(rs) == [0, 1] and next_offset(rs) == 2
+        # FETCH beyond the cap is out of range, exactly as beyond next_offset.
+        [chunk] = list(rs.fetch_many([_entry(3)]))
+        assert chunk.status.code == ErrorCode.OFFSET_OUT_OF_RANGE
+        # Never lowered, and -1 (no knowledge) leaves it as it is.
+        assert all(r.status.ok for r in forward(srv, 4, 1, committed=1))
+        assert all(r.status.ok for r in forward(srv, 5, 1, committed=-1))
+        assert next_offset(rs) == 2
+        # Never above what this replica stored, whatever the primary claims.
+        assert all(r.status.ok for r in forward(srv, 6, 1, committed=100))
+        assert offsets(rs) == list(range(7)) and next_offset(rs) == 7
+
+
+def test_a_refused_forward_does_not_raise_the_cap(secondary):
+    srv, _ = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        assert all(r.status.ok for r in forward(srv, 0, 2, committed=0))
+        # A gap: this replica continues at 2, not 5.
+        [refused] = forward(srv, 5, 1, committed=2)
+        assert refused.status.code == ErrorCode.REPLICATION_FAILED
+        assert next_offset(rs) == 0 and offsets(rs) == []
+
+
+def test_committed_offset_below_minus_one_is_an_invalid_request(secondary):
+    srv, _ = secondary
+    [result] = forward(srv, 0, 1, committed=-5)
+    assert result.status.code == ErrorCode.INVALID_REQUEST
+    assert "committed_offset -5" in result.status.message
+    assert srv.storage.get_range(STREAM, 0).written_offset == 0
+
+
+def test_long_poll_on_a_secondary_wakes_when_the_cap_rises(secondary):
+    srv, _ = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        assert all(r.status.ok for r in forward(srv, 0, 2, committed=0))
+        polled: list[int] = []
+        began = time.monotonic()
+        poller = threading.Thread(target=lambda: polled.extend(
+            offsets(rs, max_wait_ms=15_000)))
+        poller.start()
+        poll(lambda: srv.metrics.fetches >= 1, "the long poll to start")
+        assert all(r.status.ok for r in forward(srv, 2, 1, committed=2))
+        poller.join(20)
+        assert polled == [0, 1] and time.monotonic() - began < 10
+
+
+def test_sealed_range_on_a_secondary_serves_to_its_end_and_takes_the_pds_lower_end(secondary):
+    srv, replicas = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        assert all(r.status.ok for r in forward(srv, 0, 4, committed=1))
+        assert next_offset(rs) == 1
+        [sealed] = rs.seal([(STREAM, 0)])
+        assert sealed.unwrap().end_offset == 4  # its stored end: what a failover compares
+        assert served(rs) == ([0, 1, 2, 3], ErrorCode.RANGE_SEALED)
+        # The PD sealed the range lower (another survivor held less): that end rules.
+        sync(srv, replicas, end_offset=3)
+        assert served(rs) == ([0, 1, 2], ErrorCode.RANGE_SEALED)
+        [described] = rs.describe_ranges([(STREAM, 0)])
+        assert described.unwrap().end_offset == 3
+
+
+def test_restarted_secondary_starts_capped_at_the_range_start(tmp_path, secondary):
+    srv, replicas = secondary
+    assert all(r.status.ok for r in forward(srv, 0, 3, committed=3))
+    srv.stop()
+    again = start(tmp_path / "s", 2)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            rs = RangeServerClient(again.advertise_addr, CONFIG, pool)
+            assert again.storage.get_range(STREAM, 0).next_offset == 3
+            assert offsets(rs) == [] and next_offset(rs) == 0
+            assert all(r.status.ok for r in forward(again, 3, 1, committed=4))
+            assert offsets(rs) == [0, 1, 2, 3]
+    finally:
+        again.stop()
+
+
+def test_single_replica_ranges_are_not_capped(tmp_path):
+    srv = start(tmp_path / "one", 1)
+    try:
+        sync(srv, [RangeReplica(RangeServer(1, srv.advertise_addr), True)])
+        with ConnectionPool(CONFIG) as pool:
+            rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+            rs.append([(STREAM, batch_bytes(b"a")), (STREAM, batch_bytes(b"b"))])
+            srv.stop()
+            srv = start(tmp_path / "one", 1)
+            rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+            assert offsets(rs) == [0, 1] and next_offset(rs) == 2
+    finally:
+        srv.stop()
+
+
+# ---- a primary and its secondaries in this process ----------------------------------------
+
+
+class Trio:
+    """A primary (server 1) and two secondaries (2, 3) of one open range, synced by hand."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self.servers = {sid: start(root / str(sid), sid) for sid in (1, 2, 3)}
+        self.gates: dict[int, threading.Event] = {}
+        self.sync_all()
+
+    def replicas(self) -> list[RangeReplica]:
+        return [RangeReplica(RangeServer(sid, s.advertise_addr), sid == 1)
+                for sid, s in self.servers.items()]
+
+    def sync_all(self) -> None:
+        for server in self.servers.values():
+            sync(server, self.replicas())
+
+    def restart(self, sid: int) -> None:
+        self.servers[sid].stop()
+        self.servers[sid] = start(self.root / str(sid), sid)
+        self.sync_all()  # its address changed
+
+    def hold(self, sid: int) -> threading.Event:
+        """Hold server ``sid``'s APPEND handling until the returned event is set."""
+        gate = self.gates[sid] = threading.Event()
+        handler = self.servers[sid].handler
+        cls, append = handler._dispatch[Opcode.APPEND]
+
+        def held(ctx, req):
+            gate.wait(30)
+            append(ctx, req)
+
+        handler._dispatch[Opcode.APPEND] = (cls, held)
+        return gate
+
+    def client(self, sid: int, pool: ConnectionPool) -> RangeServerClient:
+        return RangeServerClient(self.servers[sid].advertise_addr, CONFIG, pool)
+
+    def close(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture
+def trio(tmp_path):
+    t = Trio(tmp_path)
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def _append(rs: RangeServerClient, *bodies: bytes) -> list[int]:
+    return [r.unwrap().base_offset for r in rs.append([(STREAM, batch_bytes(b))
+                                                       for b in bodies])]
+
+
+def test_restarted_primary_serves_nothing_past_the_start_until_an_append_settles(trio):
+    with ConnectionPool(CONFIG) as pool:
+        assert _append(trio.client(1, pool), b"a", b"b", b"c") == [0, 1, 2]
+        trio.restart(1)
+        primary = trio.client(1, pool)
+        assert trio.servers[1].storage.get_range(STREAM, 0).next_offset == 3
+        assert offsets(primary) == [] and next_offset(primary) == 0
+        # While the first append after the restart waits for a secondary, the tail it found
+        # on disk is still not known to be on every replica.
+        gate = trio.hold(3)
+        acked: list[int] = []
+        writer = threading.Thread(target=lambda: acked.extend(_append(primary, b"d")))
+        writer.start()
+        rlog = trio.servers[1].storage.get_range(STREAM, 0)
+        poll(lambda: rlog.next_offset == 4, "the primary to store the new batch")
+        assert offsets(primary) == [] and next_offset(primary) == 0
+        gate.set()
+        writer.join(20)
+        assert acked == [3]
+        # Settled: every secondary continued its log exactly at 3, so all of it is everywhere.
+        assert offsets(primary) == [0, 1, 2, 3] and next_offset(primary) == 4
+
+
+def test_restarted_secondary_catches_up_with_the_next_forward(trio):
+    with ConnectionPool(CONFIG) as pool:
+        assert _append(trio.client(1, pool), b"a", b"b") == [0, 1]
+        assert _append(trio.client(1, pool), b"c") == [2]
+        assert offsets(trio.client(2, pool)) == [0, 1]
+        trio.restart(2)
+        assert offsets(trio.client(2, pool)) == [] and next_offset(trio.client(2, pool)) == 0
+        assert _append(trio.client(1, pool), b"d") == [3]
+        # That forward carried the primary's cap (3): the restarted secondary serves to it.
+        assert offsets(trio.client(2, pool)) == [0, 1, 2]
+        assert offsets(trio.client(1, pool)) == [0, 1, 2, 3]
+
+
+# ---- end to end on an embedded cluster ---------------------------------------------------
+
+
+def test_secondaries_of_a_three_replica_range_serve_exactly_the_settled_prefix(tmp_path):
+    cluster_config = ClientConfig(request_timeout_s=20, retry_deadline_s=20)
+    with EmbeddedCluster(tmp_path, range_servers=3, fsync="never") as cluster, \
+            ConnectionPool(cluster_config) as pool:
+        client = SbpClient(cluster.pd_address, cluster_config, pool)
+        [stream] = client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        writer = client.open_stream(sid)
+        first = writer.append([batch_bytes(b"a%d" % i) for i in range(3)])
+        second = writer.append([batch_bytes(b"b%d" % i) for i in range(2)])
+        assert [a.base_offset for a in first + second] == [0, 1, 2, 3, 4]
+        rng = client.list_ranges(sid)[-1]
+        secondaries = [r.server.advertise_addr for r in rng.servers if not r.is_primary]
+        assert len(secondaries) == 2
+        for addr in secondaries:
+            rs = client.range_server(addr)
+            # The second append's forward said the first one (offsets 0-2) settled.
+            fetched = [(h.base_offset, bytes(d[28:])) for h, d in rs.fetch(sid, 0)]
+            assert fetched == [(0, b"a0"), (1, b"a1"), (2, b"a2")]
+            [described] = rs.describe_ranges([(sid, rng.range_index)])
+            assert described.unwrap().next_offset == 3
+        assert client.open_range_end(rng) == 5  # the primary serves every settled record
+        # A long poll on a secondary at its cap wakes when the next forward raises it.
+        rs = client.range_server(secondaries[0])
+        polled: list[int] = []
+        poller = threading.Thread(target=lambda: polled.extend(
+            parse_header(d).base_offset for _, d in rs.fetch(sid, 3, max_wait_ms=15_000)))
+        poller.start()
+        began = time.monotonic()
+        writer.append([batch_bytes(b"c0")])
+        poller.join(20)
+        assert polled == [3, 4] and time.monotonic() - began < 10
