@@ -27,6 +27,9 @@ Decisions the specification leaves open, made here:
   range servers this PD knows, with liveness, load and their last REPORT_METRICS.
 * A range server that cannot be reached fails only the items that needed it, with the
   retriable REQUEST_TIMEOUT naming the server.
+* A RANGE_SERVER HEARTBEAT must carry an id this PD issued (ALLOCATE_ID; the ids live in the
+  metadata store, so they survive a PD restart). Any other id is refused with INVALID_REQUEST
+  naming it (detail ``pd_store.UNKNOWN_SERVER_ID``) and the server never becomes live here.
 * Failover: when a range server stops heartbeating, each open range with a replica on it is
   sealed on its live replicas, at the smallest end they report (every acknowledged record is on
   every replica, so none is lost; records past that end were never acknowledged), and the next
@@ -71,7 +74,7 @@ from sbp_spark.protocol.errors import (
 )
 
 from .net import FrameServer, NetConfig, RequestContext, RequestHandler
-from .pd_store import PdStore, RangeMeta, ServerMeta, StreamMeta
+from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
 from .placement import Liveness, choose_servers
 
 log = logging.getLogger(__name__)
@@ -181,6 +184,7 @@ class PlacementDriver:
         self._resync: set[int] = set()  # servers owed a full SYNC_RANGES
         self._resync_lock = threading.Lock()
         self._failover: set[int] = set()  # gone servers whose open ranges await a failover
+        self._refused: set[tuple[int, str]] = set()  # unknown ids already logged
         self._failover_lock = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -399,7 +403,15 @@ class PlacementDriver:
         except ValueError as exc:
             raise InvalidRequestError(f"range server {server_id}: {exc}") from None
         before = self.store.get_server(server_id)
-        self.store.record_heartbeat(server_id, advertise_addr)
+        try:
+            self.store.record_heartbeat(server_id, advertise_addr)
+        except InvalidRequestError as exc:
+            key = (server_id, advertise_addr)
+            if exc.detail == UNKNOWN_SERVER_ID and key not in self._refused:
+                self._refused.add(key)  # once per server: it keeps heartbeating
+                log.warning("refusing heartbeats of range server id %d at %s: %s", server_id,
+                            advertise_addr, exc.message)
+            raise
         arrived = self.liveness.beat(server_id, advertise_addr)
         moved = before is not None and before.advertise_addr not in ("", advertise_addr)
         if moved:

@@ -29,6 +29,10 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 
+# Status detail of a HEARTBEAT refused because this PD never issued the server id (the range
+# server's PD link tells it apart from other refusals by it).
+UNKNOWN_SERVER_ID = b"unknown-server-id"
+
 SCHEMA_VERSION = 1
 
 # The on-disk layout. Streams are never removed, only marked deleted, so their ids are never
@@ -495,17 +499,26 @@ class PdStore:
                          now_ms: int | None = None) -> ServerMeta:
         """Note a heartbeat and the server's current address.
 
-        An id this PD never allocated (its metadata was restored from an older copy, say) is
-        adopted, and later allocations skip past it.
+        Only ids this PD allocated are accepted (they are kept here, so a restarted PD still
+        knows them). Any other id raises ``InvalidRequestError`` with detail
+        ``UNKNOWN_SERVER_ID``: accepting it would let a server of another cluster, or one whose
+        id this PD's (reset or restored) metadata never issued, take ranges under an id that
+        may later be handed to a different server.
         """
         if server_id < 0:
             raise InvalidRequestError(f"server_id must be >= 0, got {server_id}")
         ts = _now_ms() if now_ms is None else now_ms
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO range_servers (server_id, allocated_ms) "
-                       "VALUES (?, ?)", (server_id, ts))
-            db.execute("UPDATE range_servers SET advertise_addr=?, last_heartbeat_ms=? "
-                       "WHERE server_id=?", (advertise_addr, ts, server_id))
+            cur = db.execute("UPDATE range_servers SET advertise_addr=?, last_heartbeat_ms=? "
+                             "WHERE server_id=?", (advertise_addr, ts, server_id))
+            if cur.rowcount == 0:
+                (issued,) = db.execute("SELECT COUNT(*) FROM range_servers").fetchone()
+                raise InvalidRequestError(
+                    f"range server id {server_id} (at {advertise_addr}) was never issued by "
+                    f"this PD, which has issued {issued} id{'s' if issued != 1 else ''}: the "
+                    f"server's data directory belongs to another cluster, or this PD's "
+                    f"metadata was reset or restored from an older copy",
+                    detail=UNKNOWN_SERVER_ID)
             row = db.execute("SELECT * FROM range_servers WHERE server_id=?",
                              (server_id,)).fetchone()
             return self._server(row)

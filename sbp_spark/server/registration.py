@@ -27,8 +27,9 @@ from ..client.config import ClientConfig
 from ..client.pd import PdClient
 from ..client.pool import ConnectionPool
 from ..client.tls import TlsConfig
-from ..protocol.errors import SbpError
+from ..protocol.errors import InvalidRequestError, SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from .pd_store import UNKNOWN_SERVER_ID
 
 if TYPE_CHECKING:
     from .range_server import RangeServer
@@ -73,6 +74,8 @@ class PdLink:
                                         daemon=True)
         self.registered = threading.Event()
         self.heartbeats = 0
+        # Set while the PD refuses this server's id (see ``_refused``).
+        self.refusal: InvalidRequestError | None = None
         self._last_sample: tuple[float, dict[str, float]] | None = None
 
     def start(self) -> None:
@@ -138,10 +141,38 @@ class PdLink:
 
     def _heartbeat(self) -> None:
         info = self.server.info()
-        self.pd.heartbeat(HeartbeatRequest(
-            client_id=f"range-server-{info.server_id}", client_role=ClientRole.RANGE_SERVER,
-            range_server=info))
+        try:
+            self.pd.heartbeat(HeartbeatRequest(
+                client_id=f"range-server-{info.server_id}",
+                client_role=ClientRole.RANGE_SERVER, range_server=info))
+        except InvalidRequestError as exc:
+            if exc.detail != UNKNOWN_SERVER_ID:
+                raise
+            self._refused(exc)
+            return
+        if self.refusal is not None:
+            log.info("range server %d: the PD accepts its heartbeats again", info.server_id)
+            self.refusal = None
         self.heartbeats += 1
+
+    def _refused(self, exc: InvalidRequestError) -> None:
+        """The PD does not know this server's id. Taking a new id on our own would orphan the
+        ranges stored under the old one (or join the wrong cluster), so the operator decides;
+        heartbeats go on, and are accepted again once the PD knows the id."""
+        first = self.refusal is None
+        self.refusal = exc
+        if not first:
+            return
+        from .range_server import _SERVER_FILE  # range_server imports this module
+
+        path = os.path.join(self.server.config.data_dir, _SERVER_FILE)
+        log.error(
+            "range server %d: the PD at %s refuses its id: %s. Nothing is served for that "
+            "PD until this is fixed. If this server should join that cluster as a new range "
+            "server, stop it, remove %s and start it again (a new id is allocated; the ranges "
+            "stored in %s belong to the cluster that issued id %d). Otherwise point --pd at "
+            "the PD that issued the id.", self.server.server_id, self.pd.leader, exc.message,
+            path, self.server.config.data_dir, self.server.server_id)
 
     def metrics_request(self) -> ReportMetricsRequest:
         """Current load figures (rates since the previous call)."""

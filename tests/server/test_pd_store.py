@@ -16,7 +16,7 @@ from sbp_spark.protocol.errors import (
     StreamAlreadyExistsError,
     StreamNotFoundError,
 )
-from sbp_spark.server.pd_store import PdStore, ReplicaMeta
+from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID, PdStore, ReplicaMeta
 from sbp_spark.server.placement import Liveness, choose_servers
 
 
@@ -166,16 +166,19 @@ def test_server_ids_heartbeats_and_metrics(store):
     store.record_heartbeat(1, "127.0.0.1:6000")
     assert store.get_server(1).advertise_addr == "127.0.0.1:6000"
     assert not store.get_server(2).registered
-    # An id this PD never allocated is adopted and skipped by later allocations.
-    store.record_heartbeat(10, "127.0.0.1:7000")
-    assert store.allocate_server_id() == 11
+    # An id this PD never allocated is refused, naming the id, and not recorded.
+    with pytest.raises(InvalidRequestError, match="id 10 .* never issued") as refused:
+        store.record_heartbeat(10, "127.0.0.1:7000")
+    assert refused.value.detail == UNKNOWN_SERVER_ID
+    assert store.get_server(10) is None
+    assert store.allocate_server_id() == 3
     store.record_metrics(1, {"disk_free_space": 5})
     assert store.get_server(1).metrics == {"disk_free_space": 5}
     with pytest.raises(InvalidRequestError, match="not registered"):
         store.record_metrics(99, {})
     with pytest.raises(InvalidRequestError):
         store.record_heartbeat(-1, "x:1")
-    assert [m.server_id for m in store.list_servers()] == [1, 2, 10, 11]
+    assert [m.server_id for m in store.list_servers()] == [1, 2, 3]
 
 
 def test_state_survives_reopen(tmp_path):
