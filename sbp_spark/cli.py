@@ -24,6 +24,7 @@ from types import FrameType
 
 from sbp_spark.commands.common import add_pd_argument, cli_errors, pd_of, tls_from_env
 from sbp_spark.protocol.errors import SbpError
+from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
 
 log = logging.getLogger("sbp_spark.cli")
 
@@ -100,6 +101,15 @@ def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
                              "every append, every few milliseconds (default), or never")
 
 
+def _add_page_cache_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--page-cache-mib", type=_int_in(0), metavar="MIB",
+                        default=DEFAULT_PAGE_CACHE_BYTES >> 20,
+                        help="how much freshly written data range servers leave in the OS page "
+                             "cache; older data is dropped from it once on disk, so its pages "
+                             f"are reused (default {DEFAULT_PAGE_CACHE_BYTES >> 20}; 0: no "
+                             "bound)")
+
+
 def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", metavar="FILE", type=Path,
                         help="write the listening addresses to FILE as JSON once serving")
@@ -174,6 +184,7 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                         help="number of range servers (default 1)")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
     _add_fsync_arg(parser)
+    _add_page_cache_arg(parser)
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
     parser.set_defaults(handler=server_command, command="sbp server")
@@ -185,7 +196,8 @@ def server_command(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args.data_dir)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
-                              pd_port=args.port, fsync=args.fsync, tls=_tls_of(args))
+                              pd_port=args.port, fsync=args.fsync, tls=_tls_of(args),
+                              page_cache_bytes=args.page_cache_mib << 20)
     with _StopSignals() as stop:
         cluster.start()
         try:
@@ -263,6 +275,7 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
     parser.add_argument("--advertise-addr", type=_address, metavar="HOST:PORT",
                         help="address clients should use, if not the listening one")
     _add_fsync_arg(parser)
+    _add_page_cache_arg(parser)
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
     parser.set_defaults(handler=range_server_command, command="sbp range-server")
@@ -280,7 +293,7 @@ def range_server_command(args: argparse.Namespace) -> int:
     rs = RangeServer(RangeServerConfig(
         data_dir=str(data_dir), host=args.host, port=args.port,
         advertise_addr=args.advertise_addr, pd_addresses=parse_pd_addresses(args.pd),
-        storage=StorageConfig(fsync=args.fsync),
+        storage=StorageConfig(fsync=args.fsync, page_cache_bytes=args.page_cache_mib << 20),
         net=NetConfig(name="range-server", tls=_tls_of(args))))
     announced = False
 

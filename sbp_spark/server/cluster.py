@@ -34,6 +34,7 @@ from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
 
 from .net import NetConfig
+from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
 from .range_server import RangeServer, RangeServerConfig
 from .storage import FsyncPolicy, StorageConfig
@@ -99,13 +100,16 @@ class EmbeddedCluster:
     PD's port (0 = any free port). Range servers take free ports; after a restart each one
     tries its previous port first. ``tls`` puts every port behind TLS (mutual TLS when it
     names a CA file); the servers then call each other with its certificate.
+    ``page_cache_bytes`` bounds how much freshly written data each range server leaves in the
+    OS page cache (``StorageConfig.page_cache_bytes``; 0: no bound).
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL, pd_port: int = 0,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None,
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if heartbeat_interval_s <= 0:
@@ -118,6 +122,7 @@ class EmbeddedCluster:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
         self.tls = tls
+        self.storage = StorageConfig(fsync=self.fsync, page_cache_bytes=page_cache_bytes)
         self._pd_port = pd_port
         self._count = range_servers
         self._ports: list[int] = [0] * range_servers
@@ -201,7 +206,7 @@ class EmbeddedCluster:
         assert self.pd is not None
         return RangeServerConfig(
             data_dir=str(self.data_dir / f"rs-{i}"), host=self.host, port=port,
-            pd_addresses=[self.pd.address], storage=StorageConfig(fsync=self.fsync),
+            pd_addresses=[self.pd.address], storage=self.storage,
             heartbeat_interval_s=self.heartbeat_interval_s,
             net=NetConfig(name="range-server", tls=self.tls))
 

@@ -108,7 +108,8 @@ class StorageConfig:
     # instead of a frame whose checksum fails at the client.
     verify_reads: bool = True
     # Most recently written bytes left in the OS page cache; older written data is dropped
-    # from it once durable, so its pages are reused (see pagecache.py). 0: no bound.
+    # from it once durable, so its pages are reused (see pagecache.py). 0: no bound; no
+    # effect under FsyncPolicy.NEVER.
     page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES
 
     def __post_init__(self) -> None:
@@ -399,10 +400,8 @@ class RangeLog:
             if never:
                 self._committed = offset
         self.storage.stats.bytes_written += pos - records[0][2]
-        page_cache = self.storage.page_cache
-        page_cache.wrote(seg, records[0][2], pos)
+        self.storage.page_cache.wrote(seg, records[0][2], pos)
         if never:
-            page_cache.trim()
             self.storage.notify_data()
         else:
             self.storage._mark_dirty(self)
@@ -733,8 +732,9 @@ class Storage:
         self._waiters: list[tuple[RangeLog, int, Waiter]] = []
         self._sync_cond = threading.Condition()
         self._closed = False
-        self.page_cache = PageCacheBudget(self.config.page_cache_bytes,
-                                          durable_only=self.config.fsync is not FsyncPolicy.NEVER)
+        # Only durable data can leave the page cache: no bound when nothing is fsynced.
+        self.page_cache = PageCacheBudget(
+            0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes)
         os.makedirs(os.path.join(self.data_dir, _RANGES_DIR), exist_ok=True)
         self._recover()
         self._syncer: threading.Thread | None = None
