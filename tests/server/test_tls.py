@@ -160,6 +160,8 @@ def test_embedded_cluster_with_mutual_tls_replicates_and_refuses_strangers(tmp_p
         done = client.open_stream(stream.stream_id).append(
             [batch_bytes(b"secret %d" % i) for i in range(20)])  # primary -> secondary too
         assert [a.base_offset for a in done] == list(range(20))
+        # A secondary serves what settled once the next forward tells it (read cap).
+        client.open_stream(stream.stream_id).append([batch_bytes(b"one more")])
         [rng] = client.list_ranges(stream.stream_id)
         for replica in rng.servers:  # every replica holds the data
             got = list(client.range_server(replica.server.advertise_addr).fetch(
