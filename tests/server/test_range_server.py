@@ -432,8 +432,8 @@ def test_fetch_of_corrupt_stored_data_fails_that_entry_cleanly(tmp_path):
             RawPeer(srv.address) as peer:
         _, statuses, batches = _fetch(peer, [_entry(1, offset=0, index=0),
                                              _entry(1, offset=1, index=1)])
-        assert statuses[0][-1].code == ErrorCode.UNKNOWN
-        assert "corrupt" in statuses[0][-1].message
+        assert statuses[0][-1].code == ErrorCode.DATA_CORRUPT
+        assert "corrupt at offset 0" in statuses[0][-1].message
         assert [parse_header(b).base_offset for b in batches[1]] == [1, 2]
 
 
@@ -452,7 +452,8 @@ def test_fetch_serves_the_sound_batches_around_a_corrupt_one(tmp_path):
         _, statuses, batches = _fetch(peer, [_entry(1, offset=0, index=0),
                                              _entry(1, offset=2, index=1)])
         assert [parse_header(b).base_offset for b in batches[0]] == [0]
-        assert statuses[0][-1].code == ErrorCode.UNKNOWN
+        assert statuses[0][-1].code == ErrorCode.DATA_CORRUPT
+        assert "corrupt at offset 1" in statuses[0][-1].message
         assert [parse_header(b).base_offset for b in batches[1]] == [2, 3]
         # The damaged offset is never handed out again.
         assert [r.base_offset for r in _append(peer, [(1, b"new")]).append_responses] == [4]
