@@ -188,6 +188,9 @@ class FrameDecoder:
         self._body: bytearray | None = None
         self._body_filled = 0
         self._fields: tuple[int, int, int, int, int, int] | None = None
+        # After a large frame, expect another: receive only the next fixed header into the
+        # stage, so the body that follows lands in its own buffer without a copy.
+        self._expect_large = False
         self._broken: FrameError | None = None
 
     # -- input -----------------------------------------------------------------------------
@@ -199,6 +202,10 @@ class FrameDecoder:
             return memoryview(self._body)[self._body_filled:]
         if self._end == len(self._stage):
             self._compact()
+        if self._expect_large:
+            missing = FIXED_HEADER_SIZE - (self._end - self._start)
+            if missing > 0:
+                return self._stage_view[self._end:self._end + missing]
         return self._stage_view[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -211,6 +218,7 @@ class FrameDecoder:
             if self._body_filled == len(self._body):
                 body, fields = self._body, self._fields
                 self._body, self._fields = None, None
+                self._expect_large = True
                 self._emit(fields, memoryview(body))
             return
         self._end += nbytes
@@ -280,6 +288,7 @@ class FrameDecoder:
             total = 4 + frame_length
             body_len = total - FIXED_HEADER_SIZE
             if avail >= total:
+                self._expect_large = False
                 body_start = self._start + FIXED_HEADER_SIZE
                 body = bytes(stage[body_start:body_start + body_len])
                 self._start += total

@@ -130,6 +130,31 @@ def test_large_frame_is_received_into_its_own_buffer_via_get_buffer():
     assert frame.payload == payload
 
 
+def test_after_a_large_frame_only_the_next_fixed_header_goes_through_the_stage():
+    """Like a socket that fills every view it is given: the second large frame's body must be
+    received straight into its own buffer, not partly into the stage and copied over."""
+    payloads = [bytes([i]) * (1 << 20) for i in range(3)]
+    small = frame_bytes(0x1002, 3, 9, b"s", b"tiny")
+    data = b"".join([frame_bytes(0x1002, 3, 5 + i, b"h", p) for i, p in enumerate(payloads)]
+                    + [small, small])
+    decoder = FrameDecoder()
+    views, pos = [], 0
+    while pos < len(data):
+        buf = decoder.get_buffer()
+        n = min(len(buf), len(data) - pos)
+        views.append(len(buf))
+        buf[:n] = data[pos:pos + n]
+        decoder.buffer_updated(n)
+        pos += n
+    events = list(decoder.events())
+    assert [bytes(e.payload) for e in events] == payloads + [b"tiny", b"tiny"]
+    # The first large frame starts in the full stage; each later one is asked for its 16-byte
+    # fixed header alone, then its whole body in one view.
+    body = len(frame_bytes(0x1002, 3, 5, b"h", payloads[0])) - 16
+    assert views.count(16) == 3  # two large frames and the small one after them
+    assert views.count(body) == 2
+
+
 def test_encode_frame_does_not_copy_payload_buffers():
     payload = bytearray(b"x" * 1000)
     pieces = encode_frame(0x1001, 0, 1, b"h", [memoryview(payload), b"tail"])
