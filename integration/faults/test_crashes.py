@@ -255,14 +255,9 @@ def _holder_index(cluster: ProcessCluster, client: SbpClient, stream_id: int,
 
 
 @pytest.mark.timeout(240)
-# Known bug, seen once in five suite runs: a tail that falls back to a secondary of the open range
-# while the primary is dead can read records only that secondary stored; the failover then seals
-# the range where every survivor holds data (below what the tail saw), and the tail's next fetch
-# is beyond the sealed end. Writers are unaffected (acked batches are on every replica). The fix
-# is a read cap on secondaries (the primary's committed offset travelling with each forward).
-@pytest.mark.xfail(strict=False, reason=(
-    "secondaries are not read-capped: a tail that falls back to one may see records a failover "
-    "then seals away"))
+# A tail that falls back to a secondary while the primary is dead sees only what the primary's
+# last forward said every replica holds (the secondaries' read cap), never a record the failover
+# then seals away.
 @pytest.mark.fault_case(
     "primary killed during writes and a streaming read (R=3)",
     "4 range servers, streams with 3 replicas; kill -9 the primary of the open range while 2 "

@@ -500,6 +500,11 @@ class RangeLog:
                 f"offset {offset} of stream {self.stream_id} is below the start "
                 f"{self._start_offset} (trimmed); fetch from {self._start_offset}")
         limit = self.readable_offset
+        if self._read_cap is not None and self._end_offset < 0:
+            # Stored here but not yet known to be on every replica: a reader may already have
+            # seen it (on a replica that knew more, or on this one before it restarted), so it
+            # waits for it rather than fail.
+            limit = max(limit, self._written)
         if offset > limit:
             raise OffsetOutOfRangeError(
                 f"offset {offset} of stream {self.stream_id} is beyond the range's "
