@@ -18,10 +18,11 @@ Readers of an open range see only records every replica stored (the range's read
 ``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
 would not survive a failover (the PD seals a range at the smallest end its live replicas
 hold), so no reader may see it first. On the primary, ``hold_reads``/``release_reads`` move
-the cap as the secondaries store appends; every forward carries the primary's cap as
-``committed_offset``, and a secondary that stored the forward raises its own cap to it. A
-secondary therefore lags the primary by one forward: it learns that an append settled only
-from the next one (or the range's seal, which ends the cap).
+the cap as the secondaries store appends. Every forward carries the primary's cap (no higher
+than what is durable on the primary itself) as ``committed_offset``, and a secondary that
+stored the forward raises its own cap to it. A secondary therefore lags the primary by one
+forward: it learns that an append settled only from the next one (or the range's seal, which
+ends the cap).
 
 After a restart every open replicated range starts capped at its start, on the primary as on
 the secondaries: a restarted primary cannot tell whether its tail reached the secondaries.
@@ -140,7 +141,8 @@ class Replicator:
         under ``order_lock(rlog)`` right after ``hold_reads`` and the local append.
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
-        where these batches start): the secondaries may let their readers see that far."""
+        where these batches start), bounded by what is durable here too: the secondaries may
+        let their readers see that far."""
         entries = []
         payload: list = []
         for i, pieces in enumerate(stored):
@@ -148,8 +150,9 @@ class Replicator:
                                        sum(memoryview(p).nbytes for p in pieces)))
             payload.extend(pieces)
         cap = rlog.read_cap
+        committed = -1 if cap is None else min(cap, rlog.next_offset)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
-                                committed_offset=-1 if cap is None else cap)
+                                committed_offset=committed)
         out = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:
