@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from sbp_spark.protocol.errors import (
     ChecksumError,
+    ReplicaBehindError,
     SbpError,
     SbpTimeoutError,
     ServerError,
@@ -30,7 +31,8 @@ def is_retriable(error: BaseException) -> bool:
         return error.retriable
     # A corrupted answer (bad checksum) is worth asking for again; other malformed answers
     # would come back the same.
-    return isinstance(error, (TransportError, SbpTimeoutError, ChecksumError))
+    return isinstance(error, (TransportError, SbpTimeoutError, ChecksumError,
+                              ReplicaBehindError))
 
 
 def throttle_ms(error: BaseException) -> int:

@@ -20,6 +20,7 @@ from sbp_spark.protocol.errors import (
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
+    ReplicaBehindError,
     SbpError,
     SbpTimeoutError,
     ServerError,
@@ -224,6 +225,7 @@ class SbpClient:
         while True:
             address = replicas.current()
             try:
+                asked_at = position
                 batches = self.range_server(address).fetch(
                     stream_id, position, end, budget, max_wait_ms, min_bytes)
                 for header, data in batches:
@@ -231,7 +233,17 @@ class SbpClient:
                     if header.end_offset > position:
                         position = header.end_offset
                     budget = max(budget - header.batch_length, 0)
-                return
+                if end == -1 or position >= end or budget == 0:
+                    return
+                if position > asked_at:
+                    continue  # the server ended its answer early: ask for the rest
+                # The caller knows the range holds [position, end) (an end it was told), yet
+                # this replica served none of it: it lags (an open range's secondary learns
+                # what every replica holds one append later) or lost it. Never end the read
+                # short in silence: another replica, the PD (a seal) or time will serve it.
+                raise ReplicaBehindError(
+                    f"{address} served nothing of range {range_index} of stream {stream_id} "
+                    f"at offset {position}, though the range holds records up to {end}")
             except SbpError as exc:
                 if end != -1 and position >= end:
                     return  # everything asked for arrived before the failure

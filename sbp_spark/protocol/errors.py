@@ -117,6 +117,12 @@ class SbpTimeoutError(SbpError):
     """A connect, request or idle timeout expired."""
 
 
+class ReplicaBehindError(SbpError):
+    """A replica answered nothing at an offset the range is known to hold: it has not yet
+    learned that every replica stored those records (or lost them). Another replica, or this
+    one a little later, can serve them."""
+
+
 class ServerError(SbpError):
     """A response status with a non-zero code."""
 

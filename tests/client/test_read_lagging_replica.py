@@ -1,0 +1,95 @@
+"""A read that falls back to a replica that lags behind never ends short in silence.
+
+A secondary of an open replicated range serves records only once it knows every replica holds
+them (its primary tells it with the next forward). A read that knows the range reaches further
+and lands on such a secondary must keep going (other replicas, the PD's seal after a failover)
+or fail saying so; returning fewer records than asked would lose data without a word.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.errors import ReplicaBehindError
+from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
+from sbp_spark.server.cluster import EmbeddedCluster
+
+HEARTBEAT_S = 0.2
+CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=50,
+                      retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=30)
+
+
+def body(i: int) -> bytes:
+    return b"lagging-%06d|" % i + bytes([i % 251]) * 1000
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=4,
+                         heartbeat_interval_s=HEARTBEAT_S) as running:
+        yield running
+
+
+@pytest.fixture
+def client(cluster) -> Iterator[SbpClient]:
+    with ConnectionPool(CONFIG) as pool:
+        yield SbpClient(cluster.pd_address, CONFIG, pool)
+
+
+def _values(batches) -> list[tuple[int, bytes]]:
+    return [(b.header.base_offset, bytes(b.data[ENVELOPE_SIZE:])) for b in batches]
+
+
+def _append_each(client: SbpClient, sid: int, n: int) -> None:
+    writer = client.open_stream(sid)
+    for i in range(n):  # one APPEND per batch: each forward moves the secondaries' caps
+        writer.append([encode_batch(body(i))])
+
+
+def test_read_past_a_lagging_secondary_waits_for_the_failover_seal(cluster, client):
+    (stream,) = client.create_streams(replicas=3)
+    sid = stream.stream_id
+    _append_each(client, sid, 12)
+    (rng,) = client.list_ranges(sid)
+    assert client.open_range_end(rng) == 12  # the primary: everything settled
+    primary = next(r.server.advertise_addr for r in rng.servers if r.is_primary)
+    secondary = next(r.server.advertise_addr for r in rng.servers if not r.is_primary)
+    # The secondaries learned only the cap sent with the last forward: they hold 12 records
+    # but serve 11.
+    served = [h.base_offset for h, _ in client.range_server(secondary).fetch(sid, 0, 12)]
+    assert served == list(range(11))
+    cluster.stop_range_server(cluster.range_server_addresses.index(primary))
+    started = time.monotonic()
+    # A reader planned with the range's end (as Spark's planner does, from the primary) must
+    # not stop at 11: the secondaries lag until the PD seals the range where they all hold data.
+    got = _values(client.fetch(rng, 0, 12))
+    assert got == [(i, body(i)) for i in range(12)]
+    assert time.monotonic() - started < CONFIG.retry_deadline_s
+    (sealed, *_) = client.list_ranges(sid)
+    assert not sealed.is_open and sealed.end_offset == 12
+    assert _values(client.read(sid)) == got
+
+
+def test_a_replica_that_cannot_catch_up_fails_the_read_clearly(cluster, client):
+    (stream,) = client.create_streams(replicas=3)
+    sid = stream.stream_id
+    _append_each(client, sid, 5)
+    (rng,) = client.list_ranges(sid)
+    secondary = next(r for r in rng.servers if not r.is_primary)
+    # A caller that planned with only that secondary (say, a task handed one replica).
+    lone = type(rng)(rng.stream_id, rng.range_index, rng.start_offset, rng.next_offset,
+                     rng.end_offset, [secondary])
+    impatient = SbpClient(cluster.pd_address, ClientConfig(
+        retries=3, retry_backoff_ms=10, retry_backoff_max_ms=20, retry_deadline_s=2),
+        client.pool)
+    impatient.pd.describe_ranges = lambda *a, **k: (_ for _ in ()).throw(  # no PD help
+        ReplicaBehindError("the PD is not consulted in this test"))
+    got = []
+    with pytest.raises(ReplicaBehindError, match="served nothing .* at offset 4"):
+        for batch in impatient.fetch(lone, 0, 5):
+            got.append(batch.header.base_offset)
+    assert got == [0, 1, 2, 3]
