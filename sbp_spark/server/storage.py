@@ -33,6 +33,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..protocol.errors import (
@@ -84,6 +85,8 @@ DEFAULT_INDEX_INTERVAL_BYTES = 64 * 1024
 # Group-commit period of the ``interval`` policy: a small added append latency for
 # one fsync per period instead of one per append.
 DEFAULT_FSYNC_INTERVAL_MS = 10
+# Ranges fsynced at the same time in one group-commit round.
+_SYNC_THREADS = 8
 
 _META_FILE = "range.json"
 _RANGES_DIR = "ranges"
@@ -870,31 +873,46 @@ class Storage:
                 self._sync_cond.notify()
             self._dirty[id(rlog)] = rlog
 
+    def _sync_one(self, rlog: RangeLog) -> None:
+        try:
+            rlog.sync()
+            self.stats.fsyncs += 1
+        except (OSError, SbpError) as exc:
+            log.error("fsync of %s failed: %s", rlog, exc)
+
     def _sync_loop(self) -> None:
         interval = self.config.fsync_interval_ms / 1000.0
         always = self.config.fsync is FsyncPolicy.ALWAYS
-        while True:
-            with self._sync_cond:
-                while not self._dirty and not self._closed:
-                    self._sync_cond.wait()
-                if not self._dirty:
-                    break  # closed and nothing left to sync
-                if not always and not self._closed:
-                    # Group commit: appends of the next interval share this fsync.
-                    self._sync_cond.wait_for(lambda: self._closed, timeout=interval)
-                dirty = list(self._dirty.values())
-                self._dirty.clear()
-            # Under "always", appends that arrive during these fsyncs wait for the next round,
-            # which starts at once: one fsync per round, not per append.
-            for rlog in dirty:
-                try:
-                    rlog.sync()
-                    self.stats.fsyncs += 1
-                except (OSError, SbpError) as exc:
-                    log.error("fsync of %s failed: %s", rlog, exc)
-            self._release_waiters()
-            self.page_cache.trim()  # after the answers: not on their critical path
-        self._release_waiters(final=True)
+        # Started with the second range that needs an fsync in one round.
+        pool: ThreadPoolExecutor | None = None
+        try:
+            while True:
+                with self._sync_cond:
+                    while not self._dirty and not self._closed:
+                        self._sync_cond.wait()
+                    if not self._dirty:
+                        break  # closed and nothing left to sync
+                    if not always and not self._closed:
+                        # Group commit: appends of the next interval share this fsync.
+                        self._sync_cond.wait_for(lambda: self._closed, timeout=interval)
+                    dirty = list(self._dirty.values())
+                    self._dirty.clear()
+                # Under "always", appends that arrive during these fsyncs wait for the next
+                # round, which starts at once: one fsync per round, not per append.
+                if len(dirty) == 1:
+                    self._sync_one(dirty[0])
+                else:
+                    # Many active ranges: their fsyncs run side by side (the file system can
+                    # commit them in one journal transaction), not one after another.
+                    if pool is None:
+                        pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="sbp-fsync")
+                    list(pool.map(self._sync_one, dirty))
+                self._release_waiters()
+                self.page_cache.trim()  # after the answers: not on their critical path
+        finally:
+            if pool is not None:
+                pool.shutdown()
+            self._release_waiters(final=True)
 
     def _release_waiters(self, final: bool = False) -> None:
         ready: list[tuple[Waiter, BaseException | None]] = []
