@@ -62,13 +62,14 @@ class Writer(threading.Thread):
     """Appends numbered batches to one stream until stopped; keeps what was acknowledged."""
 
     def __init__(self, client: SbpClient, stream_id: int, batches_per_append: int = 8,
-                 body_size: int = 256, light: bool = False) -> None:
+                 body_size: int = 256, light: bool = False, pause_s: float = 0.0) -> None:
         super().__init__(name=f"writer-{stream_id}", daemon=True)
         self.client = client
         self.stream_id = stream_id
         self.batches_per_append = batches_per_append
         self.body_size = body_size
         self.light = light
+        self.pause_s = pause_s  # between appends: a steady rate instead of as fast as it can
         # base_offset -> body (light: the body's CRC-32, for long runs)
         self.acked: dict[int, bytes | int] = {}
         self.acked_bytes = 0
@@ -96,6 +97,8 @@ class Writer(threading.Thread):
             for appended, body in zip(done, bodies, strict=True):
                 self.acked[appended.base_offset] = zlib.crc32(body) if self.light else body
                 self.acked_bytes += len(body)
+            if self.pause_s:
+                self.stop.wait(self.pause_s)
 
     def wait_for_more(self, count: int, timeout: float = 60.0) -> None:
         """Block until ``count`` more batches were acknowledged."""
