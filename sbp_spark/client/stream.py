@@ -151,7 +151,13 @@ class SbpClient:
 
     def open_range_end(self, range: Range) -> int:
         """The offset after the last record of ``range`` now: its end if sealed, else the
-        live next_offset from its primary (DESCRIBE_RANGES)."""
+        live next_offset from its primary (DESCRIBE_RANGES).
+
+        Only the primary knows how far an open replicated range is acknowledged: a secondary
+        learns it one append later. While the primary does not answer, this waits (within the
+        retry deadline) for it to come back or for the PD to seal the range after a failover,
+        rather than report a secondary's lower end and let a read end short in silence.
+        """
         if not range.is_open:
             return range.end_offset
         replicas = _Replicas(self, range)
@@ -160,8 +166,8 @@ class SbpClient:
         def attempt() -> int:
             if replicas.sealed_end is not None:
                 return replicas.sealed_end  # sealed meanwhile (the PD said so)
-            # The primary first: a secondary may lag behind it.
             last_error: SbpError | None = None
+            vouched: int | None = None  # the most a secondary vouches for
             for address in list(replicas.servers):
                 try:
                     (result,) = self.range_server(address).describe_ranges([range])
@@ -176,12 +182,22 @@ class SbpClient:
                         f"{address} described range {range.stream_id}/{range.range_index} "
                         f"without its state")
                     continue
-                return described.next_offset if described.is_open else described.end_offset
+                if not described.is_open:
+                    return described.end_offset
+                if replicas.primary is None or address == replicas.primary:
+                    return described.next_offset
+                vouched = max(vouched or 0, described.next_offset)
+            if vouched is not None:
+                raise ReplicaBehindError(
+                    f"the primary {replicas.primary} of range {range.range_index} of stream "
+                    f"{range.stream_id} did not answer ({last_error}); its secondaries hold "
+                    f"records up to at least {vouched} but cannot vouch for more until it "
+                    f"answers or the PD seals the range")
             assert last_error is not None
             raise last_error
 
-        # Every replica failed: ask the PD where they are now (a restart on a new port) and
-        # try again at once if they moved.
+        # Every replica failed: ask the PD where they are now (a restart on a new port, or a
+        # seal after a failover) and try again at once if something changed.
         return call_with_retries(attempt, self.config, deadline=deadline,
                                  on_error=lambda _: replicas.refresh(deadline))
 
@@ -451,6 +467,7 @@ class _Replicas:
         self.client = client
         self.range = range
         self.servers = _servers_of(range)
+        self.primary = _primary_of(range)
         self.index = 0
         self.sealed_end: int | None = None if range.is_open else range.end_offset
         if not self.servers:
@@ -502,6 +519,7 @@ class _Replicas:
         if not fresh.is_open and self.sealed_end != fresh.end_offset:
             self.sealed_end, learned = fresh.end_offset, True
         servers = _servers_of(fresh)
+        self.primary = _primary_of(fresh) or self.primary
         if not servers or servers == self.servers:
             return learned
         _log.info("range %d/%d: replicas now at %s (were %s)", rng.stream_id, rng.range_index,
@@ -523,6 +541,12 @@ def _servers_of(range: Range) -> list[str]:
     """Addresses to read ``range`` from: the primary first, then the other replicas."""
     replicas = sorted(range.servers, key=lambda r: not r.is_primary)
     return [r.server.advertise_addr for r in replicas if r.server.advertise_addr]
+
+
+def _primary_of(range: Range) -> str | None:
+    """The primary's address (None when the range names none)."""
+    return next((r.server.advertise_addr for r in range.servers
+                 if r.is_primary and r.server.advertise_addr), None)
 
 
 def _unwrap(result: ItemResult, what: str):

@@ -93,3 +93,16 @@ def test_a_replica_that_cannot_catch_up_fails_the_read_clearly(cluster, client):
         for batch in impatient.fetch(lone, 0, 5):
             got.append(batch.header.base_offset)
     assert got == [0, 1, 2, 3]
+
+
+def test_read_to_the_end_waits_for_the_primary_or_the_seal(cluster, client):
+    """`read(stream)` asks where the open range ends: a secondary's answer is only a lower
+    bound, so with the primary gone it waits for the failover seal instead of ending at 11."""
+    (stream,) = client.create_streams(replicas=3)
+    sid = stream.stream_id
+    _append_each(client, sid, 12)
+    (rng,) = client.list_ranges(sid)
+    primary = next(r.server.advertise_addr for r in rng.servers if r.is_primary)
+    cluster.stop_range_server(cluster.range_server_addresses.index(primary))
+    assert client.open_range_end(rng) == 12
+    assert _values(client.read(sid)) == [(i, body(i)) for i in range(12)]
