@@ -150,7 +150,8 @@ class OutputCheck:
         return not (self.holes or self.bad or self.duplicated or self.missing or self.changed)
 
     def summary(self) -> str:
-        return (f"{self.records} records in {self.batches} batches; {len(self.holes)} holes, "
+        return (f"{self.records} records in {self.batches} batches ({self.tags} write tags); "
+                f"{len(self.holes)} holes, "
                 f"{len(self.bad)} damaged, {len(self.missing)} input records missing, "
                 f"{len(self.changed)} changed, {len(self.duplicated)} duplicated "
                 f"({len(self.resent)} of them twice under the same write tag)"
@@ -267,7 +268,8 @@ def _relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) ->
 
         assert inputs_check.ok, inputs_check.summary()
         for message in relay.failures:  # a failure must say what went wrong, and where
-            assert any(word in message for word in ("SBP", "sbp", "range", "127.0.0.1")), message
+            assert _PY_ERROR.match(message) and any(
+                word in message for word in ("stream", "range", "127.0.0.1")), message
         assert not output.bad, output.bad[:5]
         assert not output.holes, f"output offsets have holes at {output.holes[:5]}"
         assert not output.missing, (
