@@ -8,7 +8,7 @@ from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import Retrier, call_with_retries, is_retriable
-from .stream import SbpClient, StreamWriter
+from .stream import ResendCheck, SbpClient, StreamWriter
 from .tls import TlsConfig
 from .types import Appended, FetchedBatch, ItemResult
 
@@ -25,6 +25,7 @@ __all__ = [
     "ItemResult",
     "PdClient",
     "RangeServerClient",
+    "ResendCheck",
     "ResponseStream",
     "Retrier",
     "SbpClient",

@@ -11,7 +11,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
@@ -318,6 +318,10 @@ class SbpClient:
         return self.open_stream(stream_id).append(batches)
 
 
+# Given the indexes of batches about to be sent again, those already stored, with where.
+ResendCheck = Callable[[list[int]], dict[int, Appended]]
+
+
 class StreamWriter:
     """Appends record batches to one stream, wherever its open range lives.
 
@@ -375,22 +379,35 @@ class StreamWriter:
             f"stream {self.stream_id} has no open range and opening range {next_index} "
             f"failed: {created.exception()}")
 
-    def append(self, batches: Sequence[BatchLike]) -> list[Appended]:
+    def append(self, batches: Sequence[BatchLike],
+               before_resend: ResendCheck | None = None) -> list[Appended]:
         """Append record batches (bytes-like, or buffer lists as ``encode_batch`` makes);
         returns where each landed, in input order.
 
         Batches failing with a retriable status are sent again (after a PD look-up when the
         range was sealed or moved) until they land or the retry policy gives up; a
         non-retriable failure raises at once, naming the batch. Delivery is at least once: a
-        batch whose answer was lost may be stored twice.
+        batch whose answer was lost may be stored twice, unless ``before_resend`` is given:
+        it is called with the indexes of the batches about to be sent again and returns those
+        it finds already stored (index -> where), which are then not sent again (the
+        idempotent streaming sink looks for its write tags).
         """
         items = [_describe_batch(i, b) for i, b in enumerate(batches)]
         results: list[Appended | None] = [None] * len(items)
         pending = list(range(len(items)))
         if not pending:
             return []
+        attempts = [0]
 
         def attempt() -> None:
+            attempts[0] += 1
+            if attempts[0] > 1 and before_resend is not None:
+                for index, appended in before_resend(list(pending)).items():
+                    if index in pending:
+                        results[index] = appended
+                        pending.remove(index)
+                if not pending:
+                    return
             target = self.open_range
             primary = target.primary
             if primary is None or not primary.advertise_addr:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from sbp_spark.client import Appended, SbpClient, StreamWriter
+from sbp_spark.client import Appended, ResendCheck, SbpClient, StreamWriter
 
 from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
@@ -73,13 +73,15 @@ class _TaskAppends:
         self._thread: ThreadPoolExecutor | None = None
         self._calls: deque[Future] = deque()
 
-    def submit(self, writer: StreamWriter, batches: list[list]) -> None:
-        """Append ``batches`` (encoded record batches) to ``writer``'s stream."""
+    def submit(self, writer: StreamWriter, batches: list[list],
+               before_resend: ResendCheck | None = None) -> None:
+        """Append ``batches`` (encoded record batches) to ``writer``'s stream
+        (``before_resend``: see ``StreamWriter.append``)."""
         while len(self._calls) > APPENDS_QUEUED:
             self.record(self._calls.popleft().result())
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="sbp-append")
-        self._calls.append(self._thread.submit(writer.append, batches))
+        self._calls.append(self._thread.submit(writer.append, batches, before_resend))
 
     def finish(self) -> None:
         """Wait for every call; raises the first failure."""
@@ -140,7 +142,12 @@ class _StreamSink:
         if not self.pending:
             return
         batches, self.pending, self.pending_bytes = self.pending, [], 0
-        self.appends.submit(self.writer, [b.buffers for b in batches])
+        self.appends.submit(self.writer, [b.buffers for b in batches],
+                            self._resend_check(batches))
+
+    def _resend_check(self, batches: list[EncodedBatch]) -> ResendCheck | None:
+        """How a resend of ``batches`` finds those already stored (None: it does not)."""
+        return None
 
 
 class SbpBatchWriter(DataSourceArrowWriter):

@@ -25,7 +25,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from sbp_spark.client import SbpClient
+from sbp_spark.client import Appended, ResendCheck, SbpClient
 from sbp_spark.protocol.errors import BatchFormatError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
 
@@ -172,8 +172,11 @@ class _IdempotentSink(_StreamSink):
     def __init__(self, client: SbpClient, stream_id: int, options: WriteOptions,
                  appends: _TaskAppends, owner: _IdempotentBatchWriter) -> None:
         super().__init__(client, stream_id, options, appends)
+        self.client = client
         self.owner = owner
         self.seq = 0
+        # Pending encoded batches (by id) -> their sequence numbers, for resend checks.
+        self._seqs: dict[int, int] = {}
         self.skipped_batches = 0
         self.skipped_records = 0
         self.landed = _landed(client, stream_id, owner)
@@ -205,11 +208,31 @@ class _IdempotentSink(_StreamSink):
             self.skipped_batches += 1
             self.skipped_records += batch.num_rows
             return []
+        self._seqs[id(encoded[0])] = tag.seq
         return encoded
 
+    def _resend_check(self, batches: list[EncodedBatch]) -> ResendCheck:
+        """Before batches whose answer was lost are sent again (within this attempt), look
+        for their tags in the stream: those that landed are not sent twice."""
+        seqs = [self._seqs.pop(id(b)) for b in batches]
 
-def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter) -> Landed:
-    """What earlier attempts of the owner's (query, batch, partition) left in the stream."""
+        def check(indexes: list[int]) -> dict[int, Appended]:
+            located: dict[int, Appended] = {}
+            _landed(self.client, self.stream_id, self.owner, located)
+            found = {i: located[seqs[i]] for i in indexes if seqs[i] in located}
+            if found:
+                log.info("sbp idempotent write: %d of %d record batches whose APPEND answer was "
+                         "lost are in stream %d already; not sending them again", len(found),
+                         len(indexes), self.stream_id)
+            return found
+
+        return check
+
+
+def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter,
+            located: dict[int, Appended] | None = None) -> Landed:
+    """What attempts of the owner's (query, batch, partition) left in the stream; ``located``
+    (when given) receives where each of its batches is, by sequence number."""
     pd = owner.options.client.pd
     (layout,) = cluster.stream_layouts(client, [stream_id], pd)
 
@@ -221,9 +244,16 @@ def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter) ->
                 continue
             body = fetched.data[ENVELOPE_SIZE:ENVELOPE_SIZE + header.body_length]
             try:
-                yield header.base_offset, tag_of_body(body)
+                tag = tag_of_body(body)
             except BatchFormatError:
-                yield header.base_offset, None  # not a batch this connector wrote
+                tag = None  # not a batch this connector wrote
+            if located is not None and tag is not None and (
+                    tag.query_id, tag.batch_id, tag.partition_id) == (
+                    owner.query_id, owner.batch_id, owner.partition_id):
+                located[tag.seq] = Appended(stream_id, fetched.range_index,
+                                            header.base_offset, header.record_count,
+                                            header.batch_length)
+            yield header.base_offset, tag
 
     return find_landed(read_window, layout.start_offset, layout.end_offset, owner.query_id,
                        owner.batch_id, owner.partition_id, DEFAULT_LOOKBACK_RECORDS)

@@ -1,0 +1,135 @@
+"""An APPEND whose answer is lost: resent blindly it lands twice; with a resend check, once.
+
+A proxy between the writer and its range server forwards the APPEND, lets the server store it,
+then drops the answer and the connection, as a network failure at the worst moment would.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sbp_spark.client import Appended, ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
+from sbp_spark.server.cluster import EmbeddedCluster
+
+CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=5,
+                      retry_backoff_ms=10, retry_backoff_max_ms=50, retry_deadline_s=20)
+
+
+class AnswerLosingProxy:
+    """Forwards TCP both ways; once armed, the next answer from the server is swallowed and
+    that connection closed."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.armed = threading.Event()
+        self.lost = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if answers and self.armed.is_set():
+                    self.armed.clear()
+                    self.lost.set()
+                    break  # the answer never reaches the client
+                dst.sendall(data)
+        except OSError:
+            pass  # the other direction closed the pair first
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class ProxiedClient(SbpClient):
+    """Talks to range servers through the proxy (the PD still names their real address)."""
+
+    proxy: AnswerLosingProxy
+
+    def range_server(self, address: str):
+        return super().range_server(self.proxy.address if address == self.proxy_for
+                                    else address)
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=1) as running:
+        yield running
+
+
+@pytest.fixture
+def setup(cluster):
+    proxy = AnswerLosingProxy(cluster.range_server_addresses[0])
+    with ConnectionPool(CONFIG) as pool:
+        client = ProxiedClient(cluster.pd_address, CONFIG, pool)
+        client.proxy, client.proxy_for = proxy, cluster.range_server_addresses[0]
+        reader = SbpClient(cluster.pd_address, CONFIG, pool)
+        yield client, reader, proxy
+    proxy.close()
+
+
+def _bodies(n: int) -> list[bytes]:
+    return [b"resend-%03d|" % i + bytes([i]) * 500 for i in range(n)]
+
+
+def _stored(reader: SbpClient, sid: int) -> list[bytes]:
+    return [bytes(b.data[ENVELOPE_SIZE:]) for b in reader.read(sid)]
+
+
+def test_without_a_check_a_lost_answer_means_a_second_copy(setup):
+    client, reader, proxy = setup
+    (stream,) = client.create_streams()
+    bodies = _bodies(5)
+    proxy.armed.set()
+    client.open_stream(stream.stream_id).append([encode_batch(b) for b in bodies])
+    assert proxy.lost.is_set()
+    assert _stored(reader, stream.stream_id) == bodies + bodies  # at least once, as documented
+
+
+def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
+    client, reader, proxy = setup
+    (stream,) = client.create_streams()
+    sid = stream.stream_id
+    bodies = _bodies(5)
+    asked: list[list[int]] = []
+
+    def already_stored(indexes: list[int]) -> dict[int, Appended]:
+        asked.append(indexes)
+        where = {bytes(b.data[ENVELOPE_SIZE:]): b for b in reader.read(sid)}
+        return {i: Appended(sid, where[bodies[i]].range_index,
+                            where[bodies[i]].header.base_offset, 1,
+                            where[bodies[i]].header.batch_length)
+                for i in indexes if bodies[i] in where}
+
+    proxy.armed.set()
+    appended = client.open_stream(sid).append([encode_batch(b) for b in bodies],
+                                              before_resend=already_stored)
+    assert proxy.lost.is_set() and asked == [[0, 1, 2, 3, 4]]
+    assert [a.base_offset for a in appended] == [0, 1, 2, 3, 4]
+    assert _stored(reader, sid) == bodies
+    # Only what was found is held back: a later append still lands.
+    client.open_stream(sid).append([encode_batch(b"after")], before_resend=already_stored)
+    assert _stored(reader, sid) == bodies + [b"after"]
