@@ -105,6 +105,9 @@ class RangeServerConfig:
     heartbeat_interval_s: float = 1.0
     metrics_interval_s: float = 5.0
     retention_check_interval_s: float = DEFAULT_RETENTION_CHECK_S
+    # After a restart: how often to ask unreachable secondaries again for their stored ends
+    # (the cap probe, see replication.py).
+    cap_probe_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_bytes <= MAX_BATCH_BYTES:
@@ -115,7 +118,7 @@ class RangeServerConfig:
                 f"fetch_frame_bytes={self.fetch_frame_bytes} must be in "
                 f"[4096, {MAX_BATCH_BYTES}]")
         for name in ("heartbeat_interval_s", "metrics_interval_s",
-                     "retention_check_interval_s"):
+                     "retention_check_interval_s", "cap_probe_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         if self.server_id < -1:
@@ -190,6 +193,7 @@ class RangeServer:
         self.on_trim: Callable[[int, int], None] | None = None
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
+        self._cap_prober: threading.Thread | None = None
         self.pd_link = None
         self._started = False
 
@@ -248,6 +252,9 @@ class RangeServer:
         self._maintenance = threading.Thread(target=self._maintenance_loop,
                                              name="range-server-maintenance", daemon=True)
         self._maintenance.start()
+        self._cap_prober = threading.Thread(target=self._cap_probe_loop,
+                                            name="range-server-cap-probe", daemon=True)
+        self._cap_prober.start()
         if self.config.pd_addresses:
             from .registration import PdLink
 
@@ -267,6 +274,8 @@ class RangeServer:
         self.replicator.close()
         if self._maintenance is not None:
             self._maintenance.join(5)
+        if self._cap_prober is not None:
+            self._cap_prober.join(5)
         self.storage.close()
 
     def __enter__(self) -> RangeServer:
@@ -305,6 +314,83 @@ class RangeServer:
                 except Exception:
                     log.exception("reporting the trim of stream %d failed", sid)
         return sorted(moved.items())
+
+    # -- read caps of open replicated ranges (see replication.py) ---------------------------
+
+    def settled(self, rlog: RangeLog, end: int) -> None:
+        """An append of ``rlog`` up to ``end`` is on every secondary: once it is durable here
+        too, tell the secondaries the new cap if the range went quiet."""
+        def durable(exc: BaseException | None) -> None:
+            if exc is None:
+                self.net.submit(self.send_cap_notice, rlog)
+
+        self.storage.when_durable(rlog, end, durable)
+
+    def send_cap_notice(self, rlog: RangeLog) -> None:
+        """Send the secondaries of ``rlog`` its cap if nothing is pending and they do not
+        have it yet. Best effort: the next forward carries the cap anyway."""
+        committed = self.replicator.notice_due(rlog)
+        if committed is None:
+            return
+        for answer in self.replicator.notify(rlog, committed):
+            if answer.problem is not None:
+                log.debug("range %d/%d: cap notice (%d) to secondary %d not taken: %s",
+                          rlog.stream_id, rlog.range_index, committed,
+                          answer.replica.server_id, answer.problem)
+
+    def _probe_due(self, rlog: RangeLog) -> bool:
+        # A primary's open replicated range whose readers miss records durable here, with no
+        # append under way (one that settles raises the cap by itself).
+        cap = rlog.read_cap
+        return (cap is not None and not rlog.sealed and not rlog.deleted
+                and cap < rlog.next_offset and self.is_primary(rlog)
+                and bool(self.replicator.secondaries(rlog))
+                and not self.replicator.pending(rlog))
+
+    def probe_read_cap(self, rlog: RangeLog) -> bool:
+        """Ask every secondary of ``rlog`` how far it stored the range, and let readers see
+        what every replica holds. False when a secondary did not answer (try again later)."""
+        durable = rlog.next_offset
+        ends = [durable]
+        for answer in self.replicator.notify(rlog, -1):
+            if answer.problem is not None or answer.stored_end is None:
+                log.info("range %d/%d: secondary %d did not say how far it stored the range "
+                         "(%s); its readers stay at offset %s for now", rlog.stream_id,
+                         rlog.range_index, answer.replica.server_id, answer.problem,
+                         rlog.read_cap)
+                return False
+            ends.append(answer.stored_end)
+        if self.replicator.raise_settled(rlog, min(ends)):
+            log.info("range %d/%d: every replica holds it up to %d; readers see that far",
+                     rlog.stream_id, rlog.range_index, rlog.read_cap)
+        self.send_cap_notice(rlog)
+        return True
+
+    def _cap_probe_loop(self) -> None:
+        # Once the id is known, probe every range that needs it; retry the ones whose
+        # secondaries did not answer until none is left.
+        done: set[tuple[int, int]] = set()
+        while not self._stop.is_set():
+            wait = 0.2
+            if self._server_id >= 0:
+                left = 0
+                for rlog in self.storage.ranges():
+                    key = (rlog.stream_id, rlog.range_index)
+                    if key in done or not self._probe_due(rlog):
+                        continue
+                    try:
+                        ok = self.probe_read_cap(rlog)
+                    except Exception:
+                        log.exception("cap probe of range %s failed", rlog)
+                        ok = False
+                    if ok:
+                        done.add(key)
+                    else:
+                        left += 1
+                if not left:
+                    return
+                wait = self.config.cap_probe_interval_s
+            self._stop.wait(wait)
 
     def _maintenance_loop(self) -> None:
         while not self._stop.wait(self.config.retention_check_interval_s):
@@ -384,6 +470,10 @@ class RangeServerHandler(RequestHandler):
         metrics = self.server.metrics
         entries = req.append_requests
         payload = memoryview(ctx.payload)
+        if (entries and payload.nbytes == 0 and req.committed_offset >= -1
+                and all(e.batch_length == 0 for e in entries)):
+            self._cap_notice(ctx, req)
+            return
         n = len(entries)
         metrics.appends += n
         total = sum(e.batch_length for e in entries)
@@ -485,12 +575,60 @@ class RangeServerHandler(RequestHandler):
             else:
                 self.server.net.submit(self._await_replicas, rlog, what, indexes, done)
 
+    def _cap_notice(self, ctx: RequestContext, req: AppendRequest) -> None:
+        """A cap notice from a range's primary (see replication.py): raise the read cap to
+        ``committed_offset`` (when set, and the entries name one stream) and answer each entry
+        with the stored end of the stream's open range here."""
+        entries = req.append_requests
+        committed = req.committed_offset
+        if len({e.stream_id for e in entries}) != 1:
+            committed = -1  # one offset cannot name the ends of several ranges
+        now = _now_ms()
+        results = []
+        for e in entries:
+            try:
+                rlog = self._noticed_range(e.stream_id)
+            except ServerError as exc:
+                results.append(AppendResult(e.stream_id, e.request_index, -1, 0, _status(exc)))
+                continue
+            if committed >= 0:
+                rlog.raise_read_cap(committed)
+            results.append(AppendResult(e.stream_id, e.request_index, rlog.written_offset, now))
+        ctx.reply(AppendResponse(append_responses=results))
+
+    def _noticed_range(self, stream_id: int) -> RangeLog:
+        """The open range a cap notice entry for ``stream_id`` names; INVALID_REQUEST saying
+        why when this server is not a secondary of one."""
+        me = self.server.server_id
+        ranges = self.storage.stream_ranges(stream_id) if stream_id >= 0 else []
+        last = ranges[-1] if ranges else None
+        if stream_id < 0:
+            why = f"stream_id {stream_id} must be >= 0"
+        elif last is None:
+            why = f"server {me} holds no range of stream {stream_id}"
+        elif last.deleted:
+            why = f"stream {stream_id} was deleted"
+        elif last.sealed:
+            why = (f"range {stream_id}/{last.range_index} is sealed at {last.end_offset} "
+                   f"(a sealed range has no read cap)")
+        elif self.server.is_primary(last):
+            why = (f"server {me} is the primary of range {stream_id}/{last.range_index}, "
+                   f"and only a secondary takes notices")
+        elif not self.server.is_replica(last):
+            why = f"server {me} holds no replica of range {stream_id}/{last.range_index}"
+        else:
+            return last
+        raise InvalidRequestError(
+            f"stream {stream_id}: a 0-byte entry holds no record batch; with an empty payload "
+            f"it is a read cap notice from a range's primary to its secondaries, but {why}")
+
     def _await_replicas(self, rlog: RangeLog, shipment, indexes: list[int], done) -> None:
         forwards, start, end = shipment
         replicator = self.server.replicator
         problem = replicator.wait(forwards)
         if problem is None:
             replicator.release_reads(rlog, start, end)
+            self.server.settled(rlog, end)
             done(indexes, None)
             return
         log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",

@@ -20,14 +20,22 @@ would not survive a failover (the PD seals a range at the smallest end its live 
 hold), so no reader may see it first. On the primary, ``hold_reads``/``release_reads`` move
 the cap as the secondaries store appends. Every forward carries the primary's cap (no higher
 than what is durable on the primary itself) as ``committed_offset``, and a secondary that
-stored the forward raises its own cap to it. A secondary therefore lags the primary by one
-forward: it learns that an append settled only from the next one (or the range's seal, which
-ends the cap).
+stored the forward raises its own cap to it.
 
-After a restart every open replicated range starts capped at its start, on the primary as on
-the secondaries: a restarted primary cannot tell whether its tail reached the secondaries.
-The first append after the restart settles only if every secondary continued its log exactly
-where the primary's ends, so once it settles everything below its end is on every replica.
+Cap notices close the two gaps forwards leave. A notice is an APPEND with an empty payload
+whose entries are all zero-length (each names a stream: its open range on the receiver) and
+whose ``committed_offset`` is the primary's cap, or -1 to only ask. A secondary raises its cap
+as for a forward and answers each entry with its stored end of the range as ``base_offset``.
+* When the last pending append of a range settles (the range went quiet), the primary sends
+  its new cap in a notice, so the secondaries' readers see the end of a burst without waiting
+  for the next append. Under load the next forward carries the cap instead.
+* After a restart every open replicated range starts capped at its start, on the primary as
+  on the secondaries: a restarted primary cannot tell whether its tail reached the
+  secondaries. The primary asks them (a notice with -1); when every one answered, everything
+  below the smallest stored end (and below its own durable end) is on every replica, so its
+  cap rises there, and a second notice passes the cap on. Without that probe, the first append
+  after the restart does the same: it settles only if every secondary continued its log
+  exactly where the primary's ends.
 """
 
 from __future__ import annotations
@@ -59,6 +67,19 @@ log = logging.getLogger(__name__)
 DEFAULT_REPLICATION_TIMEOUT_S = 30.0
 
 
+# How long a secondary may take to answer a cap notice.
+NOTICE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class NoticeAnswer:
+    """One secondary's answer to a cap notice: its stored end of the range, or the problem."""
+
+    replica: Replica
+    stored_end: int | None
+    problem: str | None = None
+
+
 @dataclass
 class Forward:
     """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
@@ -83,6 +104,8 @@ class Replicator:
         # secondary) begin, and the end of the prefix known to be on every replica.
         self._unsettled: dict[tuple[int, int], set[int]] = {}
         self._settled_end: dict[tuple[int, int], int] = {}
+        # Per range: the highest committed_offset sent to the secondaries (forward or notice).
+        self._sent_cap: dict[tuple[int, int], int] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -124,6 +147,90 @@ class Replicator:
                 self._settled_end[key] = max(self._settled_end.get(key, end), end)
             self._apply_cap(rlog, key)
 
+    def pending(self, rlog: RangeLog) -> bool:
+        """Whether an append of ``rlog`` was sent to the secondaries and has not settled."""
+        with self._locks_guard:
+            return bool(self._unsettled.get((rlog.stream_id, rlog.range_index)))
+
+    def raise_settled(self, rlog: RangeLog, end: int) -> bool:
+        """Everything of ``rlog`` below ``end`` is known to be on every replica (a cap probe
+        found it there): readers may see that far, once no earlier append is pending. Never
+        lowers what was known. True when the range's cap moved."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            before = rlog.read_cap
+            self._settled_end[key] = max(self._settled_end.get(key, end), end)
+            self._apply_cap(rlog, key)
+            return rlog.read_cap != before
+
+    def notice_due(self, rlog: RangeLog) -> int | None:
+        """The cap to send the secondaries in a notice now, or None: an append is pending (its
+        forward or the next one will carry the cap), or they were already sent this cap."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            if self._unsettled.get(key):
+                return None
+            committed = self._committed(rlog)
+            if committed < 0 or committed <= self._sent_cap.get(key, -1):
+                return None
+            self._sent_cap[key] = committed
+            return committed
+
+    @staticmethod
+    def _committed(rlog: RangeLog) -> int:
+        # The cap, bounded by what is durable here: -1 when the range is not capped.
+        cap = rlog.read_cap
+        return -1 if cap is None else min(cap, rlog.next_offset)
+
+    def _note_sent(self, rlog: RangeLog, committed: int) -> None:
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            if committed > self._sent_cap.get(key, -1):
+                self._sent_cap[key] = committed
+
+    def notify(self, rlog: RangeLog, committed: int, timeout_s: float = NOTICE_TIMEOUT_S
+               ) -> list[NoticeAnswer]:
+        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to every
+        secondary and wait for their answers: each one's stored end of the range, or why
+        there is none. Sent over the same connections as the forwards, after them."""
+        request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
+                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)])
+        if committed >= 0:
+            self._note_sent(rlog, committed)
+        sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
+        for replica in self.secondaries(rlog):
+            if not replica.advertise_addr:
+                sent.append((replica, None, "no known address"))
+                continue
+            try:
+                conn = self.pool.get(replica.advertise_addr)
+                stream = conn.start(Opcode.APPEND, lambda sid: request_frame(sid, request),
+                                    timeout_s)
+                sent.append((replica, stream, None))
+            except SbpError as exc:
+                sent.append((replica, None, repr(exc)))
+        out = []
+        for replica, stream, problem in sent:
+            stored = None
+            if stream is not None:
+                try:
+                    with stream as frames:
+                        msg = decode_response(next(frames))
+                except (SbpError, StopIteration) as exc:
+                    msg = exc
+                if not isinstance(msg, AppendResponse):
+                    problem = repr(msg)
+                elif not msg.status.ok:
+                    problem = msg.status.message
+                elif len(msg.append_responses) != 1:
+                    problem = f"{len(msg.append_responses)} results for one notice entry"
+                elif not msg.append_responses[0].status.ok:
+                    problem = msg.append_responses[0].status.message
+                else:
+                    stored = msg.append_responses[0].base_offset
+            out.append(NoticeAnswer(replica, stored, problem))
+        return out
+
     def _apply_cap(self, rlog: RangeLog, key: tuple[int, int]) -> None:
         # Everything below the first unsettled append and below the settled end was stored by
         # every secondary. (The settled end is below the first unsettled append only after a
@@ -149,8 +256,9 @@ class Replicator:
             entries.append(AppendEntry(rlog.stream_id, i,
                                        sum(memoryview(p).nbytes for p in pieces)))
             payload.extend(pieces)
-        cap = rlog.read_cap
-        committed = -1 if cap is None else min(cap, rlog.next_offset)
+        committed = self._committed(rlog)
+        if committed >= 0:
+            self._note_sent(rlog, committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
                                 committed_offset=committed)
         out = []

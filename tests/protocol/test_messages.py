@@ -574,6 +574,19 @@ def _one_frame(buffers):
     return decode_frame(b"".join(bytes(b) for b in buffers))
 
 
+def test_cap_notice_forward_with_empty_payload_round_trips():
+    # A primary's read cap notice: zero-length entries, no payload, committed_offset set (or
+    # -1 when it only asks a secondary how far it stored the range).
+    for committed in (12345678901, 0, -1):
+        req = AppendRequest(10_000, [AppendEntry(7, 0, 0)], committed_offset=committed)
+        frame = _one_frame(request_frame(3, req))
+        assert (frame.opcode, frame.flags, frame.stream_id) == (Opcode.APPEND, 0, 3)
+        assert decode_request(frame) == req and bytes(frame.payload) == b""
+    answer = AppendResponse(append_responses=[AppendResult(7, 0, 42, 1)])
+    frame = _one_frame(response_frame(3, answer))
+    assert decode_response(frame) == answer
+
+
 def test_request_and_response_frames_round_trip():
     req = AppendRequest(500, [AppendEntry(7, 0, 3), AppendEntry(7, 1, 2)])
     frame = _one_frame(request_frame(11, req, [b"abc", b"de"]))

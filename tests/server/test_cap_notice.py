@@ -1,0 +1,266 @@
+"""Read cap notices between the replicas of an open range (issue 9).
+
+A cap notice is an APPEND with zero-length entries and no payload that a primary sends its
+secondaries: once a range goes quiet it carries the new cap (so a secondary's readers see the
+end of a burst without another append), and after a restart the primary asks with it how far
+every secondary stored the range (so acknowledged records become readable again without an
+append). Anything but a secondary of the stream's open range refuses notices.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
+from sbp_spark.client.connection import Connection
+from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    AppendResult,
+    Range,
+    RangeReplica,
+    RangeServer,
+    StreamRanges,
+    SyncRangesRequest,
+)
+from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
+from sbp_spark.server import EmbeddedCluster
+from sbp_spark.server.range_server import RangeServer as Server
+from sbp_spark.server.range_server import RangeServerConfig
+from sbp_spark.server.storage import StorageConfig
+
+STREAM = 6
+CONFIG = ClientConfig(request_timeout_s=20, retries=0)
+CLUSTER_CONFIG = ClientConfig(request_timeout_s=20, retry_deadline_s=20)
+
+
+def poll(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def make(path, server_id: int) -> Server:
+    return Server(RangeServerConfig(data_dir=str(path), server_id=server_id,
+                                    storage=StorageConfig(fsync="never"),
+                                    cap_probe_interval_s=0.1))
+
+
+def start(path, server_id: int) -> Server:
+    return make(path, server_id).start()
+
+
+def sync(server: Server, replicas: list[RangeReplica], end_offset: int = -1) -> None:
+    request = SyncRangesRequest(stream_ranges=[StreamRanges(STREAM, [
+        Range(STREAM, 0, 0, 0, end_offset, replicas)])])
+    with Connection(server.advertise_addr) as conn:
+        response, _ = conn.call(request)
+    assert response.sync_responses[0].status.ok
+
+
+def call(server: Server, request: AppendRequest, payload: list[bytes] | None = None
+         ) -> list[AppendResult]:
+    with Connection(server.advertise_addr) as conn:
+        response, _ = conn.call(request, payload or [])
+    assert response.status.ok
+    return response.append_responses
+
+
+def forward(server: Server, first: int, count: int, committed: int) -> list[AppendResult]:
+    """What a primary forwards: ``count`` one-record batches at ``first``."""
+    batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
+    return call(server, AppendRequest(timeout_ms=5000, committed_offset=committed,
+                                      append_requests=[AppendEntry(STREAM, i, len(b))
+                                                       for i, b in enumerate(batches)]),
+                batches)
+
+
+def notice(server: Server, committed: int, *streams: int) -> list[AppendResult]:
+    entries = [AppendEntry(s, i, 0) for i, s in enumerate(streams or (STREAM,))]
+    return call(server, AppendRequest(timeout_ms=5000, committed_offset=committed,
+                                      append_requests=entries))
+
+
+def offsets(server: Server, start_at: int = 0) -> list[int]:
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(server.advertise_addr, CONFIG, pool)
+        return [h.base_offset for h, _ in rs.fetch(STREAM, start_at)]
+
+
+def replicas_of(primary: Server | None, *secondaries: Server) -> list[RangeReplica]:
+    first = RangeReplica(RangeServer(1, primary.advertise_addr if primary else "127.0.0.1:1"),
+                         True)
+    return [first] + [RangeReplica(RangeServer(s.server_id, s.advertise_addr), False)
+                      for s in secondaries]
+
+
+# ---- a secondary answering notices --------------------------------------------------------
+
+
+@pytest.fixture
+def secondary(tmp_path):
+    """Server 2, a secondary (of a primary that is not running) holding records 0-3, cap 1."""
+    srv = start(tmp_path / "s", 2)
+    sync(srv, replicas_of(None, srv))
+    assert all(r.status.ok for r in forward(srv, 0, 4, committed=1))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_secondary_answers_a_notice_with_its_stored_end_and_raises_its_cap(secondary):
+    assert offsets(secondary) == [0]
+    # Only asked: the stored end (not the readable one), and the cap stays.
+    [asked] = notice(secondary, -1)
+    assert asked.status.ok and (asked.stream_id, asked.base_offset) == (STREAM, 4)
+    assert offsets(secondary) == [0]
+    [told] = notice(secondary, 3)
+    assert told.status.ok and told.base_offset == 4
+    assert offsets(secondary) == [0, 1, 2]
+    # Never above what is stored here, never lowered.
+    assert notice(secondary, 99)[0].base_offset == 4
+    assert offsets(secondary) == [0, 1, 2, 3]
+    assert notice(secondary, 2)[0].status.ok
+    assert offsets(secondary) == [0, 1, 2, 3]
+
+
+def test_notice_entries_are_refused_clearly_where_they_mean_nothing(secondary):
+    # Streams with no range here, or an invalid id: INVALID_REQUEST naming why, per entry;
+    # the entries for one stream each do not let the cap name several ranges.
+    results = notice(secondary, 4, 99, STREAM, -3)
+    assert [r.status.code for r in results] == [
+        ErrorCode.INVALID_REQUEST, 0, ErrorCode.INVALID_REQUEST]
+    assert "holds no range of stream 99" in results[0].status.message
+    assert "cap notice" in results[0].status.message
+    assert "stream_id -3 must be >= 0" in results[2].status.message
+    assert results[1].base_offset == 4 and offsets(secondary) == [0]
+    # A sealed range has no cap to raise.
+    sync(secondary, replicas_of(None, secondary), end_offset=4)
+    [sealed] = notice(secondary, 4)
+    assert sealed.status.code == ErrorCode.INVALID_REQUEST
+    assert "sealed at 4" in sealed.status.message
+
+
+def test_notices_and_zero_length_client_entries_are_refused_by_a_primary(tmp_path):
+    srv = start(tmp_path / "p", 1)
+    try:
+        sync(srv, replicas_of(srv))
+        for committed in (-1, 0, 5):
+            [refused] = notice(srv, committed)
+            assert refused.status.code == ErrorCode.INVALID_REQUEST
+            assert "server 1 is the primary of range 6/0" in refused.status.message
+            assert refused.base_offset == -1
+        # A client's append with a zero-length entry beside a real batch: the batch is
+        # stored, the empty entry refused as before notices existed.
+        real = batch_bytes(b"x")
+        results = call(srv, AppendRequest(timeout_ms=5000, append_requests=[
+            AppendEntry(STREAM, 0, 0), AppendEntry(STREAM, 1, len(real))]), [real])
+        assert [r.status.code for r in results] == [ErrorCode.INVALID_REQUEST, 0]
+        assert results[1].base_offset == 0 and offsets(srv) == [0]
+        assert srv.storage.get_range(STREAM, 0).written_offset == 1
+    finally:
+        srv.stop()
+
+
+# ---- the restart probe of a primary --------------------------------------------------------
+
+
+def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_path):
+    """The primary holds 0-4, its secondaries only 0-2: after a restart its readers (and theirs)
+    see 0-2, the prefix on every replica, with no append; one unreachable secondary holds
+    the cap down until it answers."""
+    s2, s3 = start(tmp_path / "2", 2), start(tmp_path / "3", 3)
+    primary = start(tmp_path / "1", 1)
+    try:
+        sync(primary, replicas_of(primary))  # alone first: it takes 5 records by itself
+        with ConnectionPool(CONFIG) as pool:
+            RangeServerClient(primary.advertise_addr, CONFIG, pool).append(
+                [(STREAM, batch_bytes(b"r%d" % i)) for i in range(5)])
+        for s in (s2, s3):
+            sync(s, replicas_of(primary, s2, s3))
+            assert all(r.status.ok for r in forward(s, 0, 3, committed=0))
+        sync(primary, replicas_of(primary, s2, s3))
+        s3.stop()
+        primary.stop()
+        primary = make(tmp_path / "1", 1)
+        asked: list[int] = []
+        notify = primary.replicator.notify
+        primary.replicator.notify = lambda rlog, committed, *rest: (
+            asked.append(committed) or notify(rlog, committed, *rest))
+        primary.start()
+        rlog = primary.storage.get_range(STREAM, 0)
+        assert rlog.next_offset == 5
+        # Secondary 3 is down: no answer from it, so nothing past the start is readable, and
+        # the primary keeps asking.
+        poll(lambda: asked.count(-1) >= 2, "the primary to ask twice")
+        assert offsets(primary) == [] and offsets(s2) == []
+        s3 = start(tmp_path / "3", 3)
+        sync(primary, replicas_of(primary, s2, s3))  # its new address
+        poll(lambda: offsets(primary) == [0, 1, 2], "the primary's readers to see 0-2")
+        for s in (s2, s3):
+            poll(lambda s=s: offsets(s) == [0, 1, 2], f"secondary {s.server_id}'s readers")
+        assert rlog.read_cap == 3  # not 5: records 3-4 are on the primary alone
+        poll(lambda: not primary._cap_prober.is_alive(), "the probe thread to finish")
+    finally:
+        for s in (primary, s2, s3):
+            s.stop()
+
+
+# ---- end to end on an embedded cluster ------------------------------------------------------
+
+
+def _secondaries(client: SbpClient, sid: int) -> list[str]:
+    rng = client.list_ranges(sid)[-1]
+    return [r.server.advertise_addr for r in rng.servers if not r.is_primary]
+
+
+def _served(client: SbpClient, addr: str, sid: int) -> list[bytes]:
+    return [bytes(d[ENVELOPE_SIZE:]) for _, d in client.range_server(addr).fetch(sid, 0)]
+
+
+def test_secondaries_serve_the_last_append_of_a_burst_without_another_append(tmp_path):
+    n = 6
+    with EmbeddedCluster(tmp_path, range_servers=3, fsync="never") as cluster, \
+            ConnectionPool(CLUSTER_CONFIG) as pool:
+        client = SbpClient(cluster.pd_address, CLUSTER_CONFIG, pool)
+        [stream] = client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        writer = client.open_stream(sid)
+        for i in range(n):  # one APPEND each
+            [ack] = writer.append([batch_bytes(b"v%d" % i)])
+            assert ack.base_offset == i
+        expected = [b"v%d" % i for i in range(n)]
+        for addr in _secondaries(client, sid):
+            poll(lambda a=addr: _served(client, a, sid) == expected,
+                 f"secondary {addr} to serve all {n} records")
+
+
+def test_restarted_primary_and_its_secondaries_serve_every_acknowledged_record(tmp_path):
+    with EmbeddedCluster(tmp_path, range_servers=3, fsync="always") as cluster, \
+            ConnectionPool(CLUSTER_CONFIG) as pool:
+        client = SbpClient(cluster.pd_address, CLUSTER_CONFIG, pool)
+        [stream] = client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        writer = client.open_stream(sid)
+        writer.append([batch_bytes(b"a%d" % i) for i in range(3)])
+        writer.append([batch_bytes(b"b%d" % i) for i in range(2)])
+        expected = [b"a0", b"a1", b"a2", b"b0", b"b1"]
+        rng = client.list_ranges(sid)[-1]
+        primary = next(r.server for r in rng.servers if r.is_primary)
+        index = next(i for i, rs in enumerate(cluster.range_servers)
+                     if rs is not None and rs.server_id == primary.server_id)
+        cluster.stop_range_server(index)
+        restarted = cluster.start_range_server(index)
+        assert restarted.storage.get_range(sid, rng.range_index).next_offset == 5
+        addresses = [restarted.advertise_addr, *_secondaries(client, sid)]
+        for addr in addresses:
+            poll(lambda a=addr: _served(client, a, sid) == expected,
+                 f"{addr} to serve every acknowledged record")
+        # The range is still open and the primary's: appends continue where it ended.
+        assert [a.base_offset for a in client.open_stream(sid).append(
+            [batch_bytes(b"c0")])] == [5]
