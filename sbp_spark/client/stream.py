@@ -154,20 +154,23 @@ class SbpClient:
         live next_offset from its primary (DESCRIBE_RANGES).
 
         Only the primary knows how far an open replicated range is acknowledged: a secondary
-        learns it one append later. While the primary does not answer, this waits (within the
-        retry deadline) for it to come back or for the PD to seal the range after a failover,
-        rather than report a secondary's lower end and let a read end short in silence.
+        may learn it a little later. While the primary does not answer, this keeps asking it
+        and the PD (which seals the range after a failover) with the client's retry policy;
+        only when that gives up does it settle for what a secondary vouches for, with a
+        warning: records acknowledged just before the primary failed may then be missing
+        from this read (not from the stream).
         """
         if not range.is_open:
             return range.end_offset
         replicas = _Replicas(self, range)
         deadline = time.monotonic() + self.config.retry_deadline_s
+        vouched: int | None = None  # the most a secondary vouched for
 
         def attempt() -> int:
+            nonlocal vouched
             if replicas.sealed_end is not None:
                 return replicas.sealed_end  # sealed meanwhile (the PD said so)
             last_error: SbpError | None = None
-            vouched: int | None = None  # the most a secondary vouches for
             for address in list(replicas.servers):
                 try:
                     (result,) = self.range_server(address).describe_ranges([range])
@@ -198,8 +201,14 @@ class SbpClient:
 
         # Every replica failed: ask the PD where they are now (a restart on a new port, or a
         # seal after a failover) and try again at once if something changed.
-        return call_with_retries(attempt, self.config, deadline=deadline,
-                                 on_error=lambda _: replicas.refresh(deadline))
+        try:
+            return call_with_retries(attempt, self.config, deadline=deadline,
+                                     on_error=lambda _: replicas.refresh(deadline))
+        except ReplicaBehindError as exc:
+            if vouched is None:
+                raise
+            _log.warning("%s; reading up to %d, what its secondaries vouch for", exc, vouched)
+            return vouched
 
     # -- reading ---------------------------------------------------------------------------
 
