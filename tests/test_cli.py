@@ -304,20 +304,35 @@ def test_cluster_shows_members_and_range_servers(sbp, cluster):
 # -- tail -f in a real process -------------------------------------------------------------------
 
 
-def _read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
-    """Lines of ``proc``'s stdout until ``done(lines)`` or the deadline."""
-    lines: list[str] = []
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while not done(lines) and time.monotonic() < deadline:
-        if selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.decode().rstrip("\n"))
-    selector.close()
-    return lines
+class _LineReader:
+    """Lines of a child's stdout as they arrive. Reads the pipe's fd directly: a buffered
+    ``readline`` after ``select`` would leave lines in Python's buffer that ``select`` then
+    never reports, and the test would wait for lines it already received."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.fd = proc.stdout.fileno()
+        self.partial = b""
+        self.ready: list[str] = []
+
+    def read_until(self, done, timeout: float) -> list[str]:
+        """Lines until ``done(lines)`` or the deadline (the rest stay for the next call)."""
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while not done(lines):
+                if self.ready:
+                    lines.append(self.ready.pop(0))
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(timeout=left):
+                    break
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    break
+                *complete, self.partial = (self.partial + chunk).split(b"\n")
+                self.ready += [line.decode() for line in complete]
+        return lines
 
 
 def test_tail_follow_sees_new_records_across_a_seal(sbp, cluster):
@@ -327,19 +342,20 @@ def test_tail_follow_sees_new_records_across_a_seal(sbp, cluster):
         [sys.executable, "-m", "sbp_spark.cli", "tail", str(stream), "-f", "--from", "latest",
          "--print-offsets", "--wait-ms", "200", "--pd", cluster.pd_address],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = _LineReader(proc)
     try:
         # The follower is waiting once a long-poll FETCH is outstanding; records appended
         # before it started are skipped (--from latest), so produce only after it is up.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
             _produce_stdin(sbp, stream, "probe\n")
-            if _read_until(proc, bool, timeout=0.5):
+            if out.read_until(bool, timeout=0.5):
                 break
         _produce_stdin(sbp, stream, "new 1\nnew 2\n")
         assert sbp("ranges", "seal", str(stream))[0] == 0
         _produce_stdin(sbp, stream, "after seal\n")
-        lines = _read_until(proc, lambda got: any(g.endswith("after seal") for g in got),
-                            timeout=30)
+        lines = out.read_until(lambda got: any(g.endswith("after seal") for g in got),
+                               timeout=30)
         values = [line.split("\t", 1)[1] for line in lines]
         assert values[-3:] == ["new 1", "new 2", "after seal"], lines
         offsets = [int(line.split("\t", 1)[0]) for line in lines]
