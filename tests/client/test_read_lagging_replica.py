@@ -80,6 +80,10 @@ def test_read_past_a_lagging_secondary_waits_for_the_failover_seal(cluster, clie
     got = _values(client.fetch(rng, 0, 12))
     assert got == [(i, body(i)) for i in range(12)]
     assert time.monotonic() - started < CONFIG.retry_deadline_s
+    # The PD seals the replicas first and records the seal after: wait for its record.
+    deadline = time.monotonic() + 20
+    while client.list_ranges(sid)[0].is_open and time.monotonic() < deadline:
+        time.sleep(0.05)
     (sealed, *_) = client.list_ranges(sid)
     assert not sealed.is_open and sealed.end_offset == 12
     assert _values(client.read(sid)) == got
