@@ -80,6 +80,9 @@ log = logging.getLogger(__name__)
 # Largest record batch accepted: it must fit, with a FETCH response header, in one frame, since
 # batches are never split across frames.
 MAX_BATCH_BYTES = MAX_FRAME_LENGTH - 16 - 4096
+# A range quiet this long after an append settled sends its secondaries a cap notice: shorter
+# than a reader would notice, longer than a writer's gap between one append and the next.
+CAP_NOTICE_DELAY_S = 0.02
 # How often retention is applied to the stored ranges.
 DEFAULT_RETENTION_CHECK_S = 30.0
 _SERVER_FILE = "server.json"
@@ -123,6 +126,57 @@ class RangeServerConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         if self.server_id < -1:
             raise ValueError(f"server_id={self.server_id} must be >= 0, or -1 for automatic")
+
+
+class DelayedCalls:
+    """Calls ``fn(value)`` once per key, ``delay_s`` after the last ``schedule`` of that key,
+    from one background thread (started on first use)."""
+
+    def __init__(self, delay_s: float, fn: Callable[[object], None], name: str) -> None:
+        self.delay_s = delay_s
+        self._fn = fn
+        self._name = name
+        self._due: dict[object, tuple[float, object]] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def schedule(self, key: object, value: object) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._due[key] = (time.monotonic() + self.delay_s, value)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._due.clear()
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._due:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                now = time.monotonic()
+                ready = [k for k, (when, _) in self._due.items() if when <= now]
+                if not ready:
+                    self._cond.wait(min(when for when, _ in self._due.values()) - now)
+                    continue
+                values = [self._due.pop(k)[1] for k in ready]
+            for value in values:
+                try:
+                    self._fn(value)
+                except Exception:
+                    log.exception("%s: a delayed call failed", self._name)
 
 
 class Metrics:
@@ -194,6 +248,9 @@ class RangeServer:
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         self._cap_prober: threading.Thread | None = None
+        self._notices = DelayedCalls(CAP_NOTICE_DELAY_S,
+                                     lambda rlog: self.net.submit(self.send_cap_notice, rlog),
+                                     name="range-server-cap-notices")
         self.pd_link = None
         self._started = False
 
@@ -270,6 +327,7 @@ class RangeServer:
         self._stop.set()
         if self.pd_link is not None:
             self.pd_link.stop()
+        self._notices.close()
         self.net.stop()
         self.replicator.close()
         if self._maintenance is not None:
@@ -319,10 +377,12 @@ class RangeServer:
 
     def settled(self, rlog: RangeLog, end: int) -> None:
         """An append of ``rlog`` up to ``end`` is on every secondary: once it is durable here
-        too, tell the secondaries the new cap if the range went quiet."""
+        too, and the range stayed quiet for ``CAP_NOTICE_DELAY_S`` (a writer sending one
+        append after another would make the next forward carry the cap anyway), tell the
+        secondaries the new cap."""
         def durable(exc: BaseException | None) -> None:
             if exc is None:
-                self.net.submit(self.send_cap_notice, rlog)
+                self._notices.schedule((rlog.stream_id, rlog.range_index), rlog)
 
         self.storage.when_durable(rlog, end, durable)
 

@@ -9,6 +9,7 @@ append). Anything but a secondary of the stream's open range refuses notices.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -28,8 +29,8 @@ from sbp_spark.protocol.messages import (
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
+from sbp_spark.server.range_server import DelayedCalls, RangeServerConfig
 from sbp_spark.server.range_server import RangeServer as Server
-from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 
 STREAM = 6
@@ -264,3 +265,27 @@ def test_restarted_primary_and_its_secondaries_serve_every_acknowledged_record(t
         # The range is still open and the primary's: appends continue where it ended.
         assert [a.base_offset for a in client.open_stream(sid).append(
             [batch_bytes(b"c0")])] == [5]
+
+
+def test_delayed_calls_coalesce_per_key_and_wait_for_quiet():
+    calls: list[str] = []
+    done = threading.Event()
+
+    def record(value: object) -> None:
+        calls.append(str(value))
+        if len(calls) == 2:
+            done.set()
+
+    delayed = DelayedCalls(0.05, record, name="test-delayed")
+    try:
+        started = time.monotonic()
+        for i in range(5):  # one key rescheduled: one call, with the last value
+            delayed.schedule("a", f"a{i}")
+        delayed.schedule("b", "b0")
+        assert done.wait(10)
+        assert time.monotonic() - started >= 0.05
+        assert sorted(calls) == ["a4", "b0"]
+    finally:
+        delayed.close()
+    delayed.schedule("a", "late")  # closed: ignored
+    assert sorted(calls) == ["a4", "b0"]
