@@ -87,7 +87,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("batchMaxRecords", "65536", "write", "most records per SBP record batch"),
     OptionSpec("batchMaxBytes", "4m", "write",
                f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)"),
-    OptionSpec("maxInflightFrames", "16", "write",
+    OptionSpec("maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
                "APPEND frames a task keeps in flight on one connection"),
     OptionSpec("requestTimeoutMs", "30000", "read/write",
                "how long to wait for each answer frame of a request"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sbp_spark.client.config import DEFAULT_MAX_INFLIGHT_FRAMES
 from sbp_spark.spark.options import (
     EARLIEST,
     LATEST,
@@ -32,7 +33,7 @@ def test_read_defaults_and_case_insensitive_names():
     assert opts.payload == "records"
     assert opts.max_records_per_partition is None and opts.min_partitions is None
     config = opts.client.client_config()
-    assert config.retries == 5 and config.max_inflight_frames == 16
+    assert config.retries == 5 and config.max_inflight_frames == DEFAULT_MAX_INFLIGHT_FRAMES
     assert config.request_timeout_s == 30.0
 
 
