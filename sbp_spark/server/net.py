@@ -691,8 +691,11 @@ class FrameServer:
         for conn in conns:
             conn.close("server stopped", goaway=False)
         for conn in conns:
-            if conn.reader is not None and conn.reader is not threading.current_thread():
-                conn.reader.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            reader = conn.reader
+            # A connection accepted while stopping may not have started its reader yet.
+            if (reader is not None and reader.ident is not None
+                    and reader is not threading.current_thread()):
+                reader.join(max(0.0, deadline - time.monotonic()) + 1.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for t in self._threads:
             if t is not threading.current_thread():
