@@ -9,23 +9,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.server.cluster import ProcessCluster, accepts_connections
+from tests.polling import wait_until as poll
 
 SBP = [sys.executable, "-m", "sbp_spark.cli"]
 
 
-def poll(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def run_sbp(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -41,7 +35,8 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
              "--port", "0", "--ready-file", str(ready)],
             stdout=log, stderr=subprocess.STDOUT)
     try:
-        poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file")
+        poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file",
+             timeout=60)
         assert proc.poll() is None, log_path.read_text()
         info = json.loads(ready.read_text())
         assert set(info) == {"pd", "range_servers"} and len(info["range_servers"]) == 2

@@ -29,6 +29,7 @@ from sbp_spark.protocol.records import (
     encode_batch,
     make_records_batch,
 )
+from tests.polling import wait_until
 
 from .conftest import TEST_CONFIG
 from .fakes import FakeServer, Peer
@@ -46,12 +47,6 @@ def read_values(client: SbpClient, stream_id: int, start: int = 0, end: int = -1
     return out
 
 
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
 
 
 def _outstanding(client: SbpClient, address: str) -> int:

@@ -17,6 +17,7 @@ from sbp_spark.protocol.errors import (
     TransportError,
 )
 from sbp_spark.protocol.frame import encode_frame
+from tests.polling import wait_until
 
 from .fakes import RESPONSE_END, FakeServer, Peer, echo_handler
 
@@ -24,12 +25,6 @@ FAST = ClientConfig(connect_timeout_s=2, request_timeout_s=5)
 OP = Opcode.FETCH  # any request opcode: the scripted servers do not decode headers
 
 
-def wait_until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import ReplicaBehindError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
+from tests.polling import wait_until
 
 HEARTBEAT_S = 0.2
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=50,
@@ -81,9 +82,8 @@ def test_read_past_a_lagging_secondary_waits_for_the_failover_seal(cluster, clie
     assert got == [(i, body(i)) for i in range(12)]
     assert time.monotonic() - started < CONFIG.retry_deadline_s
     # The PD seals the replicas first and records the seal after: wait for its record.
-    deadline = time.monotonic() + 20
-    while client.list_ranges(sid)[0].is_open and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not client.list_ranges(sid)[0].is_open, "the PD to record the seal",
+               timeout=20)
     (sealed, *_) = client.list_ranges(sid)
     assert not sealed.is_open and sealed.end_offset == 12
     assert _values(client.read(sid)) == got

@@ -4,7 +4,7 @@ the range's replicas live now instead of retrying the address it started with.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until
 
 HEARTBEAT_S = 0.2
 # Few retries: without re-resolving, the read would give up long before the deadline.
@@ -27,12 +28,6 @@ def body(i: int) -> bytes:
     return b"record-%06d|" % i + bytes([i % 251]) * 2000
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -64,7 +59,8 @@ def moved_range_server(cluster: EmbeddedCluster, i: int) -> Iterator[RangeServer
         assert cluster.pd is not None
         pd = cluster.pd
         wait_until(lambda: pd.liveness.address(server_id) == rs.advertise_addr
-                   and pd.liveness.is_live(server_id), "the PD to learn the new address")
+                   and pd.liveness.is_live(server_id), "the PD to learn the new address",
+                   timeout=20)
         yield rs
     finally:
         rs.stop()

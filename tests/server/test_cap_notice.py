@@ -32,17 +32,13 @@ from sbp_spark.server import EmbeddedCluster
 from sbp_spark.server.range_server import DelayedCalls, RangeServerConfig
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until as poll
 
 STREAM = 6
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
 CLUSTER_CONFIG = ClientConfig(request_timeout_s=20, retry_deadline_s=20)
 
 
-def poll(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def make(path, server_id: int) -> Server:

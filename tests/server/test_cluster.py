@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from sbp_spark.protocol.errors import NotEnoughServersError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server import EmbeddedCluster
 from sbp_spark.server.cluster import accepts_connections
+from tests.polling import wait_until as poll
 
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retry_backoff_ms=5,
                       retry_backoff_max_ms=100, retry_deadline_s=20)
@@ -36,12 +36,6 @@ def append(client: SbpClient, stream_id: int, *bodies: bytes) -> list[int]:
     return [a.base_offset for a in done]
 
 
-def poll(condition, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_start_serves_and_stop_closes(tmp_path, pool):

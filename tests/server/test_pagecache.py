@@ -6,13 +6,13 @@ import ctypes
 import mmap
 import os
 import sys
-import time
 
 import pytest
 
 from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server.pagecache import PageCacheBudget
 from sbp_spark.server.storage import FsyncPolicy, Storage, StorageConfig
+from tests.polling import wait_until
 
 MIB = 1 << 20
 needs_mincore = pytest.mark.skipif(
@@ -181,10 +181,8 @@ def test_storage_keeps_only_the_newest_bytes_cached_and_reads_everything_back(tm
             _, target = rlog.append([(parse_header(data), data)])
         store.wait_durable(rlog, target, timeout=30)
         # The fsync thread trims right after it answers: wait for it to have done so.
-        deadline = time.monotonic() + 10
-        while store.page_cache.dropped_bytes < 6 * MIB and time.monotonic() < deadline:
-            store.page_cache.trim()
-            time.sleep(0.01)
+        wait_until(lambda: store.page_cache.trim() >= 0
+                   and store.page_cache.dropped_bytes >= 6 * MIB, "the fsync thread's trim")
         assert store.page_cache.held <= 2 * MIB
         assert store.page_cache.dropped_bytes >= 6 * MIB
         [seg] = rlog.segments

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.frame import decode_frame, encode_frame
 from sbp_spark.server.net import FrameServer, NetConfig, RequestContext, RequestHandler
 from sbp_spark.server.pd import PdConfig, PlacementDriver
+from tests.polling import wait_until as poll
 
 # -- a stand-in range server ------------------------------------------------------------------
 
@@ -96,12 +96,6 @@ class FakeRangeServer(RequestHandler):
         self.server.stop(timeout=0.5)
 
 
-def poll(condition, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- fixtures -----------------------------------------------------------------------------------

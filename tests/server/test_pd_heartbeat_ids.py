@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,14 +16,7 @@ from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+from tests.polling import wait_until
 
 
 def pd_config(tmp_path, port: int = 0) -> PdConfig:

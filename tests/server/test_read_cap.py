@@ -33,17 +33,13 @@ from sbp_spark.server import EmbeddedCluster
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until as poll
 
 STREAM = 4
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
 NEVER = StorageConfig(fsync="never")
 
 
-def poll(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def start(path, server_id: int) -> Server:

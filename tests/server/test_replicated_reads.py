@@ -10,7 +10,6 @@ waiting long poll wakes up).
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -28,16 +27,12 @@ from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until as poll
 
 STREAM = 9
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
 
 
-def poll(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture

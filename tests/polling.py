@@ -1,0 +1,16 @@
+"""Waiting for a condition in tests: poll with a deadline, never a bare sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], object], what: str = "the condition",
+               timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Return once ``condition()`` is true; fail the test naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
