@@ -15,13 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.client import ClientConfig, SbpClient
 from sbp_spark.protocol.errors import ReplicaBehindError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
+from tests.client.private_cluster import client_of, private_cluster
 from tests.polling import wait_until
 
-HEARTBEAT_S = 0.2
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=50,
                       retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=30)
 
@@ -32,15 +32,14 @@ def body(i: int) -> bytes:
 
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=4,
-                         heartbeat_interval_s=HEARTBEAT_S) as running:
+    with private_cluster(tmp_path, range_servers=4) as running:
         yield running
 
 
 @pytest.fixture
 def client(cluster) -> Iterator[SbpClient]:
-    with ConnectionPool(CONFIG) as pool:
-        yield SbpClient(cluster.pd_address, CONFIG, pool)
+    with client_of(cluster, CONFIG) as running:
+        yield running
 
 
 def _values(batches) -> list[tuple[int, bytes]]:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.client import ClientConfig, SbpClient
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.client.private_cluster import HEARTBEAT_S, client_of, private_cluster
 from tests.polling import wait_until
 
-HEARTBEAT_S = 0.2
 # Few retries: without re-resolving, the read would give up long before the deadline.
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=4,
                       retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=20)
@@ -28,19 +28,16 @@ def body(i: int) -> bytes:
     return b"record-%06d|" % i + bytes([i % 251]) * 2000
 
 
-
-
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=1,
-                         heartbeat_interval_s=HEARTBEAT_S) as running:
+    with private_cluster(tmp_path, range_servers=1) as running:
         yield running
 
 
 @pytest.fixture
 def client(cluster) -> Iterator[SbpClient]:
-    with ConnectionPool(CONFIG) as pool:
-        yield SbpClient(cluster.pd_address, CONFIG, pool)
+    with client_of(cluster, CONFIG) as running:
+        yield running
 
 
 @contextmanager
