@@ -266,6 +266,14 @@ class Tail(threading.Thread):
                    f"the tail of stream {self.stream_id} to reach {end} (at {self.offset})")
         assert self.fatal is None, f"tail failed: {self.fatal!r}"
 
+    def finish(self, end: int) -> None:
+        """Wait until the tail reached ``end``, then stop it (also when the wait fails)."""
+        try:
+            self.caught_up_to(end)
+        finally:
+            self.stop.set()
+            self.join(30)
+
     def check(self, acked: dict[int, bytes | int]) -> StreamCheck:
         """What the tail saw (light: checked as it came, without the acknowledged bodies)."""
         if self.light:

@@ -154,11 +154,7 @@ def test_kill_range_server_during_streaming_read(tmp_path, figures):
         finally:
             w.finish()
         end = check_stream(client, stream.stream_id).end
-        try:
-            tail.caught_up_to(end)
-        finally:
-            tail.stop.set()
-            tail.join(30)
+        tail.finish(end)
         check = tail.check(w.acked)
         figures["acknowledged batches"] = len(w.acked)
         figures["tail saw"] = f"{check.batches} batches up to offset {check.end}"
@@ -191,11 +187,7 @@ def test_graceful_stop_under_load(tmp_path, figures):
             cluster.start_range_server(0)
             writers.wait_for_more(40)
         checks = [check_stream(client, w.stream_id, w.acked) for w in writers]
-        try:
-            tail.caught_up_to(checks[0].end)
-        finally:
-            tail.stop.set()
-            tail.join(30)
+        tail.finish(checks[0].end)
         _assert_clean(checks, figures, sum(len(w.acked) for w in writers))
         figures["SIGTERM to exit"] = f"{stop_s:.2f} s"
         figures["appends given up"] = sum(len(w.failures) for w in writers)
@@ -280,11 +272,7 @@ def test_kill_primary_with_three_replicas(tmp_path, figures):
             cluster.start_range_server(victim)
             writers.wait_for_more(40)
         checks = [check_stream(client, w.stream_id, w.acked) for w in writers]
-        try:
-            tail.caught_up_to(checks[0].end)
-        finally:
-            tail.stop.set()
-            tail.join(30)
+        tail.finish(checks[0].end)
         _assert_clean(checks, figures, sum(len(w.acked) for w in writers))
         ranges = client.list_ranges(streams[0])
         assert len(ranges) >= 2 and not ranges[0].is_open
