@@ -81,12 +81,10 @@ def pd_of(args: argparse.Namespace) -> str:
 def stream_id_arg(text: str) -> int:
     """argparse type: a stream id (an integer >= 0)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a stream id (an integer >= 0)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a stream id (an integer >= 0)")
-    return value
+        return non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a stream id (an integer >= 0)") from None
 
 
 def non_negative_int(text: str) -> int:
