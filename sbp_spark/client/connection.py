@@ -11,8 +11,10 @@ closed or failed. The first socket failure fails every outstanding request with 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -82,6 +84,24 @@ def parse_address(address: str) -> tuple[str, int]:
 
 def _nbytes(buf: Buffer) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def _timeval(seconds: float) -> bytes:
+    if not math.isfinite(seconds):
+        return struct.pack("@ll", 0, 0)  # no limit
+    seconds = max(seconds, 1e-6)  # 0 would mean no limit
+    whole = int(seconds)
+    return struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+
+
+def set_kernel_timeouts(sock: socket.socket, receive_s: float, send_s: float) -> None:
+    """Make ``sock`` blocking, with its waits bounded by the kernel (SO_RCVTIMEO and
+    SO_SNDTIMEO) instead of Python's socket timeout, which polls before every call: that poll
+    cost about 7% of the reader's CPU on a FETCH stream. A wait that runs out raises
+    ``BlockingIOError``; a send that made some progress returns what it sent."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(receive_s))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(send_s))
 
 
 def send_buffers(sock: socket.socket, buffers: Sequence[Buffer]) -> None:
@@ -222,17 +242,21 @@ class Connection:
                 f"connecting to {address} timed out after {timeout:g}s") from None
         except OSError as exc:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
+        tls = self.config.tls_settings()
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # The writer and the reader wait with different timeouts, so each gets its own
-            # socket object over the same connection.
-            sock.settimeout(self.config.request_timeout_s)
-            self._rsock = sock.dup()
-            self._rsock.settimeout(self.config.idle_timeout_s)
+            # The reader and the writer each get a socket object over the same connection.
+            if tls is None:
+                set_kernel_timeouts(sock, receive_s=self.config.idle_timeout_s,
+                                    send_s=self.config.request_timeout_s)
+                self._rsock = sock.dup()
+            else:  # the handshake reads through the twin, with Python's timeouts
+                sock.settimeout(self.config.request_timeout_s)
+                self._rsock = sock.dup()
+                self._rsock.settimeout(self.config.idle_timeout_s)
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
-        tls = self.config.tls_settings()
         if tls is not None:
             sock = self._start_tls(sock, tls, host)
             self._rsock = sock  # one TLS state: the reader decrypts through the same object
@@ -434,7 +458,7 @@ class Connection:
                 self._check_usable()
             try:
                 send_buffers(self._sock, buffers)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
                 error: SbpError = SbpTimeoutError(
                     f"sending to {self.address} made no progress for "
                     f"{self.config.request_timeout_s:g}s")
@@ -522,7 +546,7 @@ class Connection:
                     buf = buf[:RECEIVE_CHUNK]
                 try:
                     n = sock.recv_into(buf)
-                except TimeoutError:
+                except (TimeoutError, BlockingIOError):
                     if self._idle_expired():
                         log.debug("closing idle connection to %s", self.address)
                         return

@@ -242,6 +242,39 @@ def test_idle_connection_closes_and_pool_replaces_it(echo_server):
         assert again is not conn and again.ping() >= 0
 
 
+def test_send_to_a_peer_that_stops_reading_times_out():
+    # The kernel bounds the wait (SO_SNDTIMEO): a send that makes no progress for
+    # request_timeout_s fails the connection with a timeout naming the server.
+    release = threading.Event()
+
+    def never_reads(peer: Peer) -> None:
+        release.wait(30)
+
+    config = ClientConfig(connect_timeout_s=2, request_timeout_s=0.5)
+    with FakeServer(never_reads) as server, Connection(server.address, config) as conn:
+        start = time.monotonic()
+        with pytest.raises(SbpTimeoutError, match=f"sending to {server.address} made no progress"):
+            for _ in range(64):  # far more than the socket buffers hold
+                conn.request(OP, b"", b"x" * (4 << 20))
+        assert time.monotonic() - start < 10
+        assert conn.closed
+        release.set()
+
+
+def test_quiet_connection_waits_past_its_receive_timeout_slices():
+    # A request answered later than the reader's wait slice still gets its answer: the
+    # reader's timeout only checks for idleness while a request is pending.
+    def slow_echo(peer: Peer) -> None:
+        while (frame := peer.read_frame()) is not None:
+            time.sleep(0.6)
+            peer.reply(frame, b"", bytes(frame.payload))
+
+    config = ClientConfig(connect_timeout_s=2, request_timeout_s=5, idle_timeout_s=0.2)
+    with FakeServer(slow_echo) as server, Connection(server.address, config) as conn:
+        (frame,) = list(conn.request(OP, b"", b"late"))
+        assert bytes(frame.payload) == b"late"
+
+
 def test_connect_failure_names_the_address():
     with FakeServer(echo_handler) as server:
         address = server.address
