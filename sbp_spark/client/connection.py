@@ -33,13 +33,18 @@ from sbp_spark.protocol.errors import (
     ServerError,
     TransportError,
 )
-from sbp_spark.protocol.frame import RECEIVE_CHUNK, Frame, FrameDecoder, encode_frame
+from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
 
 from .config import ClientConfig
 from .heartbeat import Heartbeat
 from .tls import TlsConfig, TlsSocket, wrap_client
 
 log = logging.getLogger(__name__)
+
+# A large frame's body is received in pieces of up to this size. With no poll before each
+# recv, 1 MiB pieces halve the calls (and the sender's wake-ups) of 256 KiB ones and still fit
+# the CPU cache for the running checksum: FETCH +10-15% in alternating runs, 4 MiB no better.
+BODY_RECEIVE_PIECE = 1024 * 1024
 
 Buffer = bytes | bytearray | memoryview
 
@@ -542,8 +547,8 @@ class Connection:
         try:
             while True:
                 buf = decoder.get_buffer()
-                if buf.nbytes > RECEIVE_CHUNK:
-                    buf = buf[:RECEIVE_CHUNK]
+                if buf.nbytes > BODY_RECEIVE_PIECE:
+                    buf = buf[:BODY_RECEIVE_PIECE]
                 try:
                     n = sock.recv_into(buf)
                 except (TimeoutError, BlockingIOError):
