@@ -13,6 +13,8 @@ import sys
 import pytest
 
 from sbp_spark.bench import harness, main
+from sbp_spark.bench.client import storage_durability
+from sbp_spark.bench.loopback import NO_FSYNC, LoopbackClient, LoopbackServer
 from sbp_spark.bench.procmem import PeakSampler, hwm_kib, reset_peak, rss_kib
 from sbp_spark.bench.report import (
     AT_LEAST,
@@ -135,10 +137,29 @@ def test_codec_and_client_run_end_to_end(tmp_path, capsys):
     assert frame["value"] > 0 and frame["ceiling"] > 0 and frame["ceiling_name"] == "zlib.crc32"
     fetch = next(f for f in doc["figures"] if f["name"].startswith("FETCH 1 MiB"))
     assert fetch["ceiling"] > 0  # the loopback ceiling is measured even without the client
+    storage = next(f for f in doc["figures"] if f["name"].endswith("next to the storage"))
+    # The storage ceiling is durable the way the bench cluster (default policy) acknowledges.
+    assert storage["ceiling_name"] == "file append, fsync every 10 ms"
+    assert storage["ceiling"] > 0
     assert doc["machine"]["nproc"] == os.cpu_count()
     assert "| figure" in captured.out and "1 MiB frame encode+decode" in captured.out
     assert "codec: starting" in captured.err  # progress goes to stderr, one line per step
     assert code == (1 if any(f["status"].startswith("error") for f in doc["figures"]) else 0)
+
+
+def test_storage_ceiling_follows_the_cluster_fsync_policy(tmp_path):
+    assert storage_durability(None) == (10, "file append, fsync every 10 ms")
+    assert storage_durability("interval") == (10, "file append, fsync every 10 ms")
+    assert storage_durability("always") == (0, "file append, fsync back to back")
+    assert storage_durability("never") == (NO_FSYNC, "file append (page cache)")
+    server = LoopbackServer(directory=str(tmp_path))
+    try:
+        with LoopbackClient(server.address) as client:
+            for interval in (NO_FSYNC, 0, 5):
+                assert client.file_append(8 << 20, interval) > 0
+    finally:
+        server.close()
+    assert list(tmp_path.iterdir()) == []  # the scratch files are gone
 
 
 def test_a_failing_section_becomes_an_error_row(tmp_path):

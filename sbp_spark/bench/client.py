@@ -12,7 +12,7 @@ import time
 
 from . import adapters
 from .context import BenchContext
-from .loopback import LoopbackClient
+from .loopback import NO_FSYNC, LoopbackClient
 from .report import AT_LEAST_RATIO, Figure, Target, unavailable
 from .timing import MB, MIB
 
@@ -24,7 +24,6 @@ BATCH_BYTES = MIB
 APPEND_CALL_BATCHES = 64
 # The ceiling is cheap to measure and swings between runs: take the median of at least this many.
 LOOPBACK_RUNS = 5
-STORAGE_CEILING = "file append"
 
 
 def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
@@ -42,6 +41,20 @@ def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
                                   f"{cfg.client_bytes / MB / sends[-1]:,.0f} MB/s, pull "
                                   f"{cfg.client_bytes / MB / receives[-1]:,.0f} MB/s")
     return sends, receives
+
+
+def storage_durability(fsync: str | None) -> tuple[int, str]:
+    """The fsync interval (ms, ``NO_FSYNC`` or 0 for back to back) under which the bench
+    cluster acknowledges an APPEND, and the storage ceiling's name for it."""
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+
+    storage = StorageConfig() if fsync is None else StorageConfig(fsync=fsync)
+    if storage.fsync is FsyncPolicy.NEVER:
+        return NO_FSYNC, "file append (page cache)"
+    if storage.fsync is FsyncPolicy.ALWAYS:
+        return 0, "file append, fsync back to back"
+    interval = storage.fsync_interval_ms
+    return interval, f"file append, fsync every {interval} ms"
 
 
 def _opaque_batches(count: int) -> list[list]:
@@ -115,13 +128,16 @@ def run(ctx: BenchContext) -> list[Figure]:
     total = cfg.client_bytes // BATCH_BYTES
     batches = _opaque_batches(min(total, APPEND_CALL_BATCHES))
     append_times, fetch_times, files = [], [], []
+    # The storage ceiling: the same bytes appended to a file in the server process, made
+    # durable the way the cluster acknowledges an APPEND.
+    interval_ms, storage_ceiling = storage_durability(cfg.fsync)
     storage = LoopbackClient(ctx.server.loopback)
     for n in range(cfg.client_runs + 1):
         stream_id = adapters.create_stream(ctx)
         a = _append(ctx, stream_id, batches, total)
         # The storage ceiling right after each APPEND run: this disk's speed swings with the
         # machine's dirty page cache, so it is only comparable when measured alongside.
-        file_s = storage.file_append(cfg.client_bytes)
+        file_s = storage.file_append(cfg.client_bytes, interval_ms)
         f, nbytes, _ = _fetch(ctx, stream_id, decode_arrow=False)
         if nbytes != total * BATCH_BYTES:
             raise RuntimeError(f"FETCH returned {nbytes} bytes, {total * BATCH_BYTES} appended")
@@ -165,7 +181,7 @@ def run(ctx: BenchContext) -> list[Figure]:
                "loopback pull", FETCH_TARGET,
                extra={"times_s": fetch_times, "ceiling_times_s": receives}),
         Figure(SECTION, names[2], "MB/s", mb / statistics.median(append_times), disk,
-               STORAGE_CEILING, extra={"ceiling_times_s": files}),
+               storage_ceiling, extra={"ceiling_times_s": files}),
         Figure(SECTION, names[3], "records/s", records_total / statistics.median(rec_append),
                extra={"times_s": rec_append, "records": records_total}),
         Figure(SECTION, names[4], "records/s", records_total / statistics.median(rec_fetch),

@@ -7,9 +7,12 @@ on this machine. The sending side calls ``sendall`` with 1 MiB buffers and the r
 A request on a new connection is 9 bytes: ``b"W"``, ``b"R"`` or ``b"F"`` and a u64 byte count.
 ``W``: the client sends that many bytes and the server answers one byte once it has them all.
 ``R``: the server sends that many bytes.
-``F``: the server appends that many bytes to a new file in its directory with 1 MiB ``pwritev``
-calls (page cache, no fsync), deletes it, and answers the seconds it took as a big-endian
-double: the storage ceiling of an APPEND, in the server process.
+``F``: a big-endian i32 follows, the fsync interval in ms (-1: never fsync; 0: fsync back to
+back). The server appends that many bytes to a new file in its directory with 1 MiB ``pwritev``
+calls while a second thread fsyncs the file at that interval (the way a range server's
+group commit does), fsyncs once more at the end, deletes the file and answers the seconds it
+took as a big-endian double: the storage ceiling of an APPEND acknowledged under the same
+durability, in the server process.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ SEND_CHUNK = 1024 * 1024
 RECV_CHUNK = 256 * 1024
 _REQUEST = struct.Struct(">cQ")
 _SECONDS = struct.Struct(">d")
+_INTERVAL = struct.Struct(">i")
+NO_FSYNC = -1
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -56,17 +61,33 @@ def _send(sock: socket.socket, total: int, chunk: bytes) -> None:
         left -= n
 
 
-def _file_append(directory: str, total: int, chunk: bytes) -> float:
+def _file_append(directory: str, total: int, chunk: bytes, fsync_interval_ms: int) -> float:
     fd, path = tempfile.mkstemp(prefix="bench-ceiling-", dir=directory)
+    done = threading.Event()
+
+    def sync_loop() -> None:
+        while not done.wait(fsync_interval_ms / 1000):
+            os.fsync(fd)
+
+    syncer = threading.Thread(target=sync_loop, name="bench-ceiling-fsync", daemon=True)
     try:
         view = memoryview(chunk)
         start = time.perf_counter()
+        if fsync_interval_ms != NO_FSYNC:
+            syncer.start()
         pos = 0
         while pos < total:
             n = min(total - pos, len(chunk))
             pos += os.pwritev(fd, [view[:n]], pos)
+        done.set()
+        if fsync_interval_ms != NO_FSYNC:
+            syncer.join()
+            os.fsync(fd)
         return time.perf_counter() - start
     finally:
+        done.set()
+        if syncer.is_alive():
+            syncer.join()
         os.close(fd)
         os.unlink(path)
 
@@ -110,8 +131,10 @@ class LoopbackServer:
                     elif op == b"R":
                         _send(conn, total, self._chunk)
                     elif op == b"F":
+                        (interval,) = _INTERVAL.unpack(
+                            conn.recv(_INTERVAL.size, socket.MSG_WAITALL))
                         conn.sendall(_SECONDS.pack(_file_append(self._directory, total,
-                                                                self._chunk)))
+                                                                self._chunk, interval)))
                     else:
                         return
             except OSError:
@@ -148,9 +171,10 @@ class LoopbackClient:
         _drain(self._sock, total, self._buf)
         return time.perf_counter() - start
 
-    def file_append(self, total: int) -> float:
-        """Seconds the server process took to append ``total`` bytes to a file (page cache)."""
-        self._sock.sendall(_REQUEST.pack(b"F", total))
+    def file_append(self, total: int, fsync_interval_ms: int = NO_FSYNC) -> float:
+        """Seconds the server process took to append ``total`` bytes to a file, fsyncing it
+        every ``fsync_interval_ms`` (``NO_FSYNC``: page cache only) and once at the end."""
+        self._sock.sendall(_REQUEST.pack(b"F", total) + _INTERVAL.pack(fsync_interval_ms))
         return _SECONDS.unpack(_recv_exact(self._sock, _SECONDS.size))[0]
 
     def close(self) -> None:
