@@ -61,6 +61,8 @@ class Frame:
     header: Buffer = b""
     payload: Buffer = b""
     header_format: int = HEADER_FORMAT_FLATBUFFERS
+    # The payload's CRC-32, once a decoder has checked it against the frame's trailer.
+    payload_crc: int | None = None
 
     @property
     def is_response(self) -> bool:
@@ -354,7 +356,8 @@ class FrameDecoder:
                 f"payload checksum {actual:#010x} does not match the frame's {expected:#010x} "
                 f"(opcode {opcode:#06x}, stream_id {stream_id})")))
             return
-        self._events.append(Frame(opcode, flags, stream_id, body[:header_length], payload, fmt))
+        self._events.append(Frame(opcode, flags, stream_id, body[:header_length], payload, fmt,
+                                  actual))
 
 
 def decode_frame(data: Buffer, max_frame_length: int = MAX_FRAME_LENGTH) -> Frame:

@@ -575,11 +575,14 @@ class RangeServerHandler(RequestHandler):
         committed = req.committed_offset
         if committed >= 0 and sum(1 for g in groups.values() if g[1]) != 1:
             committed = -1  # not one range: the offset names none of them
+        # A frame of one batch: its payload checksum, checked on arrival, is the batch's.
+        crcs = [ctx.frame.payload_crc] if n == 1 else None
         for rlog, replicated, indexes, batches in groups.values():
             forwards = None
             try:
                 if replicated or not replicator.secondaries(rlog):
-                    bases, target = rlog.append(batches, now, replicated=replicated)
+                    bases, target = rlog.append(batches, now, replicated=replicated,
+                                                crcs=crcs)
                     if replicated and committed >= 0:
                         rlog.raise_read_cap(committed)
                 else:
@@ -589,7 +592,8 @@ class RangeServerHandler(RequestHandler):
                         start = rlog.written_offset
                         replicator.hold_reads(rlog, start)
                         try:
-                            bases, target = rlog.append(batches, now, stored=stored)
+                            bases, target = rlog.append(batches, now, stored=stored,
+                                                        crcs=crcs)
                         except BaseException:
                             replicator.release_reads(rlog, start, None)
                             raise

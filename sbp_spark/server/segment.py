@@ -515,6 +515,20 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
         return crc1 ^ crc2
 
 
+def crc32_with_prefix(crc: int, old: bytes, new: bytes, length: int) -> int:
+    """The CRC-32 of a ``length``-byte message whose CRC was ``crc`` before its first
+    ``len(old)`` bytes changed from ``old`` to ``new``, without reading the rest again.
+
+    CRC-32 is affine over GF(2): for equal lengths, crc(A) ^ crc(B) depends only on A ^ B,
+    and a difference confined to the first k bytes is the CRC of that difference (less the
+    CRC of k zero bytes) carried across the remaining bytes by ``crc32_combine``."""
+    k = len(old)
+    if len(new) != k or length < k:
+        raise ValueError(f"prefix of {k} bytes replaced by {len(new)} in a {length}-byte message")
+    diff = (int.from_bytes(old, "big") ^ int.from_bytes(new, "big")).to_bytes(k, "big")
+    return crc ^ crc32_combine(crc32(diff) ^ crc32(bytes(k)), 0, length - k)
+
+
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 

@@ -56,6 +56,7 @@ from .segment import (
     StoredBatch,
     atomic_write,
     combined_crc,
+    crc32_with_prefix,
     fsync_dir,
     pack_storage_header,
     verify_batches,
@@ -351,7 +352,8 @@ class RangeLog:
 
     def append(self, batches: Sequence[tuple[BatchHeader, memoryview]],
                now_ms: int | None = None, *, replicated: bool = False,
-               stored: list | None = None) -> tuple[list[int], int]:
+               stored: list | None = None,
+               crcs: Sequence[int | None] | None = None) -> tuple[list[int], int]:
         """Store ``batches`` (validated envelopes and their bytes) at the end of the range.
 
         Returns (base offset of each batch, the commit target): the batches are acknowledged
@@ -362,6 +364,9 @@ class RangeLog:
         base offsets, which must continue this log exactly (else ``ReplicationFailedError``).
         ``stored``: if given, receives each batch as stored, as [envelope, body] buffers (what
         a primary forwards to its secondaries).
+        ``crcs``: if given, the CRC-32 of each batch's bytes as received (None where not
+        known), already checked by the frame decoder: the stored CRC then follows from it
+        without another pass over the batch.
         """
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
@@ -381,12 +386,17 @@ class RangeLog:
             pieces: list = []
             records: list[tuple[int, int, int]] = []
             offset, pos = self._written, seg.size
-            for header, data in batches:
+            for i, (header, data) in enumerate(batches):
                 envelope = bytearray(data[:ENVELOPE_SIZE])
                 set_base_offset(envelope, 0, offset)
                 body = data[ENVELOPE_SIZE:]
-                batch_crc = crc32(body, crc32(envelope))
                 length = header.batch_length
+                known = crcs[i] if crcs is not None else None
+                if known is None:
+                    batch_crc = crc32(body, crc32(envelope))
+                else:
+                    batch_crc = crc32_with_prefix(known, bytes(data[:ENVELOPE_SIZE]),
+                                                  bytes(envelope), length)
                 pieces += [pack_storage_header(length, batch_crc, offset, header.record_count,
                                                now_ms), envelope, body]
                 if stored is not None:

@@ -84,6 +84,31 @@ def test_append_assigns_offsets_and_reads_back_patched_batches(store):
         assert [b.base_offset for b in chunk.batches] == [101, 102]
 
 
+def test_crc_known_on_arrival_becomes_the_stored_crc_without_a_second_pass(store):
+    # The range server passes the frame's checked payload CRC for a one-batch frame; the
+    # stored CRC must still cover the batch as stored (with its assigned base offset).
+    rlog = store.create_range(8, 0, start_offset=1_000)
+    one = _batch(b"p" * 5_000)
+    two, three = _batch(b"a" * 10), _batch(b"b" * 20)
+    rlog.append([one], crcs=[zlib.crc32(one[1])])
+    rlog.append([two, three], crcs=[zlib.crc32(two[1]), None])
+    rlog.sync()
+    stored = _read_all(rlog)  # checks every stored CRC against the bytes read back
+    assert [parse_header(memoryview(b)).base_offset for b in stored] == [1_000, 1_001, 1_002]
+
+
+def test_crc32_with_prefix_matches_a_full_pass():
+    data = bytearray(os.urandom(70_000))
+    before = zlib.crc32(data)
+    old = bytes(data[:ENVELOPE_SIZE])
+    data[4:12] = os.urandom(8)
+    assert segment_mod.crc32_with_prefix(before, old, bytes(data[:ENVELOPE_SIZE]),
+                                         len(data)) == zlib.crc32(data)
+    assert segment_mod.crc32_with_prefix(before, old, old, len(data)) == before
+    with pytest.raises(ValueError):
+        segment_mod.crc32_with_prefix(before, old, old[:-1], len(data))
+
+
 def test_uncommitted_batches_are_invisible_until_synced(store):
     rlog = store.create_range(1, 0, 0)
     _, target = rlog.append([_batch(b"x")])
