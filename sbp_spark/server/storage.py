@@ -895,6 +895,7 @@ class Storage:
         always = self.config.fsync is FsyncPolicy.ALWAYS
         # Started with the second range that needs an fsync in one round.
         pool: ThreadPoolExecutor | None = None
+        last_round = -interval  # monotonic start of the previous round
         try:
             while True:
                 with self._sync_cond:
@@ -903,10 +904,16 @@ class Storage:
                     if not self._dirty:
                         break  # closed and nothing left to sync
                     if not always and not self._closed:
-                        # Group commit: appends of the next interval share this fsync.
-                        self._sync_cond.wait_for(lambda: self._closed, timeout=interval)
+                        # Group commit: appends until one interval after the previous round
+                        # began share this fsync. Counting from its start, not its end, keeps
+                        # rounds at most one per interval without adding the fsync's own
+                        # duration to every acknowledgement's wait.
+                        wait = last_round + interval - time.monotonic()
+                        if wait > 0:
+                            self._sync_cond.wait_for(lambda: self._closed, timeout=wait)
                     dirty = list(self._dirty.values())
                     self._dirty.clear()
+                last_round = time.monotonic()
                 # Under "always", appends that arrive during these fsyncs wait for the next
                 # round, which starts at once: one fsync per round, not per append.
                 if len(dirty) == 1:

@@ -296,6 +296,41 @@ def test_fsync_interval_group_commits_concurrent_appends(tmp_path):
         assert all(r.next_offset == 10 for r in ranges)
 
 
+def test_fsync_interval_starts_rounds_at_most_one_interval_apart(tmp_path):
+    # Rounds are spaced from the start of the previous one: with an fsync taking 40 ms and a
+    # 50 ms interval, a steady writer gets a round about every 50 ms (not every 90 ms, as when
+    # the interval was counted from the end of the previous fsync), and never more than one.
+    interval_s, fsync_s = 0.05, 0.04
+    with Storage(str(tmp_path), StorageConfig(fsync="interval", fsync_interval_ms=50)) as s:
+        rlog = s.create_range(1, 0, 0)
+        real_sync = rlog.sync
+
+        def slow_sync():
+            time.sleep(fsync_s)
+            real_sync()
+
+        rlog.sync = slow_sync
+        _, target = rlog.append([_batch(b"first")])
+        s.wait_durable(rlog, target, timeout=10)
+        rounds_before = s.stats.fsyncs
+        stop = threading.Event()
+
+        def writer():
+            while not stop.is_set():
+                rlog.append([_batch(b"w" * 1000)])
+                time.sleep(0.002)
+
+        t = threading.Thread(target=writer)
+        start = time.monotonic()
+        t.start()
+        time.sleep(1.0)
+        stop.set()
+        t.join(10)
+        elapsed = time.monotonic() - start
+        rounds = s.stats.fsyncs - rounds_before
+        assert elapsed / (interval_s + fsync_s) + 3 < rounds <= elapsed / interval_s + 1
+
+
 def test_fsync_never_makes_appends_visible_at_once(tmp_path):
     with Storage(str(tmp_path), StorageConfig(fsync=FsyncPolicy.NEVER)) as s:
         rlog = s.create_range(1, 0, 0)
