@@ -106,17 +106,16 @@ def _fetch(ctx: BenchContext, stream_id: int, decode_arrow: bool) -> tuple[float
 
 def run(ctx: BenchContext) -> list[Figure]:
     cfg = ctx.config
-    ctx.progress(SECTION, f"loopback ceiling, {cfg.client_bytes // MIB} MiB each way per run")
-    sends, receives = loopback_ceilings(ctx)
-    push = cfg.client_bytes / MB / statistics.median(sends)
-    pull = cfg.client_bytes / MB / statistics.median(receives)
-
     names = ("APPEND 1 MiB batches", "FETCH 1 MiB batches",
              "APPEND 1 MiB batches, next to the storage",
              f"APPEND {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)",
              f"FETCH {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)")
     reason = adapters.client_missing(ctx)
     if reason:
+        ctx.progress(SECTION, f"loopback ceiling, {cfg.client_bytes // MIB} MiB each way per run")
+        sends, receives = loopback_ceilings(ctx)
+        push = cfg.client_bytes / MB / statistics.median(sends)
+        pull = cfg.client_bytes / MB / statistics.median(receives)
         return [unavailable(SECTION, names[0], "MB/s", reason, APPEND_TARGET, push,
                             "loopback push"),
                 unavailable(SECTION, names[1], "MB/s", reason, FETCH_TARGET, pull,
@@ -127,30 +126,46 @@ def run(ctx: BenchContext) -> list[Figure]:
 
     total = cfg.client_bytes // BATCH_BYTES
     batches = _opaque_batches(min(total, APPEND_CALL_BATCHES))
-    append_times, fetch_times, files = [], [], []
+    append_times, fetch_times, files, sends, receives = [], [], [], [], []
     # The storage ceiling: the same bytes appended to a file in the server process, made
     # durable the way the cluster acknowledges an APPEND.
     interval_ms, storage_ceiling = storage_durability(cfg.fsync)
-    storage = LoopbackClient(ctx.server.loopback)
-    for n in range(cfg.client_runs + 1):
-        stream_id = adapters.create_stream(ctx)
-        a = _append(ctx, stream_id, batches, total)
-        # The storage ceiling right after each APPEND run: this disk's speed swings with the
-        # machine's dirty page cache, so it is only comparable when measured alongside.
-        file_s = storage.file_append(cfg.client_bytes, interval_ms)
-        f, nbytes, _ = _fetch(ctx, stream_id, decode_arrow=False)
-        if nbytes != total * BATCH_BYTES:
-            raise RuntimeError(f"FETCH returned {nbytes} bytes, {total * BATCH_BYTES} appended")
-        if n:  # the first round warms the server's files and the connections
-            append_times.append(a)
-            fetch_times.append(f)
-            files.append(file_s)
-        ctx.progress(SECTION, f"{'warm-up' if not n else f'run {n}/{cfg.client_runs}'}: APPEND "
-                              f"{cfg.client_bytes / MB / a:,.0f} MB/s (file append "
-                              f"{cfg.client_bytes / MB / file_s:,.0f} MB/s), FETCH "
-                              f"{cfg.client_bytes / MB / f:,.0f} MB/s")
-    storage.close()
-    disk = cfg.client_bytes / MB / statistics.median(files)
+    mb = cfg.client_bytes / MB
+    # Each ceiling is measured right before and right after the figure it stands next to, in
+    # every round: this machine's loopback speed swings by 2-5x within minutes, and a ratio
+    # is only meaningful between measurements taken under the same conditions.
+    with LoopbackClient(ctx.server.loopback) as lo:
+        lo.send(64 * MIB)  # warm-up: socket buffers, page faults
+        lo.receive(64 * MIB)
+        for n in range(cfg.client_runs + 1):
+            stream_id = adapters.create_stream(ctx)
+            push_s = [lo.send(cfg.client_bytes)]
+            a = _append(ctx, stream_id, batches, total)
+            push_s.append(lo.send(cfg.client_bytes))
+            # The storage ceiling right after each APPEND run: this disk's speed swings with
+            # the machine's dirty page cache, so it is only comparable when measured alongside.
+            file_s = lo.file_append(cfg.client_bytes, interval_ms)
+            pull_s = [lo.receive(cfg.client_bytes)]
+            f, nbytes, _ = _fetch(ctx, stream_id, decode_arrow=False)
+            pull_s.append(lo.receive(cfg.client_bytes))
+            if nbytes != total * BATCH_BYTES:
+                raise RuntimeError(
+                    f"FETCH returned {nbytes} bytes, {total * BATCH_BYTES} appended")
+            if n:  # the first round warms the server's files and the connections
+                append_times.append(a)
+                fetch_times.append(f)
+                files.append(file_s)
+                sends += push_s
+                receives += pull_s
+            ctx.progress(
+                SECTION,
+                f"{'warm-up' if not n else f'run {n}/{cfg.client_runs}'}: APPEND {mb / a:,.0f} "
+                f"MB/s (loopback push {mb / max(push_s):,.0f}-{mb / min(push_s):,.0f}, durable "
+                f"file append {mb / file_s:,.0f} MB/s), FETCH {mb / f:,.0f} MB/s (loopback pull "
+                f"{mb / max(pull_s):,.0f}-{mb / min(pull_s):,.0f})")
+    push = mb / statistics.median(sends)
+    pull = mb / statistics.median(receives)
+    disk = mb / statistics.median(files)
 
     per_batch = cfg.client_batch_records
     record_batches = max(1, cfg.client_bytes // (per_batch * cfg.record_size) // 4)
@@ -172,7 +187,6 @@ def run(ctx: BenchContext) -> list[Figure]:
     ctx.progress(SECTION, f"records: APPEND {records_total / statistics.median(rec_append):,.0f}"
                           f"/s, FETCH {records_total / statistics.median(rec_fetch):,.0f}/s")
 
-    mb = cfg.client_bytes / MB
     return [
         Figure(SECTION, names[0], "MB/s", mb / statistics.median(append_times), push,
                "loopback push", APPEND_TARGET,
