@@ -131,8 +131,7 @@ class LoopbackServer:
                     elif op == b"R":
                         _send(conn, total, self._chunk)
                     elif op == b"F":
-                        (interval,) = _INTERVAL.unpack(
-                            conn.recv(_INTERVAL.size, socket.MSG_WAITALL))
+                        (interval,) = _INTERVAL.unpack(_recv_exact(conn, _INTERVAL.size))
                         conn.sendall(_SECONDS.pack(_file_append(self._directory, total,
                                                                 self._chunk, interval)))
                     else:
