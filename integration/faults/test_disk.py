@@ -22,7 +22,7 @@ from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import ErrorCode, SbpError, StorageFullError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server.cluster import ProcessCluster
-from sbp_spark.server.segment import STORAGE_HEADER_SIZE, unpack_storage_header
+from tests.segment_files import flip_body_byte, only_segment, stored_batches
 
 from .helpers import RIDE_OUT, check_body, check_stream, make_body
 
@@ -136,29 +136,6 @@ def test_disk_full_gives_storage_full_and_recovers(tmp_path, figures):
             assert check.ok and check.records == len(acked), check.summary()
 
 
-def _batch_positions(segment: Path) -> list[tuple[int, int, int]]:
-    """(file position of the batch bytes, batch_length, base_offset) of each stored batch."""
-    data = segment.read_bytes()
-    out, pos = [], 0
-    while pos + STORAGE_HEADER_SIZE <= len(data):
-        fields = unpack_storage_header(data, pos)
-        assert fields is not None, f"unreadable storage header at {pos} of {segment}"
-        length, _crc, base, _count, _ts = fields
-        out.append((pos + STORAGE_HEADER_SIZE, length, base))
-        pos += STORAGE_HEADER_SIZE + length
-    return out
-
-
-def _flip_byte(path: Path, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        old = f.read(1)
-        f.seek(position)
-        f.write(bytes([old[0] ^ 0x5A]))
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _read_all(client: SbpClient, sid: int, start: int = 0) -> tuple[list, SbpError | None]:
     got = []
     try:
@@ -182,10 +159,9 @@ def _stream_with_corrupt_batch(cluster: ProcessCluster, client: SbpClient
         for a, body in zip(writer.append([batch_bytes(b) for b in bodies]), bodies,
                            strict=True):
             acked[a.base_offset] = body
-    [segment] = sorted((cluster.range_server_dir(0) / "data" / "ranges").glob(
-        f"{sid}-0/*.seg"))
-    position, length, bad_offset = _batch_positions(segment)[100]
-    _flip_byte(segment, position + ENVELOPE_SIZE + length // 2)
+    segment = only_segment(cluster.range_server_dir(0) / "data" / "ranges", sid)
+    position, length, bad_offset = stored_batches(segment)[100]
+    flip_body_byte(segment, position, length)
     return sid, acked, bad_offset
 
 

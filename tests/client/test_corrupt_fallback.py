@@ -3,7 +3,6 @@ copy left the read fails naming the corrupt offset and the servers."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import DataCorruptError, ErrorCode, SbpError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.segment import STORAGE_HEADER_SIZE, unpack_storage_header
+from tests.segment_files import flip_body_byte, only_segment, stored_batches
 
 BATCHES = 40
 BAD = 20  # offset of the batch whose stored bytes get a flipped byte
@@ -55,25 +54,10 @@ def primary_index(cluster: EmbeddedCluster, client: SbpClient, sid: int) -> int:
 
 def flip_byte_of_batch(cluster: EmbeddedCluster, i: int, sid: int, offset: int) -> None:
     """Flip one byte in the body of the stored batch at ``offset`` in server ``i``'s copy."""
-    [segment] = sorted((Path(cluster.data_dir) / f"rs-{i}" / "data" / "ranges").glob(
-        f"{sid}-0/*.seg"))
-    data = segment.read_bytes()
-    pos = 0
-    while True:
-        fields = unpack_storage_header(data, pos)
-        assert fields is not None, f"unreadable storage header at {pos} of {segment}"
-        length, _crc, base, _count, _ts = fields
-        if base == offset:
-            break
-        pos += STORAGE_HEADER_SIZE + length
-    at = pos + STORAGE_HEADER_SIZE + ENVELOPE_SIZE + length // 2
-    with open(segment, "r+b") as f:
-        f.seek(at)
-        old = f.read(1)
-        f.seek(at)
-        f.write(bytes([old[0] ^ 0x5A]))
-        f.flush()
-        os.fsync(f.fileno())
+    segment = only_segment(Path(cluster.data_dir) / f"rs-{i}" / "data" / "ranges", sid)
+    [(position, length)] = [(pos, length) for pos, length, base in stored_batches(segment)
+                            if base == offset]
+    flip_body_byte(segment, position, length)
 
 
 def restart(cluster: EmbeddedCluster, i: int) -> str:
