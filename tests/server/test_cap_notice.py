@@ -15,17 +15,13 @@ import time
 import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
-from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResult,
-    Range,
     RangeReplica,
     RangeServer,
-    StreamRanges,
-    SyncRangesRequest,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
@@ -33,6 +29,7 @@ from sbp_spark.server.range_server import DelayedCalls, RangeServerConfig
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
+from tests.server.secondary import forward_of, send_append, sync_range
 
 STREAM = 6
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
@@ -52,28 +49,19 @@ def start(path, server_id: int) -> Server:
 
 
 def sync(server: Server, replicas: list[RangeReplica], end_offset: int = -1) -> None:
-    request = SyncRangesRequest(stream_ranges=[StreamRanges(STREAM, [
-        Range(STREAM, 0, 0, 0, end_offset, replicas)])])
-    with Connection(server.advertise_addr) as conn:
-        response, _ = conn.call(request)
-    assert response.sync_responses[0].status.ok
+    sync_range(server, STREAM, replicas, end_offset)
 
 
 def call(server: Server, request: AppendRequest, payload: list[bytes] | None = None
          ) -> list[AppendResult]:
-    with Connection(server.advertise_addr) as conn:
-        response, _ = conn.call(request, payload or [])
+    response = send_append(server, request, payload)
     assert response.status.ok
     return response.append_responses
 
 
 def forward(server: Server, first: int, count: int, committed: int) -> list[AppendResult]:
     """What a primary forwards: ``count`` one-record batches at ``first``."""
-    batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
-    return call(server, AppendRequest(timeout_ms=5000, committed_offset=committed,
-                                      append_requests=[AppendEntry(STREAM, i, len(b))
-                                                       for i, b in enumerate(batches)]),
-                batches)
+    return call(server, *forward_of(STREAM, first, count, committed))
 
 
 def notice(server: Server, committed: int, *streams: int) -> list[AppendResult]:

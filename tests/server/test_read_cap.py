@@ -15,18 +15,12 @@ import time
 import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
-from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
-    AppendEntry,
-    AppendRequest,
     FetchEntry,
-    Range,
     RangeReplica,
     RangeServer,
-    StreamRanges,
-    SyncRangesRequest,
 )
 from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server import EmbeddedCluster
@@ -34,6 +28,7 @@ from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
+from tests.server.secondary import forward_of, send_append, sync_range
 
 STREAM = 4
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
@@ -48,21 +43,12 @@ def start(path, server_id: int) -> Server:
 
 
 def sync(server: Server, replicas: list[RangeReplica], end_offset: int = -1) -> None:
-    request = SyncRangesRequest(stream_ranges=[StreamRanges(STREAM, [
-        Range(STREAM, 0, 0, 0, end_offset, replicas)])])
-    with Connection(server.advertise_addr) as conn:
-        response, _ = conn.call(request)
-    assert response.sync_responses[0].status.ok
+    sync_range(server, STREAM, replicas, end_offset)
 
 
 def forward(server: Server, first: int, count: int, committed: int) -> list:
     """A primary's forward: ``count`` one-record batches at ``first`` with ``committed``."""
-    batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
-    request = AppendRequest(timeout_ms=5000, committed_offset=committed, append_requests=[
-        AppendEntry(STREAM, i, len(b)) for i, b in enumerate(batches)])
-    with Connection(server.advertise_addr) as conn:
-        response, _ = conn.call(request, batches)
-    return response.append_responses
+    return send_append(server, *forward_of(STREAM, first, count, committed)).append_responses
 
 
 def offsets(rs: RangeServerClient, start: int = 0, **kw) -> list[int]:
