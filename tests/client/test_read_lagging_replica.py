@@ -54,18 +54,21 @@ def _silence_cap_notices(cluster: EmbeddedCluster) -> None:
             rs.send_cap_notice = lambda rlog: None
 
 
-def _append_each(client: SbpClient, sid: int, n: int) -> None:
+def _replicated_range(client: SbpClient, n: int):
+    """A new stream with 3 replicas holding ``n`` records, one APPEND per batch (each forward
+    moves the secondaries' caps): (stream id, its range)."""
+    (stream,) = client.create_streams(replicas=3)
+    sid = stream.stream_id
     writer = client.open_stream(sid)
-    for i in range(n):  # one APPEND per batch: each forward moves the secondaries' caps
+    for i in range(n):
         writer.append([encode_batch(body(i))])
+    (rng,) = client.list_ranges(sid)
+    return sid, rng
 
 
 def test_read_past_a_lagging_secondary_waits_for_the_failover_seal(cluster, client):
-    (stream,) = client.create_streams(replicas=3)
-    sid = stream.stream_id
     _silence_cap_notices(cluster)
-    _append_each(client, sid, 12)
-    (rng,) = client.list_ranges(sid)
+    sid, rng = _replicated_range(client, 12)
     assert client.open_range_end(rng) == 12  # the primary: everything settled
     primary = next(r.server.advertise_addr for r in rng.servers if r.is_primary)
     secondary = next(r.server.advertise_addr for r in rng.servers if not r.is_primary)
@@ -89,11 +92,8 @@ def test_read_past_a_lagging_secondary_waits_for_the_failover_seal(cluster, clie
 
 
 def test_a_replica_that_cannot_catch_up_fails_the_read_clearly(cluster, client):
-    (stream,) = client.create_streams(replicas=3)
-    sid = stream.stream_id
     _silence_cap_notices(cluster)
-    _append_each(client, sid, 5)
-    (rng,) = client.list_ranges(sid)
+    sid, rng = _replicated_range(client, 5)
     secondary = next(r for r in rng.servers if not r.is_primary)
     # A caller that planned with only that secondary (say, a task handed one replica).
     lone = type(rng)(rng.stream_id, rng.range_index, rng.start_offset, rng.next_offset,
@@ -113,10 +113,7 @@ def test_a_replica_that_cannot_catch_up_fails_the_read_clearly(cluster, client):
 def test_read_to_the_end_waits_for_the_primary_or_the_seal(cluster, client):
     """`read(stream)` asks where the open range ends: a secondary's answer is only a lower
     bound, so with the primary gone it waits for the failover seal instead of ending at 11."""
-    (stream,) = client.create_streams(replicas=3)
-    sid = stream.stream_id
-    _append_each(client, sid, 12)
-    (rng,) = client.list_ranges(sid)
+    sid, rng = _replicated_range(client, 12)
     primary = next(r.server.advertise_addr for r in rng.servers if r.is_primary)
     cluster.stop_range_server(cluster.range_server_addresses.index(primary))
     assert client.open_range_end(rng) == 12

@@ -9,6 +9,7 @@ append). Anything but a secondary of the stream's open range refuses notices.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -208,14 +209,20 @@ def _served(client: SbpClient, addr: str, sid: int) -> list[bytes]:
     return [bytes(d[ENVELOPE_SIZE:]) for _, d in client.range_server(addr).fetch(sid, 0)]
 
 
-def test_secondaries_serve_the_last_append_of_a_burst_without_another_append(tmp_path):
-    n = 6
-    with EmbeddedCluster(tmp_path, range_servers=3, fsync="never") as cluster, \
+@contextlib.contextmanager
+def _replicated_stream(tmp_path, fsync: str):
+    """A 3-server cluster with ``fsync``, a client, and a new stream with 3 replicas:
+    (cluster, client, stream id, its writer)."""
+    with EmbeddedCluster(tmp_path, range_servers=3, fsync=fsync) as cluster, \
             ConnectionPool(CLUSTER_CONFIG) as pool:
         client = SbpClient(cluster.pd_address, CLUSTER_CONFIG, pool)
         [stream] = client.create_streams(1, replicas=3)
-        sid = stream.stream_id
-        writer = client.open_stream(sid)
+        yield cluster, client, stream.stream_id, client.open_stream(stream.stream_id)
+
+
+def test_secondaries_serve_the_last_append_of_a_burst_without_another_append(tmp_path):
+    n = 6
+    with _replicated_stream(tmp_path, "never") as (_, client, sid, writer):
         for i in range(n):  # one APPEND each
             [ack] = writer.append([batch_bytes(b"v%d" % i)])
             assert ack.base_offset == i
@@ -226,12 +233,7 @@ def test_secondaries_serve_the_last_append_of_a_burst_without_another_append(tmp
 
 
 def test_restarted_primary_and_its_secondaries_serve_every_acknowledged_record(tmp_path):
-    with EmbeddedCluster(tmp_path, range_servers=3, fsync="always") as cluster, \
-            ConnectionPool(CLUSTER_CONFIG) as pool:
-        client = SbpClient(cluster.pd_address, CLUSTER_CONFIG, pool)
-        [stream] = client.create_streams(1, replicas=3)
-        sid = stream.stream_id
-        writer = client.open_stream(sid)
+    with _replicated_stream(tmp_path, "always") as (cluster, client, sid, writer):
         writer.append([batch_bytes(b"a%d" % i) for i in range(3)])
         writer.append([batch_bytes(b"b%d" % i) for i in range(2)])
         expected = [b"a0", b"a1", b"a2", b"b0", b"b1"]
