@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import DataCorruptError, ErrorCode, SbpError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
+from tests.client.private_cluster import client_of, numbered_body, retrying_config
 from tests.segment_files import flip_body_byte, only_segment, stored_batches
 
 BATCHES = 40
 BAD = 20  # offset of the batch whose stored bytes get a flipped byte
-CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=3,
-                      retry_backoff_ms=20, retry_backoff_max_ms=100, retry_deadline_s=15)
+CONFIG = retrying_config(retries=3, retry_deadline_s=15, retry_backoff_max_ms=100)
 
 
 def body(i: int) -> bytes:
-    return b"record-%06d|" % i + bytes([i % 251]) * 4000
+    return numbered_body(b"record", i, 4000)
 
 
 @pytest.fixture
@@ -33,8 +33,8 @@ def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 def client(cluster) -> Iterator[SbpClient]:
-    with ConnectionPool(CONFIG) as pool:
-        yield SbpClient(cluster.pd_address, CONFIG, pool)
+    with client_of(cluster, CONFIG) as running:
+        yield running
 
 
 def write_stream(client: SbpClient, replicas: int) -> int:

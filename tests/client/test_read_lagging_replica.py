@@ -19,15 +19,19 @@ from sbp_spark.client import ClientConfig, SbpClient
 from sbp_spark.protocol.errors import ReplicaBehindError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
-from tests.client.private_cluster import client_of, private_cluster
+from tests.client.private_cluster import (
+    client_of,
+    numbered_body,
+    private_cluster,
+    retrying_config,
+)
 from tests.polling import wait_until
 
-CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=50,
-                      retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=30)
+CONFIG = retrying_config(retries=50, retry_deadline_s=30)
 
 
 def body(i: int) -> bytes:
-    return b"lagging-%06d|" % i + bytes([i % 251]) * 1000
+    return numbered_body(b"lagging", i, 1000)
 
 
 @pytest.fixture

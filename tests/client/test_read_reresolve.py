@@ -10,22 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from sbp_spark.client import ClientConfig, SbpClient
+from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
-from tests.client.private_cluster import HEARTBEAT_S, client_of, private_cluster
+from tests.client.private_cluster import (
+    HEARTBEAT_S,
+    client_of,
+    numbered_body,
+    private_cluster,
+    retrying_config,
+)
 from tests.polling import wait_until
 
 # Few retries: without re-resolving, the read would give up long before the deadline.
-CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=4,
-                      retry_backoff_ms=20, retry_backoff_max_ms=200, retry_deadline_s=20)
+CONFIG = retrying_config(retries=4, retry_deadline_s=20)
 
 
 def body(i: int) -> bytes:
-    return b"record-%06d|" % i + bytes([i % 251]) * 2000
+    return numbered_body(b"record", i, 2000)
 
 
 @pytest.fixture
