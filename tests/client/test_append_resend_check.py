@@ -6,6 +6,7 @@ then drops the answer and the connection, as a network failure at the worst mome
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -44,20 +45,17 @@ class AnswerLosingProxy:
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
-        try:
+        # OSError: the other direction closed the pair first.
+        with contextlib.suppress(OSError):
             while data := src.recv(1 << 16):
                 if answers and self.armed.is_set():
                     self.armed.clear()
                     self.lost.set()
                     break  # the answer never reaches the client
                 dst.sendall(data)
-        except OSError:
-            pass  # the other direction closed the pair first
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):  # already closed
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
             s.close()
 
     def close(self) -> None:
