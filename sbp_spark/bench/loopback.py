@@ -103,7 +103,10 @@ class LoopbackServer:
         self._sock = socket.create_server((host, 0))
         host, port = self._sock.getsockname()[:2]
         self.address = f"{host}:{port}"
-        self._chunk = bytes(range(256)) * (SEND_CHUNK // 256)
+        # Random like the APPEND bench's batches: a repeating pattern would let a compressing
+        # or deduplicating filesystem (btrfs, ZFS) write next to nothing and inflate the
+        # storage ceiling.
+        self._chunk = os.urandom(SEND_CHUNK)
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="loopback-accept", daemon=True)
         self._thread.start()
