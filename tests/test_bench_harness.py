@@ -15,7 +15,7 @@ import pytest
 from sbp_spark.bench import harness, main
 from sbp_spark.bench.client import storage_durability
 from sbp_spark.bench.loopback import NO_FSYNC, LoopbackClient, LoopbackServer
-from sbp_spark.bench.procmem import PeakSampler, hwm_kib, reset_peak, rss_kib
+from sbp_spark.bench.procmem import PeakSampler, hwm_kib, reset_peak, rss_kib, status_kib
 from sbp_spark.bench.report import (
     AT_LEAST,
     AT_LEAST_RATIO,
@@ -101,6 +101,13 @@ def test_proc_memory_of_this_process():
     assert rss_kib(2**22 + 12345) is None  # no such process
 
 
+def test_proc_status_fields_in_one_read():
+    fields = status_kib(os.getpid(), ("VmRSS", "RssAnon", "Threads", "NoSuchField"))
+    assert set(fields) == {"VmRSS", "RssAnon", "Threads"}
+    assert fields["Threads"] >= 1 and 0 < fields["RssAnon"] <= fields["VmRSS"]
+    assert status_kib(2**22 + 12345, ("VmRSS",)) == {}  # no such process
+
+
 def test_bad_options_fail_with_a_message(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--sections", "codec,nonsense"])
@@ -145,6 +152,23 @@ def test_codec_and_client_run_end_to_end(tmp_path, capsys):
     assert "| figure" in captured.out and "1 MiB frame encode+decode" in captured.out
     assert "codec: starting" in captured.err  # progress goes to stderr, one line per step
     assert code == (1 if any(f["status"].startswith("error") for f in doc["figures"]) else 0)
+
+
+def test_client_bench_script_adds_the_per_batch_figures(tmp_path, capsys):
+    from integration.bench import client_bench
+
+    out = tmp_path / "client.json"
+    code = client_bench.main(["--mib", "4", "--runs", "1", "--small-batches", "300",
+                              "--json", str(out)])
+    doc = json.loads(out.read_text())
+    figures = {f["name"]: f for f in doc["figures"]}
+    # The client section of sbp bench, run by the same code, then this script's own figures.
+    assert figures["FETCH 1 MiB batches"]["ceiling_name"] == "loopback pull"
+    for name in ("APPEND one 100 B record per batch", "FETCH one 100 B record per batch"):
+        assert figures[name]["unit"] == "batches/s" and figures[name]["value"] > 0
+        assert figures[name]["extra"]["batches"] == 300
+    assert "one 100 B record per batch" in capsys.readouterr().out
+    assert code == 0
 
 
 def test_storage_ceiling_follows_the_cluster_fsync_policy(tmp_path):

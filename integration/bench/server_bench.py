@@ -10,8 +10,9 @@ Measured, for each fsync policy (``never``, ``interval``, ``always``):
   for the whole range);
 * APPEND and FETCH records/s with 100-byte records in 1,000-record Arrow batches;
 
-next to the disk's own write speed (APPEND cannot beat it), and the server's resident memory
-(RSS) while 64 clients append and long-poll at once.
+each next to its storage ceiling: the same bytes appended to a file on the data directory's
+disk, made durable the way that policy acknowledges (``sbp bench``'s definition; APPEND cannot
+beat it); and the server's resident memory (RSS) while 64 clients append and long-poll at once.
 
 Usage: ``python integration/bench/server_bench.py [--mib 256] [--records 1000000]
 [--clients 64] [--seconds 5] [--policies never,interval,always] [--repeats 3]
@@ -35,6 +36,9 @@ from contextlib import contextmanager
 
 import pyarrow as pa
 
+from sbp_spark.bench.client import storage_durability
+from sbp_spark.bench.loopback import file_append_seconds
+from sbp_spark.bench.procmem import status_kib
 from sbp_spark.client import ClientConfig, Connection
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.messages import (
@@ -104,15 +108,9 @@ def server_process(fsync: str) -> Iterator[tuple[str, int]]:
 
 
 def memory_of(pid: int) -> dict[str, int]:
-    """RSS figures of a process in bytes: VmRSS, VmHWM (peak), RssAnon, RssFile."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads"):
-                n = int(value.split()[0])
-                fields[key] = n if key == "Threads" else n * 1024
-    return fields
+    """RSS figures of a process in bytes: VmRSS, VmHWM (peak), RssAnon, RssFile; and Threads."""
+    fields = status_kib(pid, ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads"))
+    return {k: v if k == "Threads" else v * 1024 for k, v in fields.items()}
 
 
 # -- client helpers --------------------------------------------------------------------------
@@ -189,7 +187,7 @@ def bench_policy(fsync: str, mib: int, records: int) -> dict:
     big = batch_bytes(os.urandom(MIB - 28))
     small = records_batch()
     n_small = max(1, records // 1000)
-    out: dict = {"fsync": fsync}
+    out: dict = {"fsync": fsync, "storage_MBps": bench_storage(fsync, mib)}
     with server_process(fsync) as (address, _pid), Connection(address, _CLIENT) as conn:
         create_range(conn, 1)
         create_range(conn, 2)
@@ -208,25 +206,14 @@ def bench_policy(fsync: str, mib: int, records: int) -> dict:
     return out
 
 
-def bench_disk(mib: int) -> dict:
-    """The ceiling APPEND cannot beat: plain 8 MiB pwritev calls into a file on the disk the
-    server's data goes to (page cache), then one fsync of it all."""
-    chunk = os.urandom(8 * MIB)
+def bench_storage(fsync: str, mib: int) -> float:
+    """The ceiling APPEND cannot beat under ``fsync``, in MB/s: the same bytes appended to a
+    file where the server's data goes, made durable the way the server acknowledges (the
+    definition ``sbp bench`` uses)."""
+    interval_ms, _ = storage_durability(fsync)
     with tempfile.TemporaryDirectory(prefix="sbp-server-bench-", dir=DATA_ROOT) as d:
-        fd = os.open(os.path.join(d, "probe"), os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            began = time.perf_counter()
-            for i in range(max(1, mib // 8)):
-                os.pwritev(fd, [chunk], i * len(chunk))
-            write_s = time.perf_counter() - began
-            began = time.perf_counter()
-            os.fsync(fd)
-            fsync_s = time.perf_counter() - began
-        finally:
-            os.close(fd)
-    nbytes = max(1, mib // 8) * len(chunk)
-    return {"write_MBps": nbytes / write_s / 1e6,
-            "write_fsync_MBps": nbytes / (write_s + fsync_s) / 1e6}
+        seconds = file_append_seconds(d, mib * MIB, os.urandom(MIB), interval_ms)
+    return mib * MIB / seconds / 1e6
 
 
 def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
@@ -315,11 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     DATA_ROOT = args.data_root
     results: dict = {"policies": [], "machine_cpus": os.cpu_count(),
                      "data_root": args.data_root or tempfile.gettempdir()}
-    disk = results["disk"] = bench_disk(args.mib)
-    print(f"disk ceiling: pwritev {disk['write_MBps']:.0f} MB/s into the page cache, "
-          f"{disk['write_fsync_MBps']:.0f} MB/s including the fsync")
-    print(f"{'fsync':9} {'APPEND MB/s':>12} {'FETCH MB/s':>11} {'APPEND rec/s':>13} "
-          f"{'FETCH rec/s':>12}")
+    print(f"{'fsync':9} {'storage MB/s':>13} {'APPEND MB/s':>12} {'FETCH MB/s':>11} "
+          f"{'APPEND rec/s':>13} {'FETCH rec/s':>12}")
     for policy in args.policies.split(","):
         runs = [bench_policy(policy.strip(), args.mib, args.records)
                 for _ in range(args.repeats)]
@@ -328,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              for k, v in runs[0].items()}
         r["runs"] = runs
         results["policies"].append(r)
-        print(f"{r['fsync']:9} {r['append_MBps']:12.0f} {r['fetch_MBps']:11.0f} "
+        print(f"{r['fsync']:9} {r['storage_MBps']:13.0f} {r['append_MBps']:12.0f} "
+              f"{r['fetch_MBps']:11.0f} "
               f"{r['append_records_per_s']:13,.0f} {r['fetch_records_per_s']:12,.0f}",
               flush=True)
     if args.clients > 0:

@@ -61,7 +61,12 @@ def _send(sock: socket.socket, total: int, chunk: bytes) -> None:
         left -= n
 
 
-def _file_append(directory: str, total: int, chunk: bytes, fsync_interval_ms: int) -> float:
+def file_append_seconds(directory: str, total: int, chunk: bytes,
+                        fsync_interval_ms: int = NO_FSYNC) -> float:
+    """Seconds to append ``total`` bytes to a new file in ``directory``, one ``pwritev`` of
+    ``chunk`` at a time, while a second thread fsyncs it every ``fsync_interval_ms``
+    (``NO_FSYNC``: never; 0: back to back), then once more at the end; the file is removed.
+    The storage ceiling of an APPEND acknowledged under the same durability."""
     fd, path = tempfile.mkstemp(prefix="bench-ceiling-", dir=directory)
     done = threading.Event()
 
@@ -135,7 +140,7 @@ class LoopbackServer:
                         _send(conn, total, self._chunk)
                     elif op == b"F":
                         (interval,) = _INTERVAL.unpack(_recv_exact(conn, _INTERVAL.size))
-                        conn.sendall(_SECONDS.pack(_file_append(self._directory, total,
+                        conn.sendall(_SECONDS.pack(file_append_seconds(self._directory, total,
                                                                 self._chunk, interval)))
                     else:
                         return

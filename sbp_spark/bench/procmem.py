@@ -15,25 +15,30 @@ from collections.abc import Iterable
 PYSPARK_WORKER_MARKERS = ("pyspark.daemon", "pyspark.worker")
 
 
-def _status_kib(pid: int, key: str) -> int | None:
+def status_kib(pid: int, keys: Iterable[str]) -> dict[str, int]:
+    """The ``keys`` (e.g. ``VmRSS``, ``RssAnon``, ``Threads``) of ``/proc/<pid>/status`` that it
+    has, as numbers (sizes in KiB); empty if the process is gone (or this is not Linux)."""
+    wanted = set(keys)
+    out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1])
+                key, _, value = line.partition(":")
+                if key in wanted:
+                    out[key] = int(value.split()[0])
     except (OSError, ValueError):
-        return None  # the process is gone (or not Linux)
-    return None
+        return {}
+    return out
 
 
 def rss_kib(pid: int) -> int | None:
     """Current resident set size of ``pid`` in KiB (None if it has exited)."""
-    return _status_kib(pid, "VmRSS:")
+    return status_kib(pid, ("VmRSS",)).get("VmRSS")
 
 
 def hwm_kib(pid: int) -> int | None:
     """Peak resident set size of ``pid`` in KiB since it started or since ``reset_peak``."""
-    return _status_kib(pid, "VmHWM:")
+    return status_kib(pid, ("VmHWM",)).get("VmHWM")
 
 
 def reset_peak(pid: int) -> bool:
