@@ -52,11 +52,9 @@ def per_batch_figures(ctx: BenchContext, batches: int) -> list[Figure]:
         raise RuntimeError(f"read back {got} batches, appended {batches}")
     ctx.progress("per-batch", f"one record per batch: APPEND {batches / append_s:,.0f}/s, "
                           f"FETCH {batches / fetch_s:,.0f}/s")
-    name = f"{{}} one {RECORD_BYTES} B record per batch"
-    return [Figure(SECTION, name.format("APPEND"), "batches/s", batches / append_s,
-                   extra={"batches": batches, "seconds": append_s}),
-            Figure(SECTION, name.format("FETCH"), "batches/s", batches / fetch_s,
-                   extra={"batches": batches, "seconds": fetch_s})]
+    return [Figure(SECTION, f"{op} one {RECORD_BYTES} B record per batch", "batches/s",
+                   batches / seconds, extra={"batches": batches, "seconds": seconds})
+            for op, seconds in (("APPEND", append_s), ("FETCH", fetch_s))]
 
 
 def main(argv: list[str] | None = None) -> int:
