@@ -254,7 +254,7 @@ class SbpClient:
                 batches = self.range_server(address).fetch(
                     stream_id, position, end, budget, max_wait_ms, min_bytes)
                 for header, data in batches:
-                    yield FetchedBatch(stream_id, range_index, header, data)
+                    yield FetchedBatch(stream_id, range_index, header, data, address)
                     if header.end_offset > position:
                         position = header.end_offset
                     budget = max(budget - header.batch_length, 0)
