@@ -590,15 +590,22 @@ class PlacementDriver:
     def _push_ranges(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
                      skip: Iterable[int] = ()) -> None:
         """SYNC_RANGES ``ranges`` to the servers holding them; failures, and the servers in
-        ``skip`` (known to be down), are owed a resync."""
+        ``skip`` (known to be down), are owed a resync.
+
+        Secondaries hear first: a primary that learned of a new range before its secondaries
+        would forward its first appends to servers that do not hold the range yet, fail them
+        and seal the range at once."""
         by_server: dict[int, list[RangeMeta]] = defaultdict(list)
+        leaders: set[int] = set()  # primaries of open ranges: pushed last
         for rng in ranges:
             for sid in rng.server_ids:
                 by_server[sid].append(rng)
+            if rng.is_open and rng.primary is not None:
+                leaders.add(rng.primary)
         for sid in set(skip) & by_server.keys():
             del by_server[sid]
             self._owe_resync(sid)
-        for sid, held in by_server.items():
+        for sid, held in sorted(by_server.items(), key=lambda item: item[0] in leaders):
             try:
                 self._sync_to(sid, held, timeout_s)
             except SbpError as exc:

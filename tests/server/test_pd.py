@@ -293,6 +293,22 @@ def test_seal_and_new_of_a_replicated_range_ends_at_the_smallest_replica_end(con
     assert res.status.ok and list_ranges(conn, sid)[1].end_offset == 15
 
 
+def test_a_new_range_reaches_its_secondaries_before_its_primary(conn, servers):
+    order: list[int] = []
+    for rs in servers:
+        original = rs.handle
+
+        def handle(ctx, rs=rs, original=original):
+            if ctx.opcode == Opcode.SYNC_RANGES:
+                order.append(rs.server_id)
+            original(ctx)
+
+        rs.handle = handle
+    sid = create_one(conn, replicas=3)
+    [r0] = list_ranges(conn, sid)
+    assert order[-1] == r0.primary.server_id and len(order) == 3
+
+
 def test_seal_errors(conn, servers):
     sid = create_one(conn)
     assert seal(conn, sid, 5).status.code == ErrorCode.RANGE_NOT_FOUND
