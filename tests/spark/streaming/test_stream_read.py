@@ -29,6 +29,17 @@ def to_memory(df, name, checkpoint, **trigger):
             .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
 
 
+def values_to_parquet(spark, pd, streams, tmp_path, **options) -> None:
+    """One availableNow run of a query writing the streams' values (as strings) to
+    ``tmp_path/out``, checkpointed in ``tmp_path/ck``; raises what the query failed with."""
+    query = (stream_df(spark, pd, streams, startingOffsets="earliest", **options)
+             .selectExpr("CAST(value AS STRING) AS v")
+             .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+
+
 def source_progress(query):
     """(numInputRows, endOffset, latestOffset) of each micro-batch that read rows."""
     out = []
@@ -187,12 +198,7 @@ def test_deleted_stream(spark, pd, sbp_client, tmp_path):
     out = tmp_path / "out"
 
     def run(**options):
-        query = (stream_df(spark, pd, [kept, doomed], startingOffsets="earliest", **options)
-                 .selectExpr("CAST(value AS STRING) AS v")
-                 .writeStream.format("parquet").option("path", str(out))
-                 .option("checkpointLocation", str(tmp_path / "ck"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(120)
+        values_to_parquet(spark, pd, [kept, doomed], tmp_path, **options)
 
     run()
     sbp_client.delete_streams([doomed])
@@ -218,12 +224,7 @@ def test_a_query_notices_history_rewritten_under_its_checkpoint(
     out = tmp_path / "out"
 
     def run(**options):
-        query = (stream_df(spark, pd, [sid], startingOffsets="earliest", **options)
-                 .selectExpr("CAST(value AS STRING) AS v")
-                 .writeStream.format("parquet").option("path", str(out))
-                 .option("checkpointLocation", str(tmp_path / "ck"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(120)
+        values_to_parquet(spark, pd, [sid], tmp_path, **options)
 
     run()
     rewrite_history(sbp_cluster, sid, 5)
