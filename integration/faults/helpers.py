@@ -185,6 +185,7 @@ class Seen(NamedTuple):
 
     header: BatchHeader
     data: bytes
+    server: str = ""  # the replica that served it
 
 
 class Tail(threading.Thread):
@@ -234,7 +235,7 @@ class Tail(threading.Thread):
                     if self.light:
                         self._check_inline(b)
                     else:
-                        self.batches.append(Seen(b.header, bytes(b.data)))
+                        self.batches.append(Seen(b.header, bytes(b.data), b.server))
                     self.bytes_read += b.header.batch_length
                     self.offset = b.header.end_offset
             except SbpError as exc:

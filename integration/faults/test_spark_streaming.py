@@ -211,7 +211,7 @@ def check_output(client: SbpClient, stream_id: int, inputs: dict[int, bytes],
     return out
 
 
-def _relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) -> None:
+def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) -> None:
     with ProcessCluster(tmp_path, range_servers=servers) as cluster, \
             ConnectionPool(RIDE_OUT) as pool:
         client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
@@ -295,7 +295,7 @@ def _relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) ->
     "exactly once with its exact bytes, offsets without holes, nothing corrupt; every "
     "acknowledged input batch is stored")
 def test_spark_streaming_relay_while_range_server_is_killed(tmp_path, spark, figures):
-    _relay_under_fault(tmp_path, spark, figures, replicas=1, servers=1)
+    relay_under_fault(tmp_path, spark, figures, replicas=1, servers=1)
 
 
 @pytest.mark.slow
@@ -308,4 +308,4 @@ def test_spark_streaming_relay_while_range_server_is_killed(tmp_path, spark, fig
     "survivors; the output holds every input record exactly once, byte for byte")
 def test_spark_streaming_relay_while_primary_is_killed_with_three_replicas(
         tmp_path, spark, figures):
-    _relay_under_fault(tmp_path, spark, figures, replicas=3, servers=4)
+    relay_under_fault(tmp_path, spark, figures, replicas=3, servers=4)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from sbp_spark.protocol.errors import (
     BatchFormatError,
     DataCorruptError,
+    HistoryRewrittenError,
     PdNotLeaderError,
     ProtocolError,
     RangeNotFoundError,
@@ -254,7 +255,7 @@ class SbpClient:
                 batches = self.range_server(address).fetch(
                     stream_id, position, end, budget, max_wait_ms, min_bytes)
                 for header, data in batches:
-                    yield FetchedBatch(stream_id, range_index, header, data)
+                    yield FetchedBatch(stream_id, range_index, header, data, address)
                     if header.end_offset > position:
                         position = header.end_offset
                     budget = max(budget - header.batch_length, 0)
@@ -280,9 +281,14 @@ class SbpClient:
                         raise _corrupt_everywhere(stream_id, range_index, position,
                                                   corrupt) from exc
                 retrier.retry_after(exc)
-                if replicas.sealed_end is not None:
-                    # The PD says the range ended (sealed while being read): stop there.
-                    end = replicas.sealed_end if end == -1 else min(end, replicas.sealed_end)
+                sealed = replicas.sealed_end
+                if sealed is not None:
+                    # The PD says the range ended (sealed while being read): stop there. An
+                    # end the caller was told the range holds lies never past its final end,
+                    # unless the range's history was rewritten: say so instead of ending short.
+                    if end != -1 and sealed < end and position >= sealed:
+                        raise HistoryRewrittenError(stream_id, range_index, sealed, end) from exc
+                    end = sealed if end == -1 else min(end, sealed)
                     if position >= end:
                         return
 

@@ -68,6 +68,8 @@ class FetchedBatch:
     range_index: int
     header: BatchHeader
     data: memoryview
+    # host:port of the replica that served it (where a reader saw what it saw)
+    server: str = ""
 
 
 @dataclass(slots=True)

@@ -123,6 +123,29 @@ class ReplicaBehindError(SbpError):
     one a little later, can serve them."""
 
 
+class HistoryRewrittenError(SbpError):
+    """A range ended below an offset a reader had been told it holds (or had read up to): the
+    records between its end and that offset are not part of the stream. Our cluster never
+    does this (docs/reliability.md); a reader that meets it must not go on as if nothing
+    happened."""
+
+    def __init__(self, stream_id: int, range_index: int, end_offset: int, expected: int,
+                 what: str = "") -> None:
+        self.stream_id = stream_id
+        self.range_index = range_index
+        self.end_offset = end_offset
+        self.expected = expected
+        self.what = what
+        super().__init__(
+            f"stream {stream_id}: range {range_index} was sealed at offset {end_offset}, below "
+            f"offset {expected} {what or 'that the reader was told it holds'}; its records "
+            f"[{end_offset}, {expected}) are not part of the stream")
+
+    def __reduce__(self):
+        return (type(self), (self.stream_id, self.range_index, self.end_offset, self.expected,
+                             self.what))
+
+
 class ServerError(SbpError):
     """A response status with a non-zero code."""
 

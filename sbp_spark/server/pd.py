@@ -345,16 +345,20 @@ class PlacementDriver:
             end_offset = self._seal_on_servers(last, timeout_s)
             stream = self.store.get_stream(stream_id)
             with self._placement_lock:
+                servers: list[int] | None = None
                 try:
                     servers = self._choose(stream.replica_nums)
-                except ServerError:
-                    self.store.seal_range(stream_id, range_index, end_offset)
-                    raise
-                _, new = self.store.seal_range(stream_id, range_index, end_offset, servers)
-            assert new is not None
-            log.info("sealed range %d of stream %d at %d; range %d open on %s", range_index,
-                     stream_id, end_offset, new.range_index, new.server_ids)
-        self._push_ranges([new], timeout_s)
+                except ServerError as exc:
+                    unplaced = exc  # sealed all the same: no write can be acknowledged on it
+                sealed, new = self.store.seal_range(stream_id, range_index, end_offset,
+                                                    servers)
+            if new is not None:
+                log.info("sealed range %d of stream %d at %d; range %d open on %s",
+                         range_index, stream_id, end_offset, new.range_index, new.server_ids)
+        # The sealed range's replicas are fenced until they hear its end (read_cap.py).
+        self._push_ranges([sealed] if new is None else [sealed, new], timeout_s)
+        if new is None:
+            raise unplaced
         return new
 
     def create_range(self, stream_id: int, range_index: int,
@@ -516,7 +520,13 @@ class PlacementDriver:
             f"range server {server_id} at {addr} did not answer: {failure}") from failure
 
     def _seal_on_servers(self, rng: RangeMeta, timeout_s: float | None) -> int:
-        """Seal ``rng`` on its primary (whose end offset counts), then on its secondaries."""
+        """Seal ``rng`` on its primary, which must answer, then on its secondaries; the range
+        ends at the smallest end the replicas that answered report.
+
+        Every acknowledged record, and every record a reader may have seen, is on every
+        replica, so that end keeps them all. Records past it reached some replicas only
+        (their appends failed), so no reader saw them and their writers retry them.
+        """
         request = m.SealRangesRequest(
             timeout_ms=int((timeout_s or self.config.range_server_timeout_s) * 1000),
             ranges=[m.RangeId(rng.stream_id, rng.range_index)])
@@ -524,16 +534,19 @@ class PlacementDriver:
         if primary is None:
             raise UnknownError(f"range {rng.range_index} of stream {rng.stream_id} "
                                "has no primary in the metadata")
-        sealed = self._seal_one(primary, request, rng, timeout_s)
+        ends = {primary: self._seal_one(primary, request, rng, timeout_s)}
         for sid in rng.server_ids:
             if sid == primary:
                 continue
             try:
-                self._seal_one(sid, request, rng, timeout_s)
+                ends[sid] = self._seal_one(sid, request, rng, timeout_s)
             except SbpError as exc:
                 log.warning("secondary %d of range %d of stream %d did not seal: %s", sid,
                             rng.range_index, rng.stream_id, exc)
-        return sealed
+        if len(set(ends.values())) > 1:
+            log.info("range %d of stream %d: replicas stopped at %s; it ends at the smallest",
+                     rng.range_index, rng.stream_id, ends)
+        return min(ends.values())
 
     def _seal_one(self, server_id: int, request: m.SealRangesRequest, rng: RangeMeta,
                   timeout_s: float | None) -> int:
@@ -577,15 +590,22 @@ class PlacementDriver:
     def _push_ranges(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
                      skip: Iterable[int] = ()) -> None:
         """SYNC_RANGES ``ranges`` to the servers holding them; failures, and the servers in
-        ``skip`` (known to be down), are owed a resync."""
+        ``skip`` (known to be down), are owed a resync.
+
+        Secondaries hear first: a primary that learned of a new range before its secondaries
+        would forward its first appends to servers that do not hold the range yet, fail them
+        and seal the range at once."""
         by_server: dict[int, list[RangeMeta]] = defaultdict(list)
+        leaders: set[int] = set()  # primaries of open ranges: pushed last
         for rng in ranges:
             for sid in rng.server_ids:
                 by_server[sid].append(rng)
+            if rng.is_open and rng.primary is not None:
+                leaders.add(rng.primary)
         for sid in set(skip) & by_server.keys():
             del by_server[sid]
             self._owe_resync(sid)
-        for sid, held in by_server.items():
+        for sid, held in sorted(by_server.items(), key=lambda item: item[0] in leaders):
             try:
                 self._sync_to(sid, held, timeout_s)
             except SbpError as exc:

@@ -71,6 +71,7 @@ from ..protocol.messages import RangeServer as RangeServerInfo
 from ..protocol.records import BatchHeader, parse_header
 from .fetch import DEFAULT_FETCH_FRAME_BYTES, FetchServer
 from .net import FrameServer, NetConfig, RequestContext, RequestHandler
+from .read_cap import CapState
 from .replication import Replicator
 from .segment import atomic_write
 from .storage import RangeLog, Replica, Storage, StorageConfig
@@ -199,14 +200,23 @@ class Metrics:
         return sum(1 for t in list(self.active.values()) if t >= cutoff)
 
 
-def range_view(rlog: RangeLog) -> Range:
-    """The wire form of a local range, with its live (committed) next_offset."""
+def range_view(rlog: RangeLog, stopped: bool = False) -> Range:
+    """The wire form of a local range; next_offset is how far readers may see here.
+
+    A range sealed here whose end the PD has not recorded yet (fenced, see read_cap.py) is
+    shown open: its end is not final, and the PD may end it lower. ``stopped`` (the answer to
+    SEAL_RANGES) shows it with end_offset = where this replica stopped taking appends, which
+    is what the PD needs to choose the end.
+    """
+    end = rlog.end_offset
+    if not stopped and rlog.cap.state is CapState.FENCED:
+        end = -1
     return Range(
         stream_id=rlog.stream_id,
         range_index=rlog.range_index,
         start_offset=rlog.start_offset,
         next_offset=rlog.readable_offset,
-        end_offset=rlog.end_offset,
+        end_offset=end,
         servers=[RangeReplica(RangeServerInfo(r.server_id, r.advertise_addr), r.is_primary)
                  for r in rlog.replicas],
     )
@@ -389,7 +399,7 @@ class RangeServer:
     def send_cap_notice(self, rlog: RangeLog) -> None:
         """Send the secondaries of ``rlog`` its cap if nothing is pending and they do not
         have it yet. Best effort: the next forward carries the cap anyway."""
-        committed = self.replicator.notice_due(rlog)
+        committed = rlog.cap.notice_due(rlog.next_offset)
         if committed is None:
             return
         for answer in self.replicator.notify(rlog, committed):
@@ -401,11 +411,10 @@ class RangeServer:
     def _probe_due(self, rlog: RangeLog) -> bool:
         # A primary's open replicated range whose readers miss records durable here, with no
         # append under way (one that settles raises the cap by itself).
-        cap = rlog.read_cap
-        return (cap is not None and not rlog.sealed and not rlog.deleted
-                and cap < rlog.next_offset and self.is_primary(rlog)
-                and bool(self.replicator.secondaries(rlog))
-                and not self.replicator.pending(rlog))
+        cap = rlog.cap
+        return (cap.state is CapState.CAPPED and not rlog.deleted
+                and rlog.readable_offset < rlog.next_offset and self.is_primary(rlog)
+                and bool(self.replicator.secondaries(rlog)) and not cap.pending)
 
     def probe_read_cap(self, rlog: RangeLog) -> bool:
         """Ask every secondary of ``rlog`` how far it stored the range, and let readers see
@@ -420,7 +429,7 @@ class RangeServer:
                          rlog.read_cap)
                 return False
             ends.append(answer.stored_end)
-        if self.replicator.raise_settled(rlog, min(ends)):
+        if rlog.cap.settle(min(ends)):
             log.info("range %d/%d: every replica holds it up to %d; readers see that far",
                      rlog.stream_id, rlog.range_index, rlog.read_cap)
         self.send_cap_notice(rlog)
@@ -584,18 +593,18 @@ class RangeServerHandler(RequestHandler):
                     bases, target = rlog.append(batches, now, replicated=replicated,
                                                 crcs=crcs)
                     if replicated and committed >= 0:
-                        rlog.raise_read_cap(committed)
+                        rlog.cap.learn(committed, rlog.written_offset)
                 else:
                     stored: list = []
                     with replicator.order_lock(rlog):
                         # Readers wait for the secondaries (see replication.py).
                         start = rlog.written_offset
-                        replicator.hold_reads(rlog, start)
+                        rlog.cap.hold(start)
                         try:
                             bases, target = rlog.append(batches, now, stored=stored,
                                                         crcs=crcs)
                         except BaseException:
-                            replicator.release_reads(rlog, start, None)
+                            rlog.cap.release(start, None)
                             raise
                         forwards = replicator.send(rlog, stored, req.timeout_ms)
             except ServerError as exc:
@@ -656,7 +665,7 @@ class RangeServerHandler(RequestHandler):
                 results.append(AppendResult(e.stream_id, e.request_index, -1, 0, _status(exc)))
                 continue
             if committed >= 0:
-                rlog.raise_read_cap(committed)
+                rlog.cap.learn(committed, rlog.written_offset)
             results.append(AppendResult(e.stream_id, e.request_index, rlog.written_offset, now))
         ctx.reply(AppendResponse(append_responses=results))
 
@@ -691,7 +700,7 @@ class RangeServerHandler(RequestHandler):
         replicator = self.server.replicator
         problem = replicator.wait(forwards)
         if problem is None:
-            replicator.release_reads(rlog, start, end)
+            rlog.cap.release(start, end)
             self.server.settled(rlog, end)
             done(indexes, None)
             return
@@ -702,7 +711,7 @@ class RangeServerHandler(RequestHandler):
         except (OSError, ServerError) as exc:
             log.error("sealing range %d/%d after a replication failure failed: %s",
                       rlog.stream_id, rlog.range_index, exc)
-        replicator.release_reads(rlog, start, None)
+        rlog.cap.release(start, None)
         done(indexes, ReplicationFailedError(f"not stored on every replica: {problem}"))
 
     def _finish_append(self, ctx: RequestContext, results: list, started: float) -> None:
@@ -755,7 +764,11 @@ class RangeServerHandler(RequestHandler):
             try:
                 rlog = self._local_range(rid.stream_id, rid.range_index)
                 rlog.seal()
-                out.append(SealRangesResult(rid.stream_id, range=range_view(rlog)))
+                log.info("range %d/%d sealed here at %d (durable to %d, readers see up to %d, "
+                         "read cap %s)", rid.stream_id, rid.range_index, rlog.end_offset,
+                         rlog.next_offset, rlog.readable_offset, rlog.cap.state.value)
+                out.append(SealRangesResult(rid.stream_id,
+                                            range=range_view(rlog, stopped=True)))
             except ServerError as exc:
                 out.append(SealRangesResult(rid.stream_id, _status(exc)))
         ctx.reply(SealRangesResponse(seal_responses=out))

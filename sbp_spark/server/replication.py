@@ -100,12 +100,6 @@ class Replicator:
                                                 ).with_tls(tls))
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        # Per range: where the appends not yet settled (sent, not yet stored by every
-        # secondary) begin, and the end of the prefix known to be on every replica.
-        self._unsettled: dict[tuple[int, int], set[int]] = {}
-        self._settled_end: dict[tuple[int, int], int] = {}
-        # Per range: the highest committed_offset sent to the secondaries (forward or notice).
-        self._sent_cap: dict[tuple[int, int], int] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -123,71 +117,6 @@ class Replicator:
                 lock = self._locks[key] = threading.Lock()
             return lock
 
-    def hold_reads(self, rlog: RangeLog, start: int) -> None:
-        """Before appending at ``start`` (under ``order_lock``): readers stop there until
-        ``release_reads(rlog, start, end)``."""
-        key = (rlog.stream_id, rlog.range_index)
-        with self._locks_guard:
-            self._unsettled.setdefault(key, set()).add(start)
-            if key not in self._settled_end:
-                # First append since this process opened the range: only the range's cap
-                # (its start after a restart) is known to be on every replica, not ``start``.
-                cap = rlog.read_cap
-                self._settled_end[key] = start if cap is None else min(cap, start)
-            self._apply_cap(rlog, key)
-
-    def release_reads(self, rlog: RangeLog, start: int, end: int | None) -> None:
-        """The batches appended at ``start`` are settled: stored by every secondary up to
-        ``end``, or (``end`` None) not appended or not replicated (the range is then sealed or
-        the append failed: nothing past ``start`` from them becomes readable)."""
-        key = (rlog.stream_id, rlog.range_index)
-        with self._locks_guard:
-            self._unsettled.get(key, set()).discard(start)
-            if end is not None:
-                self._settled_end[key] = max(self._settled_end.get(key, end), end)
-            self._apply_cap(rlog, key)
-
-    def pending(self, rlog: RangeLog) -> bool:
-        """Whether an append of ``rlog`` was sent to the secondaries and has not settled."""
-        with self._locks_guard:
-            return bool(self._unsettled.get((rlog.stream_id, rlog.range_index)))
-
-    def raise_settled(self, rlog: RangeLog, end: int) -> bool:
-        """Everything of ``rlog`` below ``end`` is known to be on every replica (a cap probe
-        found it there): readers may see that far, once no earlier append is pending. Never
-        lowers what was known. True when the range's cap moved."""
-        key = (rlog.stream_id, rlog.range_index)
-        with self._locks_guard:
-            before = rlog.read_cap
-            self._settled_end[key] = max(self._settled_end.get(key, end), end)
-            self._apply_cap(rlog, key)
-            return rlog.read_cap != before
-
-    def notice_due(self, rlog: RangeLog) -> int | None:
-        """The cap to send the secondaries in a notice now, or None: an append is pending (its
-        forward or the next one will carry the cap), or they were already sent this cap."""
-        key = (rlog.stream_id, rlog.range_index)
-        with self._locks_guard:
-            if self._unsettled.get(key):
-                return None
-            committed = self._committed(rlog)
-            if committed < 0 or committed <= self._sent_cap.get(key, -1):
-                return None
-            self._sent_cap[key] = committed
-            return committed
-
-    @staticmethod
-    def _committed(rlog: RangeLog) -> int:
-        # The cap, bounded by what is durable here: -1 when the range is not capped.
-        cap = rlog.read_cap
-        return -1 if cap is None else min(cap, rlog.next_offset)
-
-    def _note_sent(self, rlog: RangeLog, committed: int) -> None:
-        key = (rlog.stream_id, rlog.range_index)
-        with self._locks_guard:
-            if committed > self._sent_cap.get(key, -1):
-                self._sent_cap[key] = committed
-
     def notify(self, rlog: RangeLog, committed: int, timeout_s: float = NOTICE_TIMEOUT_S
                ) -> list[NoticeAnswer]:
         """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to every
@@ -196,7 +125,7 @@ class Replicator:
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
                                 append_requests=[AppendEntry(rlog.stream_id, 0, 0)])
         if committed >= 0:
-            self._note_sent(rlog, committed)
+            rlog.cap.note_sent(committed)
         sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:
@@ -231,21 +160,10 @@ class Replicator:
             out.append(NoticeAnswer(replica, stored, problem))
         return out
 
-    def _apply_cap(self, rlog: RangeLog, key: tuple[int, int]) -> None:
-        # Everything below the first unsettled append and below the settled end was stored by
-        # every secondary. (The settled end is below the first unsettled append only after a
-        # restart, until the first append settles.)
-        pending = self._unsettled.get(key)
-        settled = self._settled_end.get(key)
-        if settled is None:  # no append held here yet: the range keeps the cap it has
-            return
-        cap = settled if not pending else min(min(pending), settled)
-        rlog.set_read_cap(cap)
-
     def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
              ) -> list[Forward]:
         """Send the stored batches (``[envelope, body]`` each) to every secondary; call
-        under ``order_lock(rlog)`` right after ``hold_reads`` and the local append.
+        under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local append.
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
@@ -256,9 +174,9 @@ class Replicator:
             entries.append(AppendEntry(rlog.stream_id, i,
                                        sum(memoryview(p).nbytes for p in pieces)))
             payload.extend(pieces)
-        committed = self._committed(rlog)
+        committed = rlog.cap.committed(rlog.next_offset)
         if committed >= 0:
-            self._note_sent(rlog, committed)
+            rlog.cap.note_sent(committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
                                 committed_offset=committed)
         out = []

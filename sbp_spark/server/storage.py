@@ -48,6 +48,7 @@ from ..protocol.errors import (
 from ..protocol.frame import crc32
 from ..protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCacheBudget
+from .read_cap import CapState, ReadCap
 from .segment import (
     SEGMENT_SUFFIX,
     STORAGE_HEADER_SIZE,
@@ -209,13 +210,9 @@ class RangeLog:
         self._written = self._start_offset  # next offset after the last written batch
         self._committed = self._start_offset  # next offset after the last durable batch
         self._failed: str | None = None  # set when an fsync failed: no more writes
-        # Readers of an open replicated range see no further than this: a record that not
-        # every replica holds could vanish in a failover (the PD seals at the smallest end the
-        # survivors hold). The primary moves it as its secondaries store appends
-        # (replication.py), a secondary as forwards tell it how far every replica got. It
-        # starts at the start (nothing is known to be on every replica yet, also after a
-        # restart). None: no cap (a range with one replica, or sealed: its end rules).
-        self._read_cap: int | None = self._initial_read_cap()
+        # How far readers may see (read_cap.py): for a replicated range, only what every
+        # replica is known to hold, until the PD records the range's end.
+        self.cap = self._restored_cap(meta.get("end_final", True))
         # Segments with bytes not yet fsynced: the active one and any just rolled.
         self._unsynced: list[Segment] = []
 
@@ -237,43 +234,19 @@ class RangeLog:
 
     @property
     def readable_offset(self) -> int:
-        """Offset after the last record readers may see: acknowledged (durable here, and
-        stored by every secondary while a read cap is set), or the end of a sealed range."""
-        if self._end_offset >= 0:
-            return self._end_offset
-        cap = self._read_cap
-        return self._committed if cap is None else min(self._committed, cap)
+        """Offset after the last record readers may see: acknowledged (durable here and, while
+        the range is capped, stored by every replica), or the end of a sealed range."""
+        return self.cap.visible(self._committed, self._end_offset)
 
     @property
     def read_cap(self) -> int | None:
-        """How far readers of the open range may see (None: no cap), durability aside."""
-        return self._read_cap
+        """How far readers may see while the range is capped (None: no cap), durability
+        aside."""
+        return self.cap.cap
 
-    def set_read_cap(self, cap: int | None) -> None:
-        """Let readers of the open range see at most ``cap`` (None: all committed records)."""
-        with self.lock:
-            self._read_cap = cap
-        self.storage.notify_data()
-
-    def raise_read_cap(self, offset: int) -> bool:
-        """Let readers see up to ``offset`` (a secondary learning from its primary how far
-        every replica holds the range), never above what is stored here and never lower than
-        before. True when the cap moved. Ignored for an uncapped range."""
-        with self.lock:
-            cap = self._read_cap
-            if cap is None or self._end_offset >= 0:
-                return False
-            new = min(offset, self._written)
-            if new <= cap:
-                return False
-            self._read_cap = new
-        self.storage.notify_data()
-        return True
-
-    def _initial_read_cap(self) -> int | None:
-        if self._end_offset >= 0 or len(self._replicas) < 2:
-            return None
-        return self._start_offset
+    def _restored_cap(self, final: bool) -> ReadCap:
+        return ReadCap.restored(len(self._replicas), self._start_offset, self._end_offset,
+                                final, self.storage.notify_data)
 
     @property
     def written_offset(self) -> int:
@@ -301,20 +274,22 @@ class RangeLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
-    def _meta(self) -> dict:
+    def _meta(self, end_final: bool | None = None) -> dict:
         return {
             "stream_id": self.stream_id,
             "range_index": self.range_index,
             "base_start_offset": self.base_start_offset,
             "start_offset": self._start_offset,
             "end_offset": self._end_offset,
+            # Whether the end is the one the PD recorded (not only where this replica stopped).
+            "end_final": self.cap.state is CapState.FINAL if end_final is None else end_final,
             "deleted": self._deleted,
             "replicas": [r.__dict__ for r in self._replicas],
         }
 
-    def _save_meta(self) -> None:
+    def _save_meta(self, end_final: bool | None = None) -> None:
         atomic_write(os.path.join(self.directory, _META_FILE),
-                     json.dumps(self._meta(), indent=1).encode())
+                     json.dumps(self._meta(end_final), indent=1).encode())
 
     def set_replicas(self, replicas: Sequence[Replica]) -> None:
         with self.lock:
@@ -323,11 +298,7 @@ class RangeLog:
                 return
             self._replicas = replicas
             self._save_meta()
-            if len(replicas) < 2:
-                self._read_cap = None  # one replica: nothing to wait for
-            elif self._read_cap is None and self._end_offset < 0:
-                # Newly replicated: what readers could see stays visible, nothing more yet.
-                self._read_cap = self._committed
+            self.cap.replicas_changed(len(replicas), self._committed)
         self.storage.notify_data()
 
     def mark_deleted(self) -> None:
@@ -469,7 +440,9 @@ class RangeLog:
         self.storage.notify_data()
 
     def seal(self) -> int:
-        """Seal the range at its current end; returns the end offset. Idempotent."""
+        """Stop taking appends here (fence the range) at its current end, which this returns.
+        Idempotent. A replicated range stays capped until the PD records its end
+        (``seal_at``): the PD may end it below this replica's end."""
         with self.lock:
             if self._end_offset >= 0:
                 return self._end_offset
@@ -479,30 +452,38 @@ class RangeLog:
             except OSError:
                 self._end_offset = -1
                 raise
+            self.cap.fence()
         if self.storage.config.fsync is not FsyncPolicy.NEVER:
             self.sync()
         self.storage.notify_data()
         return self._end_offset
 
     def seal_at(self, end_offset: int) -> None:
-        """Adopt the PD's record that this range ended at ``end_offset``.
+        """Adopt the PD's record that this range ended at ``end_offset``: from now on readers
+        see up to it.
 
         A replica sealed here past the PD's end (a failover seals where every survivor holds
         data, and this one held more) takes the PD's end: the records past it were never
         acknowledged, are not part of the stream and must not be served.
         """
         with self.lock:
-            if self._end_offset >= 0:
-                if not 0 <= end_offset < self._end_offset:
-                    return
+            final = self.cap.state is CapState.FINAL
+            if final and not 0 <= end_offset < self._end_offset:
+                return  # already final there (or asked to move it up: the first end rules)
+            if 0 <= end_offset < self._end_offset:
                 log.info("range %s: sealed here at %d but by the PD at %d; records past %d "
                          "are not served", self, self._end_offset, end_offset, end_offset)
             elif end_offset > self._written:
                 log.warning("range %s sealed by the PD at %d beyond local data at %d", self,
                             end_offset, self._written)
+            before = self._end_offset
             self._end_offset = end_offset
-            self._save_meta()
-        self.storage.notify_data()
+            try:
+                self._save_meta(end_final=True)
+            except OSError:
+                self._end_offset = before
+                raise
+            self.cap.finalize(end_offset)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -513,7 +494,7 @@ class RangeLog:
                 f"offset {offset} of stream {self.stream_id} is below the start "
                 f"{self._start_offset} (trimmed); fetch from {self._start_offset}")
         limit = self.readable_offset
-        if self._read_cap is not None and self._end_offset < 0:
+        if self.cap.capped:
             # Stored here but not yet known to be on every replica: a reader may already have
             # seen it (on a replica that knew more, or on this one before it restarted), so it
             # waits for it rather than fail.
@@ -720,7 +701,7 @@ class RangeLog:
                         self._written)
         # Restarted: nothing past the start is known to be on every replica (the start may
         # have moved up above, when data below it was missing).
-        self._read_cap = self._initial_read_cap()
+        self.cap = self._restored_cap(self.cap.state is CapState.FINAL)
 
 
 class StorageStats:

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from sbp_spark.protocol.errors import OffsetOutOfRangeError, SbpError
+from sbp_spark.protocol.errors import HistoryRewrittenError, OffsetOutOfRangeError, SbpError
 
 from . import cluster
 from .decode import PartitionDecoder
@@ -49,6 +49,9 @@ def read_partition(options: ReadOptions, schema: StructType,
             decoder.start_offset = max(decoder.start_offset, position)
             decoder.next_offset = max(decoder.next_offset, position)
             continue
+        except HistoryRewrittenError as exc:
+            _after_rewrite(options, partition, exc)
+            break
         except SbpError as exc:
             raise ReadFailedError(
                 f"reading {partition.describe()} failed at offset {decoder.next_offset}; no "
@@ -77,6 +80,22 @@ def _after_trim(client, options: ReadOptions, partition: SbpPartition, position:
     log.warning("stream %d: records [%d, %d) were trimmed while reading; skipping them",
                 partition.stream_id, position, stream.start_offset)
     return min(stream.start_offset, partition.end_offset)
+
+
+def _after_rewrite(options: ReadOptions, partition: SbpPartition,
+                   exc: HistoryRewrittenError) -> None:
+    """The range ended below the end planned for ``partition``: fail, or (failOnDataLoss=false)
+    end the partition at the range's end with a warning."""
+    message = (f"reading {partition.describe()}: range {exc.range_index} of stream "
+               f"{exc.stream_id} was sealed at offset {exc.end_offset}, below the end "
+               f"{exc.expected} planned for this read; records [{exc.end_offset}, "
+               f"{exc.expected}) it was planned with are not part of the stream (the range's "
+               "history was rewritten after planning)")
+    if options.fail_on_data_loss:
+        raise ReadFailedError(f"{message}. Set failOnDataLoss=false to read only what the "
+                              "range holds.") from exc
+    log.warning("sbp data loss (failOnDataLoss=false): %s; the partition ends at %d", message,
+                exc.end_offset)
 
 
 class SbpBatchReader(DataSourceReader):

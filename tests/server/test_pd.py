@@ -272,6 +272,43 @@ def test_seal_and_new(conn, servers):
     assert len(list_ranges(conn, sid)) == 2
 
 
+def test_seal_and_new_of_a_replicated_range_ends_at_the_smallest_replica_end(conn, servers):
+    # A primary that sealed itself after a forward failed holds records its secondary never
+    # stored; they were not acknowledged and no reader saw them: the range ends without them.
+    sid = create_one(conn, replicas=3)
+    [r0] = list_ranges(conn, sid)
+    ends = {r.server.server_id: end for r, end in zip(r0.servers, (12, 9, 11), strict=True)}
+    for rs in servers:
+        rs.next_offsets[(sid, 0)] = ends[rs.server_id]
+    res = seal(conn, sid, 0)
+    assert res.status.ok and res.range.start_offset == 9
+    assert list_ranges(conn, sid)[0].end_offset == 9
+    # A secondary that does not answer the seal is left out of the choice.
+    r1 = res.range
+    silent = next(rs for rs in servers if rs.server_id == r1.servers[1].server.server_id)
+    for rs in servers:
+        rs.next_offsets[(sid, 1)] = {silent.server_id: 9}.get(rs.server_id, 15)
+    silent.stop()
+    res = seal(conn, sid, 1)
+    assert res.status.ok and list_ranges(conn, sid)[1].end_offset == 15
+
+
+def test_a_new_range_reaches_its_secondaries_before_its_primary(conn, servers):
+    order: list[int] = []
+    for rs in servers:
+        original = rs.handle
+
+        def handle(ctx, rs=rs, original=original):
+            if ctx.opcode == Opcode.SYNC_RANGES:
+                order.append(rs.server_id)
+            original(ctx)
+
+        rs.handle = handle
+    sid = create_one(conn, replicas=3)
+    [r0] = list_ranges(conn, sid)
+    assert order[-1] == r0.primary.server_id and len(order) == 3
+
+
 def test_seal_errors(conn, servers):
     sid = create_one(conn)
     assert seal(conn, sid, 5).status.code == ErrorCode.RANGE_NOT_FOUND

@@ -55,10 +55,11 @@ def offsets(rs: RangeServerClient, start: int = 0, **kw) -> list[int]:
     return [h.base_offset for h, _ in rs.fetch(STREAM, start, **kw)]
 
 
-def served(rs: RangeServerClient) -> tuple[list[int], int]:
-    """Base offsets one FETCH from 0 returns, and the code that ended it (0: none)."""
+def served(rs: RangeServerClient, start: int = 0, max_wait_ms: int = 0
+           ) -> tuple[list[int], int]:
+    """Base offsets one FETCH from ``start`` returns, and the code that ended it (0: none)."""
     got, code = [], 0
-    for chunk in rs.fetch_many([_entry(0)]):
+    for chunk in rs.fetch_many([_entry(start)], max_wait_ms=max_wait_ms):
         got += [h.base_offset for h, _ in chunk.batches()]
         code = code or chunk.status.code
     return got, code
@@ -150,20 +151,66 @@ def test_long_poll_on_a_secondary_wakes_when_the_cap_rises(secondary):
         assert polled == [0, 1] and time.monotonic() - began < 10
 
 
-def test_sealed_range_on_a_secondary_serves_to_its_end_and_takes_the_pds_lower_end(secondary):
+def test_sealed_secondary_stays_capped_until_the_pd_records_the_end(secondary):
+    # Issue 22: a secondary that stored more than another survivor showed its whole tail the
+    # moment the failover sealed it, and the PD then ended the range lower: a tailing reader
+    # had seen records that the stream does not contain.
     srv, replicas = secondary
     with ConnectionPool(CONFIG) as pool:
         rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
         assert all(r.status.ok for r in forward(srv, 0, 4, committed=1))
         assert next_offset(rs) == 1
         [sealed] = rs.seal([(STREAM, 0)])
-        assert sealed.unwrap().end_offset == 4  # its stored end: what a failover compares
-        assert served(rs) == ([0, 1, 2, 3], ErrorCode.RANGE_SEALED)
-        # The PD sealed the range lower (another survivor held less): that end rules.
+        # Where it stopped (what a failover compares), and how far its readers see.
+        assert (sealed.unwrap().end_offset, sealed.unwrap().next_offset) == (4, 1)
+        assert served(rs) == ([0], 0)
+        [described] = rs.describe_ranges([(STREAM, 0)])
+        assert (described.unwrap().end_offset, described.unwrap().next_offset) == (-1, 1)
+        # The PD ended the range lower (another survivor held less): that end rules.
         sync(srv, replicas, end_offset=3)
         assert served(rs) == ([0, 1, 2], ErrorCode.RANGE_SEALED)
         [described] = rs.describe_ranges([(STREAM, 0)])
         assert described.unwrap().end_offset == 3
+
+
+def test_a_seal_does_not_wake_a_long_poll_past_the_cap(secondary):
+    srv, replicas = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        assert all(r.status.ok for r in forward(srv, 0, 3, committed=1))
+        polled: list = []
+        poller = threading.Thread(target=lambda: polled.append(
+            served(rs, 1, max_wait_ms=15_000)))
+        poller.start()
+        poll(lambda: srv.metrics.fetches >= 1, "the long poll to start")
+        rs.seal([(STREAM, 0)])  # wakes the poll, which must go on waiting at the cap
+        poll(lambda: srv.storage.get_range(STREAM, 0).sealed, "the seal")
+        assert poller.is_alive()
+        sync(srv, replicas, end_offset=2)  # the PD's end: everything below it is readable
+        poller.join(20)
+        assert polled == [([1], ErrorCode.RANGE_SEALED)]
+
+
+def test_a_fenced_range_stays_fenced_across_a_restart(tmp_path, secondary):
+    srv, replicas = secondary
+    assert all(r.status.ok for r in forward(srv, 0, 3, committed=2))
+    with ConnectionPool(CONFIG) as pool:
+        RangeServerClient(srv.advertise_addr, CONFIG, pool).seal([(STREAM, 0)])
+    srv.stop()
+    again = start(tmp_path / "s", 2)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            rs = RangeServerClient(again.advertise_addr, CONFIG, pool)
+            assert served(rs) == ([], 0)  # nothing is known to be on every replica
+            sync(again, replicas, end_offset=3)
+            assert served(rs) == ([0, 1, 2], ErrorCode.RANGE_SEALED)
+        again.stop()
+        again = start(tmp_path / "s", 2)  # the PD's end is kept on disk
+        with ConnectionPool(CONFIG) as pool:
+            rs = RangeServerClient(again.advertise_addr, CONFIG, pool)
+            assert served(rs) == ([0, 1, 2], ErrorCode.RANGE_SEALED)
+    finally:
+        again.stop()
 
 
 def test_restarted_secondary_starts_capped_at_the_range_start(tmp_path, secondary):

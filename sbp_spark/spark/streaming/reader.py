@@ -48,7 +48,7 @@ from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
 from ..reader import read_partition
 from ..schemas import check_records_read_schema
 from .limits import TriggerDelay, TriggerLimits, admit
-from .offsets import from_spark, resolve_starting, to_spark
+from .offsets import from_spark, parse_spark, resolve_starting, to_spark
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ MAX_POLL_THREADS = 8
 
 
 class DataLossError(RuntimeError):
-    """Records a streaming query still had to read are gone (trimmed, or the stream deleted)."""
+    """Records a streaming query still had to read are gone (trimmed, or the stream deleted),
+    or records it already read are no longer part of the stream (history rewritten)."""
 
 
 class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -93,7 +94,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = {lay.stream_id: (lay.start_offset, lay.end_offset) for lay in layouts}
         first = resolve_starting(read.starting, read.streams, bounds)
         log.info("sbp stream read of streams %s starts at %s", _ids(read.streams), first)
-        return to_spark(first)
+        return to_spark(first, _ranges_before({lay.stream_id: lay for lay in layouts}, first))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return self.limits.default_read_limit()
@@ -107,9 +108,9 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end of the next micro-batch: as far as ``limit`` (and the options) allow."""
         state = self.state
-        begin_given = from_spark(start, "start offset")
+        begin_given, ranges_given = parse_spark(start, "start offset")
         layouts = self._layouts(self.options.read.streams)
-        begin, entering = self._effective_starts(begin_given, layouts)
+        begin, entering = self._effective_starts(begin_given, ranges_given, layouts)
         latest = {sid: layouts[sid].end_offset for sid in begin}  # type: ignore[union-attr]
         if state.target is None and not entering and all(
                 latest[sid] <= begin[sid] for sid in begin):
@@ -136,13 +137,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # every few milliseconds.
             self._long_poll({sid: layouts[sid] for sid in begin},
                             state.delay.remaining_ms(limits.max_trigger_delay_ms))
-            return to_spark(begin_given)
+            return to_spark(begin_given, ranges_given)
         sizes = (self._bytes_per_record(layouts, begin, cap)
                  if limits.max_bytes is not None else None)
         end = admit(begin, cap, limits, sizes)
         end.update(entering)
         self._update_report(layouts, latest, end, admitted=end != dict(begin_given))
-        return to_spark(end)
+        return to_spark(end, _ranges_before(layouts, end))
 
     def reportLatestOffset(self) -> dict | None:
         """Per stream: the true latest offset, records behind it and ms behind the newest
@@ -152,13 +153,17 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning and reading --------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin = from_spark(start, "start offset")
+        begin, begin_ranges = parse_spark(start, "start offset")
         finish = from_spark(end, "end offset")
+        layouts = self._layouts(sorted(sid for sid, hi in finish.items()
+                                       if hi != begin.get(sid, hi)))
+        for sid, layout in layouts.items():
+            if sid in begin and layout is not None:
+                begin[sid] = self._rewound(sid, begin[sid], begin_ranges.get(sid), layout)
         spans = {sid: (begin.get(sid, hi), hi) for sid, hi in finish.items()
                  if hi > begin.get(sid, hi)}
         if not spans:
             return []
-        layouts = self._layouts(sorted(spans))
         planned: list[StreamLayout] = []
         lows: list[tuple[int, int]] = []
         highs: list[tuple[int, int]] = []
@@ -207,7 +212,8 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def _effective_starts(
-        self, given: Mapping[int, int], layouts: Mapping[int, StreamLayout | None]
+        self, given: Mapping[int, int], ranges: Mapping[int, int],
+        layouts: Mapping[int, StreamLayout | None]
     ) -> tuple[dict[int, int], dict[int, int]]:
         """(where each stream's next micro-batch starts, streams entering the offsets)."""
         begin: dict[int, int] = {}
@@ -225,17 +231,44 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                      layout.start_offset)
                 entering[sid] = layout.start_offset
                 continue
-            if layout.start_offset > given[sid]:
-                self._trimmed(sid, given[sid], layout.start_offset)
+            position = self._rewound(sid, given[sid], ranges.get(sid), layout)
+            if layout.start_offset > position:
+                self._trimmed(sid, position, layout.start_offset)
                 begin[sid] = layout.start_offset
             else:
-                begin[sid] = given[sid]
+                begin[sid] = position
         for sid in given:
             if sid not in layouts:
                 self.state.warn_once(("leave", sid), logging.INFO,
                                      "sbp: stream %d is no longer in option 'streams'; the query "
                                      "stops reading it at offset %d", sid, given[sid])
         return begin, entering
+
+    def _rewound(self, sid: int, position: int, range_index: int | None,
+                 layout: StreamLayout) -> int:
+        """Where the stream's next micro-batch really starts, given that the query read it up
+        to ``position``, the last record read being in range ``range_index``: ``position``,
+        unless that range was since sealed below it. Then the records the query read past the
+        seal are not part of the stream any more (other records now stand at their offsets):
+        fail (failOnDataLoss), or go on from the seal and report it."""
+        rng = next((r for r in layout.ranges if r.range_index == range_index), None)
+        if rng is None or rng.is_open or rng.end_offset >= position:
+            return position
+        message = (f"stream {sid}: range {range_index} was sealed at offset {rng.end_offset}, "
+                   f"but this query had already read it up to offset {position}; the records "
+                   f"[{rng.end_offset}, {position}) it read are not part of the stream any "
+                   "more (the range's history was rewritten, e.g. by a failover that ended it "
+                   "below them)")
+        if self.options.read.fail_on_data_loss:
+            raise DataLossError(
+                f"history rewritten in {message}. Set failOnDataLoss=false to go on from "
+                f"offset {rng.end_offset}, reading the records that stand there now.")
+        self.state.rewound[sid] = {"range": range_index, "sealedAt": rng.end_offset,
+                                   "hadReadTo": position}
+        self.state.warn_once(("rewound", sid, range_index, position), logging.WARNING,
+                             "sbp data loss (failOnDataLoss=false): %s; going on from offset "
+                             "%d", message, rng.end_offset)
+        return rng.end_offset
 
     def _trimmed(self, sid: int, wanted: int, first: int) -> None:
         message = (f"stream {sid}: offsets [{wanted}, {first}) were trimmed before the query "
@@ -327,6 +360,8 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ms = self._ms_behind(layout, end[sid], latest[sid]) if behind else 0
             report[str(sid)] = {"latestOffset": latest[sid], "recordsBehind": behind,
                                 "msBehindLatest": ms}
+            if sid in self.state.rewound:
+                report[str(sid)]["historyRewritten"] = self.state.rewound[sid]
             log.log(logging.INFO if admitted else logging.DEBUG,
                     "sbp stream %d: micro-batch ends at offset %d; latest %d; %d records and "
                     "%d ms behind the newest record", sid, end[sid], latest[sid], behind, ms)
@@ -361,6 +396,8 @@ class _DriverState:
         self.report: dict[str, dict[str, int]] | None = None
         self.sizes: dict[int, tuple[int, Fraction]] = {}
         self.stamps: dict[tuple[int, int], int] = {}
+        # stream -> the last rewritten history the query went on from (failOnDataLoss=false)
+        self.rewound: dict[int, dict[str, int]] = {}
         self._warned: set[tuple] = set()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -413,6 +450,21 @@ def _batch_at(client: SbpClient, layout: StreamLayout, offset: int) -> FetchedBa
                 for batch in batches:
                     return batch
     return None
+
+
+def _ranges_before(layouts: Mapping[int, StreamLayout | None], offsets: Mapping[int, int]
+                   ) -> dict[int, int]:
+    """For each stream, the range holding the record just before its offset (where known)."""
+    out: dict[int, int] = {}
+    for sid, offset in offsets.items():
+        layout = layouts.get(sid)
+        if layout is None or offset <= 0:
+            continue
+        for rng in layout.ranges:
+            if rng.start_offset < offset <= rng.end_offset:
+                out[sid] = rng.range_index
+                break
+    return out
 
 
 def _ids(streams: Sequence[int]) -> str:

@@ -12,7 +12,9 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from sbp_spark.spark.schemas import records_schema
+from sbp_spark.spark.streaming.offsets import from_spark
 from sbp_spark.spark.streaming.reader import DataLossError, stream_reader
+from tests.rewrite import rewrite_history
 
 from .helpers import append_values, new_stream
 
@@ -31,16 +33,16 @@ def test_a_stream_added_on_restart_joins_at_its_first_offset(pd, sbp_client):
     reader = make_reader(pd, [old, added])
     checkpointed = {str(old): 3}  # offsets of a query that only read 'old'
     end = reader.latestOffset(checkpointed, ReadAllAvailable())
-    assert end == {str(old): 5, str(added): 2}
+    assert from_spark(end) == {old: 5, added: 2}
     assert [(p.stream_id, p.start_offset, p.end_offset)
             for p in reader.partitions(checkpointed, end)] == [(old, 3, 5)]
     following = reader.latestOffset(end, ReadAllAvailable())
-    assert following == {str(old): 5, str(added): 7}
+    assert from_spark(following) == {old: 5, added: 7}
     assert [(p.stream_id, p.start_offset, p.end_offset)
             for p in reader.partitions(end, following)] == [(added, 2, 7)]
     # a stream no longer named in 'streams' leaves the offsets
-    assert make_reader(pd, [added]).latestOffset(following, ReadAllAvailable()) == {
-        str(added): 7}
+    assert from_spark(make_reader(pd, [added]).latestOffset(following, ReadAllAvailable())) == {
+        added: 7}
 
 
 def test_a_planned_span_trimmed_away(pd, sbp_client):
@@ -80,7 +82,7 @@ def test_an_idle_reader_wakes_when_a_record_arrives(pd, sbp_client):
     append_values(sbp_client, sid, ["x"])
     reader = make_reader(pd, [sid], fetchMaxWaitMs=30_000)
     start = reader.initialOffset()
-    assert start == {str(sid): 1}
+    assert from_spark(start) == {sid: 1}
     timer = threading.Timer(0.2, lambda: append_values(sbp_client, sid, ["y"]))
     began = time.monotonic()
     timer.start()
@@ -88,7 +90,7 @@ def test_an_idle_reader_wakes_when_a_record_arrives(pd, sbp_client):
         end = reader.latestOffset(start, ReadAllAvailable())
     finally:
         timer.join()
-    assert end == {str(sid): 2}
+    assert from_spark(end) == {sid: 2}
     assert time.monotonic() - began < 30  # the poll ended with the record, not at its limit
 
 
@@ -120,3 +122,32 @@ def test_a_range_sealed_after_planning_is_still_read(pd, sbp_client):
     following = reader.latestOffset(end, ReadAllAvailable())
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in reader.partitions(end, following)] == [(1, 6, 7)]
+
+
+def test_a_checkpoint_past_a_later_seal_is_noticed(pd, sbp_cluster, sbp_client):
+    # Issue 22: the query read range 0 up to offset 10, then that range was sealed at 6 and
+    # the stream went on with other records from 6. The next micro-batch must notice.
+    sid = new_stream(sbp_client)
+    for i in range(10):  # a range ends between batches
+        append_values(sbp_client, sid, [f"old-{i}"])
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert read_to == {str(sid): 10, "ranges": {str(sid): 0}}
+    rewrite_history(sbp_cluster, sid, 6)
+    append_values(sbp_client, sid, [f"new-{i}" for i in range(6, 12)])
+    message = (rf"stream {sid}: range 0 was sealed at offset 6, but this query had already "
+               rf"read it up to offset 10; the records \[6, 10\)")
+    with pytest.raises(DataLossError, match=message):
+        reader.latestOffset(read_to, ReadAllAvailable())
+    with pytest.raises(DataLossError, match=message):
+        reader.partitions(read_to, {str(sid): 12})
+    # failOnDataLoss=false: go on from the seal, reading what stands there now, and say so.
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    following = tolerant.latestOffset(read_to, ReadAllAvailable())
+    assert following == {str(sid): 12, "ranges": {str(sid): 1}}
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in tolerant.partitions(read_to, following)] == [(1, 6, 12)]
+    assert tolerant.reportLatestOffset()[str(sid)]["historyRewritten"] == {
+        "range": 0, "sealedAt": 6, "hadReadTo": 10}
+    # Offsets checkpointed before they named ranges still load (without this check).
+    assert from_spark(tolerant.latestOffset({str(sid): 12}, ReadAllAvailable())) == {sid: 12}

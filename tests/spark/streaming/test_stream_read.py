@@ -10,6 +10,9 @@ import json
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from sbp_spark.spark.streaming.offsets import from_spark
+from tests.rewrite import rewrite_history
+
 from .helpers import append_values, memory_values, new_stream, wait_for
 
 
@@ -24,6 +27,17 @@ def stream_df(spark, pd, streams, **options):
 def to_memory(df, name, checkpoint, **trigger):
     return (df.writeStream.format("memory").queryName(name)
             .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start())
+
+
+def values_to_parquet(spark, pd, streams, tmp_path, **options) -> None:
+    """One availableNow run of a query writing the streams' values (as strings) to
+    ``tmp_path/out``, checkpointed in ``tmp_path/ck``; raises what the query failed with."""
+    query = (stream_df(spark, pd, streams, startingOffsets="earliest", **options)
+             .selectExpr("CAST(value AS STRING) AS v")
+             .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
 
 
 def source_progress(query):
@@ -57,15 +71,16 @@ def test_available_now_spreads_a_row_limit_over_skewed_streams(spark, pd, sbp_cl
     assert [rows for rows, _, _ in batches] == [30, 30, 30, 30]
     # the first micro-batch shares 30 rows by backlog (100:20), keys in numeric order
     rows, end, latest = batches[0]
-    assert list(end) == sorted(end, key=int)
-    assert end == {str(big): 25, str(small): 5}
+    streams = [key for key in end if key != "ranges"]
+    assert streams == sorted(streams, key=int) and list(end)[-1] == "ranges"
+    assert end == {str(big): 25, str(small): 5, "ranges": {str(big): 0, str(small): 0}}
     # lag is reported, never part of the offsets: the next record of 'big' (offset 25) was
     # written at 1 s, its newest at 4 s
     assert latest[str(big)] == {"latestOffset": 100, "recordsBehind": 75,
                                 "msBehindLatest": 3_000}
     assert latest[str(small)] == {"latestOffset": 20, "recordsBehind": 15,
                                   "msBehindLatest": 0}
-    assert batches[-1][1] == {str(big): 100, str(small): 20}
+    assert from_spark(batches[-1][1]) == {big: 100, small: 20}
     values = memory_values(spark, "skewed")
     assert sorted(values) == sorted([f"big-{i}" for i in range(100)]
                                     + [f"small-{i}" for i in range(20)])
@@ -183,12 +198,7 @@ def test_deleted_stream(spark, pd, sbp_client, tmp_path):
     out = tmp_path / "out"
 
     def run(**options):
-        query = (stream_df(spark, pd, [kept, doomed], startingOffsets="earliest", **options)
-                 .selectExpr("CAST(value AS STRING) AS v")
-                 .writeStream.format("parquet").option("path", str(out))
-                 .option("checkpointLocation", str(tmp_path / "ck"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(120)
+        values_to_parquet(spark, pd, [kept, doomed], tmp_path, **options)
 
     run()
     sbp_client.delete_streams([doomed])
@@ -200,3 +210,30 @@ def test_deleted_stream(spark, pd, sbp_client, tmp_path):
     # failOnDataLoss=false drops the deleted stream and goes on with the other
     run(failOnDataLoss="false")
     assert sorted(r.v for r in spark.read.parquet(str(out)).collect()) == ["after", "x", "x"]
+
+
+def test_a_query_notices_history_rewritten_under_its_checkpoint(
+        spark, pd, sbp_cluster, sbp_client, tmp_path):
+    # Issue 22: a query read range 0 to its end; the range was then sealed lower and the stream
+    # went on with other records at those offsets. Restarted from its checkpoint, the query
+    # fails naming stream, range and both offsets, or (failOnDataLoss=false) reads what
+    # stands there now.
+    sid = new_stream(sbp_client)
+    for i in range(8):  # a range ends between batches
+        append_values(sbp_client, sid, [f"old-{i}"])
+    out = tmp_path / "out"
+
+    def run(**options):
+        values_to_parquet(spark, pd, [sid], tmp_path, **options)
+
+    run()
+    rewrite_history(sbp_cluster, sid, 5)
+    append_values(sbp_client, sid, [f"new-{i}" for i in range(5, 9)])
+    with pytest.raises(StreamingQueryException) as info:
+        run()
+    message = str(info.value)
+    assert (f"stream {sid}: range 0 was sealed at offset 5, but this query had already read "
+            "it up to offset 8") in message and "failOnDataLoss=false" in message
+    run(failOnDataLoss="false")
+    values = sorted(r.v for r in spark.read.parquet(str(out)).collect())
+    assert values == sorted([f"old-{i}" for i in range(8)] + [f"new-{i}" for i in range(5, 9)])
