@@ -154,6 +154,16 @@ def test_codec_and_client_run_end_to_end(tmp_path, capsys):
     assert code == (1 if any(f["status"].startswith("error") for f in doc["figures"]) else 0)
 
 
+def test_planning_section_times_a_read_by_time_next_to_one_by_offsets(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--sections", "planning", "--planning-records", "200000",
+                 "--planning-ranges", "20", "--json", str(out)]) == 0
+    (figure,) = json.loads(out.read_text())["figures"]
+    assert figure["name"] == "plan a read by time (200,000 records, 20 ranges)"
+    assert figure["value"] > 0 and figure["ceiling_name"] == "planning by offsets"
+    assert figure["extra"]["planned_records"] == 100_000 and figure["extra"]["batches"] == 200
+
+
 def test_client_bench_script_adds_the_per_batch_figures(tmp_path, capsys):
     from integration.bench import client_bench
 

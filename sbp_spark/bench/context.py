@@ -48,6 +48,10 @@ class BenchConfig:
     # Memory: concurrent clients against the server.
     concurrent_clients: int = 64
     concurrent_seconds: float = 5.0
+    # Planning by time: records and ranges of the stream searched, timed runs.
+    planning_records: int = 10_000_000
+    planning_ranges: int = 1_000
+    planning_runs: int = 5
     # fsync policy handed to the cluster; None keeps the cluster's default.
     fsync: str | None = None
 
@@ -59,7 +63,8 @@ class BenchConfig:
     def quick_run(cls) -> BenchConfig:
         return cls(quick=True, spark_rows=2_000_000, spark_runs=2,
                    client_bytes=128 * 1024 * 1024, client_runs=2,
-                   stream_seconds=8.0, stream_backlog=300_000, concurrent_seconds=2.0)
+                   stream_seconds=8.0, stream_backlog=300_000, concurrent_seconds=2.0,
+                   planning_records=1_000_000, planning_ranges=100, planning_runs=3)
 
 
 class BenchContext:

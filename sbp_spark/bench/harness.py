@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "codec": "sbp_spark.bench.codec",
     "client": "sbp_spark.bench.client",
     "memory": "sbp_spark.bench.concurrency",
+    "planning": "sbp_spark.bench.time_planning",
     "spark": "sbp_spark.bench.spark_batch",
     "streaming": "sbp_spark.bench.streaming",
 }
@@ -72,6 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="concurrent clients in the server memory figure (default 64)")
     parser.add_argument("--stream-seconds", type=float,
                         help="how long the streaming latency test offers its load")
+    parser.add_argument("--planning-records", type=int,
+                        help="records of the stream a read by time is planned on (default 10M, "
+                             "--quick 1M)")
+    parser.add_argument("--planning-ranges", type=int,
+                        help="ranges of that stream (default 1000, --quick 100)")
     parser.add_argument("--fsync", help="fsync policy for the bench cluster (default: the "
                                         "cluster's own default)")
     parser.add_argument("--workdir", type=Path,
@@ -84,7 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--sections {args.sections!r}: unknown {', '.join(unknown) or '(none)'}; "
                      f"choose from {', '.join(SECTIONS)}")
     args.sections = sections
-    for name in ("rows", "runs", "client_mib", "clients"):
+    for name in ("rows", "runs", "client_mib", "clients", "planning_records",
+                 "planning_ranges"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
@@ -106,6 +113,10 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         config.concurrent_clients = args.clients
     if args.stream_seconds is not None:
         config.stream_seconds = args.stream_seconds
+    if args.planning_records is not None:
+        config.planning_records = args.planning_records
+    if args.planning_ranges is not None:
+        config.planning_ranges = args.planning_ranges
     config.fsync = args.fsync
     return config
 

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
@@ -35,6 +36,7 @@ from .pd import PdClient
 from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, call_with_retries, is_retriable
+from .timesearch import TimeSearch, range_end
 from .types import Appended, FetchedBatch, ItemResult
 
 _log = logging.getLogger(__name__)
@@ -321,6 +323,17 @@ class SbpClient:
                 if progressed == low:
                     break  # nothing more is stored below high (the range ends earlier)
                 low = progressed
+
+    def offset_for_time(self, stream_id: int, timestamp_ms: int) -> int | None:
+        """The first offset of ``stream_id`` whose record timestamp is at or after
+        ``timestamp_ms`` (ms since the epoch), or None when no stored record is; a search of
+        O(log n) one-batch FETCHes (see ``client.timesearch`` for what it returns when
+        timestamps run back in time)."""
+        ranges = [replace(r, next_offset=self.open_range_end(r)) if r.is_open else r
+                  for r in self.list_ranges(stream_id)]
+        start = self.describe_stream(stream_id).start_offset
+        end = range_end(ranges[-1]) if ranges else start
+        return TimeSearch(self, ranges).first_at_or_after(timestamp_ms, start, end).offset
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -112,17 +112,30 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
     return layouts
 
 
+def _range(stream_id: int, range_index: int, start: int, end: int,
+           replicas: Sequence[Replica], is_open: bool) -> Range:
+    return Range(
+        stream_id=stream_id,
+        range_index=range_index,
+        start_offset=start,
+        next_offset=end,
+        end_offset=-1 if is_open else end,
+        servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
+                 for r in replicas],
+    )
+
+
 def partition_range(partition: SbpPartition) -> Range:
     """The client's description of the range a partition reads (no PD round trip)."""
-    return Range(
-        stream_id=partition.stream_id,
-        range_index=partition.range_index,
-        start_offset=partition.range_start,
-        next_offset=partition.range_end,
-        end_offset=-1 if partition.range_is_open else partition.range_end,
-        servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
-                 for r in partition.replicas],
-    )
+    return _range(partition.stream_id, partition.range_index, partition.range_start,
+                  partition.range_end, partition.replicas, partition.range_is_open)
+
+
+def layout_ranges(layout: StreamLayout) -> list[Range]:
+    """The client's description of a stream's ranges as planned (an open range's
+    ``next_offset`` is the planned end)."""
+    return [_range(layout.stream_id, r.range_index, r.start_offset, r.end_offset, r.replicas,
+                   r.is_open) for r in layout.ranges]
 
 
 def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int,
@@ -148,4 +161,4 @@ def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
 
 __all__ = ["RangeUnavailableError", "StreamMissingError", "check_streams_exist",
            "close_clients", "describe_replicas", "fetch", "first_batch", "get_client",
-           "partition_range", "stream_layouts"]
+           "layout_ranges", "partition_range", "stream_layouts"]

@@ -39,6 +39,9 @@ from sbp_spark.protocol.records import (
     with_payload_kind,
 )
 
+from .schemas import METADATA_TYPES
+from .tables import definition_of
+
 # An encoded batch must leave room in its APPEND frame for the frame and FlatBuffers headers.
 MAX_ENCODED_BATCH = MAX_FRAME_LENGTH - 64 * 1024
 
@@ -64,6 +67,9 @@ class RowEncoder:
     payload: str
     route_by_column: bool  # rows name their stream in a stream_id column
     names: tuple[str, ...]
+    # payload=arrow: metadata columns of an sbp table's schema that are not data (INSERT INTO
+    # fills them with nulls); never stored.
+    dropped: tuple[str, ...] = ()
 
     @classmethod
     def for_schema(cls, schema: StructType, payload: str, stream: int | None,
@@ -103,7 +109,12 @@ class RowEncoder:
                                  "columns)")
         elif not [n for n in types if n != "stream_id"]:
             raise ValueError("payload=arrow needs at least one column besides stream_id")
-        return cls(payload, route, tuple(schema.fieldNames()))
+        table = definition_of(schema)
+        dropped: tuple[str, ...] = ()
+        if payload == "arrow" and table is not None and table.data_columns is not None:
+            dropped = tuple(n for n in types
+                            if n in METADATA_TYPES and n not in table.data_columns)
+        return cls(payload, route, tuple(schema.fieldNames()), dropped)
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
                ) -> Iterator[tuple[int | None, pa.RecordBatch]]:
@@ -127,8 +138,10 @@ class RowEncoder:
 
     def _body(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if self.payload == "arrow":
-            if "stream_id" in batch.schema.names:
-                batch = batch.drop_columns(["stream_id"])
+            unstored = [n for n in dict.fromkeys(("stream_id", *self.dropped))
+                        if n in batch.schema.names]
+            if unstored:
+                batch = batch.drop_columns(unstored)
             return with_payload_kind(batch, PAYLOAD_ARROW)
         names = batch.schema.names
         get = {name: batch.column(i) for i, name in enumerate(names)}

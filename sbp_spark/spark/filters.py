@@ -2,9 +2,10 @@
 
 Comparisons (=, <, <=, >, >=, IN) on the metadata columns ``stream_id``, ``range_index`` and
 ``offset`` are applied exactly by planning: they choose the streams, ranges and offset intervals
-fetched, and reading cuts batches at the interval ends. Comparisons on ``timestamp`` cannot
-prune (no time index), so they are applied row by row on the Arrow batches, which is exact too.
-Anything else is returned to Spark unhandled.
+fetched, and reading cuts batches at the interval ends. Comparisons on ``timestamp`` are applied
+row by row on the Arrow batches, which is exact; planning also narrows each stream's offsets to
+where their interval's ends fall (``times.timestamp_bounds``). Anything else is returned to
+Spark unhandled.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _OPS: dict[type, str] = {
     GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in",
 }
 
-_UNBOUNDED = (-(1 << 63), 1 << 63)
+UNBOUNDED = (-(1 << 63), 1 << 63)
 
 Interval = tuple[int, int]  # [lo, hi): hi exclusive
 
@@ -117,7 +118,7 @@ def split_filters(filters: Sequence[Filter], columns: Iterable[str]
 
 
 def _predicate_intervals(pred: Predicate) -> list[Interval]:
-    lo, hi = _UNBOUNDED
+    lo, hi = UNBOUNDED
     v = pred.value
     if pred.op == "=":
         return [(v, v + 1)]
@@ -161,8 +162,8 @@ def intersect_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[In
 
 @dataclass(frozen=True)
 class PushedFilters:
-    """What pushdown asks of planning (intervals per integer column) and of reading
-    (row predicates)."""
+    """What pushdown asks of planning (intervals per column; timestamps in microseconds)
+    and of reading (row predicates)."""
 
     predicates: tuple[Predicate, ...] = ()
     intervals: dict[str, tuple[Interval, ...]] = field(default_factory=dict)
@@ -171,8 +172,8 @@ class PushedFilters:
     def from_predicates(cls, predicates: Iterable[Predicate]) -> PushedFilters:
         predicates = tuple(predicates)
         intervals: dict[str, tuple[Interval, ...]] = {}
-        for column in INTEGER_COLUMNS:
-            current: list[Interval] = [_UNBOUNDED]
+        for column in PUSHABLE_COLUMNS:
+            current: list[Interval] = [UNBOUNDED]
             for pred in predicates:
                 if pred.column == column:
                     current = intersect_intervals(current, _predicate_intervals(pred))
@@ -181,10 +182,16 @@ class PushedFilters:
 
     def allows(self, column: str, value: int) -> bool:
         """Whether an integer column value passes the pushed predicates."""
-        return any(lo <= value < hi for lo, hi in self.intervals.get(column, (_UNBOUNDED,)))
+        return any(lo <= value < hi for lo, hi in self.intervals.get(column, (UNBOUNDED,)))
 
     def offset_intervals(self) -> tuple[Interval, ...]:
-        return self.intervals.get("offset", (_UNBOUNDED,))
+        return self.intervals.get("offset", (UNBOUNDED,))
+
+    def hull(self, column: str) -> Interval:
+        """The smallest interval holding every value of ``column`` the predicates allow
+        (empty when they allow none; unbounded when none is on the column)."""
+        spans = self.intervals.get(column, (UNBOUNDED,))
+        return (spans[0][0], spans[-1][1]) if spans else (0, 0)
 
     @property
     def row_predicates(self) -> tuple[Predicate, ...]:

@@ -40,6 +40,7 @@ MAX_REPLICAS = 127
 SPARK_PROVIDED = frozenset({"checkpointlocation"})
 
 PAYLOADS = ("records", "arrow")
+TIME_STRATEGIES = ("error", "latest")
 COMPRESSIONS = ("none", "lz4", "zstd")
 
 
@@ -68,6 +69,24 @@ OPTIONS: tuple[OptionSpec, ...] = (
                'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest)'),
     OptionSpec("endingOffsets", "latest", "batch read",
                'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it'),
+    OptionSpec("startingTimestamp", "(none)", "read",
+               "start each stream at its first record whose timestamp is at or after this time "
+               "(ms since the epoch)"),
+    OptionSpec("endingTimestamp", "(none)", "batch read",
+               "stop each stream before its first record at or after this time (ms since the "
+               "epoch); no such record: its end"),
+    OptionSpec("startingOffsetsByTimestamp", "(none)", "read",
+               'startingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named '
+               "start as without it"),
+    OptionSpec("endingOffsetsByTimestamp", "(none)", "batch read",
+               'endingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named end at '
+               "latest"),
+    OptionSpec("startingOffsetsByTimestampStrategy", "error", "read",
+               "a stream with no record at or after its starting time: error, or latest (start "
+               "at its end)"),
+    OptionSpec("maxOutOfOrderness", "1m", "batch read",
+               "how far a record's timestamp may be behind one stored before it: filters on "
+               "timestamp narrow what is fetched by that much less (unbounded: not at all)"),
     OptionSpec("failOnDataLoss", "true", "read",
                "fail when requested offsets were trimmed away; false skips to the stream start"),
     OptionSpec("includeHeaders", "false", "read",
@@ -284,6 +303,61 @@ def parse_offsets(name: str, value: str, default: int, *, allow_earliest: bool =
     return OffsetSpec(default, tuple(sorted(entries)))
 
 
+@dataclass(frozen=True)
+class TimeSpec:
+    """Times (ms since the epoch) to position streams at: ``default`` for every stream not in
+    ``per_stream`` (None: those streams are positioned by offsets)."""
+
+    default: int | None
+    per_stream: tuple[tuple[int, int], ...] = ()
+
+    def for_stream(self, stream_id: int) -> int | None:
+        """The time for ``stream_id``, or None."""
+        return dict(self.per_stream).get(stream_id, self.default)
+
+
+def parse_time(name: str, value: str) -> TimeSpec:
+    """One time for every stream: ms since the epoch."""
+    return TimeSpec(parse_int(name, value, 0, allowed="a time in ms since the epoch (>= 0)"))
+
+
+def parse_times(name: str, value: str, streams: tuple[int, ...] | None = None) -> TimeSpec:
+    """A JSON object ``{"<stream_id>": ms}``."""
+    allowed = 'a JSON object {"<stream_id>": ms since the epoch} such as {"7": 1700000000000}'
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        raise _fail(name, value, allowed) from None
+    if not isinstance(parsed, dict) or not parsed or any(
+            not re.fullmatch(r"\d+", str(k)) or isinstance(v, bool) or not isinstance(v, int)
+            or v < 0 for k, v in parsed.items()):
+        raise _fail(name, value, allowed)
+    entries = tuple(sorted((int(k), v) for k, v in parsed.items()))
+    unknown = [sid for sid, _ in entries if streams is not None and sid not in streams]
+    if unknown:
+        raise OptionError(
+            f"option '{name}' = {value!r} names stream {unknown[0]}, which is not in option "
+            f"'streams' ({','.join(str(s) for s in streams or ())})")
+    return TimeSpec(None, entries)
+
+
+def parse_out_of_orderness(name: str, value: str) -> int | None:
+    """A duration, or ``unbounded`` (None)."""
+    return None if value.strip().lower() == "unbounded" else parse_duration_ms(name, value)
+
+
+def _time_spec(opts: _Options, one: str, by_stream: str, offsets: str,
+               streams: tuple[int, ...]) -> TimeSpec | None:
+    """The time positions of one end of a read (None: positioned by offsets)."""
+    given = [name for name in (one, by_stream, offsets) if opts.has(name)]
+    if len(given) > 1:
+        raise OptionError(f"options '{given[0]}' and '{given[1]}' exclude each other: position "
+                          "each end of a read one way")
+    if opts.has(one):
+        return parse_time(one, opts.get(one))
+    return opts.parse(by_stream, lambda n, v: parse_times(n, v, streams), None)
+
+
 # -- names -----------------------------------------------------------------------------------
 
 
@@ -401,6 +475,10 @@ class ReadOptions:
     fetch_max_wait_ms: int = 500
     max_records_per_partition: int | None = None
     min_partitions: int | None = None
+    starting_time: TimeSpec | None = None
+    ending_time: TimeSpec | None = None
+    time_strategy: str = "error"
+    max_out_of_orderness_ms: int | None = 60_000
 
 
 @dataclass(frozen=True)
@@ -458,16 +536,30 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
                                    allow_latest=streaming, streams=streams),
         OffsetSpec(LATEST if streaming else EARLIEST))
+    starting_time = _time_spec(opts, "startingTimestamp", "startingOffsetsByTimestamp",
+                               "startingOffsets", streams)
+    if opts.has("startingOffsetsByTimestampStrategy") and starting_time is None:
+        raise OptionError("option 'startingOffsetsByTimestampStrategy' needs "
+                          "'startingTimestamp' or 'startingOffsetsByTimestamp'")
+    ending_time = None
     if streaming:
-        if opts.has("endingOffsets"):
-            raise OptionError("option 'endingOffsets' is for batch reads; a streaming read has "
-                              "no end")
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if opts.has(name):
+                raise OptionError(f"option '{name}' is for batch reads; a streaming read has "
+                                  "no end")
         ending = OffsetSpec(LATEST)
     else:
         ending = opts.parse(
             "endingOffsets",
             lambda n, v: parse_offsets(n, v, LATEST, allow_earliest=False, streams=streams),
             OffsetSpec(LATEST))
+        ending_time = _time_spec(opts, "endingTimestamp", "endingOffsetsByTimestamp",
+                                 "endingOffsets", streams)
+        if (starting_time and ending_time and starting_time.default is not None
+                and ending_time.default is not None
+                and ending_time.default < starting_time.default):
+            raise OptionError(f"option 'endingTimestamp' ({ending_time.default}) is before "
+                              f"'startingTimestamp' ({starting_time.default})")
     payload = opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records")
     include_headers = opts.parse("includeHeaders", parse_bool, False)
     if include_headers and payload == "arrow":
@@ -489,6 +581,11 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         max_records_per_partition=opts.parse(
             "maxRecordsPerPartition", lambda n, v: parse_int(n, v, 1), None),
         min_partitions=opts.parse("minPartitions", lambda n, v: parse_int(n, v, 1), None),
+        starting_time=starting_time,
+        ending_time=ending_time,
+        time_strategy=opts.parse("startingOffsetsByTimestampStrategy",
+                                 lambda n, v: parse_choice(n, v, TIME_STRATEGIES), "error"),
+        max_out_of_orderness_ms=opts.parse("maxOutOfOrderness", parse_out_of_orderness, 60_000),
     )
 
 
@@ -562,6 +659,12 @@ _VALUE_CHECKS: dict[str, Callable[[str, str], Any]] = {
     "pd": parse_pd,
     "startingOffsets": lambda n, v: parse_offsets(n, v, EARLIEST),
     "endingOffsets": lambda n, v: parse_offsets(n, v, LATEST),
+    "startingTimestamp": parse_time,
+    "endingTimestamp": parse_time,
+    "startingOffsetsByTimestamp": parse_times,
+    "endingOffsetsByTimestamp": parse_times,
+    "startingOffsetsByTimestampStrategy": lambda n, v: parse_choice(n, v, TIME_STRATEGIES),
+    "maxOutOfOrderness": parse_out_of_orderness,
     "streams": parse_stream_ids,
     "stream": parse_stream_id,
     "failOnDataLoss": parse_bool,
@@ -597,7 +700,8 @@ def options_table_markdown() -> str:
 
 __all__ = [
     "EARLIEST", "LATEST", "OPTIONS", "ClientOptions", "OffsetSpec", "OptionError",
-    "OptionSpec", "ReadOptions", "StreamReadOptions", "StreamWriteOptions", "WriteOptions",
+    "OptionSpec", "ReadOptions", "StreamReadOptions", "StreamWriteOptions", "TimeSpec",
+    "WriteOptions",
     "check_option_names", "options_table_markdown", "parse_read_options",
     "parse_offsets", "parse_stream_read_options", "parse_stream_write_options",
     "parse_write_options",

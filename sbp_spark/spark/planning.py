@@ -8,7 +8,7 @@ turns the layouts, the offset options and the pushed filters into small picklabl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
@@ -147,8 +147,12 @@ def _split_sizes(pieces: list[SbpPartition], options: ReadOptions) -> list[int]:
 
 
 def plan_partitions(layouts: Sequence[StreamLayout], options: ReadOptions,
-                    pushed: PushedFilters | None = None) -> list[SbpPartition]:
-    """The input partitions of a batch read, in (stream, range, offset) order."""
+                    pushed: PushedFilters | None = None,
+                    stream_bounds: Mapping[int, Interval] | None = None) -> list[SbpPartition]:
+    """The input partitions of a batch read, in (stream, range, offset) order.
+
+    ``stream_bounds`` narrows streams further to offsets ``[lo, hi)`` (from the timestamp
+    filters, see ``times.timestamp_bounds``)."""
     pushed = pushed or PushedFilters()
     row_predicates = pushed.row_predicates
     offset_filter = pushed.offset_intervals()
@@ -156,6 +160,9 @@ def plan_partitions(layouts: Sequence[StreamLayout], options: ReadOptions,
     pieces: list[SbpPartition] = []
     for layout in layouts:
         lo, hi = resolve_bounds(layout, options)
+        if stream_bounds and layout.stream_id in stream_bounds:
+            narrow_lo, narrow_hi = stream_bounds[layout.stream_id]
+            lo, hi = max(lo, narrow_lo), min(hi, narrow_hi)
         if not pushed.allows("stream_id", layout.stream_id):
             continue
         for rng in layout.ranges:

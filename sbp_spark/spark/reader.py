@@ -22,6 +22,7 @@ from .filters import PushedFilters, split_filters
 from .options import ReadOptions
 from .planning import SbpPartition, plan_partitions
 from .schemas import METADATA_TYPES
+from .times import resolve_time_positions, timestamp_bounds
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,13 @@ class SbpBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         client = cluster.get_client(self.options.client)
         layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
-        partitions = plan_partitions(layouts, self.options, self.pushed)
-        log.info("sbp read of streams %s: %d partitions, %d records, pushed filters: %s",
+        options = resolve_time_positions(client, layouts, self.options)
+        bounds = timestamp_bounds(client, layouts, options, self.pushed)
+        partitions = plan_partitions(layouts, options, self.pushed, bounds)
+        log.info("sbp read of streams %s: %d partitions, %d records, pushed filters: %s%s",
                  ",".join(map(str, self.options.streams)), len(partitions),
-                 sum(p.record_count for p in partitions), self.pushed.describe())
+                 sum(p.record_count for p in partitions), self.pushed.describe(),
+                 f" (offsets by timestamp: {bounds})" if bounds else "")
         return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

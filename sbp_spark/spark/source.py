@@ -33,7 +33,7 @@ from sbp_spark.protocol.records import (
     payload_kind,
 )
 
-from . import cluster
+from . import cluster, tables
 from .encode import RowEncoder
 from .options import ReadOptions, check_option_names, parse_read_options, parse_write_options
 from .reader import SbpBatchReader, SbpPushdownBatchReader
@@ -54,7 +54,8 @@ class SbpDataSource(DataSource):
     pushdown = True
 
     def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
+        given, self.creating_table = tables.source_options(options)
+        super().__init__(given)
         check_option_names(self.options)
         # payload=arrow: the names of the data columns, known once schema() inferred them; they
         # tell metadata columns from data columns of the same name.
@@ -67,10 +68,15 @@ class SbpDataSource(DataSource):
     def schema(self) -> StructType:
         options = parse_read_options(self.options)
         if options.payload == "records":
-            return records_schema(options.include_headers)
-        data = self._infer_arrow_schema(options)
-        self.arrow_data_columns = tuple(data.names)
-        return arrow_payload_schema(data)
+            schema = records_schema(options.include_headers)
+        else:
+            data = self._infer_arrow_schema(options)
+            self.arrow_data_columns = tuple(data.names)
+            schema = arrow_payload_schema(data)
+        if self.creating_table:
+            schema = tables.with_definition(schema, tables.TableDefinition(
+                dict(self.options), self.arrow_data_columns))
+        return schema
 
     def _infer_arrow_schema(self, options: ReadOptions):
         client = cluster.get_client(options.client)
@@ -97,13 +103,14 @@ class SbpDataSource(DataSource):
             " hold no records yet; give the schema with .schema(...)")
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        options = parse_read_options(self.options)
+        table = tables.definition_of(schema)
+        options = parse_read_options(tables.read_options(self.options, table))
+        data_columns = self.arrow_data_columns or (table and table.data_columns)
         if options.payload == "records":
             check_records_read_schema(schema)
             metadata = frozenset(METADATA_TYPES)
-        elif self.arrow_data_columns is not None:
-            metadata = frozenset(n for n in schema.fieldNames()
-                                 if n not in self.arrow_data_columns)
+        elif data_columns is not None:
+            metadata = frozenset(n for n in schema.fieldNames() if n not in data_columns)
         else:
             # A schema given by the user: a column named like a metadata column may be data in
             # some batches, so no filter on it is pushed.
@@ -116,7 +123,8 @@ class SbpDataSource(DataSource):
             raise ValueError(
                 "format sbp cannot overwrite: SBP streams are append-only, so mode('overwrite') "
                 "cannot replace their records; use mode('append')")
-        options = parse_write_options(self.options)
+        options = parse_write_options(
+            tables.write_options(self.options, tables.definition_of(schema)))
         client = cluster.get_client(options.client)
         stream = options.stream
         created = False
@@ -134,12 +142,14 @@ class SbpDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from .streaming.reader import stream_reader
 
-        return stream_reader(self.options, schema)
+        return stream_reader(
+            tables.read_options(self.options, tables.definition_of(schema)), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer
 
-        return stream_writer(self.options, schema, overwrite)
+        return stream_writer(
+            tables.write_options(self.options, tables.definition_of(schema)), schema, overwrite)
 
 
 class SbpDataSourceNoPushdown(SbpDataSource):

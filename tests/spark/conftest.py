@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """The session, with ``sbp_spark.register`` applied (filter pushdown on)."""
+def spark(tmp_path_factory):
+    """The session, with ``sbp_spark.register`` applied (filter pushdown on); tables made with
+    CREATE TABLE live in a temporary warehouse and an in-memory catalog."""
     # pyspark discovers pyspark_sbp by listing top-level modules on the workers' sys.path. A
     # wheel install puts it in site-packages; an editable install only adds an import hook,
     # which such a listing does not see, so the checkout goes on the workers' path.
@@ -33,6 +34,7 @@ def spark():
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
+        "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
     })
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -11,6 +11,7 @@ from sbp_spark.spark.options import (
     OPTIONS,
     OffsetSpec,
     OptionError,
+    TimeSpec,
     check_option_names,
     options_table_markdown,
     parse_read_options,
@@ -164,6 +165,63 @@ def test_every_option_is_documented_and_parsed():
             "createIfMissing", "replicas", "retentionMs", "compression",
             "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger",
             "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay",
-            "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile"} == names
+            "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile",
+            "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
+            "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+            "maxOutOfOrderness"} == names
     for name in names:
         assert f"| {name} |" in table
+
+
+def test_time_positions():
+    opts = parse_read_options({**PD, "streams": "1,2", "startingTimestamp": "1700000000000",
+                               "endingOffsetsByTimestamp": '{"2": 1700000001000}',
+                               "startingOffsetsByTimestampStrategy": "LATEST",
+                               "maxOutOfOrderness": "5s"})
+    assert opts.starting_time == TimeSpec(1_700_000_000_000)
+    assert opts.ending_time == TimeSpec(None, ((2, 1_700_000_001_000),))
+    assert opts.ending_time.for_stream(2) == 1_700_000_001_000
+    assert opts.ending_time.for_stream(1) is None
+    assert (opts.time_strategy, opts.max_out_of_orderness_ms) == ("latest", 5_000)
+    defaults = parse_read_options({**PD, "streams": "1"})
+    assert defaults.starting_time is None and defaults.ending_time is None
+    assert (defaults.time_strategy, defaults.max_out_of_orderness_ms) == ("error", 60_000)
+    assert parse_read_options({**PD, "streams": "1", "maxOutOfOrderness": "Unbounded"}
+                              ).max_out_of_orderness_ms is None
+    streaming = parse_stream_read_options({**PD, "streams": "1,2",
+                                           "startingOffsetsByTimestamp": '{"1": 5}'})
+    assert streaming.read.starting_time == TimeSpec(None, ((1, 5),))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"startingTimestamp": "yesterday"},
+     "option 'startingTimestamp' = 'yesterday' is not valid: expected a time in ms"),
+    ({"endingTimestamp": "-5"}, "option 'endingTimestamp'"),
+    ({"startingOffsetsByTimestamp": '{"1": "noon"}'},
+     "option 'startingOffsetsByTimestamp'.*JSON object"),
+    ({"startingOffsetsByTimestamp": "[1]"}, "option 'startingOffsetsByTimestamp'"),
+    ({"endingOffsetsByTimestamp": '{"9": 5}'},
+     "names stream 9, which is not in option 'streams'"),
+    ({"startingTimestamp": "5", "startingOffsets": "earliest"},
+     "options 'startingTimestamp' and 'startingOffsets' exclude each other"),
+    ({"startingTimestamp": "5", "startingOffsetsByTimestamp": '{"1": 5}'},
+     "options 'startingTimestamp' and 'startingOffsetsByTimestamp' exclude each other"),
+    ({"endingOffsetsByTimestamp": '{"1": 5}', "endingOffsets": "latest"},
+     "options 'endingOffsetsByTimestamp' and 'endingOffsets' exclude each other"),
+    ({"startingTimestamp": "10", "endingTimestamp": "9"},
+     r"'endingTimestamp' \(9\) is before 'startingTimestamp' \(10\)"),
+    ({"startingOffsetsByTimestampStrategy": "latest"},
+     "'startingOffsetsByTimestampStrategy' needs 'startingTimestamp'"),
+    ({"startingTimestamp": "1", "startingOffsetsByTimestampStrategy": "skip"},
+     "option 'startingOffsetsByTimestampStrategy' = 'skip'.*one of error, latest"),
+    ({"maxOutOfOrderness": "a while"}, "option 'maxOutOfOrderness'"),
+])
+def test_bad_time_options(options, message):
+    with pytest.raises(OptionError, match=message):
+        parse_read_options({**PD, "streams": "1,2", **options})
+
+
+def test_streaming_reads_have_no_end_time():
+    for name, value in (("endingTimestamp", "5"), ("endingOffsetsByTimestamp", '{"1": 5}')):
+        with pytest.raises(OptionError, match=f"'{name}' is for batch reads"):
+            parse_stream_read_options({**PD, "streams": "1", name: value})

@@ -47,6 +47,7 @@ from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_str
 from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
 from ..reader import read_partition
 from ..schemas import check_records_read_schema
+from ..times import resolve_time_positions
 from .limits import TriggerDelay, TriggerLimits, admit
 from .offsets import from_spark, parse_spark, resolve_starting, to_spark
 
@@ -91,6 +92,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         read = self.options.read
         layouts = cluster.stream_layouts(self.client, read.streams, read.client.pd)
+        read = resolve_time_positions(self.client, layouts, read)
         bounds = {lay.stream_id: (lay.start_offset, lay.end_offset) for lay in layouts}
         first = resolve_starting(read.starting, read.streams, bounds)
         log.info("sbp stream read of streams %s starts at %s", _ids(read.streams), first)

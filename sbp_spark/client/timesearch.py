@@ -1,0 +1,137 @@
+"""Offsets by time: the first record at or after a timestamp, found without a time index.
+
+SBP stores no time index, so the search probes the stream: a FETCH at an offset with a one-byte
+budget returns exactly the stored batch holding that offset (a server always sends the first
+batch whole), so one probe costs one batch. A binary search over offsets, keyed on the latest
+record timestamp of each probed batch, ends in the batch holding the answer, and the answer is
+the first record of that batch at or after the time, exact per record.
+
+A record's timestamp is its ``timestamp`` column when its batch is a payload=records Arrow body
+that has one (a null falls back to the batch's), else the batch's ``base_timestamp_ms``: what a
+reader shows in its ``timestamp`` column.
+
+What the search returns is Kafka's answer (the earliest offset whose timestamp is at or after
+the time, which is where the running maximum of the timestamps reaches it) whenever the latest
+timestamp of each batch is no earlier than that of the batches stored before it; records inside
+a batch may be in any order and before or after its base timestamp. Where batches run back in
+time across the asked time, no search short of reading every batch can know of an earlier
+record at or after it: the search then returns one of the places where the timestamps cross
+the time (a record at or after it whose earlier records in its batch, and whose preceding
+probed batch, are all before it).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sbp_spark.protocol.errors import ReplicaBehindError
+from sbp_spark.protocol.messages import Range
+from sbp_spark.protocol.records import (
+    ENVELOPE_SIZE,
+    PAYLOAD_RECORDS,
+    BatchHeader,
+    BodyFormat,
+    body_to_arrow,
+    payload_kind,
+)
+
+from .types import FetchedBatch
+
+if TYPE_CHECKING:
+    from .stream import SbpClient
+
+_MS = pa.timestamp("ms")
+
+
+def record_timestamps_ms(header: BatchHeader, batch: memoryview) -> pa.Array:
+    """The timestamps (int64 ms since the epoch) of the records of one stored batch
+    (``batch`` = envelope + body), in offset order."""
+    base = header.base_timestamp_ms
+    if header.body_format == BodyFormat.ARROW:
+        body = body_to_arrow(batch[ENVELOPE_SIZE:ENVELOPE_SIZE + header.body_length])
+        if (payload_kind(body.schema) == PAYLOAD_RECORDS
+                and "timestamp" in body.schema.names):
+            column = body.column(body.schema.get_field_index("timestamp"))
+            if pa.types.is_timestamp(column.type):
+                # A finer unit is cut to whole ms: comparing the cut value with a time in whole
+                # ms gives the same answer as comparing the exact one.
+                millis = pc.cast(column, _MS, safe=False).cast(pa.int64())
+                return millis.fill_null(base)
+    return pa.repeat(pa.scalar(base, pa.int64()), header.record_count)
+
+
+@dataclass(frozen=True)
+class TimeSearchResult:
+    """Where a time falls in a stream: ``offset`` is the first record at or after it (None when
+    no record in the searched offsets is); ``fetches`` counts the batches probed."""
+
+    offset: int | None
+    fetches: int
+
+
+@dataclass(frozen=True)
+class _Span:
+    range: Range
+    start: int
+    end: int
+
+
+def range_end(rng: Range) -> int:
+    """The offset after a range's last record: its end once sealed, else its ``next_offset``
+    (which the caller fixed to the snapshot it reads)."""
+    return rng.next_offset if rng.is_open else rng.end_offset
+
+
+class TimeSearch:
+    """Searches one stream's ranges (in offset order; an open one with ``next_offset`` set to
+    where the caller reads up to) through ``client``, an ``SbpClient``."""
+
+    def __init__(self, client: SbpClient, ranges: Sequence[Range]) -> None:
+        self.client = client
+        self.spans = [_Span(r, r.start_offset, range_end(r)) for r in ranges
+                      if range_end(r) > r.start_offset]
+        self._starts = [s.start for s in self.spans]
+
+    def first_at_or_after(self, timestamp_ms: int, start: int, end: int) -> TimeSearchResult:
+        """The first record in offsets ``[start, end)`` whose timestamp is at or after
+        ``timestamp_ms``."""
+        # Ranges follow each other without gaps: only offsets below the first one (trimmed)
+        # or past the last one are held by none.
+        left = max(start, self.spans[0].start) if self.spans else end
+        right = min(end, self.spans[-1].end) if self.spans else end
+        found: int | None = None
+        fetches = 0
+        threshold = pa.scalar(timestamp_ms, pa.int64())
+        while left < right:
+            batch = self._batch_at(left + (right - left) // 2)
+            fetches += 1
+            first = max(batch.header.base_offset, left)
+            last = min(batch.header.end_offset, right)
+            stamps = record_timestamps_ms(batch.header, batch.data).slice(
+                first - batch.header.base_offset, last - first)
+            index = pc.index(pc.greater_equal(stamps, threshold), True).as_py()
+            if index >= 0:
+                found = first + index
+                right = first  # the batch's earlier records are before the time
+            else:
+                left = last
+        return TimeSearchResult(found, fetches)
+
+    def _batch_at(self, offset: int) -> FetchedBatch:
+        span = self.spans[bisect.bisect_right(self._starts, offset) - 1]
+        with closing(self.client.fetch(span.range, offset, span.end, max_bytes=1)) as batches:
+            for batch in batches:
+                return batch
+        raise ReplicaBehindError(
+            f"range {span.range.range_index} of stream {span.range.stream_id} returned no "
+            f"batch at offset {offset}, though it holds records up to {span.end}")
+
+
+__all__ = ["TimeSearch", "TimeSearchResult", "range_end", "record_timestamps_ms"]

@@ -1,0 +1,115 @@
+"""Catalog tables: ``CREATE TABLE t USING sbp OPTIONS (...)``, then ``SELECT``, ``INSERT INTO``.
+
+What pyspark (4.2, 4.3) hands a Python data source for a table in a catalog: at ``CREATE TABLE``,
+``schema()`` gets the OPTIONS twice (as written and with an ``option.`` prefix) plus
+``provider`` and ``owner``; at ``SELECT``, ``INSERT INTO`` and ``readStream.table``, the reader
+and writer get no options at all (only those of a ``WITH (...)`` clause), but they do get the
+table's schema with the column metadata ``schema()`` returned. So the schema of a table carries
+its definition in the metadata of its first column: the OPTIONS it was created with (addresses,
+stream ids, read and write settings, paths of TLS files: the connector has no option that holds
+a secret, keys stay in the files named) and, for payload=arrow, which columns are data.
+
+A table created with a column list, or by ``CREATE TABLE ... AS SELECT``, never had its schema
+asked for, so it has no definition; using it fails with a message saying how to create it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.types import StructField, StructType
+
+from .options import OptionError
+
+DEFINITION_KEY = "sbp.table"
+_PREFIX = "option."
+# What CREATE TABLE adds to the OPTIONS a user wrote.
+_CREATE_TABLE_EXTRAS = frozenset({"provider", "owner"})
+
+NO_DEFINITION = (
+    "format sbp got no options: Spark hands a Python data source the OPTIONS of a catalog table "
+    "only through the schema it returned at CREATE TABLE, and neither a table created with a "
+    "column list nor CREATE TABLE ... AS SELECT asks for it. Create the table as "
+    "CREATE TABLE t USING sbp OPTIONS (pd 'host:port', streams '7') (no column list, no AS "
+    "SELECT), then fill it with INSERT INTO t SELECT ...")
+
+
+@dataclass(frozen=True)
+class TableDefinition:
+    """What a table keeps: its OPTIONS (lower-case names) and its payload=arrow data columns."""
+
+    options: dict[str, str]
+    data_columns: tuple[str, ...] | None = None
+
+
+def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
+    """(the connector's options, whether they come from CREATE TABLE): the ``option.``
+    copies and Spark's own additions of CREATE TABLE removed."""
+    keys = {str(k).lower() for k in options}
+    creating = any(k.startswith(_PREFIX) for k in keys)
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        name = str(key).lower()
+        if creating:
+            if name in _CREATE_TABLE_EXTRAS:
+                continue
+            name = name.removeprefix(_PREFIX)
+        out[name] = value
+    if creating and "streams" not in out and "stream" in out:
+        out["streams"] = out["stream"]  # a table on one stream reads what it writes
+    return out, creating
+
+
+def with_definition(schema: StructType, definition: TableDefinition) -> StructType:
+    """``schema`` carrying ``definition`` in its first column's metadata."""
+    text = json.dumps({"options": dict(sorted(definition.options.items())),
+                       "dataColumns": definition.data_columns})
+    first, *rest = schema.fields
+    tagged = StructField(first.name, first.dataType, first.nullable,
+                         {**(first.metadata or {}), DEFINITION_KEY: text})
+    return StructType([tagged, *rest])
+
+
+def definition_of(schema: StructType) -> TableDefinition | None:
+    """The table definition ``schema`` carries, if any."""
+    for field in schema.fields:
+        text = (field.metadata or {}).get(DEFINITION_KEY)
+        if text is not None:
+            parsed = json.loads(text)
+            columns = parsed.get("dataColumns")
+            return TableDefinition(dict(parsed["options"]),
+                                   None if columns is None else tuple(columns))
+    return None
+
+
+def read_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
+    """The options of a read: a table's, overridden by the query's (``WITH (...)``); a read
+    naming its own ``pd`` is not a table read and uses only its own."""
+    given = {str(k).lower(): v for k, v in options.items()}
+    if "pd" in given or table is None:
+        if not given:
+            raise OptionError(NO_DEFINITION)
+        return given
+    return {**table.options, **given}
+
+
+def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
+    """The options of a write: its own when it has any (``df.write`` with options), else the
+    table's (``INSERT INTO``), where a table on one stream writes to it and a table on several
+    routes rows by their ``stream_id`` column."""
+    if options:
+        return dict(options)
+    if table is None:
+        raise OptionError(NO_DEFINITION)
+    merged = dict(table.options)
+    streams = merged.pop("streams", "")
+    if "stream" not in merged and "," not in streams and streams.strip():
+        merged["stream"] = streams.strip()
+    return merged
+
+
+__all__ = ["NO_DEFINITION", "TableDefinition", "definition_of", "read_options",
+           "source_options", "with_definition", "write_options"]

@@ -1,0 +1,109 @@
+"""Time positions: the time options and the filters on ``timestamp`` turned into offsets.
+
+Both search each stream's ranges as planning sees them (the open range cut at the planned
+snapshot) with the client's ``TimeSearch``: O(log n) FETCHes of one batch each per searched
+time and stream, so a read positioned by time plans in milliseconds per stream and is as
+repeatable as one positioned by offsets.
+
+Options (``startingTimestamp``, ``endingOffsetsByTimestamp``, ...) mean what they mean in Spark's
+Kafka source: a stream starts (or ends, exclusive) at its first record whose timestamp is at or
+after the time. Filters must keep their exact meaning, so their ends are searched with the
+``maxOutOfOrderness`` margin: with records never more than that behind one stored before them,
+no record the filter keeps lies outside the narrowed offsets, and reading still applies the
+filter to every row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sbp_spark.client import SbpClient
+from sbp_spark.client.timesearch import TimeSearch
+
+from .cluster import layout_ranges
+from .filters import UNBOUNDED, Interval, PushedFilters
+from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, TimeSpec
+from .planning import StreamLayout, resolve_bounds
+
+
+def _search(client: SbpClient, layout: StreamLayout) -> TimeSearch:
+    return TimeSearch(client, layout_ranges(layout))
+
+
+def describe_time(ms: int) -> str:
+    """``1700000000000 (2023-11-14T22:13:20Z)`` for messages."""
+    when = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    return f"{ms} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
+
+
+def _option_name(spec: TimeSpec, one: str, by_stream: str) -> str:
+    return one if spec.default is not None else by_stream
+
+
+def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
+                           options: ReadOptions) -> ReadOptions:
+    """``options`` with the streams positioned by time positioned by the offsets the times
+    fall at (unchanged when no time option is set)."""
+    if options.starting_time is None and options.ending_time is None:
+        return options
+    starting = dict(options.starting.per_stream)
+    ending = dict(options.ending.per_stream)
+    for layout in layouts:
+        sid, first, last = layout.stream_id, layout.start_offset, layout.end_offset
+        search = _search(client, layout)
+        start_ms = options.starting_time.for_stream(sid) if options.starting_time else None
+        if start_ms is not None:
+            found = search.first_at_or_after(start_ms, first, last).offset
+            if found is None:
+                if options.time_strategy != "latest":
+                    name = _option_name(options.starting_time, "startingTimestamp",
+                                        "startingOffsetsByTimestamp")
+                    raise OptionError(
+                        f"option '{name}': stream {sid} holds no record at or after "
+                        f"{describe_time(start_ms)} (its records are [{first}, {last})); set "
+                        "startingOffsetsByTimestampStrategy=latest to start it at its end")
+                found = last
+            starting[sid] = found
+        end_ms = options.ending_time.for_stream(sid) if options.ending_time else None
+        if end_ms is not None:
+            begin = starting.get(sid, options.starting.default)
+            begin = first if begin == EARLIEST else last if begin == LATEST else begin
+            found = search.first_at_or_after(end_ms, max(first, begin), last).offset
+            ending[sid] = last if found is None else found
+    return replace(options, starting=OffsetSpec(options.starting.default,
+                                                tuple(sorted(starting.items()))),
+                   ending=OffsetSpec(options.ending.default, tuple(sorted(ending.items()))),
+                   starting_time=None, ending_time=None)
+
+
+def timestamp_bounds(client: SbpClient, layouts: Sequence[StreamLayout], options: ReadOptions,
+                     pushed: PushedFilters) -> dict[int, Interval]:
+    """Per stream, the offsets ``[lo, hi)`` outside which no record passes the pushed filters
+    on ``timestamp`` (empty when there are none, or with ``maxOutOfOrderness=unbounded``)."""
+    low_us, high_us = pushed.hull("timestamp")
+    margin = options.max_out_of_orderness_ms
+    if (low_us, high_us) == UNBOUNDED or margin is None:
+        return {}
+    bounds: dict[int, Interval] = {}
+    for layout in layouts:
+        lo, hi = resolve_bounds(layout, options)
+        if low_us >= high_us:
+            bounds[layout.stream_id] = (lo, lo)
+            continue
+        search = _search(client, layout)
+        if low_us != UNBOUNDED[0]:
+            # Every record before the first one at or after (low - margin) is before low.
+            found = search.first_at_or_after(low_us // 1000 - margin, lo, hi).offset
+            lo = hi if found is None else found
+        if high_us != UNBOUNDED[1]:
+            # From the first record at or after (high + margin) on, every record is at or
+            # after high.
+            found = search.first_at_or_after(-(-high_us // 1000) + margin, lo, hi).offset
+            hi = hi if found is None else found
+        bounds[layout.stream_id] = (lo, hi)
+    return bounds
+
+
+__all__ = ["describe_time", "resolve_time_positions", "timestamp_bounds"]

@@ -1,0 +1,132 @@
+"""SQL: sbp tables in the session catalog (CREATE TABLE, SELECT, INSERT INTO, DESCRIBE, DROP,
+readStream.table) and temporary views, through a real local Spark session and cluster."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pyarrow as pa
+import pytest
+
+from sbp_spark.protocol.records import PAYLOAD_ARROW, encode_arrow_batch, with_payload_kind
+
+from .streaming.helpers import append_values, stored_schemas, stored_values
+from .test_batch import new_stream, read
+
+
+@contextmanager
+def table(spark, name: str, definition: str):
+    """``CREATE TABLE name <definition>``, dropped afterwards (the session outlives the test)."""
+    spark.sql(f"CREATE TABLE {name} {definition}")
+    try:
+        yield name
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp_path):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["a", "b", "c"])
+    name = f"events_{sid}"
+    with table(spark, name, f"USING sbp OPTIONS (pd '{pd}', streams '{sid}', stream '{sid}')"):
+        assert [(r.col_name, r.data_type) for r in spark.sql(f"DESCRIBE TABLE {name}").collect()
+                ] == [("stream_id", "bigint"), ("range_index", "int"), ("offset", "bigint"),
+                      ("timestamp", "timestamp"), ("key", "binary"), ("value", "binary")]
+        spark.sql(f"INSERT INTO {name} (key, value) "
+                  "SELECT CAST(CAST(id AS STRING) AS BINARY), CAST(CONCAT('v', id) AS BINARY) "
+                  "FROM range(4)")
+        spark.sql(f"INSERT INTO {name} SELECT NULL, NULL, NULL, NULL, NULL, BINARY('last')")
+        rows = spark.sql(f"SELECT offset, CAST(value AS STRING) AS v FROM {name} "
+                         "WHERE offset >= 2 ORDER BY offset").collect()
+        # The first INSERT's two tasks append in either order; the second comes after both.
+        assert [r.offset for r in rows] == [2, 3, 4, 5, 6, 7]
+        assert rows[0].v == "c" and rows[-1].v == "last"
+        assert sorted(r.v for r in rows[1:5]) == ["v0", "v1", "v2", "v3"]
+        # Per-query options override the table's.
+        ending = json.dumps({str(sid): 2}).replace("'", "")
+        assert spark.sql(f"SELECT count(*) FROM {name} WITH ('endingOffsets' = '{ending}')"
+                         ).first()[0] == 2
+        with pytest.raises(Exception, match="option 'fetchMaxBytes' = '0' is not valid"):
+            spark.sql(f"SELECT * FROM {name} WITH ('fetchMaxBytes' = '0')").collect()
+        with pytest.raises(Exception, match="cannot overwrite.*append-only.*mode\\('append'\\)"):
+            spark.sql(f"INSERT OVERWRITE {name} SELECT NULL, NULL, NULL, NULL, NULL, X'00'")
+
+        query = (spark.readStream.table(name).writeStream.format("memory")
+                 .queryName(f"table_stream_{sid}")
+                 .option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(120)
+        finally:
+            query.stop()
+        # A streaming read starts at latest unless told otherwise; the table says nothing.
+        assert spark.table(f"table_stream_{sid}").count() == 0
+    # Dropping the table drops its definition, never the stream's records.
+    assert not spark.catalog.tableExists(name)
+    stored = stored_values(sbp_client, sid)
+    assert stored[:3] == ["a", "b", "c"] and stored[-1] == "last"
+    assert sorted(stored[3:7]) == ["v0", "v1", "v2", "v3"]
+
+
+def test_table_over_several_streams_routes_inserts_by_stream_id(spark, pd, sbp_client):
+    s1, s2 = new_stream(sbp_client), new_stream(sbp_client)
+    name = f"pair_{s1}_{s2}"
+    options = (f"pd '{pd}', streams '{s1},{s2}', startingOffsets "
+               f"'{json.dumps({str(s2): 1})}', includeHeaders 'true'")
+    with table(spark, name, f"USING sbp OPTIONS ({options})"):
+        spark.sql(f"INSERT INTO {name} (stream_id, value) "
+                  f"VALUES ({s1}, BINARY('one')), ({s2}, BINARY('two')), ({s2}, BINARY('three'))")
+        rows = spark.sql(f"SELECT stream_id, CAST(value AS STRING) AS v, headers FROM {name}"
+                         ).collect()
+        # The table's startingOffsets skips the first record of s2.
+        assert sorted((r.stream_id, r.v) for r in rows) == [(s1, "one"), (s2, "three")]
+        with pytest.raises(Exception, match="null stream_id"):
+            spark.sql(f"INSERT INTO {name} (value) VALUES (BINARY('lost'))")
+
+
+def test_arrow_table_stores_only_its_data_columns(spark, pd, sbp_client):
+    sid = new_stream(sbp_client)
+    first = pa.record_batch({"id": pa.array([1], pa.int64()), "name": pa.array(["x"])})
+    sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(first, PAYLOAD_ARROW))])
+    name = f"typed_{sid}"
+    with table(spark, name, f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', payload 'arrow')"):
+        assert spark.table(name).columns == ["id", "name", "stream_id", "offset", "timestamp"]
+        spark.sql(f"INSERT INTO {name} (id, name) VALUES (2, 'y'), (3, 'z')")
+        rows = spark.sql(f"SELECT id, name, offset FROM {name} WHERE offset >= 1").collect()
+        assert sorted((r.id, r.name) for r in rows) == [(2, "y"), (3, "z")]
+        assert sorted(r.offset for r in rows) == [1, 2]
+    # The metadata columns INSERT INTO filled with nulls are not stored as data.
+    assert {tuple(s.names) for s in stored_schemas(sbp_client, sid)} == {("id", "name")}
+
+
+def test_tables_that_cannot_carry_their_options_say_what_to_do(spark, pd, sbp_client):
+    sid = new_stream(sbp_client)
+    advice = r"CREATE TABLE t USING sbp OPTIONS \(pd 'host:port', streams '7'\)"
+    with pytest.raises(Exception, match=advice):
+        spark.sql(f"CREATE TABLE ctas_{sid} USING sbp OPTIONS (pd '{pd}', stream '{sid}') "
+                  "AS SELECT CAST('v' AS BINARY) AS value")
+    spark.sql(f"DROP TABLE IF EXISTS ctas_{sid}")
+    with table(spark, f"listed_{sid}", f"(key BINARY, value BINARY) USING sbp OPTIONS "
+                                       f"(pd '{pd}', streams '{sid}')") as name:
+        with pytest.raises(Exception, match=advice):
+            spark.sql(f"SELECT * FROM {name}").collect()
+    with pytest.raises(Exception, match="unknown option 'fetchmaxbytez' for format sbp; did "
+                                        "you mean 'fetchMaxBytes'"):
+        spark.sql(f"CREATE TABLE typo_{sid} USING sbp OPTIONS (pd '{pd}', streams '{sid}', "
+                  "fetchMaxBytez '1k')")
+    assert not spark.catalog.tableExists(f"typo_{sid}")
+
+
+def test_temporary_view_select_and_insert(spark, pd, sbp_client):
+    sid = new_stream(sbp_client)
+    view = f"view_{sid}"
+    spark.sql(f"CREATE TEMPORARY VIEW {view} USING sbp OPTIONS "
+              f"(pd '{pd}', streams '{sid}', stream '{sid}')")
+    try:
+        spark.sql(f"INSERT INTO {view} (value) VALUES (BINARY('p')), (BINARY('q'))")
+        assert sorted(r.v for r in spark.sql(
+            f"SELECT CAST(value AS STRING) AS v FROM {view}").collect()) == ["p", "q"]
+    finally:
+        spark.catalog.dropTempView(view)
+    assert read(spark, pd, sid).count() == 2

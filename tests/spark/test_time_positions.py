@@ -1,0 +1,146 @@
+"""Reads positioned by time (Kafka's option names) and filters on ``timestamp`` that narrow what
+is fetched, through a real local Spark session against the embedded cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import GreaterThanOrEqual, LessThan, LessThanOrEqual
+
+from sbp_spark.protocol.records import encode_arrow_batch, make_records_batch
+from sbp_spark.spark.options import parse_read_options
+from sbp_spark.spark.reader import SbpPushdownBatchReader
+from sbp_spark.spark.schemas import records_schema
+
+from .test_batch import new_stream, offsets_summary, read
+
+UTC = dt.timezone.utc
+T0 = 1_700_000_000_000  # ms
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def at(ms: int) -> dt.datetime:
+    return EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def append_timed(client, sid: int, stamps: list[int], base_ms: int = 42) -> None:
+    """One payload=records batch whose records carry ``stamps`` (their batch's base timestamp
+    is far away, so only per-record timestamps can give the right answers)."""
+    batch = make_records_batch(pa.array([b"v"] * len(stamps), pa.binary()),
+                               timestamp=pa.array(stamps, pa.timestamp("ms")))
+    client.append(sid, [encode_arrow_batch(batch, base_ms)])
+
+
+@pytest.fixture(scope="module")
+def timed(sbp_client):
+    """A stream of 300 records, one second apart from T0, in 3 ranges of 10 batches each."""
+    sid = new_stream(sbp_client)
+    for r in range(3):
+        for b in range(10):
+            first = r * 100 + b * 10
+            append_timed(sbp_client, sid, [T0 + 1000 * o for o in range(first, first + 10)])
+        if r < 2:
+            sbp_client.seal_range(sid)
+    return sid
+
+
+def test_batch_read_between_two_times(spark, pd, timed):
+    df = read(spark, pd, timed, startingTimestamp=str(T0 + 124_500),
+              endingTimestamp=str(T0 + 260_000))
+    assert offsets_summary(df) == (135, 125, 259)
+    first = df.orderBy("offset").first()
+    assert first.timestamp == at(T0 + 125_000).replace(tzinfo=None)  # session time zone UTC
+
+
+def test_per_stream_times_and_streams_left_unnamed(spark, pd, sbp_client, timed):
+    other = new_stream(sbp_client)
+    append_timed(sbp_client, other, [T0 + 5, T0 + 6, T0 + 7])
+    df = read(spark, pd, f"{timed},{other}",
+              startingOffsetsByTimestamp=json.dumps({str(timed): T0 + 290_000}),
+              endingOffsetsByTimestamp=json.dumps({str(other): T0 + 7}))
+    counts = df.groupBy("stream_id").agg(F.min("offset"), F.max("offset"), F.count("*"))
+    assert sorted(tuple(r) for r in counts.collect()) == sorted(
+        [(timed, 290, 299, 10), (other, 0, 1, 2)])
+
+
+def test_a_time_past_every_record(spark, pd, timed):
+    late = str(T0 + 300_000)
+    with pytest.raises(Exception, match=(
+            f"option 'startingTimestamp': stream {timed} holds no record at or after "
+            rf"{late} \(2023-11-14T22:18:20.000Z\).*startingOffsetsByTimestampStrategy=latest")):
+        read(spark, pd, timed, startingTimestamp=late).collect()
+    assert read(spark, pd, timed, startingTimestamp=late,
+                startingOffsetsByTimestampStrategy="latest").count() == 0
+    # An ending time past every record ends at the stream's end, as in Kafka.
+    assert offsets_summary(read(spark, pd, timed, endingTimestamp=late)) == (300, 0, 299)
+
+
+def test_streaming_query_starts_at_a_time(spark, pd, sbp_client, timed, tmp_path):
+    def run(name: str, **options: str) -> list[int]:
+        reader = spark.readStream.format("sbp").option("pd", pd).option("streams", str(timed))
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        query = (reader.load().writeStream.format("memory").queryName(name)
+                 .option("checkpointLocation", str(tmp_path / name))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(120)
+        finally:
+            query.stop()
+        rows = spark.sql(f"SELECT min(offset), max(offset), count(*) FROM {name}").first()
+        return list(rows)
+
+    assert run("from_time", startingTimestamp=str(T0 + 200_000),
+               maxRecordsPerTrigger="40") == [200, 299, 100]
+    assert run("from_future", startingTimestamp=str(T0 + 999_000),
+               startingOffsetsByTimestampStrategy="latest") == [None, None, 0]
+
+
+def planned(pd: str, sid: int, filters: list, **options: str) -> list[tuple[int, int]]:
+    """The (start, end) offsets the pushdown reader plans for ``filters``."""
+    opts = parse_read_options({"pd": pd, "streams": str(sid), **options})
+    reader = SbpPushdownBatchReader(opts, records_schema(), frozenset({"timestamp"}))
+    assert list(reader.pushFilters(filters)) == []
+    return [(p.start_offset, p.end_offset) for p in reader.partitions()]
+
+
+def test_timestamp_filters_narrow_the_planned_offsets(pd, timed):
+    between = [GreaterThanOrEqual(("timestamp",), at(T0 + 124_500)),
+               LessThan(("timestamp",), at(T0 + 210_000))]
+    assert planned(pd, timed, between, maxOutOfOrderness="0") == [(125, 200), (200, 210)]
+    # The default margin (1 minute of records a second apart) keeps 60 records more per end.
+    assert planned(pd, timed, between) == [(65, 100), (100, 200), (200, 270)]
+    assert planned(pd, timed, between, maxOutOfOrderness="unbounded") == [
+        (0, 100), (100, 200), (200, 300)]
+    at_most = [LessThanOrEqual(("timestamp",), at(T0 + 5_000))]
+    assert planned(pd, timed, at_most, maxOutOfOrderness="0") == [(0, 6)]
+    nothing = [GreaterThanOrEqual(("timestamp",), at(T0 + 400_000))]
+    assert planned(pd, timed, nothing, maxOutOfOrderness="0") == []
+
+
+def test_timestamp_pushdown_in_spark_is_exact_and_shown(spark, plain_spark, pd, sbp_client):
+    # Batches out of order by up to 39 s (several writers), records one second apart inside.
+    sid = new_stream(sbp_client)
+    for first in (0, 40, 20, 60, 100, 80, 120):
+        append_timed(sbp_client, sid, [T0 + 1000 * o for o in range(first, first + 20)])
+        if first == 60:
+            sbp_client.seal_range(sid)
+    low, high = at(T0 + 50_000), at(T0 + 90_500)
+    where = (F.col("timestamp") >= F.lit(low)) & (F.col("timestamp") <= F.lit(high))
+    pushed = read(spark, pd, sid, maxOutOfOrderness="40s").filter(where)
+    plan = pushed._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "GreaterThanOrEqual(timestamp,2023-11-14 22:14:10.0)" in plan
+    assert "LessThanOrEqual(timestamp,2023-11-14 22:14:50.5)" in plan
+    expected = sorted(r.offset for r in read(plain_spark, pd, sid).filter(where).collect())
+    assert len(expected) == 41
+    assert sorted(r.offset for r in pushed.select("offset").collect()) == expected
+    # Narrowed to the records within 40 s of the bounds: fewer records fetched than stored.
+    opts = {"maxOutOfOrderness": "40s"}
+    spans = planned(pd, sid, [GreaterThanOrEqual(("timestamp",), low),
+                              LessThanOrEqual(("timestamp",), high)], **opts)
+    assert spans == [(10, 80), (80, 131)]
