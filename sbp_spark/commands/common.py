@@ -66,6 +66,17 @@ def pd_addresses_arg(text: str) -> str:
     return text
 
 
+def address_arg(text: str) -> str:
+    """argparse type: one ``host:port``."""
+    from sbp_spark.client.connection import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_pd_argument(parser: argparse.ArgumentParser) -> None:
     """``--pd HOST:PORT[,HOST:PORT...]`` with the documented default."""
     parser.add_argument(
