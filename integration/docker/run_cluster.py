@@ -319,7 +319,9 @@ def local_ca_certificates(directory: Path = LOCAL_CA_DIR) -> str:
 
 def build_image(image: str, base: str, logs: Path) -> None:
     """docker build of the repository's Dockerfile on ``base``, on the host's network."""
-    args = ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}"]
+    # --force-rm: a failed step leaves no stopped container behind.
+    args = ["docker", "build", "--force-rm", "--network", "host", "--build-arg",
+            f"BASE_IMAGE={base}"]
     for name, value in _proxy_env().items():
         args += ["--build-arg", f"{name}={value}"]
     for name in PIP_INDEX_VARS:
