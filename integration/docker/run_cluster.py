@@ -663,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(f"FAILED: {exc}")
                     ok = False
         except (Failed, KeyboardInterrupt, _Stopped) as exc:
-            say(f"FAILED: {exc}" if isinstance(exc, Failed) else f"stopped: {exc!r}")
+            say(f"FAILED: {exc}" if isinstance(exc, Failed) else f"stopped by {exc or 'Ctrl-C'}")
             ok = False
         finally:
             if daemon is not None:

@@ -61,6 +61,11 @@ def test_the_compose_cluster_runs_the_job_and_leaves_nothing_behind():
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=TEARDOWN_TIMEOUT_S)
         pytest.fail(f"run_cluster.py ran over {RUN_TIMEOUT_S:.0f} s:\n{out[-10000:]}")
+    except BaseException:
+        # Interrupted (Ctrl-C, pytest's timeout): let the script tear down before leaving.
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=TEARDOWN_TIMEOUT_S)
+        raise
     print(out)
     assert proc.returncode == 0, out[-10000:]
     for step in ("runs as sbp, volume /data, health check `sbp cluster --pd-only`",
