@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -22,7 +23,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from sbp_spark.commands.common import add_pd_argument, cli_errors, pd_of, tls_from_env
+from sbp_spark.commands.common import (
+    PD_ENV,
+    add_pd_argument,
+    address_arg,
+    cli_errors,
+    pd_addresses_arg,
+    pd_of,
+    tls_from_env,
+)
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
 
@@ -58,26 +67,6 @@ def _int_in(low: int, high: int | None = None, also: Sequence[int] = ()) -> Call
         return value
 
     return parse
-
-
-def _address(text: str) -> str:
-    from sbp_spark.client.connection import parse_address
-
-    try:
-        parse_address(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _pd_addresses(text: str) -> str:
-    from sbp_spark.client.pd import parse_pd_addresses
-
-    try:
-        parse_pd_addresses(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _data_dir(path: str) -> Path:
@@ -227,7 +216,7 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--data-dir", required=True, metavar="DIR",
                         help="where the metadata is kept")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
-    parser.add_argument("--advertise-addr", type=_address, metavar="HOST:PORT",
+    parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
                         help="address clients should use, if not the listening one")
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
                         help="'never' skips the disk sync of metadata commits (default: sync)")
@@ -268,11 +257,17 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
         "range-server", help="run a range server",
         description="Run a range server that registers with the PD and serves the ranges it "
                     "places here, until SIGINT or SIGTERM. The server id is kept in --data-dir.")
-    parser.add_argument("--pd", required=True, type=_pd_addresses, metavar="HOST:PORT",
-                        help="the PD's address (several: comma-separated)")
+    # From the environment too, so a deployment names its PD address list once (the
+    # compose file sets $SBP_PD for every service); unlike the admin commands there is no
+    # 127.0.0.1 default: a server must be told where its PD is.
+    env_pd = os.environ.get(PD_ENV) or None
+    parser.add_argument("--pd", required=env_pd is None, default=env_pd, type=pd_addresses_arg,
+                        metavar="HOST:PORT",
+                        help=f"the PD's address (several: comma-separated; default: ${PD_ENV}, "
+                             f"and one of the two is required)")
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="where data is kept")
     _add_listen_args(parser, "range server")
-    parser.add_argument("--advertise-addr", type=_address, metavar="HOST:PORT",
+    parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
                         help="address clients should use, if not the listening one")
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)

@@ -301,6 +301,23 @@ def test_cluster_shows_members_and_range_servers(sbp, cluster):
     assert "DISK FREE" in out and "MiB" in out
 
 
+def test_cluster_checks_one_range_server(sbp, cluster):
+    address = cluster.range_server_addresses[0]
+    status, out, _ = sbp("cluster", "--json", "--range-server", address)
+    assert status == 0
+    facts = json.loads(out)
+    (server,) = facts["range_servers"]
+    assert server["address"] == address and server["live"] and server["ping_ms"] is not None
+    # A health check does not walk every stream's ranges: nothing counted, nothing claimed.
+    assert "streams" not in facts and server["ranges"] is None and server["primary_of"] is None
+    status, out, _ = sbp("cluster", "--range-server", address)
+    assert status == 0 and address in out and cluster.range_server_addresses[1] not in out
+
+    status, _, err = sbp("cluster", "--range-server", "127.0.0.1:1")
+    _assert_one_line_error(status, err, "cluster")
+    assert "range server 127.0.0.1:1 is not registered with the PD" in err
+
+
 # -- tail -f in a real process -------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sbp_spark.cli import main
+from sbp_spark.cli import build_parser, main
 from sbp_spark.server.cluster import ProcessCluster, accepts_connections
 from tests.polling import wait_until as poll
 
@@ -69,10 +69,18 @@ def test_sbp_pd_and_range_server_processes(tmp_path):
         created = run_sbp("streams", "create", "--pd", cluster.pd_address)
         assert created.returncode == 0, created.stderr
         assert created.stdout.strip().isdigit()
+        # The range server's health check (docker-compose.yml runs it): the PD sees it live
+        # and it answers a PING.
+        address = rs.info["range_server"]
+        healthy = run_sbp("cluster", "--pd", cluster.pd_address, "--range-server", address)
+        assert healthy.returncode == 0, healthy.stderr
+        assert address in healthy.stdout and "up, ping" in healthy.stdout
         # SIGINT stops as gracefully as SIGTERM.
         rs.proc.send_signal(signal.SIGINT)
         assert rs.wait() == 0
         cluster.range_servers[0] = None
+        down = run_sbp("cluster", "--pd", cluster.pd_address, "--range-server", address)
+        assert down.returncode == 1 and "DOWN" in down.stdout, down.stdout + down.stderr
     assert "SIGINT received" in (tmp_path / "rs-0.log").read_text()
 
 
@@ -93,13 +101,26 @@ def one_error_line(capsys) -> str:
     (["server", "--data-dir", "d", "--port", "70000"], 2, "70000 must be between 0 and 65535"),
     (["server", "--data-dir", "d", "--range-servers", "0"], 2, "0 must be >= 1"),
     (["range-server", "--data-dir", "d", "--pd", "x"], 2, "not of the form host:port"),
+    (["range-server", "--data-dir", "d"], 2, "the following arguments are required: --pd"),
+    (["cluster", "--range-server", "rs1"], 2, "not of the form host:port"),
+    (["cluster", "--range-server", "127.0.0.1:1", "--pd-only"], 2, "not allowed with"),
     (["pd"], 2, "--data-dir"),
 ])
-def test_usage_errors(capsys, argv, status, expected):
+def test_usage_errors(capsys, monkeypatch, argv, status, expected):
+    monkeypatch.delenv("SBP_PD", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == status
     assert expected in one_error_line(capsys)
+
+
+def test_range_server_takes_the_pd_from_the_environment(monkeypatch):
+    # docker-compose.yml names the PD address list once, in $SBP_PD, for every service.
+    monkeypatch.setenv("SBP_PD", "pd1:2378,pd2:2378")
+    args = build_parser().parse_args(["range-server", "--data-dir", "d"])
+    assert args.pd == "pd1:2378,pd2:2378"
+    assert build_parser().parse_args(["range-server", "--data-dir", "d", "--pd",
+                                      "pd:1"]).pd == "pd:1"
 
 
 def test_data_dir_that_is_a_file(tmp_path, capsys):

@@ -1,9 +1,11 @@
-"""docker-compose.yml and the Dockerfile cannot drift from the code: Docker is not needed here.
+"""docker-compose.yml, its host-network override and the Dockerfile cannot drift from the code:
+Docker is not needed here (integration/docker/test_run_cluster.py runs them for real, slowly).
 
 Every command a service or health check runs is checked against what it names: ``sbp ...``
 lines parse with the real ``sbp`` parser, ``spark-submit`` scripts exist and their arguments
 parse with the script's own parser, inline Python compiles, and the addresses the services
-advertise point at services and ports that exist.
+advertise point at services and ports that exist. The override may change addresses and
+ports only, so what the test runs is what users run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from sbp_spark.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
+HOST_OVERRIDE = REPO / "integration" / "docker" / "compose.host.yml"
+RUN_CLUSTER = REPO / "integration" / "docker" / "run_cluster.py"
 SPARK_CLASSES = {"org.apache.spark.deploy.master.Master",
                  "org.apache.spark.deploy.worker.Worker"}
 
@@ -29,6 +33,39 @@ SPARK_CLASSES = {"org.apache.spark.deploy.master.Master",
 @pytest.fixture(scope="module")
 def compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
+
+
+def _interpolated(text: str) -> str:
+    """The override with its ``${NAME...}`` variables replaced by the values run_cluster.py
+    would give them (a missing one is a KeyError: the script would not set it)."""
+    run_cluster = _load_script(RUN_CLUSTER)
+    names = run_cluster.port_variables(text)
+    env = run_cluster.cluster_env({name: 20001 + i for i, name in enumerate(names)})
+    return re.sub(r"\$\{([A-Z0-9_]+)(?::\?[^}]*)?\}", lambda m: env[m.group(1)], text)
+
+
+@pytest.fixture(scope="module")
+def host_override() -> dict:
+    return yaml.safe_load(_interpolated(HOST_OVERRIDE.read_text()))
+
+
+@pytest.fixture(params=["docker-compose.yml", "compose.host.yml"])
+def merged(request, compose, host_override) -> dict:
+    """docker-compose.yml alone, and with the override merged over it the way compose does
+    for the keys it sets (command, healthcheck test, environment)."""
+    if request.param == "docker-compose.yml":
+        return compose
+    services = {}
+    for name, service in compose["services"].items():
+        over = host_override["services"].get(name, {})
+        services[name] = {**service, **{k: v for k, v in over.items()
+                                         if k not in ("healthcheck", "environment")},
+                          "environment": {**service.get("environment", {}),
+                                          **over.get("environment", {})}}
+        if "healthcheck" in service:
+            services[name]["healthcheck"] = {**service["healthcheck"],
+                                             **over.get("healthcheck", {})}
+    return {**compose, "services": services}
 
 
 def _load_script(path: Path):
@@ -90,10 +127,23 @@ def test_the_services_are_there(compose):
     assert services["job"]["restart"] == "no"
 
 
-def test_every_command_exists_with_its_flags(compose):
-    parser = _strict(build_parser())
-    checked = {"sbp": 0, "spark-submit": 0, "spark-class": 0, "python": 0}
+def test_every_service_gets_the_pd_list_from_one_variable(compose, host_override):
+    # One place names the PD address list (SBP_PD); no command repeats it.
+    assert compose["x-sbp"]["environment"]["SBP_PD"] == "pd:2378"
+    for name, service in compose["services"].items():
+        assert service["environment"]["SBP_PD"] == "pd:2378", name
+        assert "SBP_PD" in host_override["services"][name]["environment"], name
     for where, argv in _commands(compose):
+        assert _option(argv, "--pd") is None, f"{where} names the PD itself: {argv}"
+
+
+def test_every_command_exists_with_its_flags(merged, monkeypatch):
+    checked = {"sbp": 0, "spark-submit": 0, "spark-class": 0, "python": 0}
+    for where, argv in _commands(merged):
+        # Commands read the PD list from the service's environment, as in the container.
+        service = merged["services"][where.split()[0]]
+        monkeypatch.setenv("SBP_PD", service["environment"]["SBP_PD"])
+        parser = _strict(build_parser())
         program = argv[0]
         assert program in checked, f"{where}: unknown program {program!r} in {argv}"
         checked[program] += 1
@@ -122,28 +172,57 @@ def test_every_command_exists_with_its_flags(compose):
     assert all(checked.values()), f"some kind of command is no longer checked: {checked}"
 
 
-def test_addresses_point_at_services_and_their_ports(compose):
-    services = compose["services"]
+def test_addresses_point_at_services_and_their_ports(merged):
+    services = merged["services"]
     listening: dict[str, str] = {}
     for name, service in services.items():
-        for argv in _argvs(service["command"]):
-            if argv[0] == "sbp" and argv[1] in ("pd", "range-server"):
-                advertised = _option(argv, "--advertise-addr")
-                assert advertised == f"{name}:{_option(argv, '--port')}", (
-                    f"{name} advertises {advertised}, not its own name and port")
-                assert _option(argv, "--host") == "0.0.0.0", f"{name} must listen on all"
-                listening[name] = advertised
-    pd_addresses = set()
-    for where, argv in _commands(compose):
-        pd = _option(argv, "--pd")
-        if pd is not None:
-            pd_addresses.add(pd)
+        argv = _argvs(service["command"])[0]
+        if argv[0] == "sbp" and argv[1] in ("pd", "range-server"):
+            advertised = _option(argv, "--advertise-addr")
+            host = advertised.rsplit(":", 1)[0]
+            assert advertised.endswith(f":{_option(argv, '--port')}") and host in (
+                name, "127.0.0.1"), f"{name} advertises {advertised}, not itself and its port"
+            assert _option(argv, "--host") == ("0.0.0.0" if host == name else host), (
+                f"{name} must listen where it advertises")
+            listening[name] = advertised
+    for name, service in services.items():
+        assert service["environment"]["SBP_PD"] == listening["pd"], name
+        if name.startswith("rs"):
+            (check,) = _argvs(service["healthcheck"]["test"])
+            assert _option(check, "--range-server") == listening[name], (
+                f"{name}'s health check asks about another server")
+    master_cmd = _argvs(services["spark-master"]["command"])[0]
+    master_url = f"spark://{_option(master_cmd, '--host')}:{_option(master_cmd, '--port')}"
+    for where, argv in _commands(merged):
         master = _option(argv, "--master") or (argv[2] if argv[:2] == [
             "spark-class", "org.apache.spark.deploy.worker.Worker"] else None)
         if master is not None:
-            master_cmd = _argvs(services["spark-master"]["command"])[0]
-            assert master == f"spark://spark-master:{_option(master_cmd, '--port')}", where
-    assert pd_addresses == {listening["pd"]}
+            assert master == master_url, where
+
+
+def _normalized(argv: list[str], hosts: set[str]) -> list[str]:
+    """``argv`` with host names, addresses and port numbers blanked out."""
+    names = "|".join(re.escape(h) for h in sorted(hosts, key=len, reverse=True))
+    out = []
+    for arg in argv:
+        arg = re.sub(rf"(?<![\w-])({names})(?![\w-])", "HOST", arg)
+        out.append(re.sub(r"(?<!\w)\d{4,5}(?!\w)", "PORT", arg))
+    return out
+
+
+def test_the_host_override_changes_addresses_and_ports_only(compose, host_override):
+    assert set(host_override["services"]) == set(compose["services"])
+    hosts = {*compose["services"], "0.0.0.0", "127.0.0.1", "localhost"}
+    for name, over in host_override["services"].items():
+        assert over["network_mode"] == "host", name
+        assert set(over) <= {"network_mode", "environment", "command", "healthcheck"}, name
+        base = compose["services"][name]
+        pairs = [(base["command"], over["command"])]
+        if "healthcheck" in over:
+            pairs.append((base["healthcheck"]["test"], over["healthcheck"]["test"]))
+        for mine, theirs in pairs:
+            assert _normalized([str(a) for a in mine], hosts) == _normalized(
+                [str(a) for a in theirs], hosts), f"{name}: {theirs} is not {mine} moved"
 
 
 def test_data_lives_in_named_volumes(compose):
@@ -166,17 +245,44 @@ def test_dependencies_wait_for_health_checks(compose):
                 assert "healthcheck" in services[target], f"{target} has no healthcheck"
 
 
+def _docker_ignores(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore ``patterns`` leave ``path`` out of the build context: the last
+    pattern matching the path or one of its parent directories decides (``!`` keeps)."""
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        glob = pattern.lstrip("!").rstrip("/")
+        if glob.startswith("**/"):
+            hit = any(fnmatch.fnmatch(p.split("/")[-1], glob[3:]) for p in prefixes)
+        else:
+            hit = any(fnmatch.fnmatch(p, glob) and p.count("/") == glob.count("/")
+                      for p in prefixes)
+        if hit:
+            ignored = not keep
+    return ignored
+
+
 def test_dockerfile_builds_what_the_services_run():
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.MULTILINE)
-    assert "openjdk-17-jre-headless" in text and "pip install ." in text
-    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
-    needed = ["pyproject.toml", "README.md", "pyspark_sbp.py", "sbp_spark/cli.py",
-              "sbp_spark/protocol/_generated", "integration/standalone/job.py"]
-    for path in needed:
-        for pattern in ignored:
-            parts = Path(path).parts
-            prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            assert not any(fnmatch.fnmatch(p, pattern.rstrip("/")) for p in prefixes), (
-                f".dockerignore pattern {pattern!r} drops {path}, which the image needs")
+    # A slim Debian bookworm by default (OpenJDK 17 and Python 3.11), any other by argument.
+    assert re.search(r"^ARG BASE_IMAGE=debian:bookworm-slim$", text, re.MULTILINE)
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${BASE_IMAGE}"] * 2
+    assert "openjdk-17-jre-headless" in text and "pip install --no-deps ." in text
+    assert re.search(r"^USER sbp$", text, re.MULTILINE)
+    assert re.search(r'^VOLUME \["/data"\]$', text, re.MULTILINE)
+    assert re.search(r'^\s+CMD \["sbp", "cluster", "--pd-only"\]$', text, re.MULTILINE)
+
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    copied = [src for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.MULTILINE)
+              for src in line.split()[:-1]]
+    needed = ["sbp_spark/cli.py", "sbp_spark/protocol/_generated/__init__.py"]
+    assert "integration/standalone/job.py" in copied
+    for path in copied + needed:
+        assert (REPO / path).exists(), f"the Dockerfile copies {path}, which does not exist"
+        assert not _docker_ignores(path, patterns), (
+            f".dockerignore leaves out {path}, which the image needs")
+    for path in ("tests/test_compose.py", ".venv/bin/python", "sbp_spark/__pycache__/x.pyc"):
+        assert _docker_ignores(path, patterns), f".dockerignore sends {path} to the build"

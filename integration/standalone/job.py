@@ -6,6 +6,8 @@ on a worker, not in a local-mode driver::
 
     spark-submit --master spark://HOST:7077 integration/standalone/job.py --pd HOST:2378
 
+``--pd`` may come from ``$SBP_PD`` instead (docker-compose.yml sets it for every service).
+
 It creates its own streams, writes ``--rows`` generated rows spread over them with
 ``df.write.format("sbp")``, reads them back with ``spark.read.format("sbp")`` and checks,
 per stream, the row count, the offsets (0 .. count-1) and the sum of the numbers written in
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -28,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The job's command line (also used by tests/test_compose.py to check the compose file)."""
     parser = argparse.ArgumentParser(
         prog="job.py", description="Write rows into SBP streams through Spark and read them back.")
-    parser.add_argument("--pd", required=True, metavar="HOST:PORT",
-                        help="address of the SBP placement driver, as the executors reach it")
+    env_pd = os.environ.get("SBP_PD") or None
+    parser.add_argument("--pd", required=env_pd is None, default=env_pd, metavar="HOST:PORT",
+                        help="address(es) of the SBP placement driver, as the executors reach "
+                             "them (default: $SBP_PD, and one of the two is required)")
     parser.add_argument("--rows", type=int, default=100_000, help="rows to write (default 100000)")
     parser.add_argument("--streams", type=int, default=2,
                         help="streams to create and spread the rows over (default 2)")

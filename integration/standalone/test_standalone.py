@@ -110,10 +110,14 @@ def test_job_writes_and_reads_through_executors_on_a_worker(tmp_path, sbp_server
         assert all(len(r.servers) == 2 for r in ranges)
 
 
-def test_job_arguments_are_checked():
+def test_job_arguments_are_checked(monkeypatch):
+    monkeypatch.delenv("SBP_PD", raising=False)
     with pytest.raises(SystemExit):
         job.build_parser().parse_args(["--rows", "5"])  # --pd is required
     assert job.main(["--pd", "127.0.0.1:1", "--rows", "0"]) == 2
+    # ... unless $SBP_PD gives it (docker-compose.yml sets it for every service).
+    monkeypatch.setenv("SBP_PD", "pd:2378")
+    assert job.build_parser().parse_args(["--rows", "5"]).pd == "pd:2378"
 
 
 def test_expected_figures_add_up():

@@ -1,5 +1,5 @@
 """``sbp cluster``: the PD members, and every range server the PD knows with its liveness,
-load, last reported metrics and a PING round trip."""
+load, last reported metrics and a PING round trip; or, as a health check, one of them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any
 
 from sbp_spark.protocol.errors import SbpError
 
-from .common import add_pd_argument, cli_errors, connect, print_table
+from .common import (
+    CommandError,
+    add_pd_argument,
+    address_arg,
+    cli_errors,
+    connect,
+    print_table,
+)
 
 # Metrics shown in the table (all of them are in --json).
 _SHOWN_METRICS = (
@@ -32,16 +39,23 @@ class ServerView:
     live: bool = False
     heartbeat_age_ms: int | None = None
     open_ranges: int = 0
-    ranges: int = 0
-    primary_of: int = 0
+    # Counted by walking every stream's ranges; None when that walk was skipped.
+    ranges: int | None = None
+    primary_of: int | None = None
     metrics: dict[str, int] = field(default_factory=dict)
     metrics_age_ms: int | None = None
     ping_ms: float | None = None
     error: str = ""
 
 
-def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
-    """The PD members and (unless ``pd_only``) every range server the PD knows, pinged."""
+def gather(client: Any, pd_only: bool = False, range_server: str | None = None
+           ) -> dict[str, Any]:
+    """The PD members and (unless ``pd_only``) every range server the PD knows, pinged.
+
+    With ``range_server`` (an advertised address), only that server, and without walking
+    every stream's ranges: cheap enough to run as a health check every few seconds. Raises
+    ``CommandError`` when the PD does not know that address.
+    """
     pd_cluster = client.pd.describe_pd_cluster()
     members = [{"name": n.name, "address": n.advertise_addr, "leader": n.is_leader}
                for n in pd_cluster.members]
@@ -50,6 +64,8 @@ def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     servers: dict[int, ServerView] = {}
     for state in client.pd.range_servers():
+        if range_server is not None and state.server.advertise_addr != range_server:
+            continue
         view = ServerView(state.server.server_id, state.server.advertise_addr, live=state.live,
                           open_ranges=state.open_ranges)
         if state.last_heartbeat_ms >= 0:
@@ -59,6 +75,27 @@ def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
                             for f in fields(state.metrics) if f.name != "range_server"}
             view.metrics_age_ms = max(now_ms - state.metrics_ms, 0)
         servers[view.server_id] = view
+    facts: dict[str, Any] = {"pd": pd_of_client(client), "members": members}
+    if range_server is None:
+        facts.update(_count_ranges(client, servers))
+    elif not servers:
+        raise CommandError(f"range server {range_server} is not registered with the PD at "
+                           f"{facts['pd']}")
+    for view in servers.values():
+        try:
+            view.ping_ms = client.range_server(view.address).ping() * 1000.0
+        except SbpError as exc:
+            view.error = str(exc)
+    facts["range_servers"] = [asdict(v) for v in sorted(servers.values(),
+                                                        key=lambda v: v.server_id)]
+    return facts
+
+
+def _count_ranges(client: Any, servers: dict[int, ServerView]) -> dict[str, int]:
+    """Walk every stream's ranges: count what each server holds (adding servers the ranges
+    name that the PD no longer lists) and return the stream and range totals."""
+    for view in servers.values():
+        view.ranges = view.primary_of = 0
     streams = client.list_streams()
     range_count = 0
     for stream in streams:
@@ -66,22 +103,11 @@ def gather(client: Any, pd_only: bool = False) -> dict[str, Any]:
             range_count += 1
             for replica in rng.servers:
                 view = servers.setdefault(replica.server.server_id, ServerView(
-                    replica.server.server_id, replica.server.advertise_addr))
+                    replica.server.server_id, replica.server.advertise_addr, ranges=0,
+                    primary_of=0))
                 view.ranges += 1
                 view.primary_of += int(replica.is_primary)
-    for view in servers.values():
-        try:
-            view.ping_ms = client.range_server(view.address).ping() * 1000.0
-        except SbpError as exc:
-            view.error = str(exc)
-    return {
-        "pd": pd_of_client(client),
-        "members": members,
-        "streams": len(streams),
-        "ranges": range_count,
-        "range_servers": [asdict(v) for v in sorted(servers.values(),
-                                                    key=lambda v: v.server_id)],
-    }
+    return {"streams": len(streams), "ranges": range_count}
 
 
 def pd_of_client(client: Any) -> str:
@@ -125,8 +151,9 @@ def _print(facts: dict[str, Any]) -> None:
         metrics = s["metrics"]
         shown = [_human(metrics[name], unit) if name in metrics else "-"
                  for name, _, unit in _SHOWN_METRICS]
-        rows.append([str(s["server_id"]), s["address"], str(s["open_ranges"]), str(s["ranges"]),
-                     str(s["primary_of"]), *shown, state])
+        counts = ["-" if s[name] is None else str(s[name]) for name in ("ranges", "primary_of")]
+        rows.append([str(s["server_id"]), s["address"], str(s["open_ranges"]), *counts,
+                     *shown, state])
     print_table(rows, ["ID", "ADDRESS", "OPEN", "RANGES", "PRIMARY",
                        *(title for _, title, _ in _SHOWN_METRICS), "STATE"])
 
@@ -134,7 +161,7 @@ def _print(facts: dict[str, Any]) -> None:
 @cli_errors
 def cluster_command(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        facts = gather(client, pd_only=args.pd_only)
+        facts = gather(client, pd_only=args.pd_only, range_server=args.range_server)
     if args.json:
         print(json.dumps(facts))
     else:
@@ -151,9 +178,14 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
                     "knows: whether it heartbeats, the ranges it holds, the load metrics it "
                     "last reported (all of them with --json) and a PING round trip. Exits 0 "
                     "when the PD and every range server answer, 1 otherwise (usable as a "
-                    "health check).")
+                    "health check; --pd-only and --range-server make cheaper ones).")
     add_pd_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--pd-only", action="store_true",
-                   help="only ask the PD for its members (a quick health check of the PD)")
+    checks = p.add_mutually_exclusive_group()
+    checks.add_argument("--pd-only", action="store_true",
+                        help="only ask the PD for its members (a quick health check of the PD)")
+    checks.add_argument("--range-server", metavar="HOST:PORT", type=address_arg,
+                        help="only the range server advertised as HOST:PORT: exit 0 when the PD "
+                             "sees it heartbeat and it answers a PING (a health check of one "
+                             "range server that does not walk every stream)")
     p.set_defaults(handler=cluster_command, command="sbp cluster")

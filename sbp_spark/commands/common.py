@@ -55,15 +55,27 @@ def default_pd() -> str:
     return os.environ.get(PD_ENV) or DEFAULT_PD
 
 
+def _checked(text: str, parse: Callable[[str], object]) -> str:
+    """``text`` once ``parse`` accepts it; its ValueError becomes argparse's usage error."""
+    try:
+        parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def pd_addresses_arg(text: str) -> str:
     """argparse type: ``host:port[,host:port...]``."""
     from sbp_spark.client.pd import parse_pd_addresses
 
-    try:
-        parse_pd_addresses(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(text, parse_pd_addresses)
+
+
+def address_arg(text: str) -> str:
+    """argparse type: one ``host:port``."""
+    from sbp_spark.client.connection import parse_address
+
+    return _checked(text, parse_address)
 
 
 def add_pd_argument(parser: argparse.ArgumentParser) -> None:
