@@ -10,6 +10,7 @@ closed or failed. The first socket failure fails every outstanding request with 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -28,10 +29,12 @@ from sbp_spark.protocol.errors import (
     ChecksumError,
     FrameError,
     ProtocolError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
     SbpError,
-    SbpTimeoutError,
     ServerError,
     TransportError,
+    WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
 
@@ -148,17 +151,17 @@ class _Failure:
 def _fresh(error: SbpError) -> SbpError:
     """A new exception like ``error`` for one waiter (one instance is never raised twice)."""
     try:
-        copy = type(error)(*error.args)
+        fresh = copy.copy(error)  # the error's own pickling rules: its message, its fields
     except TypeError:
         return error
-    copy.__cause__ = error.__cause__
-    return copy
+    fresh.__cause__ = error.__cause__
+    return fresh
 
 
 class ResponseStream:
     """The frames answering one request, in order; ends after the END frame.
 
-    Iterating raises ``SbpTimeoutError`` when no frame arrives within ``timeout`` seconds,
+    Iterating raises ``ReadTimeoutError`` when no frame arrives within ``timeout`` seconds,
     ``ServerError`` on a SYSTEM_ERROR answer and ``TransportError`` if the connection fails.
     Use it as a context manager (or call ``close()``) when not reading it to the end.
     """
@@ -184,7 +187,7 @@ class ResponseStream:
             item = self._queue.get(timeout=self.timeout)
         except Empty:
             self.close()
-            raise SbpTimeoutError(
+            raise ReadTimeoutError(
                 f"no answer from {self.connection.address} to {_opname(self.opcode)} "
                 f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
         if type(item) is _Failure:
@@ -243,7 +246,7 @@ class Connection:
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError:
-            raise SbpTimeoutError(
+            raise ConnectTimeoutError(
                 f"connecting to {address} timed out after {timeout:g}s") from None
         except OSError as exc:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
@@ -289,7 +292,7 @@ class Connection:
             return wrap_client(sock, tls, host, self.config.connect_timeout_s,
                                reader=self._rsock)
         except TimeoutError:
-            error: SbpError = SbpTimeoutError(
+            error: SbpError = ConnectTimeoutError(
                 f"TLS handshake with {self.address} timed out after "
                 f"{self.config.connect_timeout_s:g}s")
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
@@ -464,7 +467,7 @@ class Connection:
             try:
                 send_buffers(self._sock, buffers)
             except (TimeoutError, BlockingIOError):
-                error: SbpError = SbpTimeoutError(
+                error: SbpError = WriteTimeoutError(
                     f"sending to {self.address} made no progress for "
                     f"{self.config.request_timeout_s:g}s")
                 self._fail(error)

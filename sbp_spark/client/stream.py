@@ -22,7 +22,6 @@ from sbp_spark.protocol.errors import (
     RangeSealedError,
     ReplicaBehindError,
     SbpError,
-    SbpTimeoutError,
     ServerError,
     TransportError,
 )
@@ -515,9 +514,7 @@ class _Replicas:
         if isinstance(error, DataCorruptError):
             # The same server would send the same bytes: the next replica, without waiting.
             return True
-        stale = isinstance(error, (TransportError, SbpTimeoutError)) or (
-            isinstance(error, ServerError) and error.invalid_metadata)
-        if (stale or round_done) and self.refresh(deadline):
+        if (error.invalid_metadata or round_done) and self.refresh(deadline):
             return True
         return not round_done
 
