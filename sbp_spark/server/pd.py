@@ -803,7 +803,9 @@ class _PdHandler(RequestHandler):
         if req.client_role == m.ClientRole.RANGE_SERVER:
             if req.range_server is None:
                 status = m.Status(int(InvalidRequestError.code),
-                                  "a RANGE_SERVER heartbeat must carry range_server")
+                                  "a RANGE_SERVER heartbeat must carry range_server "
+                                  "(client_role RANGE_SERVER = 0 is the default: an SDK "
+                                  "client sends CLIENT = 1)")
             else:
                 _, status = _ok_or_error(lambda: self.pd.heartbeat(
                     req.range_server.server_id, req.range_server.advertise_addr))

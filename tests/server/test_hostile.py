@@ -124,7 +124,7 @@ class Env:
             Seed("rs", m.DeleteStreamsRequest(timeout_ms=2000, streams=[m.Stream(stream_id=fz)])),
             Seed("rs", m.TrimStreamsRequest(timeout_ms=2000, trimmed_streams=[
                 m.TrimmedStream(fz, 0)])),
-            Seed("rs", m.HeartbeatRequest(client_id="fuzz")),
+            Seed("rs", m.HeartbeatRequest(client_id="fuzz", client_role=m.ClientRole.CLIENT)),
             Seed("rs", m.PingRequest()),
         ]
 

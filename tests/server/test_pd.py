@@ -427,7 +427,7 @@ def test_heartbeat_errors(conn):
     assert "no-port" in bad_addr.status.message
     no_server = conn.call(m.HeartbeatRequest(client_role=m.ClientRole.RANGE_SERVER))[0]
     assert no_server.status.code == ErrorCode.INVALID_REQUEST
-    client = conn.call(m.HeartbeatRequest(client_id="sdk"))[0]
+    client = conn.call(m.HeartbeatRequest(client_id="sdk", client_role=m.ClientRole.CLIENT))[0]
     assert client.status.ok and client.client_id == "sdk"
 
 

@@ -16,6 +16,7 @@ from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
+    ClientRole,
     DeleteStreamsRequest,
     DescribeRangesRequest,
     FetchEntry,
@@ -345,7 +346,7 @@ def test_retention_deletes_expired_data_and_reports_the_trim(tmp_path):
 
 
 def test_heartbeat_is_answered_with_this_server(server, peer):
-    msg, _ = peer.call(HeartbeatRequest(client_id="c-1"))
+    msg, _ = peer.call(HeartbeatRequest(client_id="c-1", client_role=ClientRole.CLIENT))
     assert msg.client_id == "c-1" and msg.range_server.server_id == ME
     assert msg.range_server.advertise_addr == server.advertise_addr
 
