@@ -24,12 +24,18 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from sbp_spark.protocol.buffers import ReceiveBuffers
-from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MAX_STREAM_ID, Flags, Opcode
+from sbp_spark.protocol.constants import (
+    MAX_FRAME_LENGTH,
+    MAX_STREAM_ID,
+    Flags,
+    Opcode,
+    opcode_name,
+)
 from sbp_spark.protocol.errors import (
     ChecksumError,
+    ConnectTimeoutError,
     FrameError,
     ProtocolError,
-    ConnectTimeoutError,
     ReadTimeoutError,
     SbpError,
     ServerError,
@@ -188,7 +194,7 @@ class ResponseStream:
         except Empty:
             self.close()
             raise ReadTimeoutError(
-                f"no answer from {self.connection.address} to {_opname(self.opcode)} "
+                f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
                 f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
         if type(item) is _Failure:
             self.close()
@@ -221,13 +227,6 @@ class ResponseStream:
     def __del__(self) -> None:
         if not self._done:
             self.close()
-
-
-def _opname(opcode: int) -> str:
-    try:
-        return Opcode(opcode).name
-    except ValueError:
-        return f"opcode {opcode:#06x}"
 
 
 class Connection:
@@ -389,11 +388,11 @@ class Connection:
             frame = next(stream)
             if not frame.is_end:
                 raise ProtocolError(
-                    f"{self.address} answered {_opname(msg.OPCODE)} with more than one frame")
+                    f"{self.address} answered {opcode_name(msg.OPCODE)} with more than one frame")
             if frame.opcode != msg.OPCODE:
                 raise ProtocolError(
-                    f"{self.address} answered {_opname(msg.OPCODE)} with a "
-                    f"{_opname(frame.opcode)} frame")
+                    f"{self.address} answered {opcode_name(msg.OPCODE)} with a "
+                    f"{opcode_name(frame.opcode)} frame")
             return decode_response(frame), frame.payload
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
@@ -622,7 +621,7 @@ class Connection:
             self._goaway = True
             self._after_answer()
         else:
-            log.debug("ignoring request %s from server %s", _opname(opcode), self.address)
+            log.debug("ignoring request %s from server %s", opcode_name(opcode), self.address)
 
     def _after_answer(self) -> None:
         if self._goaway and not self._pending:

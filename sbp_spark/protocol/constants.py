@@ -48,6 +48,14 @@ class Opcode(IntEnum):
 KNOWN_OPCODES = frozenset(int(op) for op in Opcode)
 
 
+def opcode_name(opcode: int) -> str:
+    """``APPEND`` for a known opcode, ``opcode 0x7777`` for any other (for messages)."""
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"opcode {opcode:#06x}"
+
+
 class Flags(IntFlag):
     NONE = 0
     RESPONSE = 0x01

@@ -1,5 +1,6 @@
-"""The server network core: PING, bad frames (WIRE.md 4), errors from handlers, limits,
-backpressure, idle timeout and graceful shutdown with GOAWAY."""
+"""The server network core: PING, bad frames (docs/wire.md, Bad frames), dispatch tables and
+refusals of opcodes a role does not serve, errors from handlers, limits, backpressure, idle
+timeout and graceful shutdown with GOAWAY."""
 
 from __future__ import annotations
 
@@ -15,14 +16,26 @@ from sbp_spark.protocol.constants import Flags, Opcode
 from sbp_spark.protocol.errors import ErrorCode, RangeSealedError
 from sbp_spark.protocol.frame import frame_bytes
 from sbp_spark.protocol.messages import (
+    AppendRequest,
+    AppendResponse,
     DescribeRangesRequest,
     DescribeRangesResponse,
     FetchRequest,
+    FetchResponse,
     GoAwayRequest,
     SystemError,
+    TrimStreamsRequest,
     decode_response,
 )
-from sbp_spark.server.net import FileRegion, FrameServer, NetConfig, RequestHandler
+from sbp_spark.server.net import (
+    FileRegion,
+    FrameServer,
+    NetConfig,
+    RequestContext,
+    RequestHandler,
+    Route,
+    Runs,
+)
 from tests.conftest import load_vectors
 
 from .wire import EOF, RawPeer
@@ -316,3 +329,42 @@ def test_config_rejects_bad_limits():
         NetConfig(max_inflight_per_connection=0)
     with pytest.raises(ValueError, match="idle_timeout_s"):
         NetConfig(idle_timeout_s=-1)
+
+
+class Routed(RequestHandler):
+    """A role declared by its dispatch table alone."""
+
+    role = "test server"
+    routes = {
+        Opcode.DESCRIBE_RANGES: Route(DescribeRangesRequest, "_describe"),
+        Opcode.FETCH: Route(FetchRequest, "_fetch", Runs.POOL),
+        Opcode.APPEND: Route(AppendRequest, "_append", Runs.ORDERED),
+    }
+
+    def handle(self, ctx: RequestContext) -> None:
+        request_cls, serve = self.route(ctx)
+        serve(ctx, request_cls.from_flatbuffers(ctx.header))
+
+    def _describe(self, ctx: RequestContext, request: DescribeRangesRequest) -> None:
+        ctx.reply(DescribeRangesResponse(throttle_time_ms=len(request.ranges)))
+
+    def _fetch(self, ctx: RequestContext, request: FetchRequest) -> None:
+        ctx.reply(FetchResponse(throttle_time_ms=request.max_wait_ms))
+
+    def _append(self, ctx: RequestContext, request: AppendRequest) -> None:
+        ctx.reply(AppendResponse(throttle_time_ms=request.timeout_ms))
+
+
+def test_a_dispatch_table_sets_what_runs_where_and_what_is_refused():
+    assert Routed.opcodes == {Opcode.DESCRIBE_RANGES, Opcode.FETCH, Opcode.APPEND}
+    assert Routed.long_opcodes == {Opcode.FETCH}
+    assert Routed.ordered_opcodes == {Opcode.APPEND}
+    with FrameServer(Routed(), NetConfig(port=0)) as srv, RawPeer(srv.address) as peer:
+        assert peer.call(FetchRequest(max_wait_ms=7))[0].throttle_time_ms == 7
+        assert peer.call(AppendRequest(timeout_ms=9))[0].throttle_time_ms == 9
+        msg, _ = peer.call(TrimStreamsRequest())
+        assert isinstance(msg, SystemError) and msg.status.code == ErrorCode.INVALID_REQUEST
+        assert msg.status.message == ("this test server does not serve TRIM_STREAMS (0x3005); "
+                                      "it serves PING, APPEND, FETCH, DESCRIBE_RANGES")
+        peer.send(frame_bytes(0x7777, 0, 40, b"", b""))  # unknown: still no answer at all
+        assert peer.next_frame(40, timeout=0.3) is None
