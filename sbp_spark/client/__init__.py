@@ -10,7 +10,7 @@ from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import Retrier, call_with_retries, is_retriable
 from .stream import ResendCheck, SbpClient, StreamWriter
 from .tls import TlsConfig
-from .types import Appended, FetchedBatch, ItemResult
+from .types import Appended, FetchedBatch, ItemResult, Replica
 
 __all__ = [
     "DEFAULT_FETCH_MAX_BYTES",
@@ -25,6 +25,7 @@ __all__ = [
     "ItemResult",
     "PdClient",
     "RangeServerClient",
+    "Replica",
     "ResendCheck",
     "ResponseStream",
     "Retrier",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import CHECKSUM_SIZE, FIXED_HEADER_SIZE, Opcode
@@ -267,6 +268,20 @@ class RangeServerClient:
         conn = self.connection()
         stream = conn.start(Opcode.FETCH, lambda sid: request_frame(sid, msg), wait)
         return self._fetch_chunks(conn, stream)
+
+    def wait_for_records(self, positions: Sequence[tuple[int, int]], max_wait_ms: int
+                         ) -> list[int]:
+        """One FETCH long poll over ``positions`` ((stream_id, offset) pairs): returns, once
+        any holds a record or ``max_wait_ms`` passed, the indexes of the positions that hold
+        one now. A position the server refuses counts as empty; a failed request raises."""
+        entries = [FetchEntry(stream_id, index, offset, 1)
+                   for index, (stream_id, offset) in enumerate(positions)]
+        found: set[int] = set()
+        with closing(self.fetch_many(entries, max_wait_ms=max_wait_ms, min_bytes=1)) as chunks:
+            for chunk in chunks:
+                if chunk.status.code == 0 and chunk.payload.nbytes > 0:
+                    found.add(chunk.request_index)
+        return sorted(found)
 
     def _fetch_chunks(self, conn: Connection, stream: ResponseStream) -> Iterator[FetchChunk]:
         with stream:

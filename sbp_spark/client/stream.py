@@ -25,7 +25,7 @@ from sbp_spark.protocol.errors import (
     ServerError,
     TransportError,
 )
-from sbp_spark.protocol.messages import Range, RangeId, Stream
+from sbp_spark.protocol.messages import Range, RangeId, RangeReplica, RangeServer, Stream
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
 
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
@@ -33,7 +33,7 @@ from .pd import PdClient
 from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, call_with_retries, is_retriable
-from .types import Appended, FetchedBatch, ItemResult
+from .types import Appended, FetchedBatch, ItemResult, Replica
 
 _log = logging.getLogger(__name__)
 
@@ -235,6 +235,27 @@ class SbpClient:
         if not range.is_open and (end_offset == -1 or end_offset > range.end_offset):
             end_offset = range.end_offset
         return self._fetch(range, start_offset, end_offset, max_bytes, max_wait_ms, min_bytes)
+
+    def fetch_from_replicas(
+        self,
+        stream_id: int,
+        range_index: int,
+        replicas: Sequence[Replica],
+        start_offset: int,
+        end_offset: int = -1,
+        sealed_end: int = -1,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int = 0,
+    ) -> Iterator[FetchedBatch]:
+        """``fetch`` for a range known from an earlier look-up (no PD round trip): range
+        ``range_index`` of ``stream_id`` on ``replicas``, open unless ``sealed_end`` (its end
+        offset) is given. A stale replica list is refreshed from the PD as in ``fetch``."""
+        servers = [RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
+                   for r in replicas]
+        rng = Range(stream_id=stream_id, range_index=range_index, end_offset=sealed_end,
+                    servers=servers)
+        return self.fetch(rng, start_offset, end_offset, max_bytes=max_bytes,
+                          max_wait_ms=max_wait_ms)
 
     def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
                min_bytes: int) -> Iterator[FetchedBatch]:

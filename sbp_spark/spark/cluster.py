@@ -10,13 +10,16 @@ import atexit
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import closing
+from typing import TYPE_CHECKING
 
 from sbp_spark.client import FetchedBatch, SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
-from sbp_spark.protocol.messages import Range, RangeReplica, RangeServer
 
 from .options import ClientOptions
 from .planning import RangeLayout, Replica, SbpPartition, StreamLayout
+
+if TYPE_CHECKING:  # what the client returns; this layer reads these, never builds them
+    from sbp_spark.protocol.messages import Range
 
 _lock = threading.Lock()
 _clients: dict[ClientOptions, SbpClient] = {}
@@ -112,24 +115,14 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
     return layouts
 
 
-def partition_range(partition: SbpPartition) -> Range:
-    """The client's description of the range a partition reads (no PD round trip)."""
-    return Range(
-        stream_id=partition.stream_id,
-        range_index=partition.range_index,
-        start_offset=partition.range_start,
-        next_offset=partition.range_end,
-        end_offset=-1 if partition.range_is_open else partition.range_end,
-        servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
-                 for r in partition.replicas],
-    )
-
-
 def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int,
           max_wait_ms: int) -> Iterator[FetchedBatch]:
-    """The stored batches of ``partition`` from ``start`` (one streaming FETCH)."""
-    return client.fetch(partition_range(partition), start, partition.end_offset,
-                        max_bytes=max_bytes, max_wait_ms=max_wait_ms)
+    """The stored batches of ``partition`` from ``start`` (one streaming FETCH, from the
+    replicas the plan names: no PD round trip)."""
+    return client.fetch_from_replicas(
+        partition.stream_id, partition.range_index, partition.replicas, start,
+        partition.end_offset, sealed_end=-1 if partition.range_is_open else partition.range_end,
+        max_bytes=max_bytes, max_wait_ms=max_wait_ms)
 
 
 def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
@@ -148,4 +141,4 @@ def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
 
 __all__ = ["RangeUnavailableError", "StreamMissingError", "check_streams_exist",
            "close_clients", "describe_replicas", "fetch", "first_batch", "get_client",
-           "partition_range", "stream_layouts"]
+           "stream_layouts"]
