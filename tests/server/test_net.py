@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 import zlib
 
 import pytest
@@ -37,20 +36,13 @@ from sbp_spark.server.net import (
     Runs,
 )
 from tests.conftest import load_vectors
+from tests.polling import stays_true, wait_until
 
 from .wire import EOF, RawPeer
 
 VECTORS = {v["name"]: v for v in load_vectors("frames.json")}
 DESCRIBE = Opcode.DESCRIBE_RANGES
 
-
-def _until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 class Scripted(RequestHandler):
@@ -153,7 +145,7 @@ def test_lost_framing_closes_the_connection(server, name):
     with RawPeer(server.address) as peer:
         peer.send_raw(bytes.fromhex(VECTORS[name]["hex"]))
         assert peer.wait_eof()
-    assert _until(lambda: server.connection_count == 0)
+    wait_until(lambda: server.connection_count == 0, "the server to drop the connection")
 
 
 def test_wrong_magic_is_discarded_and_the_connection_lives_on(server):
@@ -228,9 +220,9 @@ def test_inflight_limit_stops_reading_until_requests_finish(handler):
         with RawPeer(srv.address) as peer:
             # FETCH runs on the worker pool, so only the in-flight limit holds these back.
             sids = [peer.request(FetchRequest(), b"block") for _ in range(5)]
-            assert _until(lambda: handler.running == 2)
-            time.sleep(0.2)  # give a wrongly unlimited reader time to start more
-            assert handler.max_running == 2
+            wait_until(lambda: handler.running == 2, "two requests running")
+            # A wrongly unlimited reader would start more meanwhile.
+            stays_true(lambda: handler.max_running == 2, "at most two requests running", 0.2)
             handler.release.set()
             for sid in sids:
                 assert peer.next_frame(sid).is_end
@@ -244,13 +236,13 @@ def test_server_byte_budget_pauses_readers_and_is_released(handler):
         with RawPeer(srv.address) as peer:
             big = b"block" + b"\0" * (300 * 1024)  # more than one 256 KiB read each
             sids = [peer.request(FetchRequest(), big) for _ in range(4)]
-            assert _until(lambda: handler.running == 2)
-            time.sleep(0.3)  # a reader ignoring the budget would start a third meanwhile
-            assert handler.max_running == 2
+            wait_until(lambda: handler.running == 2, "two requests running")
+            # A reader ignoring the budget would start a third meanwhile.
+            stays_true(lambda: handler.max_running == 2, "at most two requests running", 0.3)
             handler.release.set()
             for sid in sids:
                 assert peer.next_frame(sid).is_end
-        assert _until(lambda: srv.inflight_bytes == 0)
+        wait_until(lambda: srv.inflight_bytes == 0, "the byte budget to be released")
     finally:
         srv.stop()
 
@@ -286,7 +278,7 @@ def test_shutdown_sends_goaway_and_lets_inflight_requests_finish(handler):
     srv = _server(handler, shutdown_timeout_s=10)
     with RawPeer(srv.address) as peer:
         sid = peer.request(FetchRequest(), b"block")
-        assert _until(lambda: handler.running == 1)
+        wait_until(lambda: handler.running == 1, "the request to start")
         stopper = threading.Thread(target=srv.stop)
         stopper.start()
         f = peer.next_frame()
@@ -302,7 +294,7 @@ def test_shutdown_sends_goaway_and_lets_inflight_requests_finish(handler):
 def test_peer_goaway_closes_after_inflight_work(server, handler):
     with RawPeer(server.address) as peer:
         sid = peer.request(FetchRequest(), b"block")
-        assert _until(lambda: handler.running == 1)
+        wait_until(lambda: handler.running == 1, "the request to start")
         peer.request(GoAwayRequest(message="client leaving"))
         handler.release.set()
         assert peer.next_frame(sid).is_end
@@ -316,7 +308,8 @@ def test_a_peer_that_stops_reading_is_dropped_without_wedging_the_server(handler
             stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             for _ in range(4):
                 _ask(stuck, b"big8000000")  # never read
-            assert _until(lambda: srv.connection_count == 0, timeout=20)
+            wait_until(lambda: srv.connection_count == 0, "the stuck peer to be dropped",
+                       timeout=20)
         with RawPeer(srv.address) as fine:
             msg, _ = fine.call(DescribeRangesRequest(), b"ok")
             assert msg.throttle_time_ms == 2
