@@ -1,10 +1,10 @@
 """One TCP connection to one SBP server, shared by many concurrent requests.
 
-Requests are numbered by stream_id (WIRE.md 3). Any thread may send; one reader thread per
-connection decodes incoming frames and sorts them into a queue per outstanding stream_id. A
-response is consumed as a ``ResponseStream``: an iterator of frames that ends at the END frame,
-raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it is exhausted,
-closed or failed. The first socket failure fails every outstanding request with one
+Requests are numbered by stream_id (docs/wire.md, Framing). Any thread may send; one reader
+thread per connection decodes incoming frames and sorts them into a queue per outstanding
+stream_id. A response is consumed as a ``ResponseStream``: an iterator of frames that ends at
+the END frame, raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it
+is exhausted, closed or failed. The first socket failure fails every outstanding request with one
 ``TransportError`` naming the server's address.
 """
 

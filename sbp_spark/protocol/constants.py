@@ -1,4 +1,4 @@
-"""Fixed numbers of the SBP wire format (see WIRE.md sections 1-3 and 6)."""
+"""Fixed numbers of the SBP wire format (docs/wire.md: Framing, Limits, Opcodes and roles)."""
 
 from __future__ import annotations
 
