@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -251,7 +251,7 @@ class RangeServerClient:
         max_wait_ms: int = 0,
         min_bytes: int = 0,
         timeout: float | None = None,
-    ) -> Iterator[FetchChunk]:
+    ) -> Generator[FetchChunk, None, None]:
         """Send one FETCH with ``entries`` and yield each entry's batches as frames arrive.
 
         A failed entry comes out as a chunk with a non-OK ``status`` (and no batches); the
@@ -283,7 +283,8 @@ class RangeServerClient:
                     found.add(chunk.request_index)
         return sorted(found)
 
-    def _fetch_chunks(self, conn: Connection, stream: ResponseStream) -> Iterator[FetchChunk]:
+    def _fetch_chunks(self, conn: Connection, stream: ResponseStream
+                      ) -> Generator[FetchChunk, None, None]:
         with stream:
             for frame in stream:
                 response: FetchResponse = decode_response(frame)

@@ -11,7 +11,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
@@ -219,7 +219,7 @@ class SbpClient:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_wait_ms: int = 0,
         min_bytes: int = 0,
-    ) -> Iterator[FetchedBatch]:
+    ) -> Generator[FetchedBatch, None, None]:
         """Stream the batches of ``range`` from ``start_offset`` up to ``end_offset`` (-1: no
         bound) with one FETCH, from the primary first, then the other replicas.
 
@@ -246,7 +246,7 @@ class SbpClient:
         sealed_end: int = -1,
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_wait_ms: int = 0,
-    ) -> Iterator[FetchedBatch]:
+    ) -> Generator[FetchedBatch, None, None]:
         """``fetch`` for a range known from an earlier look-up (no PD round trip): range
         ``range_index`` of ``stream_id`` on ``replicas``, open unless ``sealed_end`` (its end
         offset) is given. A stale replica list is refreshed from the PD as in ``fetch``."""
@@ -258,7 +258,7 @@ class SbpClient:
                           max_wait_ms=max_wait_ms)
 
     def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
-               min_bytes: int) -> Iterator[FetchedBatch]:
+               min_bytes: int) -> Generator[FetchedBatch, None, None]:
         stream_id, range_index = range.stream_id, range.range_index
         replicas = _Replicas(self, range)
         position, budget = start, max_bytes

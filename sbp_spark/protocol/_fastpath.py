@@ -238,7 +238,7 @@ class _Items:
         (start, run, _), = _scalar_groups(sorted(
             (off, i, f) for i, (off, f) in enumerate(zip(offsets, scalars, strict=True))))
         self.canonical = (start, run.format)
-        self.status_getter = attrgetter("status") if self.has_status else None
+        self.status_getter = attrgetter("status")  # read only when has_status
         self._read_plans: dict[bytes, tuple | None] = {}
 
     def fill(self, out: bytearray, pos: int, items: list, vt_pos: int, shared_status: int
@@ -295,9 +295,8 @@ class _Items:
         one non-overlapping run described by this vtable; None to use the generic reader."""
         plan = self.codec._plan(buf, size, vt)  # validates the vtable
         key = bytes(buf[vt:vt + _U16.unpack_from(buf, vt)[0]])
-        cached = self._read_plans.get(key, False)
-        if cached is not False:
-            return cached
+        if key in self._read_plans:
+            return self._read_plans[key]
         fast = None
         if (len(plan.groups) == 1 and not plan.factories and not plan.converts
                 and len(plan.groups[0][2]) == self.nscalars
@@ -367,7 +366,7 @@ class _Items:
 
     def _read_each(self, buf: Any, size: int, base: int, offsets: tuple, f: Field,
                    state: _State) -> list:
-        out = []
+        out: list[Any] = []
         append = out.append
         cls = self.cls
         ok = self.ok

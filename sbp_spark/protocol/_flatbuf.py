@@ -95,8 +95,13 @@ class Field:
         self.sub = sub
         self.convert = convert
         self.qualname = f"{owner}.{name}"
-        # Reads the field's target (offset kinds); a codec may give a hot vector its own.
-        self.reader: Callable[..., Any] | None = None
+        # Reads the field's target (offset kinds; set when codecs are linked); a codec may
+        # give a hot vector its own.
+        self.reader: Callable[..., Any] = _unlinked
+
+
+def _unlinked(*args: Any) -> Any:
+    raise AssertionError("a field was read before build_codecs linked its reader")
 
 
 class StructCodec:
@@ -109,7 +114,7 @@ class StructCodec:
         self.cls = cls
         self.struct = struct.Struct("<" + fmt)
         self.align = align
-        self.names = tuple(cls.__dataclass_fields__)
+        self.names = tuple(f.name for f in dataclasses.fields(cls))
         self.getter = _tuple_getter(list(self.names))
 
     @classmethod
@@ -138,12 +143,24 @@ class _Plan:
     """How to read tables that use one particular vtable."""
 
     __slots__ = ("tbl_len", "template", "factories", "groups", "converts", "refs")
+    tbl_len: int
+    template: list[Any]  # each field's value when absent
+    factories: list[tuple[int, Callable[[], Any]]]  # absent fields that get a fresh default
+    groups: list[tuple[int, struct.Struct, list[int]]]  # scalar runs: start, struct, fields
+    converts: list[tuple[int, Callable[[int], Any]]]  # enum fields
+    refs: list[tuple[int, int, Field]]  # offset fields: index, offset in the table, field
 
 
 class _Layout:
     """How to write a table with one particular set of present fields."""
 
     __slots__ = ("vtable", "tbl_len", "align", "struct", "scalar_order", "refs")
+    vtable: bytes
+    tbl_len: int
+    align: int
+    struct: struct.Struct  # the soffset and every present scalar, in offset order
+    scalar_order: list[int]  # for each scalar of that struct, its index among present values
+    refs: list[tuple[int, Field, int]]  # offset fields: present index, field, offset
 
 
 class Codec:
@@ -471,9 +488,9 @@ def _read_vec_struct(buf: Any, size: int, pos: int, f: Field, state: _State) -> 
     return list(starmap(sc.cls, sc.struct.iter_unpack(buf[pos + 4:pos + 4 + n * item])))
 
 
-_READERS = {STRING: _read_string, BYTES: _read_bytes, TABLE: _read_table,
-            VEC_TABLE: _read_vec_table, VEC_SCALAR: _read_vec_scalar,
-            VEC_STRUCT: _read_vec_struct}
+_READERS: dict[int, Callable[..., Any]] = {
+    STRING: _read_string, BYTES: _read_bytes, TABLE: _read_table, VEC_TABLE: _read_vec_table,
+    VEC_SCALAR: _read_vec_scalar, VEC_STRUCT: _read_vec_struct}
 
 
 def _align_for_vector(out: bytearray, elem_align: int) -> int:
@@ -538,9 +555,9 @@ def _write_vec_struct(out: bytearray, f: Field, v: list) -> int:
     return pos
 
 
-_WRITERS = {STRING: _write_string, BYTES: _write_bytes, TABLE: _write_table,
-            VEC_TABLE: _write_vec_table, VEC_SCALAR: _write_vec_scalar,
-            VEC_STRUCT: _write_vec_struct}
+_WRITERS: dict[int, Callable[..., int]] = {
+    STRING: _write_string, BYTES: _write_bytes, TABLE: _write_table, VEC_TABLE: _write_vec_table,
+    VEC_SCALAR: _write_vec_scalar, VEC_STRUCT: _write_vec_struct}
 
 
 def check_value(qualname: str, fmt: str, value: Any) -> str | None:

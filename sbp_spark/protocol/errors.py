@@ -136,6 +136,8 @@ class ServerError(SbpError):
     """
 
     code: int = ErrorCode.UNKNOWN
+    # The wait the server asked for with this answer (set by the client; retries honour it).
+    throttle_time_ms: int = 0
 
     def __init__(self, message: str = "", code: int | None = None, detail: bytes = b"") -> None:
         self.code = self.code if code is None else code

@@ -78,6 +78,8 @@ class Message:
     # The codec class this table uses: the generic one, unless a class names a faster one.
     CODEC_TYPE: ClassVar[type[Codec]] = Codec
     _CODEC: ClassVar[Codec]
+    # Request and response tables name their opcode (the other tables have none).
+    OPCODE: ClassVar[Opcode]
     # Ping and GoAway frames from other implementations may carry no header at all.
     _EMPTY_HEADER_OK: ClassVar[bool] = False
 
@@ -715,10 +717,10 @@ for _name, _cls in TABLES.items():
     _cls._CODEC = _CODECS[_name]
 del _name, _cls
 
-REQUESTS: dict[Opcode, type[Message]] = {
+REQUESTS: dict[int, type[Message]] = {
     cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Request")
 }
-RESPONSES: dict[Opcode, type[Message]] = {
+RESPONSES: dict[int, type[Message]] = {
     cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Response")
 }
 

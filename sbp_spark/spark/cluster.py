@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING
 
@@ -116,7 +116,7 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
 
 
 def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int,
-          max_wait_ms: int) -> Iterator[FetchedBatch]:
+          max_wait_ms: int) -> Generator[FetchedBatch, None, None]:
     """The stored batches of ``partition`` from ``start`` (one streaming FETCH, from the
     replicas the plan names: no PD round trip)."""
     return client.fetch_from_replicas(
