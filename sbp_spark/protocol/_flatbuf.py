@@ -107,7 +107,7 @@ def _unlinked(*args: Any) -> Any:
 class StructCodec:
     """A FlatBuffers struct: fixed little-endian layout, no vtable."""
 
-    __slots__ = ("name", "cls", "struct", "align", "names", "getter")
+    __slots__ = ("name", "cls", "struct", "align", "names", "formats", "getter")
 
     def __init__(self, cls: type, fmt: str, align: int) -> None:
         self.name = cls.__name__
@@ -115,6 +115,8 @@ class StructCodec:
         self.struct = struct.Struct("<" + fmt)
         self.align = align
         self.names = tuple(f.name for f in dataclasses.fields(cls))
+        # Each field's own format, in order (``fmt`` may also hold padding).
+        self.formats = [c for c in fmt if c.isalpha() and c != "x"]
         self.getter = _tuple_getter(list(self.names))
 
     @classmethod
@@ -574,47 +576,39 @@ def check_value(qualname: str, fmt: str, value: Any) -> str | None:
 
 def find_problem(codec: Codec | StructCodec, obj: Any, path: str) -> str | None:
     """Name the first field of ``obj`` (recursively) that cannot be encoded."""
-    if isinstance(codec, StructCodec):
-        if not isinstance(obj, codec.cls):
-            return f"{path} is a {type(obj).__name__}, not a {codec.name}"
-        fmts = codec.struct.format.lstrip("<")
-        for name, fmt in zip(codec.names, fmts, strict=True):
-            problem = check_value(f"{path}.{name}", fmt, getattr(obj, name))
-            if problem:
-                return problem
-        return None
     if not isinstance(obj, codec.cls):
         return f"{path} is a {type(obj).__name__}, not a {codec.name}"
-    for f in codec.fields:
-        v = getattr(obj, f.name)
-        where = f"{path}.{f.name}"
-        if f.kind == SCALAR:
-            problem = check_value(where, f.fmt, v)
-        elif f.kind == STRING:
-            if not isinstance(v, str):
-                problem = f"{where} is a {type(v).__name__}, not a str"
-            else:
-                try:
-                    v.encode("utf-8")
-                    problem = None
-                except UnicodeEncodeError as exc:
-                    problem = f"{where} cannot be encoded as UTF-8 ({exc.reason})"
-        elif f.kind == BYTES:
-            problem = None if isinstance(v, (bytes, bytearray, memoryview)) else \
-                f"{where} is a {type(v).__name__}, not bytes"
-        elif f.kind == TABLE:
-            problem = None if v is None else find_problem(f.sub, v, where)
-        elif not isinstance(v, list):
-            problem = f"{where} is a {type(v).__name__}, not a list"
-        elif f.kind == VEC_SCALAR:
-            problem = next((p for i, x in enumerate(v)
-                            if (p := check_value(f"{where}[{i}]", f.fmt, x))), None)
-        else:
-            problem = next((p for i, x in enumerate(v)
-                            if (p := find_problem(f.sub, x, f"{where}[{i}]"))), None)
-        if problem:
-            return problem
-    return None
+    if isinstance(codec, StructCodec):
+        return next((p for name, fmt in zip(codec.names, codec.formats, strict=True)
+                     if (p := check_value(f"{path}.{name}", fmt, getattr(obj, name)))), None)
+    return next((p for f in codec.fields
+                 if (p := _field_problem(f, getattr(obj, f.name), f"{path}.{f.name}"))), None)
+
+
+def _field_problem(f: Field, v: Any, where: str) -> str | None:
+    """Why ``v`` cannot be encoded as field ``f`` (None if it can)."""
+    if f.kind == SCALAR:
+        return check_value(where, f.fmt, v)
+    if f.kind == STRING:
+        if not isinstance(v, str):
+            return f"{where} is a {type(v).__name__}, not a str"
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where} cannot be encoded as UTF-8 ({exc.reason})"
+        return None
+    if f.kind == BYTES:
+        return None if isinstance(v, (bytes, bytearray, memoryview)) else \
+            f"{where} is a {type(v).__name__}, not bytes"
+    if f.kind == TABLE:
+        return None if v is None else find_problem(f.sub, v, where)
+    if not isinstance(v, list):
+        return f"{where} is a {type(v).__name__}, not a list"
+    if f.kind == VEC_SCALAR:
+        return next((p for i, x in enumerate(v)
+                     if (p := check_value(f"{where}[{i}]", f.fmt, x))), None)
+    return next((p for i, x in enumerate(v)
+                 if (p := find_problem(f.sub, x, f"{where}[{i}]"))), None)
 
 
 def encode_error(codec: Codec, obj: Any, exc: Exception) -> Exception:
