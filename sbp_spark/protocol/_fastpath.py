@@ -177,9 +177,9 @@ class PackedEntriesCodec(Codec):
             if head[:6] == _APPEND_REQUEST_HEAD and head[7] == 8 and 32 + 16 * n <= size:
                 entries = list(starmap(self._entry_cls, self._entry_unpack(
                     buf[32:32 + 16 * n])))
-                # A table vector's first offset points past the n offsets, inside the buffer,
-                # 4-aligned: read as a struct, the low half of the first stream id.
-                if n and 4 * n <= (entries[0].stream_id & 0xFFFFFFFF) <= 16 * n - 4:
+                # A table vector's first offset (read as a struct: the low half of the first
+                # stream id) points past the n offsets to a table inside the buffer.
+                if n and 4 * n <= (entries[0].stream_id & 0xFFFFFFFF) <= size - 36:
                     self._refuse_tables(buf, size, _ENTRIES_POS, n)
                 return self.cls(head[6], entries)
         return super().read_root(buf, size, state)

@@ -784,3 +784,15 @@ def test_struct_entries_that_look_a_little_like_offsets_are_read_as_structs():
         for data in (msg.to_flatbuffers(), _flatbuf.Codec.encode(AppendRequest._CODEC, msg),
                      gen_write(msg)):
             assert AppendRequest.from_flatbuffers(data) == msg
+
+
+def test_table_entries_behind_the_packed_layouts_head_are_refused_too():
+    # The exact head the packed codec writes (so its fast reader looks at it), then one offset
+    # to an AppendEntry table: vtable at 36, table at 48 {stream_id, request_index,
+    # batch_length}.
+    head = struct.pack("<I4HiiI4xI", 12, 8, 12, 4, 8, 8, 500, 8, 1)
+    data = head + struct.pack("<I", 16) + struct.pack("<5H2x", 10, 20, 4, 12, 16) + \
+        struct.pack("<iqii", 12, 7, 0, 100)
+    with pytest.raises(HeaderError, match=r"1 offset\(s\) to tables, but AppendEntry is a "
+                                          r"struct"):
+        AppendRequest.from_flatbuffers(data)
