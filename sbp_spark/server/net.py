@@ -99,7 +99,6 @@ log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
 
-
 Buffer = bytes | bytearray | memoryview
 
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
