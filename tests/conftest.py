@@ -1,4 +1,5 @@
-"""Shared test configuration: where the team's shared material lives."""
+"""Shared test configuration: where the team's shared material lives, and the Java check that
+only runs when a selected test starts Spark."""
 
 from __future__ import annotations
 
@@ -30,12 +31,43 @@ def load_vectors(name: str) -> list[dict]:
     pytest.fail(f"test vectors {name} not found in {VECTORS_DIR} or tests/vectors")
 
 
+# Fixtures that start a SparkSession (tests/spark/conftest.py, integration/faults/conftest.py).
+SPARK_FIXTURES = frozenset({"spark", "plain_spark"})
+
+
 def pytest_configure(config):
-    """Fail the run at once, with install instructions, when Spark cannot start here."""
-    from sbp_spark.environment import JavaNotFoundError, check_java, use_this_python_for_workers
+    from sbp_spark.environment import use_this_python_for_workers
+
+    use_this_python_for_workers()
+
+
+def starts_spark(item: pytest.Item) -> bool:
+    """Whether ``item`` starts Spark: it uses a Spark session fixture or is marked ``spark``."""
+    return bool(SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))) or \
+        item.get_closest_marker("spark") is not None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that use a Spark session fixture ``spark`` too, before ``-m`` selects:
+    ``-m 'not spark'`` leaves out every test that needs Java."""
+    for item in items:
+        if starts_spark(item):
+            item.add_marker("spark")
+
+
+def pytest_collection_finish(session):
+    """Fail the run at once, with install instructions, when a selected test starts Spark and
+    Java is missing. Runs that select no such test (the protocol, client and server tests)
+    never look for Java."""
+    spark_tests = [item for item in session.items if starts_spark(item)]
+    if not spark_tests:
+        return
+    from sbp_spark.environment import JavaNotFoundError, check_java
 
     try:
         check_java()
     except JavaNotFoundError as exc:
-        raise pytest.UsageError(f"the Spark tests need Java: {exc}") from None
-    use_this_python_for_workers()
+        raise pytest.UsageError(
+            f"{len(spark_tests)} selected test(s) start Spark, which needs Java (leave them out "
+            f"with -m 'not spark'): {exc}") from None

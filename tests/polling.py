@@ -14,3 +14,17 @@ def wait_until(condition: Callable[[], object], what: str = "the condition",
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def stays_true(condition: Callable[[], object], what: str, duration: float,
+               interval: float = 0.01) -> None:
+    """Check ``condition()`` over ``duration`` seconds; fail the test naming ``what`` as soon
+    as it is false. For what must *not* happen (a limit that holds while nothing more
+    arrives): the window is the only way to look, and a violation ends it at once."""
+    deadline = time.monotonic() + duration
+    while True:
+        if not condition():
+            raise AssertionError(f"{what} stopped holding")
+        if time.monotonic() > deadline:
+            return
+        time.sleep(interval)

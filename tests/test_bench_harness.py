@@ -224,6 +224,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_spark_and_streaming_sections_measure_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     code = main(["--quick", "--sections", "spark,streaming", "--rows", "20000", "--runs", "1",

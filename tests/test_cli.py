@@ -447,6 +447,7 @@ def test_demo_cleans_up_when_a_step_fails(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_demo_runs_end_to_end(tmp_path):
     data_dir = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "sbp_spark.cli", "demo", "--rows", "20000",

@@ -1,4 +1,5 @@
-"""Layers import only downward: protocol <- client <- server, spark (docs/ARCHITECTURE.md)."""
+"""Layers import only downward: protocol <- client <- server, spark <- bench <- commands <- cli
+(docs/ARCHITECTURE.md), and the Spark layer never builds wire messages: it asks the client."""
 
 from __future__ import annotations
 
@@ -15,35 +16,86 @@ ALLOWED = {
     "client": {"protocol"},
     "server": {"protocol", "client"},
     "spark": {"protocol", "client"},
+    "bench": {"protocol", "client", "server", "spark"},
+    "commands": {"protocol", "client", "server", "spark", "bench"},
+    "cli": {"protocol", "client", "server", "spark", "bench", "commands"},
 }
+# Layers that are single modules at the package's top (the command-line entry points).
+MODULE_LAYERS = {"cli": ["cli.py", "demo.py"]}
 FORBIDDEN_THIRD_PARTY = {
     "protocol": {"socket", "threading", "pyspark", "selectors", "asyncio"},
     "client": {"pyspark"},
     "server": {"pyspark"},
 }
+# What builds or parses frames and headers: the client's business. The Spark layer may name
+# these types for a type checker (under TYPE_CHECKING), never use them at run time.
+WIRE_MODULES = ("sbp_spark.protocol.messages", "sbp_spark.protocol.frame",
+                "sbp_spark.protocol._flatbuf", "sbp_spark.protocol._fastpath",
+                "sbp_spark.protocol._generated")
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path) -> str:
+    return ".".join(("sbp_spark",) + path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, runtime_only: bool = False) -> set[str]:
+    """Every module ``path`` imports (relative imports resolved); with ``runtime_only``,
+    leaving out the imports under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path).rsplit(".", 1)[0]
     names: set[str] = set()
-    layer_pkg = "sbp_spark." + path.relative_to(PACKAGE).parts[0]
-    for node in ast.walk(tree):
+
+    def visit(node: ast.AST) -> None:
+        if runtime_only and isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative import: resolve against the file's package
-                base = ".".join(("sbp_spark",) + path.relative_to(PACKAGE).parts[:-1])
-                parts = base.split(".")
+                parts = package.split(".")
                 parts = parts[: len(parts) - node.level + 1]
-                module = ".".join(parts + ([node.module] if node.module else []))
-                names.add(module or layer_pkg)
+                base = ".".join(parts + ([node.module] if node.module else []))
+                names.add(base)
+                if not node.module:  # "from . import x": x may be a module
+                    names.update(f"{base}.{alias.name}" for alias in node.names)
             elif node.module:
                 names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
     return names
 
 
 def _layer_files(layer: str) -> list[Path]:
+    if layer in MODULE_LAYERS:
+        return [PACKAGE / name for name in MODULE_LAYERS[layer]]
     return [p for p in (PACKAGE / layer).rglob("*.py") if "_generated" not in p.parts]
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "sbp_spark" or len(parts) < 2:
+        return None
+    for layer, files in MODULE_LAYERS.items():
+        if f"{parts[1]}.py" in files:
+            return layer
+    return parts[1] if parts[1] in ALLOWED else None
+
+
+def test_every_layer_has_files():
+    for layer in ALLOWED:
+        files = _layer_files(layer)
+        assert files and all(f.is_file() for f in files), layer
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -51,10 +103,30 @@ def test_layer_imports_only_downward(layer):
     offenders = []
     for path in _layer_files(layer):
         for name in _imports(path):
-            parts = name.split(".")
-            if parts[0] == "sbp_spark" and len(parts) > 1 and parts[1] in ALLOWED:
-                if parts[1] != layer and parts[1] not in ALLOWED[layer]:
-                    offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
-            if parts[0] in FORBIDDEN_THIRD_PARTY.get(layer, set()):
+            target = _layer_of(name)
+            if target is not None and target != layer and target not in ALLOWED[layer]:
                 offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
-    assert not offenders, "layering broken:\n" + "\n".join(offenders)
+            if name.split(".")[0] in FORBIDDEN_THIRD_PARTY.get(layer, set()):
+                offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not offenders, "layering broken:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_the_spark_layer_does_not_build_wire_messages():
+    offenders = sorted(
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in _layer_files("spark")
+        for name in _imports(path, runtime_only=True)
+        if name.startswith(WIRE_MODULES))
+    assert not offenders, ("the Spark layer must ask the client (sbp_spark.client) instead of "
+                           "building wire messages:\n" + "\n".join(offenders))
+
+
+def test_the_checks_see_what_they_look_for():
+    # The rules above are only as good as the import finder: it must see relative imports,
+    # "from x import module", and skip type-only imports when asked.
+    spark = PACKAGE / "spark" / "cluster.py"
+    assert "sbp_spark.protocol.messages" in _imports(spark)
+    assert "sbp_spark.protocol.messages" not in _imports(spark, runtime_only=True)
+    assert "sbp_spark.spark.planning" in _imports(spark)
+    assert "sbp_spark.protocol._fastpath" in _imports(PACKAGE / "protocol" / "messages.py")
+    assert _layer_of("sbp_spark.cli") == "cli" and _layer_of("sbp_spark.bench.codec") == "bench"

@@ -75,6 +75,7 @@ def sbp_server(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_job_writes_and_reads_through_executors_on_a_worker(tmp_path, sbp_server):
     pd = sbp_server["pd"]
     with SparkStandalone(tmp_path / "spark") as spark_cluster:

@@ -2,7 +2,7 @@
 
 No framing, no checksums, no protocol: the best any client can do between the same two processes
 on this machine. The sending side calls ``sendall`` with 1 MiB buffers and the receiving side
-``recv_into`` a reused buffer in 256 KiB pieces (the fastest pattern in PERF_NOTES).
+``recv_into`` a reused buffer in 256 KiB pieces (the fastest pattern measured on loopback).
 
 A request on a new connection is 9 bytes: ``b"W"``, ``b"R"`` or ``b"F"`` and a u64 byte count.
 ``W``: the client sends that many bytes and the server answers one byte once it has them all.

@@ -8,9 +8,9 @@ from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import Retrier, call_with_retries, is_retriable
-from .stream import ResendCheck, SbpClient, StreamWriter
+from .stream import ResendCheck, SbpClient, StreamWriter, known_range
 from .tls import TlsConfig
-from .types import Appended, FetchedBatch, ItemResult
+from .types import Appended, FetchedBatch, ItemResult, Replica
 
 __all__ = [
     "DEFAULT_FETCH_MAX_BYTES",
@@ -25,6 +25,7 @@ __all__ = [
     "ItemResult",
     "PdClient",
     "RangeServerClient",
+    "Replica",
     "ResendCheck",
     "ResponseStream",
     "Retrier",
@@ -35,6 +36,7 @@ __all__ = [
     "close_pool",
     "get_pool",
     "is_retriable",
+    "known_range",
     "parse_address",
     "parse_pd_addresses",
 ]

@@ -1,15 +1,16 @@
 """One TCP connection to one SBP server, shared by many concurrent requests.
 
-Requests are numbered by stream_id (WIRE.md 3). Any thread may send; one reader thread per
-connection decodes incoming frames and sorts them into a queue per outstanding stream_id. A
-response is consumed as a ``ResponseStream``: an iterator of frames that ends at the END frame,
-raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it is exhausted,
-closed or failed. The first socket failure fails every outstanding request with one
+Requests are numbered by stream_id (docs/wire.md, Framing). Any thread may send; one reader
+thread per connection decodes incoming frames and sorts them into a queue per outstanding
+stream_id. A response is consumed as a ``ResponseStream``: an iterator of frames that ends at
+the END frame, raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it
+is exhausted, closed or failed. The first socket failure fails every outstanding request with one
 ``TransportError`` naming the server's address.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -23,15 +24,23 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from sbp_spark.protocol.buffers import ReceiveBuffers
-from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MAX_STREAM_ID, Flags, Opcode
+from sbp_spark.protocol.constants import (
+    MAX_FRAME_LENGTH,
+    MAX_STREAM_ID,
+    Flags,
+    Opcode,
+    opcode_name,
+)
 from sbp_spark.protocol.errors import (
     ChecksumError,
+    ConnectTimeoutError,
     FrameError,
     ProtocolError,
+    ReadTimeoutError,
     SbpError,
-    SbpTimeoutError,
     ServerError,
     TransportError,
+    WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
 
@@ -148,17 +157,17 @@ class _Failure:
 def _fresh(error: SbpError) -> SbpError:
     """A new exception like ``error`` for one waiter (one instance is never raised twice)."""
     try:
-        copy = type(error)(*error.args)
+        fresh = copy.copy(error)  # the error's own pickling rules: its message, its fields
     except TypeError:
         return error
-    copy.__cause__ = error.__cause__
-    return copy
+    fresh.__cause__ = error.__cause__
+    return fresh
 
 
 class ResponseStream:
     """The frames answering one request, in order; ends after the END frame.
 
-    Iterating raises ``SbpTimeoutError`` when no frame arrives within ``timeout`` seconds,
+    Iterating raises ``ReadTimeoutError`` when no frame arrives within ``timeout`` seconds,
     ``ServerError`` on a SYSTEM_ERROR answer and ``TransportError`` if the connection fails.
     Use it as a context manager (or call ``close()``) when not reading it to the end.
     """
@@ -184,8 +193,8 @@ class ResponseStream:
             item = self._queue.get(timeout=self.timeout)
         except Empty:
             self.close()
-            raise SbpTimeoutError(
-                f"no answer from {self.connection.address} to {_opname(self.opcode)} "
+            raise ReadTimeoutError(
+                f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
                 f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
         if type(item) is _Failure:
             self.close()
@@ -220,13 +229,6 @@ class ResponseStream:
             self.close()
 
 
-def _opname(opcode: int) -> str:
-    try:
-        return Opcode(opcode).name
-    except ValueError:
-        return f"opcode {opcode:#06x}"
-
-
 class Connection:
     """One TCP connection to one server, carrying many requests at once.
 
@@ -243,7 +245,7 @@ class Connection:
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError:
-            raise SbpTimeoutError(
+            raise ConnectTimeoutError(
                 f"connecting to {address} timed out after {timeout:g}s") from None
         except OSError as exc:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
@@ -289,7 +291,7 @@ class Connection:
             return wrap_client(sock, tls, host, self.config.connect_timeout_s,
                                reader=self._rsock)
         except TimeoutError:
-            error: SbpError = SbpTimeoutError(
+            error: SbpError = ConnectTimeoutError(
                 f"TLS handshake with {self.address} timed out after "
                 f"{self.config.connect_timeout_s:g}s")
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
@@ -386,11 +388,11 @@ class Connection:
             frame = next(stream)
             if not frame.is_end:
                 raise ProtocolError(
-                    f"{self.address} answered {_opname(msg.OPCODE)} with more than one frame")
+                    f"{self.address} answered {opcode_name(msg.OPCODE)} with more than one frame")
             if frame.opcode != msg.OPCODE:
                 raise ProtocolError(
-                    f"{self.address} answered {_opname(msg.OPCODE)} with a "
-                    f"{_opname(frame.opcode)} frame")
+                    f"{self.address} answered {opcode_name(msg.OPCODE)} with a "
+                    f"{opcode_name(frame.opcode)} frame")
             return decode_response(frame), frame.payload
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
@@ -464,7 +466,7 @@ class Connection:
             try:
                 send_buffers(self._sock, buffers)
             except (TimeoutError, BlockingIOError):
-                error: SbpError = SbpTimeoutError(
+                error: SbpError = WriteTimeoutError(
                     f"sending to {self.address} made no progress for "
                     f"{self.config.request_timeout_s:g}s")
                 self._fail(error)
@@ -619,7 +621,7 @@ class Connection:
             self._goaway = True
             self._after_answer()
         else:
-            log.debug("ignoring request %s from server %s", _opname(opcode), self.address)
+            log.debug("ignoring request %s from server %s", opcode_name(opcode), self.address)
 
     def _after_answer(self) -> None:
         if self._goaway and not self._pending:

@@ -16,9 +16,6 @@ from sbp_spark.protocol.errors import (
     HeaderError,
     PdNotLeaderError,
     SbpError,
-    SbpTimeoutError,
-    ServerError,
-    TransportError,
 )
 from sbp_spark.protocol.messages import (
     AllocateIdRequest,
@@ -120,8 +117,7 @@ class PdClient:
                     return True  # a redirect: send again at once
                 self._forget_leader()
             return False
-        if isinstance(error, (TransportError, SbpTimeoutError)) or (
-                isinstance(error, ServerError) and error.invalid_metadata):
+        if error.invalid_metadata:  # unreachable, or no longer the leader's to answer
             with self._lock:
                 self._forget_leader()
         return False

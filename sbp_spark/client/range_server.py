@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import CHECKSUM_SIZE, FIXED_HEADER_SIZE, Opcode
@@ -250,7 +251,7 @@ class RangeServerClient:
         max_wait_ms: int = 0,
         min_bytes: int = 0,
         timeout: float | None = None,
-    ) -> Iterator[FetchChunk]:
+    ) -> Generator[FetchChunk, None, None]:
         """Send one FETCH with ``entries`` and yield each entry's batches as frames arrive.
 
         A failed entry comes out as a chunk with a non-OK ``status`` (and no batches); the
@@ -268,7 +269,22 @@ class RangeServerClient:
         stream = conn.start(Opcode.FETCH, lambda sid: request_frame(sid, msg), wait)
         return self._fetch_chunks(conn, stream)
 
-    def _fetch_chunks(self, conn: Connection, stream: ResponseStream) -> Iterator[FetchChunk]:
+    def wait_for_records(self, positions: Sequence[tuple[int, int]], max_wait_ms: int
+                         ) -> list[int]:
+        """One FETCH long poll over ``positions`` ((stream_id, offset) pairs): returns, once
+        any holds a record or ``max_wait_ms`` passed, the indexes of the positions that hold
+        one now. A position the server refuses counts as empty; a failed request raises."""
+        entries = [FetchEntry(stream_id, index, offset, 1)
+                   for index, (stream_id, offset) in enumerate(positions)]
+        found: set[int] = set()
+        with closing(self.fetch_many(entries, max_wait_ms=max_wait_ms, min_bytes=1)) as chunks:
+            for chunk in chunks:
+                if chunk.status.code == 0 and chunk.payload.nbytes > 0:
+                    found.add(chunk.request_index)
+        return sorted(found)
+
+    def _fetch_chunks(self, conn: Connection, stream: ResponseStream
+                      ) -> Generator[FetchChunk, None, None]:
         with stream:
             for frame in stream:
                 response: FetchResponse = decode_response(frame)

@@ -1,7 +1,8 @@
 """The one retry loop of the client: capped exponential backoff with jitter, within a deadline.
 
-What may be retried is read from the error itself (``ServerError.retriable``), never from a list
-of codes. Socket failures and timeouts are retried too: the next attempt opens a new connection.
+What may be retried is read from the error itself (``SbpError.retriable``), never from a list
+of classes or codes. Socket failures and timeouts carry the flag too: the next attempt opens a
+new connection.
 """
 
 from __future__ import annotations
@@ -11,14 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from sbp_spark.protocol.errors import (
-    ChecksumError,
-    ReplicaBehindError,
-    SbpError,
-    SbpTimeoutError,
-    ServerError,
-    TransportError,
-)
+from sbp_spark.protocol.errors import SbpError
 
 from .config import ClientConfig
 
@@ -26,13 +20,9 @@ T = TypeVar("T")
 
 
 def is_retriable(error: BaseException) -> bool:
-    """True when trying the same operation again may succeed."""
-    if isinstance(error, ServerError):
-        return error.retriable
-    # A corrupted answer (bad checksum) is worth asking for again; other malformed answers
-    # would come back the same.
-    return isinstance(error, (TransportError, SbpTimeoutError, ChecksumError,
-                              ReplicaBehindError))
+    """True when trying the same operation again may succeed (the error's own flag; errors
+    that are not ours never are)."""
+    return isinstance(error, SbpError) and error.retriable
 
 
 def throttle_ms(error: BaseException) -> int:

@@ -11,7 +11,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
@@ -24,11 +24,10 @@ from sbp_spark.protocol.errors import (
     RangeSealedError,
     ReplicaBehindError,
     SbpError,
-    SbpTimeoutError,
     ServerError,
     TransportError,
 )
-from sbp_spark.protocol.messages import Range, RangeId, Stream
+from sbp_spark.protocol.messages import Range, RangeId, RangeReplica, RangeServer, Stream
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
 
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
@@ -37,10 +36,21 @@ from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, call_with_retries, is_retriable
 from .timesearch import TimeSearch, range_end
-from .types import Appended, FetchedBatch, ItemResult
+from .types import Appended, FetchedBatch, ItemResult, Replica
 
 _log = logging.getLogger(__name__)
 
+
+
+def known_range(stream_id: int, range_index: int, replicas: Sequence[Replica], start: int = 0,
+                end: int = -1, is_open: bool = True) -> Range:
+    """The client's description of a range known from an earlier look-up, for ``fetch`` and
+    ``TimeSearch`` (no PD round trip): open ranges read up to ``end`` as their
+    ``next_offset``, sealed ones end there."""
+    return Range(stream_id=stream_id, range_index=range_index, start_offset=start,
+                 next_offset=max(end, start), end_offset=-1 if is_open else end,
+                 servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
+                          for r in replicas])
 
 class SbpClient:
     """Stream-level operations against the cluster whose PD is at ``pd``.
@@ -223,7 +233,7 @@ class SbpClient:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_wait_ms: int = 0,
         min_bytes: int = 0,
-    ) -> Iterator[FetchedBatch]:
+    ) -> Generator[FetchedBatch, None, None]:
         """Stream the batches of ``range`` from ``start_offset`` up to ``end_offset`` (-1: no
         bound) with one FETCH, from the primary first, then the other replicas.
 
@@ -240,8 +250,27 @@ class SbpClient:
             end_offset = range.end_offset
         return self._fetch(range, start_offset, end_offset, max_bytes, max_wait_ms, min_bytes)
 
+    def fetch_from_replicas(
+        self,
+        stream_id: int,
+        range_index: int,
+        replicas: Sequence[Replica],
+        start_offset: int,
+        end_offset: int = -1,
+        sealed_end: int = -1,
+        max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        max_wait_ms: int = 0,
+    ) -> Generator[FetchedBatch, None, None]:
+        """``fetch`` for a range known from an earlier look-up (no PD round trip): range
+        ``range_index`` of ``stream_id`` on ``replicas``, open unless ``sealed_end`` (its end
+        offset) is given. A stale replica list is refreshed from the PD as in ``fetch``."""
+        rng = known_range(stream_id, range_index, replicas, end=sealed_end,
+                          is_open=sealed_end < 0)
+        return self.fetch(rng, start_offset, end_offset, max_bytes=max_bytes,
+                          max_wait_ms=max_wait_ms)
+
     def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
-               min_bytes: int) -> Iterator[FetchedBatch]:
+               min_bytes: int) -> Generator[FetchedBatch, None, None]:
         stream_id, range_index = range.stream_id, range.range_index
         replicas = _Replicas(self, range)
         position, budget = start, max_bytes
@@ -289,7 +318,8 @@ class SbpClient:
                     # end the caller was told the range holds lies never past its final end,
                     # unless the range's history was rewritten: say so instead of ending short.
                     if end != -1 and sealed < end and position >= sealed:
-                        raise HistoryRewrittenError(stream_id, range_index, sealed, end) from exc
+                        raise HistoryRewrittenError.for_range(stream_id, range_index, sealed,
+                                                           end) from exc
                     end = sealed if end == -1 else min(end, sealed)
                     if position >= end:
                         return
@@ -534,9 +564,7 @@ class _Replicas:
         if isinstance(error, DataCorruptError):
             # The same server would send the same bytes: the next replica, without waiting.
             return True
-        stale = isinstance(error, (TransportError, SbpTimeoutError)) or (
-            isinstance(error, ServerError) and error.invalid_metadata)
-        if (stale or round_done) and self.refresh(deadline):
+        if (error.invalid_metadata or round_done) and self.refresh(deadline):
             return True
         return not round_done
 

@@ -72,6 +72,16 @@ class FetchedBatch:
     server: str = ""
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One range server holding a range, as callers remember it between requests (Spark
+    plans carry these to executors)."""
+
+    server_id: int
+    address: str
+    is_primary: bool
+
+
 @dataclass(slots=True)
 class Appended:
     """Where one appended batch landed: offsets [base_offset, base_offset + record_count)."""

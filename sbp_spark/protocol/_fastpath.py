@@ -1,27 +1,30 @@
 """Hand-written codecs for the per-frame headers of the data path (APPEND and FETCH).
 
-They write the same FlatBuffers format as ``_flatbuf`` (tests check both against flatc's
-generated readers and builders), with layouts fixed in advance so a whole header is one
-``struct`` call:
+A message class picks one with ``CODEC_TYPE`` (see ``messages``); ``build_codecs`` builds it
+from the generated schema tables like any codec, and ``link`` derives its fixed layout from
+the generic codec's own layout rules, so a schema change moves both together. They write the
+same FlatBuffers format as ``_flatbuf`` (tests check both against flatc's generated readers
+and builders), with layouts fixed in advance so a whole header is one ``struct`` call:
 
-- ``AppendRequest``: the entries are a vector of 16-byte structs, packed in one go. Only a
-  request without ``committed_offset`` (every client append) has this layout; a forward that
-  sets it is written and read by the generic codec.
-- ``AppendResponse``, ``FetchResponse``, ``FetchRequest``: the root table, then a vector of
-  offsets, then the item tables at a fixed stride, every scalar written (defaults too) so all
-  items share one vtable. Items whose status is not OK use a second vtable that also names
-  the status, whose table goes after all the items.
+- ``PackedEntriesCodec`` (``AppendRequest``): the entries are a vector of 16-byte structs,
+  packed in one go. Only a request without ``committed_offset`` (every client append) has
+  this layout; a forward that sets it is written and read by the generic code. Entries sent
+  as tables instead of structs are recognised and refused, naming the problem.
+- ``RowsCodec`` (``AppendResponse``, ``FetchResponse``, ``FetchRequest``): the root table,
+  then a vector of offsets, then the item tables at a fixed stride, every scalar written
+  (defaults too) so all items share one vtable. Every status is written (the schemas mark it
+  required): items and root whose status is OK all point at one shared empty Status table
+  after the rows; other statuses follow it, one table each.
 
-Decoding goes through the generic verifying decoder, except the item vectors: items sharing a
-vtable (the normal case) are read with one precomputed ``struct`` each, and an item with any
-other vtable falls back to the generic table reader. Every bound is checked as in
-``_flatbuf``.
+Decoding goes through the generic verifying decoder, except the root of the layout written
+here and the item vectors: items sharing a vtable (the normal case) are read with one
+precomputed ``struct``, and an item with any other vtable falls back to the generic table
+reader. Every bound is checked as in ``_flatbuf``.
 """
 
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
 from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -29,10 +32,13 @@ from typing import Any
 from ._flatbuf import (
     SCALAR,
     TABLE,
+    VEC_STRUCT,
+    VEC_TABLE,
     Codec,
     Field,
     HeaderError,
     _charge,
+    _read_vec_struct,
     _scalar_groups,
     _State,
     _vector_span,
@@ -42,103 +48,255 @@ from ._flatbuf import (
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
+_VT_HEAD = struct.Struct("<HH")
 _ENCODE_ERRORS = (struct.error, TypeError, AttributeError, OverflowError)
 # Structs for up to this many items are compiled once and kept; larger (rare) headers build a
 # throw-away one, so a peer cannot fill the cache with huge compiled formats.
 _CACHED_COUNTS = 256
+# The shared empty Status: its vtable (4 bytes: no fields, a 4-byte table), then the table
+# (its soffset, 4, back to that vtable). Items point at the table, 4 bytes in.
+_EMPTY_STATUS = struct.pack("<HHi", 4, 4, 4)
 
 
 def _align(n: int, to: int) -> int:
     return n + (-n % to)
 
 
+class _Repeated:
+    """Structs of a fixed head followed by ``n`` rows, compiled once per ``n`` (up to
+    ``_CACHED_COUNTS``; larger, rare, counts get a throw-away one)."""
+
+    __slots__ = ("head", "row", "_by_count")
+
+    def __init__(self, head: str, row: str) -> None:
+        self.head = head
+        self.row = row
+        self._by_count: dict[int, struct.Struct] = {}
+
+    def __call__(self, n: int) -> struct.Struct:
+        compiled = self._by_count.get(n)
+        if compiled is None:
+            compiled = struct.Struct("<" + self.head + self.row * n)
+            if n <= _CACHED_COUNTS:
+                self._by_count[n] = compiled
+        return compiled
+
+
+_PROGRESSIONS: dict[tuple[int, int, int], tuple[int, ...]] = {}
+
+
+def _progression(start: int, step: int, n: int) -> tuple[int, ...]:
+    """``tuple(range(start, start + step * n, step))``, remembered: the readers compare a
+    column of a header with the one it has when written here, and headers repeat."""
+    key = (start, step, n)
+    found = _PROGRESSIONS.get(key)
+    if found is None:
+        found = tuple(range(start, start + step * n, step))
+        if len(_PROGRESSIONS) >= 256:
+            _PROGRESSIONS.clear()
+        _PROGRESSIONS[key] = found
+    return found
+
+
+# -- APPEND request ---------------------------------------------------------------------------
+
+# Root offset, vtable (8 bytes: 2 slots), table {soffset, timeout_ms, vector offset}, 4 bytes so
+# the structs start 8-aligned, vector length, then the 16-byte entries.
+_APPEND_REQUEST_HEAD = (12, 8, 12, 4, 8, 8)
+_APPEND_REQUEST_FMT = "I4HiiI4xI"
+_APPEND_REQUEST_READ = struct.Struct("<" + _APPEND_REQUEST_FMT)
+_append_request_struct = _Repeated(_APPEND_REQUEST_FMT, "qii")
+_ENTRIES_POS = 28  # where the vector (its length) sits in that layout
+
+
+def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
+    """Why the ``n``-element vector at ``pos`` holds offsets to tables rather than AppendEntry
+    structs, or None when it does not look like that.
+
+    A table vector holds one 4-byte offset per element, each pointing past the offsets to a
+    table whose vtable is valid and describes at most AppendEntry's three fields. Real struct
+    entries almost never pass this: an entry's first word is its stream id's low half."""
+    base = pos + 4
+    if n == 0 or base + 4 * n > size:
+        return None
+    for i in range(n):
+        at = base + 4 * i
+        target = at + _U32.unpack_from(buf, at)[0]
+        if target < base + 4 * n or target & 3 or target + 4 > size:
+            return None
+        vt = target - _I32.unpack_from(buf, target)[0]
+        if vt < 0 or vt + 4 > size:
+            return None
+        vt_len, tbl_len = _VT_HEAD.unpack_from(buf, vt)
+        if not 4 <= vt_len <= 10 or vt_len & 1 or vt + vt_len > size or tbl_len < 4 \
+                or target + tbl_len > size:
+            return None
+        slots = struct.unpack_from(f"<{(vt_len - 4) // 2}H", buf, vt + 4)
+        if any(off and (off < 4 or off >= tbl_len) for off in slots):
+            return None
+    return (f"append_requests holds {n} offset(s) to tables, but AppendEntry is a struct: "
+            "each entry is 16 bytes inside the vector (stream_id: long at 0, request_index: "
+            "int at 8, batch_length: int at 12; schemas/data.fbs, docs/wire.md)")
+
+
+class PackedEntriesCodec(Codec):
+    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset): client appends
+    as one packed struct; the table-instead-of-struct mistake refused by name."""
+
+    def link(self, codecs: dict[str, Codec]) -> None:
+        entries = self.fields[1]
+        if entries.kind != VEC_STRUCT or entries.sub.struct.format != "<qii":
+            raise AssertionError(f"{self.name}.{entries.name} is not the 16-byte struct vector "
+                                 "this codec packs")
+        if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
+                                               "committed_offset"]:
+            raise AssertionError(f"{self.name} is not the table this codec packs")
+        self._entry_cls = entries.sub.cls
+        self._entry_unpack = entries.sub.struct.iter_unpack
+        self._entry_fields = attrgetter(*entries.sub.names)
+        entries.reader = self._read_entries
+
+    def encode(self, msg: Any) -> bytes:
+        if msg.committed_offset != -1:
+            # A primary's forward (one per secondary per frame): the generic layout, which
+            # also writes the third slot. The fast reader sees its longer vtable and leaves it
+            # to the generic reader.
+            return super().encode(msg)
+        try:
+            entries = msg.append_requests
+            values = list(chain.from_iterable(map(self._entry_fields, entries)))
+            return _append_request_struct(len(entries)).pack(
+                *_APPEND_REQUEST_HEAD, msg.timeout_ms, 8, len(entries), *values)
+        except _ENCODE_ERRORS as exc:
+            raise encode_error(self, msg, exc) from None
+
+    def read_root(self, buf: Any, size: int, state: _State) -> Any:
+        if size >= 32:
+            head = _APPEND_REQUEST_READ.unpack_from(buf, 0)
+            n = head[8]
+            if head[:6] == _APPEND_REQUEST_HEAD and head[7] == 8 and 32 + 16 * n <= size:
+                entries = list(starmap(self._entry_cls, self._entry_unpack(
+                    buf[32:32 + 16 * n])))
+                # A table vector's first offset (read as a struct: the low half of the first
+                # stream id) points past the n offsets to a table inside the buffer.
+                if n and 4 * n <= (entries[0].stream_id & 0xFFFFFFFF) <= size - 36:
+                    self._refuse_tables(buf, size, _ENTRIES_POS, n)
+                return self.cls(head[6], entries)
+        return super().read_root(buf, size, state)
+
+    def _read_entries(self, buf: Any, size: int, pos: int, f: Field, state: _State) -> list:
+        if pos + 4 <= size:
+            self._refuse_tables(buf, size, pos, _U32.unpack_from(buf, pos)[0])
+        return _read_vec_struct(buf, size, pos, f, state)
+
+    @staticmethod
+    def _refuse_tables(buf: Any, size: int, pos: int, n: int) -> None:
+        problem = entries_sent_as_tables(buf, size, pos, n)
+        if problem is not None:
+            raise HeaderError(problem)
+
+
+# -- vectors of flat item tables ---------------------------------------------------------------
+
+
 class _Items:
     """Fixed layout of one item table type (scalars, then optionally a trailing status)."""
 
-    def __init__(self, codec: Codec, ok: Any) -> None:
+    def __init__(self, codec: Codec, status_codec: Codec) -> None:
         fields = codec.fields
         self.codec = codec
         self.cls = codec.cls
-        self.ok = ok
+        self.status_codec = status_codec
         self.has_status = fields[-1].kind == TABLE
+        # An item without a written status reads as the class's default (the shared OK).
+        self.ok = fields[-1].default if self.has_status else None
         scalars = fields[:-1] if self.has_status else fields
         if not all(f.kind == SCALAR and f.convert is None for f in scalars):
             raise AssertionError(f"{codec.name} is not a flat table")
-        layout = codec._layout((1 << len(fields)) - 1)
+        self.nscalars = len(scalars)
+        layout = codec._layout((1 << len(fields)) - 1)  # every field present
         self.tbl_len = layout.tbl_len
         self.stride = _align(layout.tbl_len, layout.align)
-        vt_err = struct.unpack(f"<{len(layout.vtable) // 2}H", layout.vtable)
-        self.vt_err = vt_err
-        self.vt_ok = vt_err[:-1] + (0,) if self.has_status else vt_err
-        self.status_off = vt_err[-1] if self.has_status else 0
-        # Row = soffset + scalars in offset order, padded to the stride.
+        self.vtable = struct.unpack(f"<{len(layout.vtable) // 2}H", layout.vtable)
+        # Row = soffset + scalars in offset order (+ the status offset, last), to the stride.
         row = layout.struct.format.lstrip("<")
-        self.row_fmt = row + f"{self.stride - layout.struct.size}x"
-        by_offset = [scalars[i].name for i in layout.scalar_order]
-        self.getter = attrgetter(*by_offset)
+        end = layout.struct.size
+        self.status_off = self.vtable[-1] if self.has_status else 0
+        if self.has_status:
+            if self.status_off < end:
+                raise AssertionError(f"{codec.name}: status is not the last field of a row")
+            row += f"{self.status_off - end}xI" if self.status_off > end else "I"
+            end = self.status_off + 4
+        self.row_fmt = row + f"{self.stride - end}x"
+        self.rows_struct = _Repeated("", self.row_fmt)  # n -> the struct of n rows
+        self.width = 1 + self.nscalars + self.has_status  # values per row
+        self.getter = attrgetter(*[scalars[i].name for i in layout.scalar_order])
         # Where each slot's value sits among a row's scalars (which are in offset order).
-        self.slot_columns = [layout.scalar_order.index(i) for i in range(len(scalars))]
+        self.slot_columns = [layout.scalar_order.index(i) for i in range(self.nscalars)]
         # The scalar run of a row as the generic plan describes it, to recognise our layout.
-        offsets = vt_err[2:2 + len(scalars)]
+        offsets = self.vtable[2:2 + self.nscalars]
         (start, run, _), = _scalar_groups(sorted(
             (off, i, f) for i, (off, f) in enumerate(zip(offsets, scalars, strict=True))))
         self.canonical = (start, run.format)
-        self.status_getter = attrgetter("status") if self.has_status else None
-        # Reading: the scalars of one item in slot order, from the row's struct values.
+        self.status_getter = attrgetter("status")  # read only when has_status
         self._read_plans: dict[bytes, tuple | None] = {}
-        self.nscalars = len(scalars)
 
-    def rows_struct(self, n: int) -> struct.Struct:
-        """The struct of ``n`` consecutive rows."""
-        if n > _CACHED_COUNTS:
-            return struct.Struct("<" + self.row_fmt * n)
-        return self._cached_rows(n)
-
-    @lru_cache(maxsize=64)  # noqa: B019 - three _Items objects live for the whole process
-    def _cached_rows(self, n: int) -> struct.Struct:
-        return struct.Struct("<" + self.row_fmt * n)
-
-    def fill(self, out: bytearray, pos: int, items: list, vt_ok_pos: int, vt_err_pos: int
+    def fill(self, out: bytearray, pos: int, items: list, vt_pos: int, shared_status: int
              ) -> list[tuple[int, Any]]:
-        """Pack ``items`` as rows from ``pos``; return (status field position, status) of the
-        items whose status must be written after the rows."""
+        """Pack ``items`` as rows from ``pos``, their tables using the vtable at ``vt_pos``
+        and OK statuses pointing at ``shared_status``; return (status field position, status)
+        of the items whose own status must be written after the rows."""
         getter = self.getter
         values: list[int] = []
-        errors = []
+        append = values.append
+        extend = values.extend
         stride = self.stride
-        if self.has_status:
-            ok = self.ok
-            status_of = self.status_getter
-            row = pos
-            for item in items:
-                status = status_of(item)
-                if status is ok or status is None or not (
-                        status.code or status.message or status.detail):
-                    values.append(row - vt_ok_pos)
-                else:
-                    values.append(row - vt_err_pos)
-                    errors.append((row + self.status_off, status))
-                values.extend(getter(item))
-                row += stride
-        else:
-            soff = pos - vt_ok_pos
+        soff = pos - vt_pos
+        if not self.has_status:
             for fields in map(getter, items):
-                values.append(soff)
-                values.extend(fields)
+                append(soff)
+                extend(fields)
                 soff += stride
+            self.rows_struct(len(items)).pack_into(out, pos, *values)
+            return []
+        errors = []
+        ok = self.ok
+        status_of = self.status_getter
+        # An OK status's offset: from the row's status field to the shared table, one
+        # stride shorter for each row.
+        uoff = shared_status - (pos + self.status_off)
+        for item in items:
+            append(soff)
+            extend(getter(item))
+            status = status_of(item)
+            if status is ok or status is None or not (
+                    status.code or status.message or status.detail):
+                append(uoff)
+            else:
+                append(0)
+                errors.append((shared_status - uoff, status))
+            soff += stride
+            uoff -= stride
         self.rows_struct(len(items)).pack_into(out, pos, *values)
         return errors
 
     # -- reading -------------------------------------------------------------------------
+
+    def status_at(self, buf: Any, size: int, pos: int, state: _State) -> Any:
+        """The Status table at ``pos``: the shared OK for an empty one laid out as written
+        here (its vtable just before it), else whatever the generic reader finds."""
+        if 4 <= pos and pos + 4 <= size and buf[pos - 4:pos + 4] == _EMPTY_STATUS:
+            _charge(state, 8)
+            return self.ok
+        return self.status_codec.read(buf, size, pos, state)
 
     def _read_plan(self, buf: Any, size: int, vt: int) -> tuple | None:
         """(tbl_len, start, struct, reorder, status_off) when every scalar of the item is in
         one non-overlapping run described by this vtable; None to use the generic reader."""
         plan = self.codec._plan(buf, size, vt)  # validates the vtable
         key = bytes(buf[vt:vt + _U16.unpack_from(buf, vt)[0]])
-        cached = self._read_plans.get(key, False)
-        if cached is not False:
-            return cached
+        if key in self._read_plans:
+            return self._read_plans[key]
         fast = None
         if (len(plan.groups) == 1 and not plan.factories and not plan.converts
                 and len(plan.groups[0][2]) == self.nscalars
@@ -152,58 +310,67 @@ class _Items:
         self._read_plans[key] = fast
         return fast
 
-    def read_vector(self, buf: Any, size: int, pos: int, f: Field, state: _State) -> list:
-        """Reader of a vector of these items (installed on the root codec's field)."""
+    def read_vector(self, buf: Any, size: int, pos: int, f: Field, state: _State,
+                    ok_at: int = -1) -> list:
+        """Reader of a vector of these items (the root codec's field reader). ``ok_at``: where
+        the caller already found an empty Status table, if it did."""
         n = _vector_span(buf, size, pos, f, 4)
         _charge(state, 4 + 4 * n)
         base = pos + 4
         offsets = struct.unpack_from(f"<{n}I", buf, base)
         if n:
-            items = self._read_rows(buf, size, base, offsets, state)
+            items = self._read_rows(buf, size, base, offsets, state, ok_at)
             if items is not None:
                 return items
         return self._read_each(buf, size, base, offsets, f, state)
 
-    def _read_rows(self, buf: Any, size: int, base: int, offsets: tuple, state: _State
-                   ) -> list | None:
+    def _read_rows(self, buf: Any, size: int, base: int, offsets: tuple, state: _State,
+                   ok_at: int) -> list | None:
         """All items in one struct call when they are laid out as this module writes them
-        (consecutive rows, one shared vtable, no status); None otherwise."""
+        (consecutive rows, one shared vtable, one shared status); None otherwise."""
         n = len(offsets)
         stride = self.stride
         first = offsets[0]
-        if offsets != tuple(range(first, first + (stride - 4) * n, stride - 4)):
+        if offsets != _progression(first, stride - 4, n):
             return None
         start = base + first
         if start + stride * n > size:
             return None
         values = self.rows_struct(n).unpack_from(buf, start)
-        width = self.nscalars + 1
+        width = self.width
         soff = values[0]
-        if values[0::width] != tuple(range(soff, soff + stride * n, stride)):
+        if values[0::width] != _progression(soff, stride, n):
             return None
         vt = start - soff
         if not 0 <= vt <= size - 4:
             return None
         plan = self._read_plan(buf, size, vt)
-        if plan is None or plan[4] or (plan[1], plan[2].format) != self.canonical:
+        if plan is None or plan[4] != self.status_off or (plan[1], plan[2].format) \
+                != self.canonical:
             return None
         tbl_len = plan[0]
         if start + stride * (n - 1) + tbl_len > size:  # as strict as the per-item check
             return None
-        _charge(state, tbl_len * n)
-        columns = [values[1 + c::width] for c in self.slot_columns]
+        columns: list[Any] = [values[1 + c::width] for c in self.slot_columns]
         if self.has_status:
-            columns.append(repeat(self.ok, n))
+            uoffs = values[width - 1::width]
+            if uoffs != _progression(uoffs[0], -stride, n):
+                return None  # not one shared status: item by item
+            _charge(state, tbl_len * n)
+            target = start + self.status_off + uoffs[0]
+            status = self.ok if target == ok_at else self.status_at(buf, size, target, state)
+            columns.append(repeat(status, n))
+        else:
+            _charge(state, tbl_len * n)
         return list(map(self.cls, *columns))
 
     def _read_each(self, buf: Any, size: int, base: int, offsets: tuple, f: Field,
                    state: _State) -> list:
-        out = []
+        out: list[Any] = []
         append = out.append
         cls = self.cls
         ok = self.ok
         has_status = self.has_status
-        status_codec = self.codec.fields[-1].sub if has_status else None
         generic = self.codec.read
         last_vt = None
         plan = None
@@ -226,180 +393,126 @@ class _Items:
             _charge(state, tbl_len)
             values = reorder(st.unpack_from(buf, tpos + start))
             if has_status:
+                status = ok
                 if status_off:
                     spos = tpos + status_off
-                    status = status_codec.read(buf, size, spos + _U32.unpack_from(buf, spos)[0],
-                                               state)
-                else:
-                    status = ok
+                    status = self.status_at(buf, size, spos + _U32.unpack_from(buf, spos)[0],
+                                            state)
                 append(cls(*values, status))
             else:
                 append(cls(*values))
         return out
 
 
-class _RootWithItems:
-    """Root table {slot 0: int, slot 1: int or status, slot 2: [item]} in a fixed layout:
-    root offset, root vtable, item vtables, root table, offset vector, item rows, tail."""
+class RowsCodec(Codec):
+    """A root table {0: int, 1: int or Status, 2: [flat item table]} in one fixed layout:
+    root offset, root vtable, item vtable(s), root table, offset vector, item rows, then the
+    shared empty Status and any other statuses."""
 
-    def __init__(self, codec: Codec, items: _Items, second_is_status: bool,
-                 status_codec: Codec) -> None:
-        self.codec = codec
-        self.items = items
-        self.second_is_status = second_is_status
-        self.status_codec = status_codec
-        self.getter = attrgetter(*[f.name for f in codec.fields])
-        nvt = len(items.vt_ok)
-        self.vt_ok_pos = 14
-        self.vt_err_pos = 14 + 2 * nvt
-        head_end = self.vt_err_pos + 2 * nvt
+    def link(self, codecs: dict[str, Codec]) -> None:
+        first, second, vec = self.fields
+        if first.kind != SCALAR or first.fmt != "i" or vec.kind != VEC_TABLE or \
+                (second.kind != TABLE and second.fmt != "i"):
+            raise AssertionError(f"{self.name} is not the root-with-items table this codec "
+                                 "writes")
+        self.items = items = _Items(vec.sub, codecs["Status"])
+        vec.reader = items.read_vector
+        self.second_is_status = second.kind == TABLE
+        self.getter = attrgetter(first.name, second.name, vec.name)
+        # Items with a status share one vtable. A FetchRequest keeps, as in earlier versions,
+        # the same vtable twice (from when OK items used a vtable without the status): its
+        # bytes stay those every released client sent.
+        copies = 1 if items.has_status else 2
+        nvt = len(items.vtable)
+        self.vt_pos = 14
+        head_end = self.vt_pos + 2 * nvt * copies
         self.table_pos = _align(head_end, 4)
         self.vec_pos = self.table_pos + 16
+        # The second root field is a forward offset (unsigned) when it is the status.
+        second_fmt = "I" if self.second_is_status else "i"
         self.head = struct.Struct(
-            f"<I5H{nvt}H{nvt}H{self.table_pos - head_end}xiiiII")
-        self.head_prefix = (self.table_pos, 10, 16, 4)
-        self.head_vts = (12, *items.vt_ok, *items.vt_err)
-        self.head_table = (self.table_pos - 4,)
-        # Reading our own layout: the constant part of the head after the second slot.
-        self.head_fixed = self.head_vts + self.head_table
+            f"<I5H{nvt * copies}H{self.table_pos - head_end}xii{second_fmt}II")
+        # Root offset, root vtable (3 slots, 16-byte table, fields at 4, 8, 12), item
+        # vtable(s), the root's soffset: the same for every header of this type.
+        self.head_fixed = (self.table_pos, 10, 16, 4, 8, 12, *items.vtable * copies,
+                           self.table_pos - 4)
         self.vec_uoff = self.vec_pos - (self.table_pos + 12)
-        self.vec_field = codec.fields[2]
+        self.status_field_pos = self.table_pos + 8
+        self._first = struct.Struct("<i")
+        self._first_second = struct.Struct("<ii")
+        self._frames: dict[int, tuple[bytes, int, int]] = {}
 
     def read_root(self, buf: Any, size: int, state: _State) -> Any:
-        """Decode a header in the layout ``encode`` writes (one struct call for the root);
-        None for any other layout."""
-        if size < self.head.size:
-            return None
-        values = self.head.unpack_from(buf, 0)
-        fixed = self.head_fixed
-        if values[:4] != self.head_prefix or values[5:5 + len(fixed)] != fixed \
-                or values[-2] != self.vec_uoff or values[4] not in (0, 8):
-            return None
-        first, second = values[-4], values[-3]
-        entries = self.items.read_vector(buf, size, self.vec_pos, self.vec_field, state)
-        if self.second_is_status:
-            second = self.items.ok
-            if values[4]:
-                spos = self.table_pos + 8
-                second = self.status_codec.read(buf, size, spos + _U32.unpack_from(buf, spos)[0],
-                                                state)
-        elif not values[4]:
-            second = 0
-        return self.codec.cls(first, second, entries)
+        """The layout ``encode`` writes in one struct call for the root; any other layout
+        through the generic reader."""
+        if size >= self.head.size:
+            values = self.head.unpack_from(buf, 0)
+            fixed = self.head_fixed
+            if values[:len(fixed)] == fixed and values[-2] == self.vec_uoff:
+                first, second = values[-4], values[-3]
+                ok_at = -1
+                if self.second_is_status:
+                    at = self.status_field_pos + second
+                    if at + 4 <= size and buf[at - 4:at + 4] == _EMPTY_STATUS:
+                        second, ok_at = self.items.ok, at  # items share it: known OK
+                        _charge(state, 8)
+                    else:
+                        second = self.items.status_at(buf, size, at, state)
+                entries = self.items.read_vector(buf, size, self.vec_pos, self.fields[2],
+                                                 state, ok_at)
+                return self.cls(first, second, entries)
+        return super().read_root(buf, size, state)
 
     def encode(self, msg: Any) -> bytes:
         try:
             return self._encode(msg)
         except _ENCODE_ERRORS as exc:
-            raise encode_error(self.codec, msg, exc) from None
+            raise encode_error(self, msg, exc) from None
+
+    def _frame(self, n: int) -> tuple[bytes, int, int]:
+        """For ``n`` items: the header with every part that depends only on ``n`` written
+        (root offset, vtables, root table with first and second fields 0 and an OK status,
+        the offset vector, zeroed rows, the shared empty Status), where the rows start, and
+        where the shared Status table is. Remembered for up to ``_CACHED_COUNTS`` items."""
+        found = self._frames.get(n)
+        if found is not None:
+            return found
+        items = self.items
+        vec = self.vec_pos
+        rows = _align(vec + 4 + 4 * n, 8)
+        rows_end = rows + items.stride * n
+        shared = rows_end + 4  # the shared empty Status table (after its vtable)
+        out = bytearray(rows_end + len(_EMPTY_STATUS) if items.has_status else rows_end)
+        if items.has_status:
+            out[rows_end:] = _EMPTY_STATUS
+        second = shared - self.status_field_pos if self.second_is_status else 0
+        self.head.pack_into(out, 0, *self.head_fixed, 0, second, self.vec_uoff, n)
+        step = items.stride - 4
+        first_off = rows - (vec + 4)
+        struct.pack_into(f"<{n}I", out, vec + 4, *range(first_off, first_off + step * n, step))
+        found = (bytes(out), rows, shared)
+        if n <= _CACHED_COUNTS:
+            self._frames[n] = found
+        return found
 
     def _encode(self, msg: Any) -> bytes:
         first, second, entries = self.getter(msg)
         items = self.items
-        n = len(entries)
-        vec = self.vec_pos
-        rows = _align(vec + 4 + 4 * n, 8)
-        out = bytearray(rows + items.stride * n)
+        template, rows, shared = self._frame(len(entries))
+        out = bytearray(template)
         status = None
-        if self.second_is_status:
+        if not self.second_is_status:
+            self._first_second.pack_into(out, self.table_pos + 4, first, second)
+        else:
+            self._first.pack_into(out, self.table_pos + 4, first)
             if second is not None and second is not items.ok and (
                     second.code or second.message or second.detail):
                 status = second
-            second_slot = 8 if status is not None else 0
-            second_value = 0
-        else:
-            second_slot = 8
-            second_value = second
-        self.head.pack_into(out, 0, *self.head_prefix, second_slot, *self.head_vts,
-                            *self.head_table, first, second_value, vec - (self.table_pos + 12),
-                            n)
-        step = items.stride - 4
-        first_off = rows - (vec + 4)
-        struct.pack_into(f"<{n}I", out, vec + 4,
-                         *range(first_off, first_off + step * n, step))
-        errors = items.fill(out, rows, entries, self.vt_ok_pos, self.vt_err_pos)
+        errors = items.fill(out, rows, entries, self.vt_pos, shared)
         if status is not None:
-            errors.append((self.table_pos + 8, status))
-        write = self.status_codec.write
+            errors.append((self.status_field_pos, status))
+        write = items.status_codec.write
         for field_pos, item_status in errors:
             child = write(out, item_status)
             _U32.pack_into(out, field_pos, child - field_pos)
         return bytes(out)
-
-
-# AppendRequest: root offset, vtable (8 bytes: 2 slots), table {soffset, timeout_ms, vector
-# offset}, 4 bytes so the structs start 8-aligned, vector length, 16-byte entries.
-_APPEND_REQUEST_HEAD = (12, 8, 12, 4, 8, 8)
-_APPEND_REQUEST_READ = struct.Struct("<I4HiiI4xI")
-_STRUCT_CODEC_FMT = struct.Struct("<qii")  # AppendEntry
-
-
-def _append_request_struct(n: int) -> struct.Struct:
-    if n > _CACHED_COUNTS:
-        return struct.Struct("<I4HiiI4xI" + "qii" * n)
-    return _cached_append_request_struct(n)
-
-
-@lru_cache(maxsize=64)
-def _cached_append_request_struct(n: int) -> struct.Struct:
-    return struct.Struct("<I4HiiI4xI" + "qii" * n)
-
-
-def install(*, AppendRequest: type, AppendEntry: type, AppendResponse: type,
-            AppendResult: type, FetchRequest: type, FetchEntry: type, FetchResponse: type,
-            FetchResult: type, Status: type, OK: Any, codecs: dict[str, Codec]) -> None:
-    """Give the four data-path message classes their hand-written encoders and item readers."""
-    append_request_codec = codecs["AppendRequest"]
-    entry_fields = attrgetter("stream_id", "request_index", "batch_length")
-
-    generic_encode = append_request_codec.encode
-
-    def encode_append_request(msg: Any) -> bytes:
-        if msg.committed_offset != -1:
-            # A primary's forward (one per secondary per frame): the generic layout, which
-            # also writes the third slot. The fast reader below sees its longer vtable and
-            # leaves it to the generic reader.
-            return generic_encode(msg)
-        try:
-            entries = msg.append_requests
-            values = list(chain.from_iterable(map(entry_fields, entries)))
-            return _append_request_struct(len(entries)).pack(
-                *_APPEND_REQUEST_HEAD, msg.timeout_ms, 8, len(entries), *values)
-        except _ENCODE_ERRORS as exc:
-            raise encode_error(append_request_codec, msg, exc) from None
-
-    AppendRequest.to_flatbuffers = encode_append_request
-    entry_struct = _STRUCT_CODEC_FMT
-
-    def read_append_request(buf: Any, size: int, state: _State) -> Any:
-        if size < 32:
-            return None
-        head = _APPEND_REQUEST_READ.unpack_from(buf, 0)
-        if head[:6] != _APPEND_REQUEST_HEAD or head[7] != 8:
-            return None
-        n = head[8]
-        if 32 + 16 * n > size:
-            return None  # the generic reader names the problem
-        entries = list(starmap(AppendEntry, entry_struct.iter_unpack(buf[32:32 + 16 * n])))
-        return AppendRequest(head[6], entries)
-
-    append_request_codec.fast_root = read_append_request
-
-    for root_name, item_name, second_is_status in (
-            ("AppendResponse", "AppendResult", True),
-            ("FetchResponse", "FetchResult", True),
-            ("FetchRequest", "FetchEntry", False)):
-        root_codec = codecs[root_name]
-        items = _Items(codecs[item_name], OK)
-        root_codec.fields[2].reader = items.read_vector
-        encoder = _RootWithItems(root_codec, items, second_is_status, codecs["Status"])
-        root_codec.cls.to_flatbuffers = _method(encoder.encode)
-        root_codec.fast_root = encoder.read_root
-
-
-def _method(encode: Any) -> Any:
-    def to_flatbuffers(self: Any) -> bytes:
-        return encode(self)
-
-    to_flatbuffers.__doc__ = "This message as a FlatBuffers root table (hand-written layout)."
-    return to_flatbuffers

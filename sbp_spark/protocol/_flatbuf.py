@@ -1,9 +1,12 @@
-"""A FlatBuffers encoder and verifying decoder driven by field declarations.
+"""A FlatBuffers encoder and verifying decoder built from the schemas' generated tables.
 
-``messages`` declares each table as a dataclass plus the wire type of every field (in slot
-order); this module turns those declarations into ``Codec`` objects that write and read the
-standard FlatBuffers binary format, byte-compatible with the code flatc generates from
-``schemas/*.fbs`` (tests cross-check both directions).
+``_generated/wire_tables.py`` (made by schemas/generate.py from flatc's parse of
+``schemas/*.fbs``) gives every table's fields with their ids, types and defaults, and every
+struct's layout. ``build_codecs`` joins those with the dataclasses of ``messages`` into
+``Codec`` objects that write and read the standard FlatBuffers binary format, byte-compatible
+with the code flatc generates (tests cross-check both directions). It refuses to build when a
+dataclass and its table disagree (names, order, scalar defaults, enum numbers), so the schema,
+the tables and the classes cannot drift apart.
 
 Why not the generated code: the pure-Python FlatBuffers runtime trusts its input (a bad offset
 raises IndexError or struct.error, a huge vector length makes a loop run for ever) and has no
@@ -16,13 +19,19 @@ Layout written by the encoder (any valid layout is accepted by the decoder): the
 then each table's vtable followed by the table, then the table's strings, vectors and child
 tables, in field order. Children always follow their parent, so every unsigned offset points
 forward as the format requires. Scalars equal to their default, empty strings, empty vectors
-and absent tables are left out, as flatc's builders do.
+and absent tables are left out, as flatc's builders do; a table field the schema marks
+``required`` (every ``status``) is always written.
+
+A message class picks its codec with ``CODEC_TYPE`` (``Codec`` unless it says otherwise):
+``_fastpath`` holds the hand-written layouts of the data path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
+from enum import IntEnum
 from itertools import starmap
 from typing import Any
 
@@ -37,11 +46,12 @@ _VT_HEAD = struct.Struct("<HH")
 _SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "q": 8, "Q": 8}
 _RANGES = {
     "b": (-(1 << 7), (1 << 7) - 1),
+    "B": (0, (1 << 8) - 1),
     "h": (-(1 << 15), (1 << 15) - 1),
     "i": (-(1 << 31), (1 << 31) - 1),
     "q": (-(1 << 63), (1 << 63) - 1),
 }
-_FBS_NAMES = {"b": "byte", "?": "bool", "h": "short", "i": "int", "q": "long"}
+_FBS_NAMES = {"b": "byte", "B": "ubyte", "?": "bool", "h": "short", "i": "int", "q": "long"}
 
 # Decoding may visit at most this many bytes per byte of input (plus a constant). An honest
 # buffer visits each byte about once; the factor leaves room for shared strings.
@@ -51,45 +61,17 @@ BUDGET_BASE = 4096
 MAX_CACHED_PLANS = 64
 
 
-class Scalar:
-    """A scalar wire type: struct format character, optional enum converter."""
-
-    __slots__ = ("fmt", "convert")
-
-    def __init__(self, fmt: str, convert: Callable[[int], Any] | None = None) -> None:
-        self.fmt = fmt
-        self.convert = convert
+# Struct formats of the schema's scalar types (the codec supports these; generate.py names them).
+SCALAR_FORMATS = {"bool": "?", "byte": "b", "ubyte": "B", "short": "h", "int": "i",
+                  "long": "q"}
 
 
-class Ref:
-    """A reference to another declared type (by name, resolved when codecs are built)."""
-
-    __slots__ = ("kind", "target")
-
-    def __init__(self, kind: int, target: str | Scalar | None = None) -> None:
-        self.kind = kind
-        self.target = target
+class SchemaMismatch(RuntimeError):
+    """A message class and the generated schema tables disagree (names, order, defaults...)."""
 
 
-BYTE, BOOL, SHORT, INT, LONG = Scalar("b"), Scalar("?"), Scalar("h"), Scalar("i"), Scalar("q")
-STRING_T = Ref(STRING)
-BYTES_T = Ref(BYTES)
-
-
-def enum(base: Scalar, convert: Callable[[int], Any]) -> Scalar:
-    """A scalar whose decoded value goes through ``convert`` (enum lookup keeping unknowns)."""
-    return Scalar(base.fmt, convert)
-
-
-def table(name: str) -> Ref:
-    return Ref(TABLE, name)
-
-
-def vector(item: str | Scalar) -> Ref:
-    """A vector of tables or structs (by name) or of scalars."""
-    if isinstance(item, Scalar):
-        return Ref(VEC_SCALAR, item)
-    return Ref(VEC_TABLE, item)  # becomes VEC_STRUCT when the name is a struct
+# A table field that must always be written compares unequal to every value.
+_NEVER_OMIT = object()
 
 
 class Field:
@@ -113,48 +95,90 @@ class Field:
         self.sub = sub
         self.convert = convert
         self.qualname = f"{owner}.{name}"
-        # Reads the field's target (offset kinds); _fastpath replaces it for hot vectors.
-        self.reader: Callable[..., Any] | None = None
+        # Reads the field's target (offset kinds; set when codecs are linked); a codec may
+        # give a hot vector its own.
+        self.reader: Callable[..., Any] = _unlinked
+
+
+def _unlinked(*args: Any) -> Any:
+    raise AssertionError("a field was read before build_codecs linked its reader")
 
 
 class StructCodec:
     """A FlatBuffers struct: fixed little-endian layout, no vtable."""
 
-    __slots__ = ("name", "cls", "struct", "align", "names", "getter")
+    __slots__ = ("name", "cls", "struct", "align", "names", "formats", "getter")
 
     def __init__(self, cls: type, fmt: str, align: int) -> None:
         self.name = cls.__name__
         self.cls = cls
         self.struct = struct.Struct("<" + fmt)
         self.align = align
-        self.names = tuple(cls.__dataclass_fields__)
+        self.names = tuple(f.name for f in dataclasses.fields(cls))
+        # Each field's own format, in order (``fmt`` may also hold padding).
+        self.formats = [c for c in fmt if c.isalpha() and c != "x"]
         self.getter = _tuple_getter(list(self.names))
+
+    @classmethod
+    def from_schema(cls, name: str, msg_cls: type, spec: tuple) -> StructCodec:
+        """The codec of struct ``name`` with the layout ``spec`` (alignment, size, fields)."""
+        align, size, fields = spec
+        names = [f[0] for f in fields]
+        declared = list(getattr(msg_cls, "__dataclass_fields__", ()))
+        if declared != names:
+            raise SchemaMismatch(f"struct {name}: the class declares fields {declared}, the "
+                                 f"schema {names}")
+        fmt, pos = [], 0
+        for fname, ftype, offset in fields:
+            if ftype not in SCALAR_FORMATS:
+                raise SchemaMismatch(f"struct {name}.{fname}: type {ftype} is not supported")
+            if offset > pos:
+                fmt.append(f"{offset - pos}x")
+            fmt.append(SCALAR_FORMATS[ftype])
+            pos = offset + _SIZES[SCALAR_FORMATS[ftype]]
+        if size > pos:
+            fmt.append(f"{size - pos}x")
+        return cls(msg_cls, "".join(fmt), align)
 
 
 class _Plan:
     """How to read tables that use one particular vtable."""
 
     __slots__ = ("tbl_len", "template", "factories", "groups", "converts", "refs")
+    tbl_len: int
+    template: list[Any]  # each field's value when absent
+    factories: list[tuple[int, Callable[[], Any]]]  # absent fields that get a fresh default
+    groups: list[tuple[int, struct.Struct, list[int]]]  # scalar runs: start, struct, fields
+    converts: list[tuple[int, Callable[[int], Any]]]  # enum fields
+    refs: list[tuple[int, int, Field]]  # offset fields: index, offset in the table, field
 
 
 class _Layout:
     """How to write a table with one particular set of present fields."""
 
     __slots__ = ("vtable", "tbl_len", "align", "struct", "scalar_order", "refs")
+    vtable: bytes
+    tbl_len: int
+    align: int
+    struct: struct.Struct  # the soffset and every present scalar, in offset order
+    scalar_order: list[int]  # for each scalar of that struct, its index among present values
+    refs: list[tuple[int, Field, int]]  # offset fields: present index, field, offset
 
 
 class Codec:
-    """Encoder and decoder for one table type."""
+    """Encoder and decoder for one table type: the generic one, for any table of the schemas.
+
+    Subclasses (``_fastpath``) write one fixed layout of their table and read it back in
+    fewer steps, overriding ``encode`` and ``read_root``; any other layout goes through the
+    generic code.
+    """
 
     def __init__(self, cls: type, fields: list[Field]) -> None:
         self.name = cls.__name__
         self.cls = cls
         self.index = 0  # position among all codecs, set by build_codecs
-        # Optional cross-field rule: returns why an instance is invalid, or None.
-        self.check: Callable[[Any], str | None] | None = None
-        # Optional reader for one known root layout: (buf, size, state) -> object, or None
-        # when the buffer is laid out differently (then the generic reader runs).
-        self.fast_root: Callable[[Any, int, _State], Any] | None = None
+        # Optional cross-field rule of the class (``_problem``): why an instance is invalid.
+        self.check: Callable[[Any], str | None] | None = getattr(cls, "_problem", None)
         self.fields = fields
         self.nslots = len(fields)
         names = [f.name for f in fields]
@@ -265,11 +289,7 @@ class Codec:
             raise HeaderError(f"{self.name}: {size} bytes cannot hold a FlatBuffers table")
         state = _State(size)
         try:
-            if self.fast_root is not None:
-                obj = self.fast_root(buf, size, state)
-                if obj is not None:
-                    return obj
-            return self.read(buf, size, _U32.unpack_from(buf, 0)[0], state)
+            return self.read_root(buf, size, state)
         except HeaderError as exc:
             raise HeaderError(f"{self.name}: {exc}") from None
         except (struct.error, IndexError, ValueError, TypeError, OverflowError,
@@ -277,6 +297,14 @@ class Codec:
             # Every bound is checked first; this is a safety net that keeps the promise that
             # malformed input only ever raises HeaderError.
             raise HeaderError(f"{self.name}: malformed header ({exc})") from None
+
+    def link(self, codecs: dict[str, Codec]) -> None:
+        """Called once every codec exists (and its fields are resolved): a subclass prepares
+        what its layout needs from the codecs it nests."""
+
+    def read_root(self, buf: Any, size: int, state: _State) -> Any:
+        """Read the root table of a whole header (``decode`` checks and wraps errors)."""
+        return self.read(buf, size, _U32.unpack_from(buf, 0)[0], state)
 
     def read(self, buf: Any, size: int, tpos: int, state: _State) -> Any:
         if tpos + 4 > size:
@@ -462,9 +490,9 @@ def _read_vec_struct(buf: Any, size: int, pos: int, f: Field, state: _State) -> 
     return list(starmap(sc.cls, sc.struct.iter_unpack(buf[pos + 4:pos + 4 + n * item])))
 
 
-_READERS = {STRING: _read_string, BYTES: _read_bytes, TABLE: _read_table,
-            VEC_TABLE: _read_vec_table, VEC_SCALAR: _read_vec_scalar,
-            VEC_STRUCT: _read_vec_struct}
+_READERS: dict[int, Callable[..., Any]] = {
+    STRING: _read_string, BYTES: _read_bytes, TABLE: _read_table, VEC_TABLE: _read_vec_table,
+    VEC_SCALAR: _read_vec_scalar, VEC_STRUCT: _read_vec_struct}
 
 
 def _align_for_vector(out: bytearray, elem_align: int) -> int:
@@ -529,9 +557,9 @@ def _write_vec_struct(out: bytearray, f: Field, v: list) -> int:
     return pos
 
 
-_WRITERS = {STRING: _write_string, BYTES: _write_bytes, TABLE: _write_table,
-            VEC_TABLE: _write_vec_table, VEC_SCALAR: _write_vec_scalar,
-            VEC_STRUCT: _write_vec_struct}
+_WRITERS: dict[int, Callable[..., int]] = {
+    STRING: _write_string, BYTES: _write_bytes, TABLE: _write_table, VEC_TABLE: _write_vec_table,
+    VEC_SCALAR: _write_vec_scalar, VEC_STRUCT: _write_vec_struct}
 
 
 def check_value(qualname: str, fmt: str, value: Any) -> str | None:
@@ -548,47 +576,39 @@ def check_value(qualname: str, fmt: str, value: Any) -> str | None:
 
 def find_problem(codec: Codec | StructCodec, obj: Any, path: str) -> str | None:
     """Name the first field of ``obj`` (recursively) that cannot be encoded."""
-    if isinstance(codec, StructCodec):
-        if not isinstance(obj, codec.cls):
-            return f"{path} is a {type(obj).__name__}, not a {codec.name}"
-        fmts = codec.struct.format.lstrip("<")
-        for name, fmt in zip(codec.names, fmts, strict=True):
-            problem = check_value(f"{path}.{name}", fmt, getattr(obj, name))
-            if problem:
-                return problem
-        return None
     if not isinstance(obj, codec.cls):
         return f"{path} is a {type(obj).__name__}, not a {codec.name}"
-    for f in codec.fields:
-        v = getattr(obj, f.name)
-        where = f"{path}.{f.name}"
-        if f.kind == SCALAR:
-            problem = check_value(where, f.fmt, v)
-        elif f.kind == STRING:
-            if not isinstance(v, str):
-                problem = f"{where} is a {type(v).__name__}, not a str"
-            else:
-                try:
-                    v.encode("utf-8")
-                    problem = None
-                except UnicodeEncodeError as exc:
-                    problem = f"{where} cannot be encoded as UTF-8 ({exc.reason})"
-        elif f.kind == BYTES:
-            problem = None if isinstance(v, (bytes, bytearray, memoryview)) else \
-                f"{where} is a {type(v).__name__}, not bytes"
-        elif f.kind == TABLE:
-            problem = None if v is None else find_problem(f.sub, v, where)
-        elif not isinstance(v, list):
-            problem = f"{where} is a {type(v).__name__}, not a list"
-        elif f.kind == VEC_SCALAR:
-            problem = next((p for i, x in enumerate(v)
-                            if (p := check_value(f"{where}[{i}]", f.fmt, x))), None)
-        else:
-            problem = next((p for i, x in enumerate(v)
-                            if (p := find_problem(f.sub, x, f"{where}[{i}]"))), None)
-        if problem:
-            return problem
-    return None
+    if isinstance(codec, StructCodec):
+        return next((p for name, fmt in zip(codec.names, codec.formats, strict=True)
+                     if (p := check_value(f"{path}.{name}", fmt, getattr(obj, name)))), None)
+    return next((p for f in codec.fields
+                 if (p := _field_problem(f, getattr(obj, f.name), f"{path}.{f.name}"))), None)
+
+
+def _field_problem(f: Field, v: Any, where: str) -> str | None:
+    """Why ``v`` cannot be encoded as field ``f`` (None if it can)."""
+    if f.kind == SCALAR:
+        return check_value(where, f.fmt, v)
+    if f.kind == STRING:
+        if not isinstance(v, str):
+            return f"{where} is a {type(v).__name__}, not a str"
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where} cannot be encoded as UTF-8 ({exc.reason})"
+        return None
+    if f.kind == BYTES:
+        return None if isinstance(v, (bytes, bytearray, memoryview)) else \
+            f"{where} is a {type(v).__name__}, not bytes"
+    if f.kind == TABLE:
+        return None if v is None else find_problem(f.sub, v, where)
+    if not isinstance(v, list):
+        return f"{where} is a {type(v).__name__}, not a list"
+    if f.kind == VEC_SCALAR:
+        return next((p for i, x in enumerate(v)
+                     if (p := check_value(f"{where}[{i}]", f.fmt, x))), None)
+    return next((p for i, x in enumerate(v)
+                 if (p := find_problem(f.sub, x, f"{where}[{i}]"))), None)
 
 
 def encode_error(codec: Codec, obj: Any, exc: Exception) -> Exception:
@@ -601,56 +621,113 @@ def encode_error(codec: Codec, obj: Any, exc: Exception) -> Exception:
     return ValueError(f"cannot encode {codec.name}: {problem}")
 
 
-def build_codecs(specs: dict[str, tuple[type, tuple]],
-                 structs: dict[str, StructCodec]) -> dict[str, Codec]:
-    """Resolve every table's declared wire types (``specs``: name -> (class, types in slot
-    order)) into codecs, linking nested references by name."""
-    import dataclasses
+def build_codecs(schema: Any, classes: dict[str, type],
+                 enums: dict[str, type[IntEnum]]) -> dict[str, Codec]:
+    """Codecs for every table of ``schema`` (the generated ``wire_tables`` module: TABLES,
+    STRUCTS, ENUMS), each bound to the dataclass of the same name in ``classes``; ``enums``
+    gives the Python enum of each schema enum (decoded fields become its members).
 
+    Raises ``SchemaMismatch`` naming the class and field when a class and its table disagree.
+    A class chooses a codec type with a ``CODEC_TYPE`` attribute (default ``Codec``).
+    """
+    enum_types = {name: _enum_converter(name, spec, enums.get(name))
+                  for name, spec in schema.ENUMS.items()}
+    structs = {name: StructCodec.from_schema(name, _class_for(name, classes), spec)
+               for name, spec in schema.STRUCTS.items()}
+    extra = set(classes) - set(schema.TABLES) - set(schema.STRUCTS)
+    if extra:
+        raise SchemaMismatch(f"no schema table for the message classes {sorted(extra)}")
     codecs: dict[str, Codec] = {}
-    pending: list[tuple[Codec, list[tuple[Field, str | None]]]] = []
-    for index, (name, (cls, types)) in enumerate(specs.items()):
+    links: list[tuple[Field, str]] = []
+    for index, (name, spec) in enumerate(schema.TABLES.items()):
+        cls = _class_for(name, classes)
         dc_fields = dataclasses.fields(cls)
-        if len(dc_fields) != len(types):
-            raise AssertionError(f"{name}: {len(dc_fields)} fields but {len(types)} wire types")
+        names = [f[0] for f in spec]
+        if [f.name for f in dc_fields] != names:
+            raise SchemaMismatch(f"{name}: the class declares fields "
+                                 f"{[f.name for f in dc_fields]}, the schema (in id order) "
+                                 f"{names}")
         fields = []
-        links = []
-        for slot, (dcf, t) in enumerate(zip(dc_fields, types, strict=True)):
-            factory = None
-            omit_value = None
-            if dcf.default is not dataclasses.MISSING:
-                # Immutable: absent fields share it (Status() is frozen).
-                default = omit_value = dcf.default
-            elif dcf.default_factory is not dataclasses.MISSING:
-                # Mutable: absent fields get a new one; a table equal to it is left out.
-                default, factory = None, dcf.default_factory
-                omit_value = factory()
-            else:
-                raise AssertionError(f"{name}.{dcf.name} needs a default")
-            if isinstance(t, Scalar):
-                fields.append(Field(name, dcf.name, slot, SCALAR, t.fmt, default, None, None,
-                                    None, t.convert))
-                links.append(None)
-                continue
-            kind, target = t.kind, t.target
-            if kind == VEC_SCALAR:
-                fields.append(Field(name, dcf.name, slot, kind, target.fmt, default, factory,
-                                    None, None, target.convert))
-                links.append(None)
-                continue
-            if kind == VEC_TABLE and target in structs:
-                kind = VEC_STRUCT
-            fields.append(Field(name, dcf.name, slot, kind, "I", default, factory, omit_value,
-                                None, None))
-            links.append(target)
-        codec = Codec(cls, fields)
+        for dcf, (_, fid, ftype, fdefault, required) in zip(dc_fields, spec, strict=True):
+            f = _field(name, dcf, fid, ftype, fdefault, required, enum_types, structs,
+                       schema.TABLES)
+            fields.append(f)
+            if f.kind not in (SCALAR, STRING, BYTES, VEC_SCALAR):
+                links.append((f, ftype.strip("[]")))
+        codec = getattr(cls, "CODEC_TYPE", Codec)(cls, fields)
         codec.index = index
         codecs[name] = codec
-        pending.append((codec, links))
-    for codec, links in pending:
-        for f, target in zip(codec.fields, links, strict=True):
-            if target is not None:
-                f.sub = structs[target] if f.kind == VEC_STRUCT else codecs[target]
+    for f, target in links:
+        f.sub = structs[target] if f.kind == VEC_STRUCT else codecs[target]
+    for codec in codecs.values():
+        for f in codec.fields:
             if f.kind != SCALAR:
                 f.reader = _READERS[f.kind]
+    for codec in codecs.values():
+        codec.link(codecs)
     return codecs
+
+
+def _class_for(name: str, classes: dict[str, type]) -> type:
+    cls = classes.get(name)
+    if cls is None:
+        raise SchemaMismatch(f"the schemas declare {name}, but no message class has that name")
+    return cls
+
+
+def _enum_converter(name: str, spec: tuple, py_enum: type[IntEnum] | None
+                    ) -> tuple[str, Callable[[int], Any]]:
+    """The enum's underlying type, and its converter: decoded numbers become members of
+    ``py_enum`` when known, else stay ints (a newer peer may send values this version does
+    not know)."""
+    underlying, members = spec
+    if py_enum is None:
+        raise SchemaMismatch(f"no Python enum given for the schema enum {name}")
+    ours = {m.name: int(m) for m in py_enum}
+    if ours != members:
+        raise SchemaMismatch(f"enum {name}: {py_enum.__qualname__} has {ours}, the schema "
+                             f"{members}")
+    by_value = {int(m): m for m in py_enum}
+    return underlying, lambda v: by_value.get(v, v)
+
+
+def _field(owner: str, dcf: dataclasses.Field, slot: int, ftype: str, schema_default: Any,
+           required: bool, enums: dict[str, tuple[str, Callable[[int], Any]]],
+           structs: dict[str, StructCodec], tables: dict[str, tuple]) -> Field:
+    """One table field from its schema entry and its dataclass field (checked to agree)."""
+    where = f"{owner}.{dcf.name}"
+    factory = None
+    if dcf.default is not dataclasses.MISSING:
+        # Immutable: absent fields share it (Status() is frozen).
+        default = omit_value = dcf.default
+    elif dcf.default_factory is not dataclasses.MISSING:
+        # Mutable: absent fields get a new one; a table equal to it is left out.
+        default, factory = None, dcf.default_factory
+        omit_value = factory()
+    else:
+        raise SchemaMismatch(f"{where} needs a default")
+    vector = ftype.startswith("[")
+    base = ftype.strip("[]")
+    convert = None
+    if base in enums:
+        base, convert = enums[base]
+    if base in SCALAR_FORMATS:
+        fmt = SCALAR_FORMATS[base]
+        if vector and fmt == "B" and convert is None:
+            return Field(owner, dcf.name, slot, BYTES, "I", default, factory, None, None, None)
+        if vector:
+            return Field(owner, dcf.name, slot, VEC_SCALAR, fmt, default, factory, None, None,
+                         convert)
+        if factory is not None or default != schema_default or \
+                isinstance(default, bool) != (fmt == "?"):
+            raise SchemaMismatch(f"{where}: the class's default is {default!r}, the schema's "
+                                 f"{schema_default!r}")
+        return Field(owner, dcf.name, slot, SCALAR, fmt, default, None, None, None, convert)
+    if ftype == "string":
+        return Field(owner, dcf.name, slot, STRING, "I", default, factory, None, None, None)
+    if base not in structs and base not in tables:
+        raise SchemaMismatch(f"{where}: type {ftype} is not supported by the codec")
+    kind = (VEC_STRUCT if base in structs else VEC_TABLE) if vector else TABLE
+    if required:
+        omit_value = _NEVER_OMIT
+    return Field(owner, dcf.name, slot, kind, "I", default, factory, omit_value, None, None)

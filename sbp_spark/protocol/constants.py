@@ -1,4 +1,4 @@
-"""Fixed numbers of the SBP wire format (see WIRE.md sections 1-3 and 6)."""
+"""Fixed numbers of the SBP wire format (docs/wire.md: Framing, Limits, Opcodes and roles)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ class Opcode(IntEnum):
 
 
 KNOWN_OPCODES = frozenset(int(op) for op in Opcode)
+
+
+def opcode_name(opcode: int) -> str:
+    """``APPEND`` for a known opcode, ``opcode 0x7777`` for any other (for messages)."""
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"opcode {opcode:#06x}"
 
 
 class Flags(IntFlag):

@@ -1,9 +1,11 @@
 """The project's one error tree, shared by the client, the server and the connector.
 
-Every failure a caller can see is an ``SbpError``. Server answers carry an ``ErrorCode``; each
-code knows whether a retry may succeed (``retriable``) and whether the caller must refresh
-placement from the PD first (``invalid_metadata``). Retry logic reads these flags, never lists
-of numbers.
+Every failure a caller can see is an ``SbpError``. Each error says whether a retry may succeed
+(``retriable``) and whether the caller must refresh placement from the PD first
+(``invalid_metadata``): transport failures and timeouts set both, server answers take them from
+their ``ErrorCode`` (one class per code, written out below). Retry logic reads these flags,
+never lists of classes or numbers. Timeouts come in three kinds, like httpcore's: connect, read
+and write, all ``SbpTimeoutError``.
 """
 
 from __future__ import annotations
@@ -38,55 +40,32 @@ class ErrorCode(IntEnum):
 
     @property
     def retriable(self) -> bool:
-        return _CODE_INFO[self][0]
+        """Whether a retry may succeed (the flag of this code's error class)."""
+        return self is not ErrorCode.NONE and _BY_CODE[self].retriable
 
     @property
     def invalid_metadata(self) -> bool:
-        return _CODE_INFO[self][1]
+        """Whether the caller must refresh placement from the PD before retrying."""
+        return self is not ErrorCode.NONE and _BY_CODE[self].invalid_metadata
 
     @property
     def meaning(self) -> str:
-        return _CODE_INFO[self][2]
-
-
-# code -> (retriable, invalid_metadata, meaning)
-_CODE_INFO: dict[ErrorCode, tuple[bool, bool, str]] = {
-    ErrorCode.NONE: (False, False, "success"),
-    ErrorCode.UNKNOWN: (False, False, "unexpected server error"),
-    ErrorCode.INVALID_REQUEST: (
-        False, False, "the request is malformed or a field is out of bounds"),
-    ErrorCode.UNSUPPORTED_VERSION: (False, False, "the request's version is not supported"),
-    ErrorCode.PD_NOT_LEADER: (
-        True, True, "this PD node is not the leader; the detail names the cluster and its leader"),
-    ErrorCode.STREAM_NOT_FOUND: (False, False, "the stream does not exist or was deleted"),
-    ErrorCode.RANGE_NOT_FOUND: (True, True, "the range is unknown to this server"),
-    ErrorCode.RANGE_SEALED: (
-        True, True, "the range is sealed; the stream continues in a new range"),
-    ErrorCode.NOT_PRIMARY: (True, True, "this server is not the primary of the range"),
-    ErrorCode.OFFSET_OUT_OF_RANGE: (
-        False, False, "the offset is below the stream's start (trimmed) or beyond its end"),
-    ErrorCode.PAYLOAD_TOO_LARGE: (False, False, "a frame, batch or list exceeds a limit"),
-    ErrorCode.THROTTLED: (True, False, "the server is busy; wait throttle_time_ms and retry"),
-    ErrorCode.CHECKSUM_MISMATCH: (True, False, "the frame's payload checksum did not match"),
-    ErrorCode.REQUEST_TIMEOUT: (True, False, "the server could not finish within the timeout"),
-    ErrorCode.NOT_ENOUGH_SERVERS: (
-        True, False, "fewer live range servers than the replicas asked for"),
-    ErrorCode.STORAGE_FULL: (True, False, "the server's disk is full or not writable"),
-    ErrorCode.SHUTTING_DOWN: (True, True, "the server is shutting down"),
-    ErrorCode.REPLICATION_FAILED: (True, True, "a replica did not store the data"),
-    ErrorCode.TOO_MANY_REQUESTS: (True, False, "too many requests in flight on this connection"),
-    ErrorCode.STREAM_ALREADY_EXISTS: (False, False, "the stream already exists"),
-    # Retriable in the sense "another replica may hold a sound copy": asking the same server
-    # again returns the same bad bytes, so readers move to the next replica at once and give
-    # up when every replica reported the same offset corrupt.
-    ErrorCode.DATA_CORRUPT: (
-        True, False, "this server's stored copy fails its checksum at the offset named in the "
-                     "message; read it from another replica"),
-}
+        """What the code says, in one line (the docstring of its error class)."""
+        if self is ErrorCode.NONE:
+            return "success"
+        return " ".join((_BY_CODE[self].__doc__ or self.name).split())
 
 
 class SbpError(Exception):
-    """Root of every error this package raises on purpose."""
+    """Root of every error this package raises on purpose.
+
+    ``retriable``: trying the same operation again may succeed (retry loops read this flag).
+    ``invalid_metadata``: the caller's idea of where things live may be stale; refresh it (ask
+    the PD again) before retrying.
+    """
+
+    retriable: bool = False
+    invalid_metadata: bool = False
 
 
 class ProtocolError(SbpError):
@@ -100,6 +79,10 @@ class FrameError(ProtocolError):
 class ChecksumError(ProtocolError):
     """A frame's payload does not match its CRC-32 trailer."""
 
+    # A corrupted answer is worth asking for again; other malformed answers would come back
+    # the same.
+    retriable = True
+
 
 class HeaderError(ProtocolError):
     """An extended header that does not parse as the opcode's table."""
@@ -112,9 +95,28 @@ class BatchFormatError(ProtocolError):
 class TransportError(SbpError):
     """The connection failed (refused, reset, closed by the peer)."""
 
+    # The next attempt opens a new connection; the server may have moved meanwhile.
+    retriable = True
+    invalid_metadata = True
+
 
 class SbpTimeoutError(SbpError):
-    """A connect, request or idle timeout expired."""
+    """A connect, read or write timeout expired (catch this for any of them)."""
+
+    retriable = True
+    invalid_metadata = True
+
+
+class ConnectTimeoutError(SbpTimeoutError):
+    """Connecting (TCP, then the TLS handshake) took longer than the connect timeout."""
+
+
+class ReadTimeoutError(SbpTimeoutError):
+    """No answer (or no further frame of one) arrived within the request timeout."""
+
+
+class WriteTimeoutError(SbpTimeoutError):
+    """Sending made no progress within the request timeout (the peer stopped reading)."""
 
 
 class ReplicaBehindError(SbpError):
@@ -122,41 +124,56 @@ class ReplicaBehindError(SbpError):
     learned that every replica stored those records (or lost them). Another replica, or this
     one a little later, can serve them."""
 
+    retriable = True
+
 
 class HistoryRewrittenError(SbpError):
     """A range ended below an offset a reader had been told it holds (or had read up to): the
     records between its end and that offset are not part of the stream. Our cluster never
     does this (docs/reliability.md); a reader that meets it must not go on as if nothing
-    happened."""
+    happened. ``for_range`` builds one with its fields."""
 
-    def __init__(self, stream_id: int, range_index: int, end_offset: int, expected: int,
-                 what: str = "") -> None:
-        self.stream_id = stream_id
-        self.range_index = range_index
-        self.end_offset = end_offset
-        self.expected = expected
-        self.what = what
-        super().__init__(
-            f"stream {stream_id}: range {range_index} was sealed at offset {end_offset}, below "
-            f"offset {expected} {what or 'that the reader was told it holds'}; its records "
-            f"[{end_offset}, {expected}) are not part of the stream")
+    stream_id = -1
+    range_index = -1
+    end_offset = -1
+    expected = -1
 
-    def __reduce__(self):
-        return (type(self), (self.stream_id, self.range_index, self.end_offset, self.expected,
-                             self.what))
+    @classmethod
+    def for_range(cls, stream_id: int, range_index: int, end_offset: int, expected: int
+                  ) -> HistoryRewrittenError:
+        exc = cls(f"stream {stream_id}: range {range_index} was sealed at offset {end_offset}, "
+                  f"below offset {expected} that the reader was told it holds; its records "
+                  f"[{end_offset}, {expected}) are not part of the stream")
+        exc.stream_id, exc.range_index = stream_id, range_index
+        exc.end_offset, exc.expected = end_offset, expected
+        return exc
 
 
 class ServerError(SbpError):
-    """A response status with a non-zero code."""
+    """A response status with a non-zero code.
+
+    ``code`` is the status code (an ``ErrorCode``, or a plain int for a code this version does
+    not know); ``retriable`` and ``invalid_metadata`` follow it. ``str()`` is ``"NAME:
+    message"``; ``message`` and ``detail`` are the server's own.
+    """
 
     code: int = ErrorCode.UNKNOWN
+    # The wait the server asked for with this answer (set by the client; retries honour it).
+    throttle_time_ms: int = 0
 
     def __init__(self, message: str = "", code: int | None = None, detail: bytes = b"") -> None:
-        if code is not None:
-            self.code = code
+        self.code = self.code if code is None else code
         self.message = message
         self.detail = detail
+        known = _BY_CODE.get(self.code)  # the flags follow the code, whatever the class
+        self.retriable = known.retriable if known is not None else False
+        self.invalid_metadata = known.invalid_metadata if known is not None else False
         super().__init__(self._describe())
+
+    def __reduce__(self) -> tuple:
+        # Rebuild from the server's own words: the default (the formatted args) would put the
+        # code's name in front of the message a second time. Spark pickles executor errors.
+        return (type(self), (self.message, self.code, self.detail), self.__dict__)
 
     def _describe(self) -> str:
         try:
@@ -167,20 +184,11 @@ class ServerError(SbpError):
 
     @property
     def error_code(self) -> ErrorCode | None:
+        """The code as an ``ErrorCode``, or None for a code this version does not know."""
         try:
             return ErrorCode(self.code)
         except ValueError:
             return None
-
-    @property
-    def retriable(self) -> bool:
-        ec = self.error_code
-        return ec.retriable if ec is not None else False
-
-    @property
-    def invalid_metadata(self) -> bool:
-        ec = self.error_code
-        return ec.invalid_metadata if ec is not None else False
 
     @staticmethod
     def for_status(code: int, message: str = "", detail: bytes = b"") -> ServerError:
@@ -189,36 +197,153 @@ class ServerError(SbpError):
         return cls(message, code=code, detail=detail)
 
 
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
+# One class per code, so callers can catch exactly the failures they handle. The docstring is
+# the code's meaning; the flags say what a caller may do about it.
 
 
-_BY_CODE: dict[int, type[ServerError]] = {}
-for _code in ErrorCode:
-    if _code is ErrorCode.NONE:
-        continue
-    _cls = type(_camel(_code.name) + "Error", (ServerError,), {"code": _code,
-                                                               "__doc__": _code.meaning})
-    _BY_CODE[_code] = _cls
+class UnknownError(ServerError):
+    """Unexpected server error."""
 
-# Names for the classes made above, so callers and type checkers can import them.
-UnknownError = _BY_CODE[ErrorCode.UNKNOWN]
-InvalidRequestError = _BY_CODE[ErrorCode.INVALID_REQUEST]
-UnsupportedVersionError = _BY_CODE[ErrorCode.UNSUPPORTED_VERSION]
-PdNotLeaderError = _BY_CODE[ErrorCode.PD_NOT_LEADER]
-StreamNotFoundError = _BY_CODE[ErrorCode.STREAM_NOT_FOUND]
-RangeNotFoundError = _BY_CODE[ErrorCode.RANGE_NOT_FOUND]
-RangeSealedError = _BY_CODE[ErrorCode.RANGE_SEALED]
-NotPrimaryError = _BY_CODE[ErrorCode.NOT_PRIMARY]
-OffsetOutOfRangeError = _BY_CODE[ErrorCode.OFFSET_OUT_OF_RANGE]
-PayloadTooLargeError = _BY_CODE[ErrorCode.PAYLOAD_TOO_LARGE]
-ThrottledError = _BY_CODE[ErrorCode.THROTTLED]
-ChecksumMismatchError = _BY_CODE[ErrorCode.CHECKSUM_MISMATCH]
-RequestTimeoutError = _BY_CODE[ErrorCode.REQUEST_TIMEOUT]
-NotEnoughServersError = _BY_CODE[ErrorCode.NOT_ENOUGH_SERVERS]
-StorageFullError = _BY_CODE[ErrorCode.STORAGE_FULL]
-ShuttingDownError = _BY_CODE[ErrorCode.SHUTTING_DOWN]
-ReplicationFailedError = _BY_CODE[ErrorCode.REPLICATION_FAILED]
-TooManyRequestsError = _BY_CODE[ErrorCode.TOO_MANY_REQUESTS]
-StreamAlreadyExistsError = _BY_CODE[ErrorCode.STREAM_ALREADY_EXISTS]
-DataCorruptError = _BY_CODE[ErrorCode.DATA_CORRUPT]
+    code = ErrorCode.UNKNOWN
+
+
+class InvalidRequestError(ServerError):
+    """The request is malformed or a field is out of bounds."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UnsupportedVersionError(ServerError):
+    """The request's version is not supported."""
+
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class PdNotLeaderError(ServerError):
+    """This PD node is not the leader; the detail names the cluster and its leader."""
+
+    code = ErrorCode.PD_NOT_LEADER
+    retriable = True
+    invalid_metadata = True
+
+
+class StreamNotFoundError(ServerError):
+    """The stream does not exist or was deleted."""
+
+    code = ErrorCode.STREAM_NOT_FOUND
+
+
+class RangeNotFoundError(ServerError):
+    """The range is unknown to this server."""
+
+    code = ErrorCode.RANGE_NOT_FOUND
+    retriable = True
+    invalid_metadata = True
+
+
+class RangeSealedError(ServerError):
+    """The range is sealed; the stream continues in a new range."""
+
+    code = ErrorCode.RANGE_SEALED
+    retriable = True
+    invalid_metadata = True
+
+
+class NotPrimaryError(ServerError):
+    """This server is not the primary of the range."""
+
+    code = ErrorCode.NOT_PRIMARY
+    retriable = True
+    invalid_metadata = True
+
+
+class OffsetOutOfRangeError(ServerError):
+    """The offset is below the stream's start (trimmed) or beyond its end."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class PayloadTooLargeError(ServerError):
+    """A frame, batch or list exceeds a limit."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class ThrottledError(ServerError):
+    """The server is busy; wait throttle_time_ms and retry."""
+
+    code = ErrorCode.THROTTLED
+    retriable = True
+
+
+class ChecksumMismatchError(ServerError):
+    """The frame's payload checksum did not match."""
+
+    code = ErrorCode.CHECKSUM_MISMATCH
+    retriable = True
+
+
+class RequestTimeoutError(ServerError):
+    """The server could not finish within the timeout."""
+
+    code = ErrorCode.REQUEST_TIMEOUT
+    retriable = True
+
+
+class NotEnoughServersError(ServerError):
+    """Fewer live range servers than the replicas asked for."""
+
+    code = ErrorCode.NOT_ENOUGH_SERVERS
+    retriable = True
+
+
+class StorageFullError(ServerError):
+    """The server's disk is full or not writable."""
+
+    code = ErrorCode.STORAGE_FULL
+    retriable = True
+
+
+class ShuttingDownError(ServerError):
+    """The server is shutting down."""
+
+    code = ErrorCode.SHUTTING_DOWN
+    retriable = True
+    invalid_metadata = True
+
+
+class ReplicationFailedError(ServerError):
+    """A replica did not store the data."""
+
+    code = ErrorCode.REPLICATION_FAILED
+    retriable = True
+    invalid_metadata = True
+
+
+class TooManyRequestsError(ServerError):
+    """Too many requests in flight on this connection."""
+
+    code = ErrorCode.TOO_MANY_REQUESTS
+    retriable = True
+
+
+class StreamAlreadyExistsError(ServerError):
+    """The stream already exists."""
+
+    code = ErrorCode.STREAM_ALREADY_EXISTS
+
+
+class DataCorruptError(ServerError):
+    """This server's stored copy fails its checksum at the offset named in the message; read
+    it from another replica."""
+
+    code = ErrorCode.DATA_CORRUPT
+    # Retriable in the sense "another replica may hold a sound copy": asking the same server
+    # again returns the same bad bytes, so readers move to the next replica at once and give
+    # up when every replica reported the same offset corrupt.
+    retriable = True
+
+
+_BY_CODE: dict[int, type[ServerError]] = {
+    cls.code: cls for cls in ServerError.__subclasses__()
+}

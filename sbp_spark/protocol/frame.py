@@ -1,4 +1,5 @@
-"""SBP frames: encoding to buffer lists and an incremental, sans-IO decoder (WIRE.md 1, 2, 4).
+"""SBP frames: encoding to buffer lists and an incremental, sans-IO decoder (docs/wire.md:
+Framing, Checksum, Bad frames).
 
 Layout (big-endian)::
 
@@ -39,10 +40,10 @@ _PREFIX = struct.Struct(">IBHBIBBH")  # length, magic, opcode, flags, stream_id,
 _U32 = struct.Struct(">I")
 
 # Receive buffer for small frames and frame prefixes. Bodies of frames larger than this are read
-# straight into a buffer of their own; 256 KiB pieces measured fastest on loopback (PERF_NOTES).
+# straight into a buffer of their own; 256 KiB pieces measured fastest on loopback.
 RECEIVE_CHUNK = 256 * 1024
-# WIRE.md 4: frames with a wrong magic are skipped; a peer that keeps sending them is not
-# speaking SBP, so after this many the connection is given up.
+# Frames with a wrong magic are skipped (docs/wire.md, Bad frames); a peer that keeps sending
+# them is not speaking SBP, so after this many the connection is given up.
 MAX_BAD_MAGIC_FRAMES = 8
 
 

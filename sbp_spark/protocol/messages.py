@@ -8,13 +8,17 @@ their ``OPCODE``; ``REQUESTS`` and ``RESPONSES`` map opcodes to them, and ``requ
 ``response_frame``, ``system_error_frame``, ``decode_request`` and ``decode_response`` go
 between messages and frames.
 
-Field names are the specification's; defaults are the schema's. Scalars are Python ints (enum
-fields decode to the enum member when known, the plain int otherwise), strings are ``str``,
-byte vectors ``bytes``, vectors ``list``. An absent ``status`` is success (``Status()``), and
-optional nested tables are ``None`` when absent.
+Field names are the specification's; field ids, types and defaults are the schema's: the codec
+of every class is built from ``_generated/wire_tables.py`` (schemas/generate.py makes it from
+``schemas/*.fbs``), and building it fails, naming the field, if a class here disagrees with its
+table. Scalars are Python ints (enum fields decode to the enum member when known, the plain
+int otherwise), strings are ``str``, byte vectors ``bytes``, vectors ``list``. Every
+``status`` is written, success included; an absent one (from peers built on earlier schemas)
+reads as success (``OK``). Optional nested tables are ``None`` when absent.
 
-APPEND and FETCH headers travel once per data frame, so their four classes use hand-written
-codecs (``_fastpath``) that produce and accept the same bytes as the generic codec.
+APPEND and FETCH headers travel once per data frame, so their four classes declare hand-written
+codecs (``CODEC_TYPE``, from ``_fastpath``) that write one fixed layout of the same format and
+read any layout.
 """
 
 from __future__ import annotations
@@ -23,22 +27,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, TypeVar
 
-from . import _fastpath
-from ._flatbuf import (
-    BOOL,
-    BYTE,
-    BYTES_T,
-    INT,
-    LONG,
-    SHORT,
-    STRING_T,
-    Codec,
-    StructCodec,
-    build_codecs,
-    enum,
-    table,
-    vector,
-)
+from ._fastpath import PackedEntriesCodec, RowsCodec
+from ._flatbuf import Codec, build_codecs
+from ._generated import wire_tables
 from .constants import HEADER_FORMAT_FLATBUFFERS, Flags, Opcode
 from .errors import ErrorCode, HeaderError, ServerError
 from .frame import Buffer, Frame, encode_frame
@@ -73,25 +64,22 @@ _ERROR_CODES = {int(c): c for c in ErrorCode}
 
 
 class ClientRole(IntEnum):
-    """Who sends a HEARTBEAT. CLIENT is the default (an SDK client)."""
+    """Who sends a HEARTBEAT, in the specification's order. RANGE_SERVER is the schema's
+    default: an SDK client says CLIENT."""
 
-    CLIENT = 0
-    RANGE_SERVER = 1
-
-
-_CLIENT_ROLES = {int(r): r for r in ClientRole}
-
-# Wire types of enum fields: the member when the number is known, else the int unchanged (a
-# newer peer may send codes this version does not know).
-ERROR_CODE = enum(SHORT, lambda v: _ERROR_CODES.get(v, v))
-CLIENT_ROLE = enum(BYTE, lambda v: _CLIENT_ROLES.get(v, v))
+    RANGE_SERVER = 0
+    CLIENT = 1
 
 
 class Message:
     """Base of every table class: FlatBuffers encoding and verified decoding."""
 
     __slots__ = ()
+    # The codec class this table uses: the generic one, unless a class names a faster one.
+    CODEC_TYPE: ClassVar[type[Codec]] = Codec
     _CODEC: ClassVar[Codec]
+    # Request and response tables name their opcode (the other tables have none).
+    OPCODE: ClassVar[Opcode]
     # Ping and GoAway frames from other implementations may carry no header at all.
     _EMPTY_HEADER_OK: ClassVar[bool] = False
 
@@ -117,8 +105,6 @@ class Status(Message):
     code: int = 0
     message: str = ""
     detail: bytes = b""
-
-    _WIRE: ClassVar = (ERROR_CODE, STRING_T, BYTES_T)
 
     @property
     def ok(self) -> bool:
@@ -149,23 +135,17 @@ class SystemError(Message):
 
     status: Status = OK
 
-    _WIRE: ClassVar = (table("Status"),)
-
 
 @dataclass(slots=True)
 class RangeServer(Message):
     server_id: int = -1
     advertise_addr: str = ""
 
-    _WIRE: ClassVar = (INT, STRING_T)
-
 
 @dataclass(slots=True)
 class RangeReplica(Message):
     server: RangeServer = field(default_factory=RangeServer)
     is_primary: bool = False
-
-    _WIRE: ClassVar = (table("RangeServer"), BOOL)
 
 
 @dataclass(slots=True)
@@ -178,8 +158,6 @@ class Range(Message):
     next_offset: int = 0
     end_offset: int = -1
     servers: list[RangeReplica] = field(default_factory=list)
-
-    _WIRE: ClassVar = (LONG, INT, LONG, LONG, LONG, vector("RangeReplica"))
 
     @property
     def is_open(self) -> bool:
@@ -200,8 +178,6 @@ class RangeId(Message):
     stream_id: int = -1
     range_index: int = -1
 
-    _WIRE: ClassVar = (LONG, INT)
-
 
 @dataclass(slots=True)
 class Stream(Message):
@@ -211,8 +187,6 @@ class Stream(Message):
     start_offset: int = 0  # first offset still stored, after trims
     deleted: bool = False
 
-    _WIRE: ClassVar = (LONG, BYTE, LONG, LONG, BOOL)
-
 
 @dataclass(slots=True)
 class PlacementDriverNode(Message):
@@ -220,16 +194,12 @@ class PlacementDriverNode(Message):
     advertise_addr: str = ""
     is_leader: bool = False
 
-    _WIRE: ClassVar = (STRING_T, STRING_T, BOOL)
-
 
 @dataclass(slots=True)
 class PlacementDriverCluster(Message):
     """PD membership; also the detail of a PD_NOT_LEADER status."""
 
     members: list[PlacementDriverNode] = field(default_factory=list)
-
-    _WIRE: ClassVar = (vector("PlacementDriverNode"),)
 
     @property
     def leader(self) -> PlacementDriverNode | None:
@@ -246,14 +216,12 @@ class PlacementDriverCluster(Message):
 class PingRequest(Message):
     OPCODE: ClassVar[Opcode] = Opcode.PING
     _EMPTY_HEADER_OK: ClassVar[bool] = True
-    _WIRE: ClassVar = ()
 
 
 @dataclass(slots=True)
 class PingResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.PING
     _EMPTY_HEADER_OK: ClassVar[bool] = True
-    _WIRE: ClassVar = ()
 
 
 @dataclass(slots=True)
@@ -263,14 +231,11 @@ class GoAwayRequest(Message):
 
     message: str = ""
 
-    _WIRE: ClassVar = (STRING_T,)
-
 
 @dataclass(slots=True)
 class GoAwayResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.GOAWAY
     _EMPTY_HEADER_OK: ClassVar[bool] = True
-    _WIRE: ClassVar = ()
 
 
 @dataclass(slots=True)
@@ -278,10 +243,8 @@ class HeartbeatRequest(Message):
     OPCODE: ClassVar[Opcode] = Opcode.HEARTBEAT
 
     client_id: str = ""
-    client_role: int = ClientRole.CLIENT
-    range_server: RangeServer | None = None  # set when client_role is RANGE_SERVER
-
-    _WIRE: ClassVar = (STRING_T, CLIENT_ROLE, table("RangeServer"))
+    client_role: int = ClientRole.RANGE_SERVER  # an SDK client must say CLIENT
+    range_server: RangeServer | None = None  # required when client_role is RANGE_SERVER
 
 
 @dataclass(slots=True)
@@ -289,11 +252,9 @@ class HeartbeatResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.HEARTBEAT
 
     client_id: str = ""
-    client_role: int = ClientRole.CLIENT
+    client_role: int = ClientRole.RANGE_SERVER
     range_server: RangeServer | None = None
     status: Status = OK
-
-    _WIRE: ClassVar = (STRING_T, CLIENT_ROLE, table("RangeServer"), table("Status"))
 
 
 @dataclass(slots=True)
@@ -303,8 +264,6 @@ class AllocateIdRequest(Message):
     timeout_ms: int = 0
     host: str = ""
 
-    _WIRE: ClassVar = (INT, STRING_T)
-
 
 @dataclass(slots=True)
 class AllocateIdResponse(Message):
@@ -312,8 +271,6 @@ class AllocateIdResponse(Message):
 
     id: int = -1
     status: Status = OK
-
-    _WIRE: ClassVar = (INT, table("Status"))
 
 
 @dataclass(slots=True)
@@ -341,9 +298,6 @@ class ReportMetricsRequest(Message):
     range_missing_replica_cnt: int = 0
     range_active_cnt: int = 0
 
-    _WIRE: ClassVar = (table("RangeServer"), LONG, LONG, LONG, LONG, LONG, SHORT, SHORT, INT,
-                       SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT, SHORT)
-
 
 @dataclass(slots=True)
 class ReportMetricsResponse(Message):
@@ -352,8 +306,6 @@ class ReportMetricsResponse(Message):
     range_server: RangeServer = field(default_factory=RangeServer)
     status: Status = OK
 
-    _WIRE: ClassVar = (table("RangeServer"), table("Status"))
-
 
 @dataclass(slots=True)
 class DescribePdClusterRequest(Message):
@@ -361,8 +313,6 @@ class DescribePdClusterRequest(Message):
 
     range_server: RangeServer | None = None  # the asking range server; None for SDK clients
     timeout_ms: int = 0
-
-    _WIRE: ClassVar = (table("RangeServer"), INT)
 
 
 @dataclass(slots=True)
@@ -376,9 +326,6 @@ class RangeServerState(Message):
     metrics: ReportMetricsRequest | None = None  # None before its first report
     metrics_ms: int = -1
 
-    _WIRE: ClassVar = (table("RangeServer"), BOOL, LONG, INT, table("ReportMetricsRequest"),
-                       LONG)
-
 
 @dataclass(slots=True)
 class DescribePdClusterResponse(Message):
@@ -387,9 +334,6 @@ class DescribePdClusterResponse(Message):
     status: Status = OK
     cluster: PlacementDriverCluster | None = None
     range_servers: list[RangeServerState] = field(default_factory=list)  # ours
-
-    _WIRE: ClassVar = (table("Status"), table("PlacementDriverCluster"),
-                       vector("RangeServerState"))
 
 
 # ---- APPEND / FETCH ----------------------------------------------------------------------
@@ -409,14 +353,13 @@ class AppendRequest(Message):
     """Payload: the entries' batches laid end to end, in the order of ``append_requests``."""
 
     OPCODE: ClassVar[Opcode] = Opcode.APPEND
+    CODEC_TYPE = PackedEntriesCodec
 
     timeout_ms: int = 0
     append_requests: list[AppendEntry] = field(default_factory=list)
     # Set only on a primary's forward to its secondaries: every replica holds every record of
     # the range below this offset (-1: a client's append, or nothing known).
     committed_offset: int = -1
-
-    _WIRE: ClassVar = (INT, vector("AppendEntry"), LONG)
 
 
 @dataclass(slots=True)
@@ -427,18 +370,15 @@ class AppendResult(Message):
     stream_append_time_ms: int = 0
     status: Status = OK
 
-    _WIRE: ClassVar = (LONG, INT, LONG, LONG, table("Status"))
-
 
 @dataclass(slots=True)
 class AppendResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.APPEND
+    CODEC_TYPE = RowsCodec
 
     throttle_time_ms: int = 0
     status: Status = OK
     append_responses: list[AppendResult] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, table("Status"), vector("AppendResult"))
 
 
 @dataclass(slots=True)
@@ -452,18 +392,15 @@ class FetchEntry(Message):
     batch_max_bytes: int = 0
     end_offset: int = -1
 
-    _WIRE: ClassVar = (LONG, INT, LONG, INT, LONG)
-
 
 @dataclass(slots=True)
 class FetchRequest(Message):
     OPCODE: ClassVar[Opcode] = Opcode.FETCH
+    CODEC_TYPE = RowsCodec
 
     max_wait_ms: int = 0
     min_bytes: int = 0
     fetch_requests: list[FetchEntry] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, INT, vector("FetchEntry"))
 
 
 @dataclass(slots=True)
@@ -475,18 +412,15 @@ class FetchResult(Message):
     batch_length: int = 0
     status: Status = OK
 
-    _WIRE: ClassVar = (LONG, INT, INT, table("Status"))
-
 
 @dataclass(slots=True)
 class FetchResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.FETCH
+    CODEC_TYPE = RowsCodec
 
     throttle_time_ms: int = 0
     status: Status = OK
     fetch_responses: list[FetchResult] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, table("Status"), vector("FetchResult"))
 
 
 # ---- ranges ------------------------------------------------------------------------------
@@ -498,8 +432,6 @@ class RangeOwner(Message):
 
     stream_id: int = -1
     range_server: RangeServer | None = None
-
-    _WIRE: ClassVar = (LONG, table("RangeServer"))
 
     def _problem(self) -> str | None:
         if (self.stream_id != -1) == (self.range_server is not None):
@@ -514,8 +446,6 @@ class ListRangesRequest(Message):
     timeout_ms: int = 0
     range_owners: list[RangeOwner] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("RangeOwner"))
-
 
 @dataclass(slots=True)
 class ListRangesResult(Message):
@@ -523,8 +453,6 @@ class ListRangesResult(Message):
     status: Status = OK
     ranges: list[Range] = field(default_factory=list)
     range_server: RangeServer | None = None  # the owner of a by-server listing
-
-    _WIRE: ClassVar = (LONG, table("Status"), vector("Range"), table("RangeServer"))
 
 
 @dataclass(slots=True)
@@ -535,8 +463,6 @@ class ListRangesResponse(Message):
     status: Status = OK
     list_responses: list[ListRangesResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("ListRangesResult"))
-
 
 @dataclass(slots=True)
 class SealRangesRequest(Message):
@@ -544,8 +470,6 @@ class SealRangesRequest(Message):
 
     timeout_ms: int = 0
     ranges: list[RangeId] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, vector("RangeId"))
 
 
 @dataclass(slots=True)
@@ -556,8 +480,6 @@ class SealRangesResult(Message):
     status: Status = OK
     range: Range | None = None
 
-    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
-
 
 @dataclass(slots=True)
 class SealRangesResponse(Message):
@@ -567,15 +489,11 @@ class SealRangesResponse(Message):
     status: Status = OK
     seal_responses: list[SealRangesResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("SealRangesResult"))
-
 
 @dataclass(slots=True)
 class StreamRanges(Message):
     stream_id: int = -1
     ranges: list[Range] = field(default_factory=list)
-
-    _WIRE: ClassVar = (LONG, vector("Range"))
 
 
 @dataclass(slots=True)
@@ -585,16 +503,12 @@ class SyncRangesRequest(Message):
     timeout_ms: int = 0
     stream_ranges: list[StreamRanges] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("StreamRanges"))
-
 
 @dataclass(slots=True)
 class SyncRangesResult(Message):
     stream_id: int = -1
     status: Status = OK
     ranges: list[Range] = field(default_factory=list)
-
-    _WIRE: ClassVar = (LONG, table("Status"), vector("Range"))
 
 
 @dataclass(slots=True)
@@ -604,8 +518,6 @@ class SyncRangesResponse(Message):
     throttle_time_ms: int = 0
     status: Status = OK
     sync_responses: list[SyncRangesResult] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, table("Status"), vector("SyncRangesResult"))
 
 
 @dataclass(slots=True)
@@ -617,16 +529,12 @@ class CreateRangeRequest(Message):
     timeout_ms: int = 0
     ranges: list[RangeId] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("RangeId"))
-
 
 @dataclass(slots=True)
 class CreateRangeResult(Message):
     stream_id: int = -1
     status: Status = OK
     range: Range | None = None
-
-    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
 
 
 @dataclass(slots=True)
@@ -637,8 +545,6 @@ class CreateRangeResponse(Message):
     status: Status = OK
     create_responses: list[CreateRangeResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("CreateRangeResult"))
-
 
 @dataclass(slots=True)
 class DescribeRangesRequest(Message):
@@ -647,16 +553,16 @@ class DescribeRangesRequest(Message):
     timeout_ms: int = 0
     ranges: list[RangeId] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("RangeId"))
-
 
 @dataclass(slots=True)
 class DescribeRangesResult(Message):
+    """``next_offset_snapshot``: ``range.next_offset`` is the PD's record of an open range,
+    which may lag; the range's primary knows the live value."""
+
     stream_id: int = -1
     status: Status = OK
     range: Range | None = None
-
-    _WIRE: ClassVar = (LONG, table("Status"), table("Range"))
+    next_offset_snapshot: bool = False
 
 
 @dataclass(slots=True)
@@ -667,30 +573,25 @@ class DescribeRangesResponse(Message):
     status: Status = OK
     describe_responses: list[DescribeRangesResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("DescribeRangesResult"))
-
 
 # ---- streams -----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class CreateStreamsRequest(Message):
-    """Each stream's stream_id is ignored; the PD assigns one."""
+    """Streams to create. A stream_id of -1 lets the PD choose; any other asks for that id
+    (STREAM_ALREADY_EXISTS if a stream has or had it)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.CREATE_STREAMS
 
     timeout_ms: int = 0
     streams: list[Stream] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("Stream"))
-
 
 @dataclass(slots=True)
 class CreateStreamsResult(Message):
     stream: Stream | None = None
     status: Status = OK
-
-    _WIRE: ClassVar = (table("Stream"), table("Status"))
 
 
 @dataclass(slots=True)
@@ -700,8 +601,6 @@ class CreateStreamsResponse(Message):
     throttle_time_ms: int = 0
     status: Status = OK
     create_responses: list[CreateStreamsResult] = field(default_factory=list)
-
-    _WIRE: ClassVar = (INT, table("Status"), vector("CreateStreamsResult"))
 
 
 @dataclass(slots=True)
@@ -713,15 +612,11 @@ class DeleteStreamsRequest(Message):
     timeout_ms: int = 0
     streams: list[Stream] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("Stream"))
-
 
 @dataclass(slots=True)
 class DeleteStreamsResult(Message):
     deleted_stream: Stream | None = None
     status: Status = OK
-
-    _WIRE: ClassVar = (table("Stream"), table("Status"))
 
 
 @dataclass(slots=True)
@@ -732,8 +627,6 @@ class DeleteStreamsResponse(Message):
     status: Status = OK
     delete_responses: list[DeleteStreamsResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("DeleteStreamsResult"))
-
 
 @dataclass(slots=True)
 class UpdateStreamsRequest(Message):
@@ -742,15 +635,11 @@ class UpdateStreamsRequest(Message):
     timeout_ms: int = 0
     streams: list[Stream] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("Stream"))
-
 
 @dataclass(slots=True)
 class UpdateStreamsResult(Message):
     updated_stream: Stream | None = None
     status: Status = OK
-
-    _WIRE: ClassVar = (table("Stream"), table("Status"))
 
 
 @dataclass(slots=True)
@@ -761,8 +650,6 @@ class UpdateStreamsResponse(Message):
     status: Status = OK
     update_responses: list[UpdateStreamsResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("UpdateStreamsResult"))
-
 
 @dataclass(slots=True)
 class DescribeStreamsRequest(Message):
@@ -771,15 +658,11 @@ class DescribeStreamsRequest(Message):
     timeout_ms: int = 0
     stream_ids: list[int] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector(LONG))
-
 
 @dataclass(slots=True)
 class DescribeStreamsResult(Message):
     stream: Stream | None = None
     status: Status = OK
-
-    _WIRE: ClassVar = (table("Stream"), table("Status"))
 
 
 @dataclass(slots=True)
@@ -790,15 +673,11 @@ class DescribeStreamsResponse(Message):
     status: Status = OK
     describe_responses: list[DescribeStreamsResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("DescribeStreamsResult"))
-
 
 @dataclass(slots=True)
 class TrimmedStream(Message):
     stream_id: int = -1
     trim_offset: int = 0
-
-    _WIRE: ClassVar = (LONG, LONG)
 
 
 @dataclass(slots=True)
@@ -810,16 +689,12 @@ class TrimStreamsRequest(Message):
     timeout_ms: int = 0
     trimmed_streams: list[TrimmedStream] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, vector("TrimmedStream"))
-
 
 @dataclass(slots=True)
 class TrimStreamsResult(Message):
     trimmed_stream: Stream | None = None
     status: Status = OK
     range: Range | None = None  # the stream's first range after the trim
-
-    _WIRE: ClassVar = (table("Stream"), table("Status"), table("Range"))
 
 
 @dataclass(slots=True)
@@ -830,35 +705,22 @@ class TrimStreamsResponse(Message):
     status: Status = OK
     streams: list[TrimStreamsResult] = field(default_factory=list)
 
-    _WIRE: ClassVar = (INT, table("Status"), vector("TrimStreamsResult"))
-
 
 # ---- codecs and registries ---------------------------------------------------------------
 
 TABLES: dict[str, type[Message]] = {
     cls.__name__: cls for cls in Message.__subclasses__()  # every table class, by name
 }
-_STRUCTS = {"AppendEntry": StructCodec(AppendEntry, "qii", 8)}
-_CODECS = build_codecs({name: (cls, cls._WIRE) for name, cls in TABLES.items()}, _STRUCTS)
+_CODECS = build_codecs(wire_tables, {**TABLES, "AppendEntry": AppendEntry},
+                       {"ErrorCode": ErrorCode, "ClientRole": ClientRole})
 for _name, _cls in TABLES.items():
-    _codec = _CODECS[_name]
-    _problem = getattr(_cls, "_problem", None)
-    if _problem is not None:
-        _codec.check = _problem
-    _cls._CODEC = _codec
-del _name, _cls, _codec, _problem
+    _cls._CODEC = _CODECS[_name]
+del _name, _cls
 
-_fastpath.install(
-    AppendRequest=AppendRequest, AppendEntry=AppendEntry, AppendResponse=AppendResponse,
-    AppendResult=AppendResult, FetchRequest=FetchRequest, FetchEntry=FetchEntry,
-    FetchResponse=FetchResponse, FetchResult=FetchResult, Status=Status, OK=OK,
-    codecs=_CODECS,
-)
-
-REQUESTS: dict[Opcode, type[Message]] = {
+REQUESTS: dict[int, type[Message]] = {
     cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Request")
 }
-RESPONSES: dict[Opcode, type[Message]] = {
+RESPONSES: dict[int, type[Message]] = {
     cls.OPCODE: cls for cls in TABLES.values() if cls.__name__.endswith("Response")
 }
 

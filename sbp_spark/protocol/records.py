@@ -1,5 +1,5 @@
-"""Record batches: the fixed envelope every APPEND/FETCH batch starts with (WIRE.md 9), and the
-Arrow bodies this project writes inside it.
+"""Record batches: the fixed envelope every APPEND/FETCH batch starts with (docs/wire.md, Record
+batches), and the Arrow bodies this project writes inside it.
 
 Envelope, big-endian, 28 bytes::
 

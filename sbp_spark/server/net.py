@@ -1,17 +1,21 @@
 """Threaded TCP server core shared by the placement driver and the range server.
 
 Blocking sockets and threads: ``recv_into``, ``sendmsg`` and ``os.sendfile`` release the GIL, and
-on this machine asyncio measured no faster (PERF_NOTES). One thread accepts; each connection
+an asyncio version of this core measured no faster. One thread accepts; each connection
 gets one reader thread that feeds a :class:`~sbp_spark.protocol.frame.FrameDecoder` straight from
 the socket and dispatches every request frame to a :class:`RequestHandler`.
 
 Using it::
 
     class Echo(RequestHandler):
-        opcodes = frozenset({Opcode.DESCRIBE_RANGES})
-        long_opcodes = frozenset()          # these run on the worker pool instead
+        role = "echo server"
+        routes = {Opcode.DESCRIBE_RANGES: Route(DescribeRangesRequest, "_describe")}
 
         def handle(self, ctx: RequestContext) -> None:
+            request_cls, serve = self.route(ctx)
+            serve(ctx, request_cls.from_flatbuffers(ctx.header))
+
+        def _describe(self, ctx, request) -> None:
             ctx.reply(DescribeRangesResponse(...))
 
     with FrameServer(Echo(), NetConfig(port=0)) as server:
@@ -37,17 +41,26 @@ Request life cycle:
 * An exception from ``handle`` becomes SYSTEM_ERROR UNKNOWN naming it; the server never dies.
   A ``ServerError`` (e.g. ``InvalidRequestError("...")``) becomes SYSTEM_ERROR with its code.
 
+A handler's ``routes`` is its role's one dispatch table: for each opcode it serves, the request
+table, the method serving it and where that runs (``Runs``). ``opcodes``, ``long_opcodes`` and
+``ordered_opcodes`` are derived from it (a handler without routes sets them itself).
+
 The core itself answers PING (echo with RESPONSE|END), treats a peer's GOAWAY as "no more
-requests" (finish, then close), discards unknown opcodes and response frames, answers frames
-that are intact but invalid (WIRE.md 4) with SYSTEM_ERROR, and closes the connection when
-framing is lost. ``stop()`` is graceful: GOAWAY to every peer, no new connections, in-flight
-requests get a bounded time to finish. Idle connections are closed with a GOAWAY.
+requests" (finish, then close), answers a known opcode this role does not serve with
+SYSTEM_ERROR INVALID_REQUEST naming the role and the opcodes it serves (a peer that asks the
+wrong server hears so at once instead of waiting out its timeout), discards unknown opcodes and
+response frames, answers frames that are intact but invalid (docs/wire.md, Bad frames) with
+SYSTEM_ERROR, and closes the connection when framing is lost. ``stop()`` is graceful: GOAWAY to
+every peer, no new connections, in-flight requests get a bounded time to finish. Idle
+connections are closed with a GOAWAY.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import enum
+import functools
 import itertools
 import logging
 import os
@@ -60,12 +73,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from queue import SimpleQueue
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..client.tls import TlsConfig, TlsSocket
 from ..protocol import messages
 from ..protocol.buffers import ReceiveBuffers
-from ..protocol.constants import MAX_FRAME_LENGTH, Flags, Opcode
+from ..protocol.constants import KNOWN_OPCODES, MAX_FRAME_LENGTH, Flags, Opcode, opcode_name
 from ..protocol.errors import (
     ChecksumError,
     ErrorCode,
@@ -89,7 +102,7 @@ _U32 = struct.Struct(">I")
 Buffer = bytes | bytearray | memoryview
 
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
-# measured the fastest and steadiest on loopback (PERF_NOTES).
+# measured the fastest and steadiest on loopback.
 RECV_PIECE = 256 * 1024
 # Linux accepts at most this many buffers in one sendmsg call (IOV_MAX).
 _IOV_MAX = 1024
@@ -197,16 +210,67 @@ class NetStats:
     per_opcode: dict[int, int] = field(default_factory=dict)
 
 
-class RequestHandler(abc.ABC):
-    """What a server does with requests. Subclass and set ``opcodes``/``long_opcodes``."""
+class Runs(enum.Enum):
+    """Where a request's handler runs."""
 
-    #: Opcodes this handler serves; other request opcodes are discarded (the seed says so).
+    READER = "reader"  # inline on the connection's reader thread: quick requests
+    POOL = "pool"  # the bounded worker pool: long polls, calls to other servers, fsyncs
+    ORDERED = "ordered"  # the connection's own handler thread, one request after the other
+
+
+class Route(NamedTuple):
+    """How a role serves one opcode: the request table, the name of the handler method that
+    serves it, and where that runs."""
+
+    request: type[messages.Message]
+    method: str
+    runs: Runs = Runs.READER
+
+
+# Opcodes a role answers whether or not it serves them: GOAWAY is a notice, never answered.
+_ANSWERED_OPCODES = KNOWN_OPCODES - {Opcode.GOAWAY}
+
+
+class RequestHandler(abc.ABC):
+    """What a server does with requests. Subclass and declare ``routes`` (or set ``opcodes``,
+    ``long_opcodes`` and ``ordered_opcodes`` directly)."""
+
+    #: Who answers, as refusals name it ("placement driver", "range server").
+    role: ClassVar[str] = "server"
+    #: The role's dispatch table: opcode -> Route. Declaring it sets the three sets below.
+    routes: ClassVar[dict[int, Route]] = {}
+    #: Opcodes this handler serves. Another known opcode is refused with a status naming this
+    #: role and what it serves; unknown opcodes are discarded (the seed says so).
     opcodes: frozenset[int] = frozenset()
     #: Subset of ``opcodes`` that run on the worker pool instead of the reader thread.
     long_opcodes: frozenset[int] = frozenset()
     #: Subset of ``opcodes`` that run, in arrival order, on one handler thread per connection
     #: (so the reader keeps receiving while a request is served).
     ordered_opcodes: frozenset[int] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        routes = cls.__dict__.get("routes")
+        if routes is not None:
+            cls.opcodes = frozenset(routes)
+            cls.long_opcodes = frozenset(op for op, r in routes.items() if r.runs is Runs.POOL)
+            cls.ordered_opcodes = frozenset(
+                op for op, r in routes.items() if r.runs is Runs.ORDERED)
+
+    def route(self, ctx: RequestContext) -> tuple[type[messages.Message], Any]:
+        """The request table of ``ctx``'s opcode and the bound method serving it."""
+        return self._dispatch[ctx.opcode]
+
+    @functools.cached_property
+    def _dispatch(self) -> dict[int, tuple[type[messages.Message], Any]]:
+        # Bound once per handler; tests replace an entry to hold a request.
+        return {op: (r.request, getattr(self, r.method)) for op, r in self.routes.items()}
+
+    def not_served(self, opcode: int) -> str:
+        """Why this role refuses a known ``opcode``: its name, and what the role serves."""
+        served = ", ".join(opcode_name(op) for op in sorted(self.opcodes | {Opcode.PING}))
+        return (f"this {self.role} does not serve {opcode_name(opcode)} ({opcode:#06x}); it "
+                f"serves {served}")
 
     @abc.abstractmethod
     def handle(self, ctx: RequestContext) -> None:
@@ -845,7 +909,7 @@ class FrameServer:
     def _dispatch(self, conn: Connection, event: Frame | InvalidFrame) -> None:
         if isinstance(event, InvalidFrame):
             self.stats.invalid_frames += 1
-            if event.flags & Flags.RESPONSE or event.opcode not in self._known_opcodes():
+            if event.flags & Flags.RESPONSE or event.opcode not in _ANSWERED_OPCODES:
                 log.debug("%r: dropped invalid frame %s", conn, event)
                 return
             code = (ErrorCode.CHECKSUM_MISMATCH if isinstance(event.error, ChecksumError)
@@ -869,7 +933,11 @@ class FrameServer:
                 conn._draining = True
             return
         if opcode not in self.handler.opcodes:
-            log.debug("%r: discarded frame with unknown opcode %#06x", conn, opcode)
+            if opcode in KNOWN_OPCODES:
+                self._answer_error(self._new_context(conn, frame), ErrorCode.INVALID_REQUEST,
+                                   self.handler.not_served(opcode))
+            else:
+                log.debug("%r: discarded frame with unknown opcode %#06x", conn, opcode)
             return
         self.stats.requests += 1
         self.stats.per_opcode[opcode] = self.stats.per_opcode.get(opcode, 0) + 1
@@ -885,9 +953,6 @@ class FrameServer:
             conn._run_ordered(ctx, self.handler.handle)
         else:
             self._run(ctx, self.handler.handle)
-
-    def _known_opcodes(self) -> frozenset[int]:
-        return self.handler.opcodes | {Opcode.PING}
 
     def _new_context(self, conn: Connection, frame: Frame) -> RequestContext:
         ctx = RequestContext(frame, conn)

@@ -4,8 +4,8 @@ Appended bytes go through the OS page cache. Left alone, a busy server fills the
 memory with log pages that nobody will read again soon, and every append then needs a *new*
 page. On virtual machines that hand free memory back to their host, the first touch of a new
 page costs a host fault: measured here at 2-2.6 CPU-seconds of kernel time per GiB written,
-against about 0.35 when the server reuses pages it dropped itself (``PERF_NOTES.md``, and the
-client section of ``sbp bench``).
+against about 0.35 when the server reuses pages it dropped itself (the client section of
+``sbp bench`` shows it).
 
 ``PageCacheBudget`` remembers the extents written, oldest first, and once they add up to more
 than the budget it drops the oldest *durable* ones from the cache (``POSIX_FADV_DONTNEED``).

@@ -73,7 +73,7 @@ from sbp_spark.protocol.errors import (
     UnknownError,
 )
 
-from .net import FrameServer, NetConfig, RequestContext, RequestHandler
+from .net import FrameServer, NetConfig, RequestContext, RequestHandler, Route, Runs
 from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
 from .placement import Liveness, choose_servers
 
@@ -374,12 +374,14 @@ class PlacementDriver:
                 return last
             if last.is_open:
                 raise InvalidRequestError(
-                    f"range {last.range_index} of stream {stream_id} is still open; seal it "
-                    "before creating the next one")
+                    f"cannot create range {range_index} of stream {stream_id}: its last range "
+                    f"{last.range_index} is still open; seal it (SEAL_RANGES opens range "
+                    f"{last.range_index + 1}) before creating the next one")
             if range_index != last.range_index + 1:
                 raise InvalidRequestError(
-                    f"the next range of stream {stream_id} is {last.range_index + 1}, "
-                    f"not {range_index}")
+                    f"cannot create range {range_index} of stream {stream_id}: its last range "
+                    f"{last.range_index} is sealed, so the next range is "
+                    f"{last.range_index + 1}")
             return self._open_next(stream_id, timeout_s)
 
     def _open_next(self, stream_id: int, timeout_s: float | None) -> RangeMeta:
@@ -774,42 +776,34 @@ class PlacementDriver:
 class _PdHandler(RequestHandler):
     """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""
 
-    opcodes = frozenset({
-        Opcode.HEARTBEAT, Opcode.ALLOCATE_ID, Opcode.LIST_RANGES, Opcode.SEAL_RANGES,
-        Opcode.CREATE_RANGE, Opcode.DESCRIBE_RANGES, Opcode.CREATE_STREAMS,
-        Opcode.DELETE_STREAMS, Opcode.UPDATE_STREAMS, Opcode.DESCRIBE_STREAMS,
-        Opcode.TRIM_STREAMS, Opcode.REPORT_METRICS, Opcode.DESCRIBE_PD_CLUSTER,
-    })
-    # These call range servers, so they run on the worker pool and never stall a reader.
-    long_opcodes = frozenset({
-        Opcode.SEAL_RANGES, Opcode.CREATE_RANGE, Opcode.CREATE_STREAMS, Opcode.DELETE_STREAMS,
-        Opcode.TRIM_STREAMS,
-    })
+    role = "placement driver"
+    # Requests that call range servers run on the worker pool and never stall a reader.
+    routes = {
+        Opcode.HEARTBEAT: Route(m.HeartbeatRequest, "_heartbeat"),
+        Opcode.ALLOCATE_ID: Route(m.AllocateIdRequest, "_allocate_id"),
+        Opcode.LIST_RANGES: Route(m.ListRangesRequest, "_list_ranges"),
+        Opcode.SEAL_RANGES: Route(m.SealRangesRequest, "_seal_ranges", Runs.POOL),
+        Opcode.CREATE_RANGE: Route(m.CreateRangeRequest, "_create_range", Runs.POOL),
+        Opcode.DESCRIBE_RANGES: Route(m.DescribeRangesRequest, "_describe_ranges"),
+        Opcode.CREATE_STREAMS: Route(m.CreateStreamsRequest, "_create_streams", Runs.POOL),
+        Opcode.DELETE_STREAMS: Route(m.DeleteStreamsRequest, "_delete_streams", Runs.POOL),
+        Opcode.UPDATE_STREAMS: Route(m.UpdateStreamsRequest, "_update_streams"),
+        Opcode.DESCRIBE_STREAMS: Route(m.DescribeStreamsRequest, "_describe_streams"),
+        Opcode.TRIM_STREAMS: Route(m.TrimStreamsRequest, "_trim_streams", Runs.POOL),
+        Opcode.REPORT_METRICS: Route(m.ReportMetricsRequest, "_report_metrics"),
+        Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
+    }
 
     def __init__(self, pd: PlacementDriver) -> None:
         self.pd = pd
-        self._handlers: dict[int, Callable[[Any], Any]] = {
-            Opcode.HEARTBEAT: self._heartbeat,
-            Opcode.ALLOCATE_ID: self._allocate_id,
-            Opcode.LIST_RANGES: self._list_ranges,
-            Opcode.SEAL_RANGES: self._seal_ranges,
-            Opcode.CREATE_RANGE: self._create_range,
-            Opcode.DESCRIBE_RANGES: self._describe_ranges,
-            Opcode.CREATE_STREAMS: self._create_streams,
-            Opcode.DELETE_STREAMS: self._delete_streams,
-            Opcode.UPDATE_STREAMS: self._update_streams,
-            Opcode.DESCRIBE_STREAMS: self._describe_streams,
-            Opcode.TRIM_STREAMS: self._trim_streams,
-            Opcode.REPORT_METRICS: self._report_metrics,
-            Opcode.DESCRIBE_PD_CLUSTER: self._describe_pd_cluster,
-        }
 
     def handle(self, ctx: RequestContext) -> None:
+        request_cls, serve = self.route(ctx)
         try:
-            request = m.decode_request(ctx.frame)
+            request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from None
-        ctx.reply(self._handlers[ctx.opcode](request))
+        ctx.reply(serve(request))
 
     @staticmethod
     def _timeout_s(request: Any) -> float | None:
@@ -823,7 +817,9 @@ class _PdHandler(RequestHandler):
         if req.client_role == m.ClientRole.RANGE_SERVER:
             if req.range_server is None:
                 status = m.Status(int(InvalidRequestError.code),
-                                  "a RANGE_SERVER heartbeat must carry range_server")
+                                  "a RANGE_SERVER heartbeat must carry range_server "
+                                  "(client_role RANGE_SERVER = 0 is the default: an SDK "
+                                  "client sends CLIENT = 1)")
             else:
                 _, status = _ok_or_error(lambda: self.pd.heartbeat(
                     req.range_server.server_id, req.range_server.advertise_addr))
@@ -878,9 +874,14 @@ class _PdHandler(RequestHandler):
             m.CreateRangeResult(stream_id=s, status=st, range=r) for s, st, r in items])
 
     def _describe_ranges(self, req: m.DescribeRangesRequest) -> m.DescribeRangesResponse:
+        # The PD's record, not the primary's live state: clients ask this when servers fail,
+        # and must not wait for a dead primary here. So an open range's next_offset is a
+        # snapshot, and the answer says so.
         items = self._range_items(req.ranges, self.pd.describe_range)
         return m.DescribeRangesResponse(describe_responses=[
-            m.DescribeRangesResult(stream_id=s, status=st, range=r) for s, st, r in items])
+            m.DescribeRangesResult(stream_id=s, status=st, range=r,
+                                   next_offset_snapshot=r is not None and r.is_open)
+            for s, st, r in items])
 
     def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
         results = []

@@ -70,7 +70,7 @@ from ..protocol.messages import (
 from ..protocol.messages import RangeServer as RangeServerInfo
 from ..protocol.records import BatchHeader, parse_header
 from .fetch import DEFAULT_FETCH_FRAME_BYTES, FetchServer
-from .net import FrameServer, NetConfig, RequestContext, RequestHandler
+from .net import FrameServer, NetConfig, RequestContext, RequestHandler, Route, Runs
 from .read_cap import CapState
 from .replication import Replicator
 from .segment import atomic_write
@@ -472,40 +472,32 @@ class RangeServer:
 class RangeServerHandler(RequestHandler):
     """Request handlers of the range server."""
 
-    opcodes = frozenset({
-        Opcode.APPEND, Opcode.FETCH, Opcode.SEAL_RANGES, Opcode.SYNC_RANGES,
-        Opcode.DESCRIBE_RANGES, Opcode.DELETE_STREAMS, Opcode.TRIM_STREAMS, Opcode.HEARTBEAT,
-    })
-    # FETCH long-polls and streams; the others fsync metadata or data.
-    long_opcodes = frozenset({
-        Opcode.FETCH, Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.DELETE_STREAMS,
-        Opcode.TRIM_STREAMS,
-    })
-    # The rest run in arrival order on the connection's handler thread: the reader receives and
+    role = "range server"
+    # FETCH long-polls and streams; SEAL, SYNC, DELETE and TRIM fsync metadata or data. The
+    # rest run in arrival order on the connection's handler thread: the reader receives and
     # checksums the next APPEND frame while the previous one is stored and answered.
-    ordered_opcodes = frozenset({Opcode.APPEND, Opcode.DESCRIBE_RANGES, Opcode.HEARTBEAT})
+    routes = {
+        Opcode.APPEND: Route(AppendRequest, "_append", Runs.ORDERED),
+        Opcode.FETCH: Route(FetchRequest, "_fetch", Runs.POOL),
+        Opcode.SEAL_RANGES: Route(SealRangesRequest, "_seal", Runs.POOL),
+        Opcode.SYNC_RANGES: Route(SyncRangesRequest, "_sync", Runs.POOL),
+        Opcode.DESCRIBE_RANGES: Route(DescribeRangesRequest, "_describe", Runs.ORDERED),
+        Opcode.DELETE_STREAMS: Route(DeleteStreamsRequest, "_delete", Runs.POOL),
+        Opcode.TRIM_STREAMS: Route(TrimStreamsRequest, "_trim", Runs.POOL),
+        Opcode.HEARTBEAT: Route(HeartbeatRequest, "_heartbeat", Runs.ORDERED),
+    }
 
     def __init__(self, server: RangeServer) -> None:
         self.server = server
         self.storage = server.storage
-        self._dispatch = {
-            Opcode.APPEND: (AppendRequest, self._append),
-            Opcode.FETCH: (FetchRequest, self._fetch),
-            Opcode.SEAL_RANGES: (SealRangesRequest, self._seal),
-            Opcode.SYNC_RANGES: (SyncRangesRequest, self._sync),
-            Opcode.DESCRIBE_RANGES: (DescribeRangesRequest, self._describe),
-            Opcode.DELETE_STREAMS: (DeleteStreamsRequest, self._delete),
-            Opcode.TRIM_STREAMS: (TrimStreamsRequest, self._trim),
-            Opcode.HEARTBEAT: (HeartbeatRequest, self._heartbeat),
-        }
 
     def handle(self, ctx: RequestContext) -> None:
-        cls, fn = self._dispatch[ctx.opcode]
+        request_cls, serve = self.route(ctx)
         try:
-            req = cls.from_flatbuffers(ctx.header)
+            req = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from exc
-        fn(ctx, req)
+        serve(ctx, req)
 
     def server_stopping(self) -> None:
         self.storage.notify_data()  # long polls notice the stop and answer at once

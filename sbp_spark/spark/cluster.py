@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import closing
+from typing import TYPE_CHECKING
 
-from sbp_spark.client import FetchedBatch, SbpClient
+from sbp_spark.client import FetchedBatch, SbpClient, known_range
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
-from sbp_spark.protocol.messages import Range, RangeReplica, RangeServer
 
 from .options import ClientOptions
 from .planning import RangeLayout, Replica, SbpPartition, StreamLayout
+
+if TYPE_CHECKING:  # what the client returns; this layer reads these, never builds them
+    from sbp_spark.protocol.messages import Range
 
 _lock = threading.Lock()
 _clients: dict[ClientOptions, SbpClient] = {}
@@ -112,37 +115,21 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
     return layouts
 
 
-def _range(stream_id: int, range_index: int, start: int, end: int,
-           replicas: Sequence[Replica], is_open: bool) -> Range:
-    return Range(
-        stream_id=stream_id,
-        range_index=range_index,
-        start_offset=start,
-        next_offset=end,
-        end_offset=-1 if is_open else end,
-        servers=[RangeReplica(RangeServer(r.server_id, r.address), r.is_primary)
-                 for r in replicas],
-    )
-
-
-def partition_range(partition: SbpPartition) -> Range:
-    """The client's description of the range a partition reads (no PD round trip)."""
-    return _range(partition.stream_id, partition.range_index, partition.range_start,
-                  partition.range_end, partition.replicas, partition.range_is_open)
-
-
 def layout_ranges(layout: StreamLayout) -> list[Range]:
     """The client's description of a stream's ranges as planned (an open range's
     ``next_offset`` is the planned end)."""
-    return [_range(layout.stream_id, r.range_index, r.start_offset, r.end_offset, r.replicas,
-                   r.is_open) for r in layout.ranges]
+    return [known_range(layout.stream_id, r.range_index, r.replicas, r.start_offset,
+                        r.end_offset, r.is_open) for r in layout.ranges]
 
 
 def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int,
-          max_wait_ms: int) -> Iterator[FetchedBatch]:
-    """The stored batches of ``partition`` from ``start`` (one streaming FETCH)."""
-    return client.fetch(partition_range(partition), start, partition.end_offset,
-                        max_bytes=max_bytes, max_wait_ms=max_wait_ms)
+          max_wait_ms: int) -> Generator[FetchedBatch, None, None]:
+    """The stored batches of ``partition`` from ``start`` (one streaming FETCH, from the
+    replicas the plan names: no PD round trip)."""
+    return client.fetch_from_replicas(
+        partition.stream_id, partition.range_index, partition.replicas, start,
+        partition.end_offset, sealed_end=-1 if partition.range_is_open else partition.range_end,
+        max_bytes=max_bytes, max_wait_ms=max_wait_ms)
 
 
 def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
@@ -161,4 +148,4 @@ def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
 
 __all__ = ["RangeUnavailableError", "StreamMissingError", "check_streams_exist",
            "close_clients", "describe_replicas", "fetch", "first_batch", "get_client",
-           "layout_ranges", "partition_range", "stream_layouts"]
+           "layout_ranges", "stream_layouts"]

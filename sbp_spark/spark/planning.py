@@ -13,21 +13,14 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
+from sbp_spark.client import Replica  # the client's description of a replica, planned ahead
+
 from .filters import Interval, Predicate, PushedFilters, intersect_intervals
 from .options import EARLIEST, LATEST, OptionError, ReadOptions
 
 # A range cut by an IN filter on offset into more pieces than this is read as one partition
 # over the pieces' hull, with the IN applied to the rows instead (each task costs ~27 ms).
 MAX_PIECES_PER_RANGE = 64
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One range server holding a range."""
-
-    server_id: int
-    address: str
-    is_primary: bool
 
 
 @dataclass(frozen=True)

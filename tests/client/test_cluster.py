@@ -293,7 +293,8 @@ def test_pd_admin_calls(cluster, pool):
 def test_heartbeat_thread_beats_the_pd(cluster, pool):
     pd = PdClient(cluster.pd_address, TEST_CONFIG, pool)
     responses = []
-    beat = pd.start_heartbeat(lambda: m.HeartbeatRequest(client_id="client-test"), 0.05,
+    beat = pd.start_heartbeat(lambda: m.HeartbeatRequest(client_id="client-test",
+                                                         client_role=m.ClientRole.CLIENT), 0.05,
                               responses.append)
     try:
         wait_until(lambda: len(responses) >= 3)
@@ -306,7 +307,8 @@ def test_heartbeat_thread_beats_the_pd(cluster, pool):
 def test_connection_heartbeat_on_one_connection(cluster):
     responses = []
     with Connection(cluster.pd_address, TEST_CONFIG) as conn:
-        beat = conn.start_heartbeat(lambda: m.HeartbeatRequest(client_id="conn-test"), 0.05,
+        beat = conn.start_heartbeat(lambda: m.HeartbeatRequest(
+            client_id="conn-test", client_role=m.ClientRole.CLIENT), 0.05,
                                     responses.append)
         wait_until(lambda: len(responses) >= 2)
         beat.stop()

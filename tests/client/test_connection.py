@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 import threading
 import time
@@ -13,8 +14,10 @@ from sbp_spark.client.connection import parse_address, send_buffers
 from sbp_spark.protocol.constants import Flags, Opcode
 from sbp_spark.protocol.errors import (
     ChecksumError,
-    SbpTimeoutError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
     TransportError,
+    WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import encode_frame
 from tests.polling import wait_until
@@ -195,7 +198,7 @@ def test_request_timeout_then_late_answer_is_dropped():
 
     with FakeServer(slow) as server, Connection(server.address, FAST) as conn:
         stream = conn.request(OP, b"", b"x", timeout=0.2)
-        with pytest.raises(SbpTimeoutError, match="within 0.2s"):
+        with pytest.raises(ReadTimeoutError, match="within 0.2s"):
             next(stream)
         assert conn.outstanding == 0
         release.set()
@@ -253,7 +256,8 @@ def test_send_to_a_peer_that_stops_reading_times_out():
     config = ClientConfig(connect_timeout_s=2, request_timeout_s=0.5)
     with FakeServer(never_reads) as server, Connection(server.address, config) as conn:
         start = time.monotonic()
-        with pytest.raises(SbpTimeoutError, match=f"sending to {server.address} made no progress"):
+        with pytest.raises(WriteTimeoutError,
+                           match=f"sending to {server.address} made no progress"):
             for _ in range(64):  # far more than the socket buffers hold
                 conn.request(OP, b"", b"x" * (4 << 20))
         assert time.monotonic() - start < 10
@@ -273,6 +277,16 @@ def test_quiet_connection_waits_past_its_receive_timeout_slices():
     with FakeServer(slow_echo) as server, Connection(server.address, config) as conn:
         (frame,) = list(conn.request(OP, b"", b"late"))
         assert bytes(frame.payload) == b"late"
+
+
+def test_a_tls_handshake_that_never_answers_is_a_connect_timeout():
+    # A listener that accepts and stays silent: TCP connects, the handshake waits for a
+    # ServerHello that never comes, within the connect timeout.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        config = ClientConfig(connect_timeout_s=0.3, tls=True)
+        with pytest.raises(ConnectTimeoutError, match=f"TLS handshake with {address} timed out"):
+            Connection(address, config)
 
 
 def test_connect_failure_names_the_address():

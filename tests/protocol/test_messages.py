@@ -260,19 +260,24 @@ def test_round_trip_and_generated_code_agree(cls, data):
 def test_hot_fast_path_agrees_with_generic_codec_and_generated_code(cls, data):
     msg = data.draw(hot_strategy(cls))
     fast = msg.to_flatbuffers()
-    generic = cls._CODEC.encode(msg)
+    generic = _flatbuf.Codec.encode(cls._CODEC, msg)  # the layout any other table gets
     assert cls.from_flatbuffers(fast) == msg
     assert cls.from_flatbuffers(generic) == msg
     assert gen_read(cls, fast) == msg
     assert cls.from_flatbuffers(gen_write(msg)) == msg
 
 
-def test_hot_fast_path_is_what_the_classes_use():
+def test_hot_messages_declare_their_codec_and_nothing_is_patched():
     for cls in HOT:
-        assert cls.to_flatbuffers is not messages.Message.to_flatbuffers
+        assert cls.CODEC_TYPE is not _flatbuf.Codec
+        assert type(cls._CODEC) is cls.CODEC_TYPE
+        assert cls.to_flatbuffers is messages.Message.to_flatbuffers
+        assert cls.from_flatbuffers.__func__ is messages.Message.from_flatbuffers.__func__
+    for cls in set(TABLES.values()) - set(HOT):
+        assert type(cls._CODEC) is _flatbuf.Codec, cls.__name__
     response = AppendResponse(append_responses=[AppendResult(i, i, i) for i in range(4)])
     # Every scalar written, one vtable: the layout the bulk reader recognises.
-    assert response.to_flatbuffers() != AppendResponse._CODEC.encode(response)
+    assert response.to_flatbuffers() != _flatbuf.Codec.encode(AppendResponse._CODEC, response)
 
 
 def test_defaults_match_the_schema():
@@ -314,11 +319,36 @@ def test_decoded_enums_are_members_when_known():
         is ClientRole.RANGE_SERVER
 
 
-def test_absent_status_is_the_shared_ok_and_ok_statuses_are_not_written():
-    result = AppendResult(1, 2, 3, 4)
-    assert AppendResult.from_flatbuffers(result.to_flatbuffers()).status is OK
-    assert len(result.to_flatbuffers()) == len(AppendResult(1, 2, 3, 4, Status()).to_flatbuffers())
-    assert gen_read(AppendResult, result.to_flatbuffers()) == result
+STATUS_TABLES = sorted((c for c in ALL_TABLES if "status" in c.__dataclass_fields__),
+                       key=lambda c: c.__name__)
+
+
+def test_every_response_and_result_has_a_status_and_the_schema_requires_it():
+    from sbp_spark.protocol._generated import wire_tables
+
+    responses = {c for c in ALL_TABLES if c.__name__.endswith(("Response", "Result"))}
+    empty = {PingResponse, messages.GoAwayResponse}  # no fields at all
+    assert {c for c in STATUS_TABLES if c is not SystemError} == responses - empty
+    for cls in STATUS_TABLES:
+        [status] = [f for f in wire_tables.TABLES[cls.__name__] if f[0] == "status"]
+        assert status[2:] == ("Status", None, True), cls.__name__
+
+
+@pytest.mark.parametrize("cls", STATUS_TABLES, ids=lambda c: c.__name__)
+def test_ok_statuses_are_written_and_absent_ones_read_as_ok(cls):
+    msg = cls()  # status OK, everything else default
+    ours = msg.to_flatbuffers()
+    gen = getattr(_gen_module(cls.__name__), cls.__name__).GetRootAs(ours, 0)
+    status = gen.Status()  # what a peer's generated accessor returns: never None
+    assert status is not None and status.Code() == 0
+    assert cls.from_flatbuffers(ours) == msg
+    # A peer built on the earlier schemas leaves an OK status out: still success, and the
+    # shared OK object.
+    b = flatbuffers.Builder(16)
+    mod = _gen_module(cls.__name__)
+    mod.Start(b)
+    b.Finish(mod.End(b))
+    assert cls.from_flatbuffers(bytes(b.Output())).status is OK
 
 
 # ---- Status and errors -------------------------------------------------------------------
@@ -705,3 +735,64 @@ def test_append_request_with_committed_offset_round_trips_both_ways(committed, n
 def test_append_request_committed_offset_out_of_range_names_the_field():
     with pytest.raises(ValueError, match="AppendRequest.committed_offset"):
         AppendRequest(0, [], committed_offset=2**63).to_flatbuffers()
+
+
+# ---- APPEND entries must be structs --------------------------------------------------------
+
+
+def append_request_with_table_entries(entries: list[tuple[int, int, int]],
+                                      timeout_ms: int = 500) -> bytes:
+    """An APPEND header as a peer reading the specification's grammar might build it: each
+    entry a table {stream_id, request_index, batch_length} instead of a struct."""
+    b = flatbuffers.Builder(256)
+    tables = []
+    for stream_id, request_index, batch_length in entries:
+        b.StartObject(3)
+        b.PrependInt64Slot(0, stream_id, -1)
+        b.PrependInt32Slot(1, request_index, 0)
+        b.PrependInt32Slot(2, batch_length, 0)
+        tables.append(b.EndObject())
+    b.StartVector(4, len(tables), 4)
+    for t in reversed(tables):
+        b.PrependUOffsetTRelative(t)
+    vec = b.EndVector()
+    b.StartObject(3)
+    b.PrependInt32Slot(0, timeout_ms, 0)
+    b.PrependUOffsetTRelativeSlot(1, vec, 0)
+    b.Finish(b.EndObject())
+    return bytes(b.Output())
+
+
+@pytest.mark.parametrize("entries", [
+    [(7, 0, 100)], [(7, 0, 100), (8, 1, 50)], [(2**40, i, 10) for i in range(20)]])
+def test_append_entries_sent_as_tables_are_refused_naming_the_struct(entries):
+    data = append_request_with_table_entries(entries)
+    for buf in (data, memoryview(bytearray(data))):
+        with pytest.raises(HeaderError, match=r"AppendRequest: append_requests holds "
+                                              rf"{len(entries)} offset\(s\) to tables, but "
+                                              r"AppendEntry is a struct: each entry is 16 "
+                                              r"bytes"):
+            AppendRequest.from_flatbuffers(buf)
+
+
+def test_struct_entries_that_look_a_little_like_offsets_are_read_as_structs():
+    # Small stream ids and lengths are also small "offsets"; only a whole vector of valid
+    # offsets to valid tables is taken for tables.
+    for entries in ([AppendEntry(s, 0, 0) for s in (4, 8, 12, 16)],
+                    [AppendEntry(8, 8, 8)], [AppendEntry(12, 4, 4)], [AppendEntry(4, 0, 0)]):
+        msg = AppendRequest(1, entries)
+        for data in (msg.to_flatbuffers(), _flatbuf.Codec.encode(AppendRequest._CODEC, msg),
+                     gen_write(msg)):
+            assert AppendRequest.from_flatbuffers(data) == msg
+
+
+def test_table_entries_behind_the_packed_layouts_head_are_refused_too():
+    # The exact head the packed codec writes (so its fast reader looks at it), then one offset
+    # to an AppendEntry table: vtable at 36, table at 48 {stream_id, request_index,
+    # batch_length}.
+    head = struct.pack("<I4HiiI4xI", 12, 8, 12, 4, 8, 8, 500, 8, 1)
+    data = head + struct.pack("<I", 16) + struct.pack("<5H2x", 10, 20, 4, 12, 16) + \
+        struct.pack("<iqii", 12, 7, 0, 100)
+    with pytest.raises(HeaderError, match=r"1 offset\(s\) to tables, but AppendEntry is a "
+                                          r"struct"):
+        AppendRequest.from_flatbuffers(data)

@@ -1,5 +1,7 @@
-"""The committed generated code is what schemas/generate.py makes from schemas/*.fbs, and the
-message dataclasses declare the same tables, field ids, types and defaults as the schemas."""
+"""The schema in one place: the committed generated code (flatc's classes and wire_tables.py)
+is what schemas/generate.py makes from schemas/*.fbs; the codec is built from wire_tables.py
+and refuses message classes that disagree with it; and flatc's own generated code declares the
+same tables, field ids, types and defaults as the codec uses (an independent check)."""
 
 from __future__ import annotations
 
@@ -82,3 +84,75 @@ def test_message_fields_match_the_schema(name):
             assert dcf.default == expected, f"{name}.{f.name} default"
         else:
             assert fmt == "I", f"{name}.{f.name} is an offset in the schema"
+
+
+# ---- the generated wire tables are what the codec is built from, and they are checked ------
+
+
+def test_wire_tables_cover_every_message_class_and_struct():
+    from sbp_spark.protocol._generated import wire_tables
+    from sbp_spark.protocol.messages import AppendEntry
+
+    assert set(wire_tables.TABLES) == set(TABLES)
+    assert wire_tables.STRUCTS["AppendEntry"] == (8, 16, (
+        ("stream_id", "long", 0), ("request_index", "int", 8), ("batch_length", "int", 12)))
+    codec = TABLES["AppendRequest"]._CODEC.fields[1].sub
+    assert codec.cls is AppendEntry and codec.struct.format == "<qii" and codec.align == 8
+    for name, cls in TABLES.items():
+        assert [(f.name, f.slot) for f in cls._CODEC.fields] == \
+            [(f[0], f[1]) for f in wire_tables.TABLES[name]]
+
+
+def _schema(**changes):
+    """A copy of the generated tables with one table's fields replaced."""
+    import types
+
+    from sbp_spark.protocol._generated import wire_tables
+
+    tables = dict(wire_tables.TABLES)
+    tables.update(changes.pop("tables", {}))
+    return types.SimpleNamespace(TABLES=tables, STRUCTS=changes.pop("structs",
+                                                                   wire_tables.STRUCTS),
+                                 ENUMS=changes.pop("enums", wire_tables.ENUMS))
+
+
+def _build(schema):
+    from sbp_spark.protocol._flatbuf import build_codecs
+    from sbp_spark.protocol.errors import ErrorCode
+    from sbp_spark.protocol.messages import AppendEntry, ClientRole
+
+    return build_codecs(schema, {**TABLES, "AppendEntry": AppendEntry},
+                        {"ErrorCode": ErrorCode, "ClientRole": ClientRole})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tables": {"RangeId": (("stream_id", 0, "long", 0, False),
+                             ("range_index", 1, "int", -1, False))}},
+     r"RangeId.stream_id: the class's default is -1, the schema's 0"),
+    ({"tables": {"RangeId": (("range_index", 0, "int", -1, False),
+                             ("stream_id", 1, "long", -1, False))}},
+     r"RangeId: the class declares fields \['stream_id', 'range_index'\], the schema"),
+    ({"tables": {"RangeId": (("stream_id", 0, "long", -1, False),
+                             ("range_index", 1, "float", None, False))}},
+     r"RangeId.range_index: type float is not supported"),
+    ({"tables": {"NewTable": ()}}, r"no message class has that name"),
+    ({"enums": {"ErrorCode": ("short", {"NONE": 0}), "ClientRole": ("byte", {
+        "RANGE_SERVER": 0, "CLIENT": 1})}}, r"enum ErrorCode: ErrorCode has"),
+    ({"structs": {"AppendEntry": (8, 16, (("stream_id", "long", 0),
+                                          ("batch_length", "int", 8)))}},
+     r"struct AppendEntry: the class declares fields"),
+])
+def test_a_class_that_disagrees_with_the_schema_stops_the_codec_from_building(change, message):
+    from sbp_spark.protocol._flatbuf import SchemaMismatch
+
+    with pytest.raises(SchemaMismatch, match=message):
+        _build(_schema(**change))
+
+
+def test_the_generated_tables_build_the_codecs_messages_uses():
+    codecs = _build(_schema())
+    for name, cls in TABLES.items():
+        ours = codecs[name]
+        assert type(ours) is type(cls._CODEC)
+        assert [(f.name, f.kind, f.fmt, f.slot) for f in ours.fields] == \
+            [(f.name, f.kind, f.fmt, f.slot) for f in cls._CODEC.fields]

@@ -5,8 +5,9 @@ tests then mutate the header (bit flips, byte and word overwrites with huge valu
 insertions) and the frame around it (another opcode, flags, header format, checksum), send the
 bytes over a raw socket, and follow with a PING on the same connection. They check that:
 
-* nothing hangs: a request to a known opcode is answered (a status or a SYSTEM_ERROR) within a
-  deadline, unknown opcodes and stray responses are dropped without an answer, and the PING is
+* nothing hangs: a request to a known opcode is answered (a status or a SYSTEM_ERROR; by a role
+  that does not serve it, a SYSTEM_ERROR saying so) within a deadline, unknown opcodes and
+  stray responses are dropped without an answer, and the PING is
   answered (the connection stays usable) unless the frame was a GOAWAY or broke the framing,
   in which case the server closes the connection cleanly;
 * nothing crashes: no handler raised (the servers count unexpected exceptions), every frame the
@@ -35,7 +36,7 @@ from hypothesis import strategies as st
 
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, Flags, Opcode
+from sbp_spark.protocol.constants import KNOWN_OPCODES, MAX_FRAME_LENGTH, Flags, Opcode
 from sbp_spark.protocol.errors import ErrorCode, FrameError, HeaderError, StreamNotFoundError
 from sbp_spark.protocol.frame import Frame, FrameDecoder, InvalidFrame, encode_frame
 from sbp_spark.protocol.records import batch_bytes, parse_header
@@ -82,8 +83,7 @@ class Env:
         self.ref_ranges = self.client.list_ranges(self.ref)
         self.rs_id = self.cluster.server_id(0)
         self.addr = {"pd": self.cluster.pd_address, "rs": self.cluster.range_server_addresses[0]}
-        self.opcodes = {"pd": _PdHandler.opcodes | {Opcode.PING},
-                        "rs": RangeServerHandler.opcodes | {Opcode.PING}}
+        self.served = {"pd": _PdHandler.opcodes, "rs": RangeServerHandler.opcodes}
         self.outcomes: Counter[str] = Counter()  # what the sent frames got, for sanity checks
 
     def _read(self, stream_id: int) -> list[tuple[int, bytes]]:
@@ -124,7 +124,7 @@ class Env:
             Seed("rs", m.DeleteStreamsRequest(timeout_ms=2000, streams=[m.Stream(stream_id=fz)])),
             Seed("rs", m.TrimStreamsRequest(timeout_ms=2000, trimmed_streams=[
                 m.TrimmedStream(fz, 0)])),
-            Seed("rs", m.HeartbeatRequest(client_id="fuzz")),
+            Seed("rs", m.HeartbeatRequest(client_id="fuzz", client_role=m.ClientRole.CLIENT)),
             Seed("rs", m.PingRequest()),
         ]
 
@@ -261,10 +261,10 @@ def expect(env: Env, target: str, opcode: int, flags: int, header: bytes,
         return Expectation(False, True, False)
     if opcode == Opcode.GOAWAY:  # "no more requests": the server finishes, then closes
         return Expectation(False, False, False)
-    if opcode not in env.opcodes[target]:
+    if opcode not in KNOWN_OPCODES:
         return Expectation(False, True, False)
-    if not frame_ok:
-        return Expectation(True, True, False)
+    if not frame_ok or opcode not in env.served[target] | {Opcode.PING}:
+        return Expectation(True, True, False)  # SYSTEM_ERROR: bad frame, or not this role's
     try:
         msg = m.REQUESTS[Opcode(opcode)].from_flatbuffers(header)
     except (HeaderError, KeyError, ValueError):
@@ -305,7 +305,7 @@ def run_case(env: Env, target: str, opcode: int, flags: int, header: bytes, payl
         assert got.answered(REQUEST_ID), f"no answer to {what}; got {got.frames}"
         for f in got.answer(REQUEST_ID):
             assert f.is_response and f.opcode == opcode, f
-    elif flags & Flags.RESPONSE or opcode not in env.opcodes[target]:
+    elif flags & Flags.RESPONSE or opcode not in KNOWN_OPCODES:
         assert not got.answer(REQUEST_ID), f"a dropped frame was answered: {what}"
     if duty.usable:
         assert got.answered(PING_ID), f"connection unusable after {what} (eof={got.eof})"

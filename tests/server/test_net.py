@@ -1,12 +1,12 @@
-"""The server network core: PING, bad frames (WIRE.md 4), errors from handlers, limits,
-backpressure, idle timeout and graceful shutdown with GOAWAY."""
+"""The server network core: PING, bad frames (docs/wire.md, Bad frames), dispatch tables and
+refusals of opcodes a role does not serve, errors from handlers, limits, backpressure, idle
+timeout and graceful shutdown with GOAWAY."""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
-import time
 import zlib
 
 import pytest
@@ -15,29 +15,34 @@ from sbp_spark.protocol.constants import Flags, Opcode
 from sbp_spark.protocol.errors import ErrorCode, RangeSealedError
 from sbp_spark.protocol.frame import frame_bytes
 from sbp_spark.protocol.messages import (
+    AppendRequest,
+    AppendResponse,
     DescribeRangesRequest,
     DescribeRangesResponse,
     FetchRequest,
+    FetchResponse,
     GoAwayRequest,
     SystemError,
+    TrimStreamsRequest,
     decode_response,
 )
-from sbp_spark.server.net import FileRegion, FrameServer, NetConfig, RequestHandler
+from sbp_spark.server.net import (
+    FileRegion,
+    FrameServer,
+    NetConfig,
+    RequestContext,
+    RequestHandler,
+    Route,
+    Runs,
+)
 from tests.conftest import load_vectors
+from tests.polling import stays_true, wait_until
 
 from .wire import EOF, RawPeer
 
 VECTORS = {v["name"]: v for v in load_vectors("frames.json")}
 DESCRIBE = Opcode.DESCRIBE_RANGES
 
-
-def _until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 class Scripted(RequestHandler):
@@ -140,7 +145,7 @@ def test_lost_framing_closes_the_connection(server, name):
     with RawPeer(server.address) as peer:
         peer.send_raw(bytes.fromhex(VECTORS[name]["hex"]))
         assert peer.wait_eof()
-    assert _until(lambda: server.connection_count == 0)
+    wait_until(lambda: server.connection_count == 0, "the server to drop the connection")
 
 
 def test_wrong_magic_is_discarded_and_the_connection_lives_on(server):
@@ -215,9 +220,9 @@ def test_inflight_limit_stops_reading_until_requests_finish(handler):
         with RawPeer(srv.address) as peer:
             # FETCH runs on the worker pool, so only the in-flight limit holds these back.
             sids = [peer.request(FetchRequest(), b"block") for _ in range(5)]
-            assert _until(lambda: handler.running == 2)
-            time.sleep(0.2)  # give a wrongly unlimited reader time to start more
-            assert handler.max_running == 2
+            wait_until(lambda: handler.running == 2, "two requests running")
+            # A wrongly unlimited reader would start more meanwhile.
+            stays_true(lambda: handler.max_running == 2, "at most two requests running", 0.2)
             handler.release.set()
             for sid in sids:
                 assert peer.next_frame(sid).is_end
@@ -231,13 +236,13 @@ def test_server_byte_budget_pauses_readers_and_is_released(handler):
         with RawPeer(srv.address) as peer:
             big = b"block" + b"\0" * (300 * 1024)  # more than one 256 KiB read each
             sids = [peer.request(FetchRequest(), big) for _ in range(4)]
-            assert _until(lambda: handler.running == 2)
-            time.sleep(0.3)  # a reader ignoring the budget would start a third meanwhile
-            assert handler.max_running == 2
+            wait_until(lambda: handler.running == 2, "two requests running")
+            # A reader ignoring the budget would start a third meanwhile.
+            stays_true(lambda: handler.max_running == 2, "at most two requests running", 0.3)
             handler.release.set()
             for sid in sids:
                 assert peer.next_frame(sid).is_end
-        assert _until(lambda: srv.inflight_bytes == 0)
+        wait_until(lambda: srv.inflight_bytes == 0, "the byte budget to be released")
     finally:
         srv.stop()
 
@@ -273,7 +278,7 @@ def test_shutdown_sends_goaway_and_lets_inflight_requests_finish(handler):
     srv = _server(handler, shutdown_timeout_s=10)
     with RawPeer(srv.address) as peer:
         sid = peer.request(FetchRequest(), b"block")
-        assert _until(lambda: handler.running == 1)
+        wait_until(lambda: handler.running == 1, "the request to start")
         stopper = threading.Thread(target=srv.stop)
         stopper.start()
         f = peer.next_frame()
@@ -289,7 +294,7 @@ def test_shutdown_sends_goaway_and_lets_inflight_requests_finish(handler):
 def test_peer_goaway_closes_after_inflight_work(server, handler):
     with RawPeer(server.address) as peer:
         sid = peer.request(FetchRequest(), b"block")
-        assert _until(lambda: handler.running == 1)
+        wait_until(lambda: handler.running == 1, "the request to start")
         peer.request(GoAwayRequest(message="client leaving"))
         handler.release.set()
         assert peer.next_frame(sid).is_end
@@ -303,7 +308,8 @@ def test_a_peer_that_stops_reading_is_dropped_without_wedging_the_server(handler
             stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             for _ in range(4):
                 _ask(stuck, b"big8000000")  # never read
-            assert _until(lambda: srv.connection_count == 0, timeout=20)
+            wait_until(lambda: srv.connection_count == 0, "the stuck peer to be dropped",
+                       timeout=20)
         with RawPeer(srv.address) as fine:
             msg, _ = fine.call(DescribeRangesRequest(), b"ok")
             assert msg.throttle_time_ms == 2
@@ -316,3 +322,42 @@ def test_config_rejects_bad_limits():
         NetConfig(max_inflight_per_connection=0)
     with pytest.raises(ValueError, match="idle_timeout_s"):
         NetConfig(idle_timeout_s=-1)
+
+
+class Routed(RequestHandler):
+    """A role declared by its dispatch table alone."""
+
+    role = "test server"
+    routes = {
+        Opcode.DESCRIBE_RANGES: Route(DescribeRangesRequest, "_describe"),
+        Opcode.FETCH: Route(FetchRequest, "_fetch", Runs.POOL),
+        Opcode.APPEND: Route(AppendRequest, "_append", Runs.ORDERED),
+    }
+
+    def handle(self, ctx: RequestContext) -> None:
+        request_cls, serve = self.route(ctx)
+        serve(ctx, request_cls.from_flatbuffers(ctx.header))
+
+    def _describe(self, ctx: RequestContext, request: DescribeRangesRequest) -> None:
+        ctx.reply(DescribeRangesResponse(throttle_time_ms=len(request.ranges)))
+
+    def _fetch(self, ctx: RequestContext, request: FetchRequest) -> None:
+        ctx.reply(FetchResponse(throttle_time_ms=request.max_wait_ms))
+
+    def _append(self, ctx: RequestContext, request: AppendRequest) -> None:
+        ctx.reply(AppendResponse(throttle_time_ms=request.timeout_ms))
+
+
+def test_a_dispatch_table_sets_what_runs_where_and_what_is_refused():
+    assert Routed.opcodes == {Opcode.DESCRIBE_RANGES, Opcode.FETCH, Opcode.APPEND}
+    assert Routed.long_opcodes == {Opcode.FETCH}
+    assert Routed.ordered_opcodes == {Opcode.APPEND}
+    with FrameServer(Routed(), NetConfig(port=0)) as srv, RawPeer(srv.address) as peer:
+        assert peer.call(FetchRequest(max_wait_ms=7))[0].throttle_time_ms == 7
+        assert peer.call(AppendRequest(timeout_ms=9))[0].throttle_time_ms == 9
+        msg, _ = peer.call(TrimStreamsRequest())
+        assert isinstance(msg, SystemError) and msg.status.code == ErrorCode.INVALID_REQUEST
+        assert msg.status.message == ("this test server does not serve TRIM_STREAMS (0x3005); "
+                                      "it serves PING, APPEND, FETCH, DESCRIBE_RANGES")
+        peer.send(frame_bytes(0x7777, 0, 40, b"", b""))  # unknown: still no answer at all
+        assert peer.next_frame(40, timeout=0.3) is None

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import pytest
 
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.messages import DescribeRangesRequest, DescribeRangesResponse, PingRequest
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from tests.polling import wait_until
 
 from .wire import RawPeer
 
 DESCRIBE = Opcode.DESCRIBE_RANGES
 
-
-def _until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 class Ordered(RequestHandler):
@@ -99,7 +91,7 @@ def test_closing_the_connection_ends_the_handler_thread(ordered):
     handler, server = ordered
     with RawPeer(server.address) as peer:
         peer.call(DescribeRangesRequest(), b"x")
-    assert _until(lambda: server.connection_count == 0)
-    assert _until(lambda: not any(
+    wait_until(lambda: server.connection_count == 0, "the server to drop the connection")
+    wait_until(lambda: not any(
         t.name.startswith("sbp-conn") and t.name.endswith("-handler") and t.is_alive()
-        for t in threading.enumerate()))
+        for t in threading.enumerate()), "the connection's handler thread to end")

@@ -356,6 +356,15 @@ def test_create_range(conn, servers, pd):
 
     res = create_range(1)
     assert res.status.code == ErrorCode.INVALID_REQUEST and "still open" in res.status.message
+    # An index past the open last range is refused too (an independent peer saw the batch's
+    # OK top-level status): the item says why, and carries no range.
+    resp, _ = conn.call(m.CreateRangeRequest(ranges=[m.RangeId(sid, 9)]))
+    assert resp.status.ok  # the request as a whole was tried
+    [far] = resp.create_responses
+    assert far.status.code == ErrorCode.INVALID_REQUEST and far.range is None
+    assert far.status.message == (
+        f"cannot create range 9 of stream {sid}: its last range 0 is still open; seal it "
+        "(SEAL_RANGES opens range 1) before creating the next one")
     # Seal on the servers without opening a successor: no server is live to take it.
     for rs in servers:
         pd.liveness.forget(rs.server_id)
@@ -365,7 +374,9 @@ def test_create_range(conn, servers, pd):
     assert r0.end_offset == 0
     for rs in servers:
         beat(conn, rs)
-    assert create_range(5).status.code == ErrorCode.INVALID_REQUEST
+    far = create_range(5)
+    assert far.status.code == ErrorCode.INVALID_REQUEST and far.range is None
+    assert "its last range 0 is sealed, so the next range is 1" in far.status.message
     res = create_range(1)
     assert res.status.ok and (res.range.range_index, res.range.start_offset) == (1, 0)
     assert create_range(1).range == res.range  # retried create: the same range
@@ -377,8 +388,15 @@ def test_describe_ranges_from_metadata(conn, servers):
                                                         m.RangeId(-1, 0)]))
     ok, missing, bad = resp.describe_responses
     assert ok.status.ok and ok.range.range_index == 0 and ok.range.is_open
-    assert missing.status.code == ErrorCode.RANGE_NOT_FOUND
+    # The PD does not ask the primary: an open range's next_offset is its record, and the
+    # answer says that it is a snapshot.
+    assert ok.next_offset_snapshot
+    assert missing.status.code == ErrorCode.RANGE_NOT_FOUND and not missing.next_offset_snapshot
     assert bad.status.code == ErrorCode.STREAM_NOT_FOUND
+    seal(conn, sid, 0)
+    resp, _ = conn.call(m.DescribeRangesRequest(ranges=[m.RangeId(sid, 0)]))
+    [sealed] = resp.describe_responses
+    assert not sealed.range.is_open and not sealed.next_offset_snapshot
 
 
 def test_list_ranges_by_server(conn, servers):
@@ -464,7 +482,7 @@ def test_heartbeat_errors(conn):
     assert "no-port" in bad_addr.status.message
     no_server = conn.call(m.HeartbeatRequest(client_role=m.ClientRole.RANGE_SERVER))[0]
     assert no_server.status.code == ErrorCode.INVALID_REQUEST
-    client = conn.call(m.HeartbeatRequest(client_id="sdk"))[0]
+    client = conn.call(m.HeartbeatRequest(client_id="sdk", client_role=m.ClientRole.CLIENT))[0]
     assert client.status.ok and client.client_id == "sdk"
 
 

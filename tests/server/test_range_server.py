@@ -16,6 +16,7 @@ from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
+    ClientRole,
     DeleteStreamsRequest,
     DescribeRangesRequest,
     FetchEntry,
@@ -40,6 +41,7 @@ from sbp_spark.server import segment
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until
 
 from .wire import RawPeer
 
@@ -239,7 +241,8 @@ def test_fetch_long_poll_is_woken_by_an_append(server, peer):
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.2)  # let the fetch start waiting (its outcome does not depend on this)
+    # Let the fetch start waiting (its outcome does not depend on this).
+    wait_until(lambda: server.metrics.fetches >= 1, "the FETCH to start long-polling")
     _append(peer, [(1, b"new")])
     t.join(30)
     _, _, batches = result["out"]
@@ -345,7 +348,7 @@ def test_retention_deletes_expired_data_and_reports_the_trim(tmp_path):
 
 
 def test_heartbeat_is_answered_with_this_server(server, peer):
-    msg, _ = peer.call(HeartbeatRequest(client_id="c-1"))
+    msg, _ = peer.call(HeartbeatRequest(client_id="c-1", client_role=ClientRole.CLIENT))
     assert msg.client_id == "c-1" and msg.range_server.server_id == ME
     assert msg.range_server.advertise_addr == server.advertise_addr
 
@@ -355,10 +358,7 @@ def test_shutdown_ends_long_polls_early_and_says_goaway(tmp_path):
     with RawPeer(srv.address) as peer:
         _sync(peer, _range(1))
         waiting = peer.request(FetchRequest(30_000, 1, [_entry(1)]))
-        deadline = time.monotonic() + 10
-        while not srv.metrics.fetches:  # the FETCH handler is running (long-polling)
-            assert time.monotonic() < deadline, "the fetch never started"
-            time.sleep(0.01)
+        wait_until(lambda: srv.metrics.fetches, "the FETCH handler to run (long-polling)")
         began = time.monotonic()
         stopper = threading.Thread(target=srv.stop)
         stopper.start()
@@ -387,10 +387,8 @@ def test_primary_replicates_to_secondaries_and_seals_when_one_fails(tmp_path):
             assert len(originals[0]) == 3
             # The secondary learns that the last append settled from the primary's cap notice
             # (the range went quiet), with no further append (test_cap_notice.py).
-            deadline = time.monotonic() + 10
-            while (copies := _fetch(s, [_entry(5)])[2])[0] != originals[0]:
-                assert time.monotonic() < deadline, f"the secondary serves only {copies}"
-                time.sleep(0.01)
+            wait_until(lambda: _fetch(s, [_entry(5)])[2][0] == originals[0],
+                       "the secondary to serve the three batches")
             # A client's batch sent to the secondary is refused.
             assert _codes(_append(s, [(5, b"x")]).append_responses) == [ErrorCode.NOT_PRIMARY]
             secondary.stop()

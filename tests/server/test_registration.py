@@ -3,8 +3,6 @@ trims, and data written through the PD's ranges."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from sbp_spark.client.pd import PdClient
@@ -20,17 +18,9 @@ from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from tests.polling import wait_until
 
 from .wire import RawPeer
-
-
-def _until(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
@@ -57,27 +47,31 @@ def _rs_config(tmp_path, pd, **kw) -> RangeServerConfig:
 
 def test_registers_heartbeats_and_keeps_its_id(tmp_path, pd):
     with RangeServer(_rs_config(tmp_path, pd)) as rs:
-        assert _until(lambda: rs.server_id >= 0 and pd.liveness.is_live(rs.server_id))
+        wait_until(lambda: rs.server_id >= 0 and pd.liveness.is_live(rs.server_id),
+                   "the range server to register", timeout=20)
         first_id = rs.server_id
         assert pd.liveness.address(first_id) == rs.advertise_addr
-        assert _until(lambda: rs.pd_link.heartbeats >= 2)
+        wait_until(lambda: rs.pd_link.heartbeats >= 2, "two heartbeats", timeout=20)
         metrics = rs.pd_link.metrics_request()
         assert metrics.range_server.server_id == first_id
         assert metrics.memory_used > 0 and metrics.disk_free_space > 0
     # A restart (on another port) keeps the id and announces the new address.
     with RangeServer(_rs_config(tmp_path, pd)) as rs:
         assert rs.server_id == first_id
-        assert _until(lambda: pd.liveness.address(first_id) == rs.advertise_addr)
+        wait_until(lambda: pd.liveness.address(first_id) == rs.advertise_addr,
+                   "the PD to learn the new address", timeout=20)
 
 
 def test_ranges_from_the_pd_take_appends_and_retention_trims_reach_the_pd(tmp_path, pd,
                                                                           client):
     cfg = _rs_config(tmp_path, pd, retention_check_interval_s=0.1)
     with RangeServer(cfg) as rs:
-        assert _until(lambda: rs.server_id >= 0 and pd.liveness.is_live(rs.server_id))
+        wait_until(lambda: rs.server_id >= 0 and pd.liveness.is_live(rs.server_id),
+                   "the range server to register", timeout=20)
         stream = client.create_streams([Stream(retention_period_ms=1000)])[0].unwrap()
         sid = stream.stream_id
-        assert _until(lambda: rs.storage.stream_ranges(sid))
+        wait_until(lambda: rs.storage.stream_ranges(sid), "the PD to sync the range",
+                   timeout=20)
         batch = batch_bytes(b"x" * 3000)
         with RawPeer(rs.address) as peer:
             for _ in range(3):
@@ -85,7 +79,8 @@ def test_ranges_from_the_pd_take_appends_and_retention_trims_reach_the_pd(tmp_pa
                     AppendEntry(sid, 0, len(batch))]), batch)
                 assert msg.append_responses[0].status.ok
             # Retention (1 s) expires all three batches; the PD hears the new start.
-            assert _until(lambda: client.describe_streams([sid])[0].unwrap().start_offset == 3)
+            wait_until(lambda: client.describe_streams([sid])[0].unwrap().start_offset == 3,
+                       "the PD to hear of the retention trim", timeout=20)
             rid = peer.request(FetchRequest(0, 0, [FetchEntry(sid, 0, 0, 1 << 20)]))
             [frame] = peer.response(rid)
         assert rs.storage.stream_ranges(sid)[0].start_offset == 3

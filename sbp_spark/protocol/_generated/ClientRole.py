@@ -3,5 +3,5 @@
 # namespace: sbp
 
 class ClientRole(object):
-    CLIENT = 0
-    RANGE_SERVER = 1
+    RANGE_SERVER = 0
+    CLIENT = 1

@@ -53,8 +53,15 @@ class DescribeRangesResult(object):
             return obj
         return None
 
+    # DescribeRangesResult
+    def NextOffsetSnapshot(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
 def DescribeRangesResultStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     DescribeRangesResultStart(builder)
@@ -76,6 +83,12 @@ def DescribeRangesResultAddRange(builder, range):
 
 def AddRange(builder, range):
     DescribeRangesResultAddRange(builder, range)
+
+def DescribeRangesResultAddNextOffsetSnapshot(builder, nextOffsetSnapshot):
+    builder.PrependBoolSlot(3, nextOffsetSnapshot, 0)
+
+def AddNextOffsetSnapshot(builder, nextOffsetSnapshot):
+    DescribeRangesResultAddNextOffsetSnapshot(builder, nextOffsetSnapshot)
 
 def DescribeRangesResultEnd(builder):
     return builder.EndObject()

@@ -1,4 +1,6 @@
 """FlatBuffers code generated from schemas/*.fbs by schemas/generate.py; do not edit.
 
-Only sbp_spark.protocol.messages and the tests use these modules.
+wire_tables.py holds the field ids, types, defaults and struct layouts the codec of
+sbp_spark.protocol.messages is built from; the other modules are flatc's Python classes, which
+only the tests use (as an independent reader and writer).
 """

@@ -40,7 +40,6 @@ from pyspark.sql.types import StructType
 
 from sbp_spark.client import FetchedBatch, SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
-from sbp_spark.protocol.messages import FetchEntry
 
 from .. import cluster
 from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_stream_read_options
@@ -428,18 +427,13 @@ def _poll_server(client: SbpClient, address: str, entries: list[tuple[int, Range
                  wait_ms: int) -> list[int]:
     """One FETCH long poll at the tails of ``entries`` on one range server; the streams that
     got a record. Errors end the poll quietly: the next latestOffset looks again."""
-    fetch = [FetchEntry(sid, index, offset, 1) for index, (sid, _, offset) in enumerate(entries)]
-    woken: list[int] = []
     try:
-        chunks = client.range_server(address).fetch_many(fetch, max_wait_ms=wait_ms,
-                                                         min_bytes=1)
-        with closing(chunks):
-            for chunk in chunks:
-                if chunk.status.code == 0 and chunk.payload.nbytes > 0:
-                    woken.append(entries[chunk.request_index][0])
+        found = client.range_server(address).wait_for_records(
+            [(sid, offset) for sid, _, offset in entries], wait_ms)
     except SbpError as exc:
         log.debug("sbp: long poll on %s ended: %s", address, exc)
-    return sorted(set(woken))
+        return []
+    return sorted({entries[index][0] for index in found})
 
 
 def _batch_at(client: SbpClient, layout: StreamLayout, offset: int) -> FetchedBatch | None:

@@ -42,6 +42,7 @@ def _value(i: int) -> bytes:
 
 
 @pytest.mark.slow  # a Spark of its own: 10-15 s to start, 20-30 s in all on two cores
+@pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_task_retried_within_the_run_writes_each_record_once(sbp_client, pd, tmp_path):
     source, target = new_stream(sbp_client), new_stream(sbp_client)
