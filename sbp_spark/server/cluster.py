@@ -7,7 +7,9 @@ loopback ports. It is what tests, demos and ``sbp server`` use::
         client = SbpClient(cluster.pd_address)
 
 ``ProcessCluster`` runs ``sbp pd`` and ``sbp range-server`` as child processes, so a test can
-kill one with SIGKILL and start it again on the same data directory.
+kill one with SIGKILL and start it again on the same data directory. Each role may run on a
+host of its own (a ``Placement``: the address it listens on and a command prefix that starts it
+there, such as ``ip netns exec NS`` for a network namespace).
 
 Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata) and ``rs-<i>/`` for
 range server ``i``. A range server keeps its server id in its own directory, so restarting it
@@ -24,7 +26,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -264,17 +267,29 @@ class EmbeddedCluster:
 # -- child processes ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one server process runs: the address it listens on (and advertises), and the
+    command prefix that starts it there (``("ip", "netns", "exec", "ns1")`` runs it in a
+    network namespace; empty: this host). The prefix must exec the command in place, so the
+    child's pid stays the server's and signals reach it."""
+
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+
 class ServerProcess:
     """One ``sbp`` server command running as a child process.
 
     Started with ``--ready-file``; ``info`` is what the child wrote there once it served.
-    Output goes to ``log_path``.
+    Output goes to ``log_path``. ``prefix`` goes before the command (see ``Placement``).
     """
 
     def __init__(self, args: Sequence[str], ready_file: Path, log_path: Path,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "sbp_spark.cli", *args, "--ready-file",
+                 env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
+        self.command = [*args]
+        self.args = [*prefix, sys.executable, "-m", "sbp_spark.cli", *args, "--ready-file",
                      str(ready_file)]
         self.ready_file = Path(ready_file)
         self.log_path = Path(log_path)
@@ -285,7 +300,7 @@ class ServerProcess:
                                      stdin=subprocess.DEVNULL, env=env)
         self.info: dict[str, Any] = {}
         try:
-            _wait_for(self._ready, start_timeout_s, f"{' '.join(args[:1])} to be ready "
+            _wait_for(self._ready, start_timeout_s, f"{' '.join(self.command[:1])} to be ready "
                       f"(log: {self.log_path})")
         except BaseException:
             self.kill()
@@ -294,7 +309,7 @@ class ServerProcess:
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
             raise RuntimeError(
-                f"{' '.join(self.args[3:])} exited with status {self.proc.returncode}; "
+                f"{' '.join(self.command)} exited with status {self.proc.returncode}; "
                 f"its log:\n{self.log_tail()}")
         try:
             self.info = json.loads(self.ready_file.read_text())
@@ -350,18 +365,28 @@ class ProcessCluster:
     port too (a server restarting on its configured port), and takes a free one if that is
     taken. ``env`` is the environment of every child process; ``tls`` becomes their
     ``--tls-cert``/``--tls-key``/``--tls-ca`` options.
+
+    ``placements`` puts roles on hosts of their own: ``{"pd": Placement(...), "rs-0": ...}``
+    (``role_name`` spells the keys); a role without one runs here and listens on ``host``.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
-                 env: dict[str, str] | None = None, tls: TlsConfig | None = None) -> None:
+                 env: dict[str, str] | None = None, tls: TlsConfig | None = None,
+                 placements: Mapping[str, Placement] | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
             raise ValueError(f"pd_port={pd_port!r} must be in 0..65535")
+        known = {"pd", *(self.role_name(i) for i in range(range_servers))}
+        unknown = sorted(set(placements or {}) - known)
+        if unknown:
+            raise ValueError(f"placements name roles this cluster does not have: {unknown} "
+                             f"(roles: pd, rs-0..rs-{range_servers - 1})")
         self.data_dir = Path(data_dir)
         self.host = host
+        self.placements: dict[str, Placement] = dict(placements or {})
         self.fsync = _fsync_policy(fsync)
         self.start_timeout_s = start_timeout_s
         self.env = env
@@ -396,6 +421,15 @@ class ProcessCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @staticmethod
+    def role_name(index: int | None) -> str:
+        """The key of a role in ``placements``: ``"pd"`` (index None), ``"rs-<index>"``."""
+        return "pd" if index is None else f"rs-{index}"
+
+    def placement(self, role: str) -> Placement:
+        """Where ``role`` runs (``role_name``): its own placement, else ``host`` here."""
+        return self.placements.get(role) or Placement(self.host)
+
     # -- the PD -----------------------------------------------------------------------------
 
     @property
@@ -404,18 +438,19 @@ class ProcessCluster:
         if self.pd is not None:
             return str(self.pd.info["pd"])
         if self._pd_port:
-            return f"{self.host}:{self._pd_port}"
+            return f"{self.placement('pd').host}:{self._pd_port}"
         raise RuntimeError("the cluster's PD has not been started")
 
     def start_pd(self) -> ServerProcess:
         """Start the PD (again) on its data directory and port."""
         if self.pd is not None and self.pd.running:
             raise RuntimeError("the PD is already running")
+        where = self.placement("pd")
         self.pd = ServerProcess(
-            ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", self.host,
+            ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", where.host,
              "--port", str(self._pd_port), "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s,
-            env=self.env)
+            env=self.env, prefix=where.prefix)
         self._pd_port = int(str(self.pd.info["pd"]).rsplit(":", 1)[1])
         return self.pd
 
@@ -467,12 +502,13 @@ class ProcessCluster:
         return proc
 
     def _launch_range_server(self, i: int, port: int) -> ServerProcess:
+        where = self.placement(self.role_name(i))
         return ServerProcess(
             ["range-server", "--pd", self.pd_address, "--data-dir",
-             str(self.range_server_dir(i)), "--host", self.host, "--port", str(port),
+             str(self.range_server_dir(i)), "--host", where.host, "--port", str(port),
              "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
-            self.start_timeout_s, env=self.env)
+            self.start_timeout_s, env=self.env, prefix=where.prefix)
 
     def kill_range_server(self, i: int) -> None:
         """SIGKILL range server ``i``."""
