@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from .helpers import wait_until
 from .lab import Lab
 
 pytestmark = pytest.mark.usefixtures("network_ready")
@@ -42,6 +43,45 @@ def _report(figures: dict, lab: Lab, verdict, **extra) -> None:
             f"{max(d.longest_stall_s for d in writers):.1f} s"
     if tails:
         figures["tail errors ridden out"] = sum(len(d.errors) for d in tails)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("replication_rtt_ms", [None, 50.0], ids=["fast", "slow-replication"])
+@pytest.mark.fault_case(
+    "primary cut off from the PD (R=3)",
+    "4 range servers, a 3-replica stream; drop everything between the primary of its open "
+    "range and the PD (clients and secondaries still reach the primary) while 2 writers append "
+    "and a tail reads, until the PD has failed the range over and writes went on; then heal. "
+    "slow-replication: the links between range servers add 20 ms round trips, so the cut-off "
+    "primary's last forwards reach the secondaries after the PD opened the next range there",
+    "the history: acknowledged batches at their offsets byte for byte, readers (and replicas) "
+    "agree, every reader's view a prefix of the final log, no holes; duplicates counted")
+def test_primary_cut_off_from_the_pd(tmp_path, figures, replication_rtt_ms):
+    with Lab(tmp_path, range_servers=4, clients=["w1", "w2", "r1"],
+             replication_rtt_ms=replication_rtt_ms) as lab:
+        [stream] = lab.client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        primary = lab.primary_node(sid)
+        writers = [lab.writer("w1", sid), lab.writer("w2", sid)]
+        lab.tail("r1", sid)
+        for w in writers:
+            w.wait_for(BEFORE)
+        cut = time.monotonic()
+        fault = lab.net.partition(primary, "pd")
+        wait_until(lambda: len(lab.client.list_ranges(sid)) > 1, 60,
+                   "the PD to fail the cut-off primary's range over")
+        failed_over_s = time.monotonic() - cut
+        hold()
+        for w in writers:
+            w.wait_for(DURING)
+        lab.net.heal(fault)
+        for w in writers:
+            w.wait_for(AFTER)
+        verdict = lab.check(sid)
+        _report(figures, lab, verdict, **{
+            "range failed over after": f"{failed_over_s:.1f} s",
+            "ranges": len(lab.client.list_ranges(sid))})
+        verdict.assert_ok()
 
 
 @pytest.mark.timeout(300)

@@ -4,7 +4,9 @@ The primary of a range stores a client's batches, then forwards them, exactly as
 offsets already assigned), to every secondary as an ordinary APPEND frame. A secondary accepts
 an APPEND whose batches carry base offsets only for a range it is a secondary of, and only if
 those offsets continue its log exactly; a client's batches (base_offset -1) sent to a secondary
-are refused with NOT_PRIMARY.
+are refused with NOT_PRIMARY. Every forward names its range (``AppendRequest.range_index``),
+and a secondary takes it into no other: a primary cut off from the PD may go on forwarding
+batches of a range the PD has already ended, at offsets where the next range begins.
 
 Order: the local append and the forward are done under one lock per range, and each secondary
 gets its frames over one connection, which it reads and applies in order, so a secondary's log
@@ -123,7 +125,8 @@ class Replicator:
         secondary and wait for their answers: each one's stored end of the range, or why
         there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
-                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)])
+                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)],
+                                range_index=rlog.range_index)
         if committed >= 0:
             rlog.cap.note_sent(committed)
         sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
@@ -178,7 +181,7 @@ class Replicator:
         if committed >= 0:
             rlog.cap.note_sent(committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
-                                committed_offset=committed)
+                                committed_offset=committed, range_index=rlog.range_index)
         out = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:

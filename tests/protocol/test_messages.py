@@ -732,6 +732,21 @@ def test_append_request_with_committed_offset_round_trips_both_ways(committed, n
     assert AppendRequest.from_flatbuffers(theirs) == req  # and flatc's builder's bytes read back
 
 
+@pytest.mark.parametrize("committed", [-1, 0, 77])
+@pytest.mark.parametrize("range_index", [0, 5, 2**31 - 1])
+def test_append_request_naming_its_range_round_trips_both_ways(committed, range_index):
+    # A primary's forward names the range its batches belong to (with or without a cap).
+    req = AppendRequest(2_000, [AppendEntry(5, 0, 100), AppendEntry(5, 1, 50)],
+                        committed_offset=committed, range_index=range_index)
+    ours = req.to_flatbuffers()
+    assert AppendRequest.from_flatbuffers(ours) == req
+    assert gen_read(AppendRequest, ours) == req
+    assert AppendRequest.from_flatbuffers(gen_write(req)) == req
+    # A client's append names none, and keeps the packed two-slot layout.
+    assert AppendRequest.from_flatbuffers(
+        AppendRequest(2_000, req.append_requests).to_flatbuffers()).range_index == -1
+
+
 def test_append_request_committed_offset_out_of_range_names_the_field():
     with pytest.raises(ValueError, match="AppendRequest.committed_offset"):
         AppendRequest(0, [], committed_offset=2**63).to_flatbuffers()
