@@ -114,3 +114,38 @@ def test_writer_cut_off_from_the_primary(tmp_path, figures, idempotent):
             "cut-off writer's appends given up": cut_off.failed,
             "ranges": len(lab.client.list_ranges(sid))})
         verdict.assert_ok()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "tail on a secondary while the primary is cut off and its range sealed (R=3)",
+    "4 range servers, a 3-replica stream; a tail reads from a secondary (another reads as "
+    "clients do: primary first) while a writer appends; the primary is cut off from every "
+    "node (PD, secondaries, clients), the PD seals its range and opens the next elsewhere; "
+    f"the cut lasts {HOLD_S:g} s past the failover; then heal",
+    "the history, as above: in particular no tail sees a record the seal then removes")
+def test_tail_on_a_secondary_while_the_range_is_sealed(tmp_path, figures):
+    with Lab(tmp_path, range_servers=4, clients=["w1", "r1", "r2"]) as lab:
+        [stream] = lab.client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        rng = lab.client.list_ranges(sid)[-1]
+        primary = lab.primary_node(sid)
+        secondary = next(r.server.advertise_addr for r in rng.servers if not r.is_primary)
+        writer = lab.writer("w1", sid)
+        lab.tail("r1", sid, prefer=secondary)
+        lab.tail("r2", sid)
+        writer.wait_for(BEFORE)
+        cut = time.monotonic()
+        fault = lab.net.isolate(primary)
+        wait_until(lambda: len(lab.client.list_ranges(sid)) > 1, 60,
+                   "the PD to fail the cut-off primary's range over")
+        failed_over_s = time.monotonic() - cut
+        hold()
+        writer.wait_for(DURING)
+        lab.net.heal(fault)
+        writer.wait_for(AFTER)
+        verdict = lab.check(sid)
+        _report(figures, lab, verdict, **{
+            "range failed over after": f"{failed_over_s:.1f} s",
+            "ranges": len(lab.client.list_ranges(sid))})
+        verdict.assert_ok()
