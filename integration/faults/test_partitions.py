@@ -85,6 +85,39 @@ def test_primary_cut_off_from_the_pd(tmp_path, figures, replication_rtt_ms):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "primary cut off from its secondaries (R=3)",
+    "4 range servers, a 3-replica stream; drop everything between the primary of its open "
+    "range and its two secondaries (all still reach the PD and the clients) while 2 writers "
+    "append and a tail reads, until writes went on elsewhere; then heal",
+    "the history, as above")
+def test_primary_cut_off_from_its_secondaries(tmp_path, figures):
+    with Lab(tmp_path, range_servers=4, clients=["w1", "w2", "r1"]) as lab:
+        [stream] = lab.client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        primary, secondaries = lab.primary_node(sid), lab.secondary_nodes(sid)
+        writers = [lab.writer("w1", sid), lab.writer("w2", sid)]
+        lab.tail("r1", sid)
+        for w in writers:
+            w.wait_for(BEFORE)
+        cut = time.monotonic()
+        fault = lab.net.partition(primary, secondaries)
+        # Well within the replication timeout (30 s): the clients asked for 2 s.
+        for w in writers:
+            w.wait_for(DURING, timeout=30)
+        resumed_s = time.monotonic() - cut
+        hold()
+        lab.net.heal(fault)
+        for w in writers:
+            w.wait_for(AFTER)
+        verdict = lab.check(sid)
+        _report(figures, lab, verdict, **{
+            "writes went on after": f"{resumed_s:.1f} s",
+            "ranges": len(lab.client.list_ranges(sid))})
+        verdict.assert_ok()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
 @pytest.mark.fault_case(
     "writer cut off from the primary mid-append, its answers lost (R=3)",

@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 
 # A secondary must store a forwarded frame within this time, or the entries fail.
 DEFAULT_REPLICATION_TIMEOUT_S = 30.0
+# A client's append that asks for less (its timeout_ms) waits at most that long for the
+# secondaries, but never less than this: a forward that fails seals the range for every
+# writer, so one impatient client must not seal ranges over a busy moment.
+MIN_FORWARD_TIMEOUT_S = 1.0
 
 
 # How long a secondary may take to answer a cap notice.
@@ -170,7 +174,11 @@ class Replicator:
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
-        let their readers see that far."""
+        let their readers see that far. A secondary has the append's ``timeout_ms`` to answer
+        (within ``MIN_FORWARD_TIMEOUT_S`` and the replication timeout): past it the writer
+        has stopped waiting anyway, and a secondary that went silent (a link that drops
+        everything) fails the append then, so the range is sealed and writers move on,
+        instead of all of them waiting the whole replication timeout."""
         entries = []
         payload: list = []
         for i, pieces in enumerate(stored):
@@ -182,6 +190,10 @@ class Replicator:
             rlog.cap.note_sent(committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
                                 committed_offset=committed, range_index=rlog.range_index)
+        wait_s = None  # the pool's: the replication timeout
+        if timeout_ms > 0:
+            wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
+                         self.pool.config.request_timeout_s)
         out = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:
@@ -191,7 +203,7 @@ class Replicator:
             try:
                 conn = self.pool.get(replica.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
-                                    lambda sid: request_frame(sid, request, payload))
+                                    lambda sid: request_frame(sid, request, payload), wait_s)
                 out.append(Forward(replica, stream))
             except SbpError as exc:
                 out.append(Forward(replica, None, exc))
