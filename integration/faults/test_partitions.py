@@ -26,6 +26,9 @@ BEFORE, DURING, AFTER = 40, 40, 40
 # How long a fault lasts once the cluster has worked around it: long enough for clients to
 # keep meeting the cut-off server, and for timeouts of a few seconds to run out.
 HOLD_S = 6.0
+# The PD stays cut off this long: many liveness timeouts, so TCP retransmission timers of
+# connections that went silent have backed off to several seconds when it heals.
+PD_CUT_S = 20.0
 
 
 def hold(seconds: float = HOLD_S) -> None:
@@ -182,3 +185,42 @@ def test_tail_on_a_secondary_while_the_range_is_sealed(tmp_path, figures):
             "range failed over after": f"{failed_over_s:.1f} s",
             "ranges": len(lab.client.list_ranges(sid))})
         verdict.assert_ok()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "PD cut off from everything past the liveness timeout",
+    "4 range servers, a 3-replica and a 1-replica stream; drop everything to and from the PD "
+    f"for {PD_CUT_S:g} s (the PD's liveness timeout is 3 s) while a writer appends to "
+    "each and a tail reads; then heal",
+    "no range is failed over when the network heals (the servers were healthy: it was the PD "
+    "that was cut off); the history, as above")
+def test_pd_cut_off_from_everything(tmp_path, figures):
+    with Lab(tmp_path, range_servers=4, clients=["w1", "w2", "r1"]) as lab:
+        replicated = lab.client.create_streams(1, replicas=3)[0].stream_id
+        single = lab.client.create_streams(1, replicas=1)[0].stream_id
+        writers = [lab.writer("w1", replicated), lab.writer("w2", single)]
+        lab.tail("r1", replicated)
+        for w in writers:
+            w.wait_for(BEFORE)
+        ranges_before = {s: len(lab.client.list_ranges(s)) for s in (replicated, single)}
+        fault = lab.net.isolate("pd")
+        hold(PD_CUT_S)
+        for w in writers:
+            w.wait_for(DURING)
+        lab.net.heal(fault)
+        healed = time.monotonic()
+        for w in writers:
+            w.wait_for(AFTER)
+        # Two liveness timeouts after the heal: any failover the heal caused has happened.
+        hold(max(0.0, 6.0 - (time.monotonic() - healed)))
+        failovers = lab.failovers()
+        ranges_after = {s: len(lab.client.list_ranges(s)) for s in (replicated, single)}
+        verdict = lab.check(replicated, single)
+        _report(figures, lab, verdict, **{
+            "ranges failed over at the heal": failovers,
+            "ranges before / after": f"{ranges_before} / {ranges_after}"})
+        verdict.assert_ok()
+        assert failovers == 0, (
+            f"the PD failed {failovers} ranges of healthy servers over when the network "
+            f"healed: {lab.cluster.data_dir / 'pd.log'}")
