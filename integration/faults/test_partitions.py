@@ -16,7 +16,10 @@ import time
 
 import pytest
 
+from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
+
 from .helpers import wait_until
+from .history import digest
 from .lab import Lab
 
 pytestmark = pytest.mark.usefixtures("network_ready")
@@ -224,3 +227,78 @@ def test_pd_cut_off_from_everything(tmp_path, figures):
         assert failovers == 0, (
             f"the PD failed {failovers} ranges of healthy servers over when the network "
             f"healed: {lab.cluster.data_dir / 'pd.log'}")
+
+
+# The relay's connector options: a read or append that meets the cut-off primary gives up
+# on it after 3 s (and retries elsewhere) instead of the default 30 s.
+RELAY_OPTIONS = {"retries": "60", "requestTimeoutMs": "3000"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.fault_case(
+    "Spark streaming relay through a partition of its input's primary (R=3)",
+    "4 range servers, 3-replica streams; a writer appends to an input stream while "
+    "readStream.format('sbp') relays it (key = input offset) into an output stream with "
+    "writeStream.format('sbp') idempotent=true, requestTimeoutMs=3000; the primary of the "
+    "input's open range (chosen to lead the output's too) is cut off from every node during a "
+    f"micro-batch, until the PD failed its ranges over and {HOLD_S:g} s more; then heal",
+    "the output holds every input record exactly once, byte for byte, without holes; the "
+    "history of the input (the writer's, the relay's view of it, the final log) obeys the "
+    "rules above")
+def test_spark_relay_through_a_partition_of_its_input_primary(tmp_path, figures, spark):
+    from .test_spark_streaming import Relay, check_output
+
+    with Lab(tmp_path, range_servers=4, clients=["w1"]) as lab:
+        client = lab.client
+        source = client.create_streams(1, replicas=3)[0].stream_id
+        victim = lab.primary_node(source)
+        target = client.create_streams(1, replicas=3)[0].stream_id
+        for _ in range(8):
+            if lab.primary_node(target) == victim:
+                break
+            target = client.create_streams(1, replicas=3)[0].stream_id
+        shared = lab.primary_node(target) == victim
+        writer = lab.writer("w1", source, pause_s=0.05)
+        relay = Relay(spark, lab.cluster.pd_address, source, target,
+                      str(tmp_path / "checkpoint"), RELAY_OPTIONS)
+        try:
+            writer.wait_for(200)
+            relay.start()
+            wait_until(lambda: relay.processed_to() > 0 and relay.last_batch_id >= 2, 180,
+                       "three micro-batches")
+            wait_until(relay.trigger_active, 60, "a micro-batch to run")
+            figures["cut off during"] = f"micro-batch {relay.last_batch_id + 1}"
+            cut = time.monotonic()
+            fault = lab.net.isolate(victim)
+            wait_until(lambda: len(client.list_ranges(source)) > 1, 60,
+                       "the PD to fail the input's range over")
+            hold()
+            lab.net.heal(fault)
+            writer.wait_for(200, timeout=120)
+            writer.stop()
+            end = lab.stream_end(source)
+            relay.wait_processed(end, 240)
+            caught_up_s = time.monotonic() - cut
+        finally:
+            relay.stop()
+        inputs = {b.header.base_offset: bytes(b.data[ENVELOPE_SIZE:])
+                  for b in client.read(source)}
+        output = check_output(client, target, inputs, source)
+        # What the relay read of the input, as the output tells it: a reader's view.
+        for fetched in client.read(target):
+            batch = body_to_arrow(fetched.data[ENVELOPE_SIZE:])
+            for key, value in zip(batch.column("key").to_pylist(),
+                                  batch.column("value").to_pylist(), strict=True):
+                lab.history.record_seen("spark relay", source, int(key), 1, digest(value))
+        verdict = lab.check(source)
+        _report(figures, lab, verdict, **{
+            "output": output.summary(),
+            "micro-batches": relay.last_batch_id + 1,
+            "query failures (restarted from the checkpoint)": len(relay.failures),
+            "cut-off server also led the output stream": "yes" if shared else "no",
+            "from the cut to the query through the end": f"{caught_up_s:.1f} s"})
+        if relay.failures:
+            figures["first failure"] = relay.failures[0]
+        verdict.assert_ok()
+        assert output.exactly_once, output.summary()

@@ -68,8 +68,11 @@ class Relay:
     """The streaming query under test: input stream -> idempotent sbp sink -> output stream.
     Restarts from its checkpoint when it fails, and keeps every failure's message."""
 
-    def __init__(self, spark, pd: str, source: int, target: int, checkpoint: str) -> None:
+    def __init__(self, spark, pd: str, source: int, target: int, checkpoint: str,
+                 options: dict[str, str] | None = None) -> None:
         self.spark = spark
+        # Connector options of both ends (retries, timeouts).
+        self.options = CONNECTOR_RETRIES if options is None else options
         self.pd = pd
         self.source = source
         self.target = target
@@ -84,14 +87,14 @@ class Relay:
                   .option("streams", str(self.source)).option("startingOffsets", "earliest")
                   .option("minPartitions", "2")
                   .option("maxRecordsPerTrigger", str(MAX_RECORDS_PER_TRIGGER)))
-        for key, value in CONNECTOR_RETRIES.items():
+        for key, value in self.options.items():
             reader = reader.option(key, value)
         writer = (reader.load().selectExpr("CAST(offset AS STRING) AS key", "value")
                   .writeStream.format("sbp").option("pd", self.pd)
                   .option("stream", str(self.target)).option("idempotent", "true")
                   .option("checkpointLocation", self.checkpoint)
                   .trigger(processingTime="0 seconds"))
-        for key, value in CONNECTOR_RETRIES.items():
+        for key, value in self.options.items():
             writer = writer.option(key, value)
         self.query = writer.start()
 
