@@ -82,6 +82,7 @@ def _ceilings(address: str, total: int, runs: int) -> dict[str, float]:
 
 
 def _client(pd: str, total: int, runs: int) -> dict[str, float]:
+    from sbp_spark.bench.client import timed_append, timed_read
     from sbp_spark.client import SbpClient
     from sbp_spark.protocol.records import encode_batch
 
@@ -92,17 +93,8 @@ def _client(pd: str, total: int, runs: int) -> dict[str, float]:
     appends, fetches = [], []
     for run in range(runs + 1):
         [stream] = client.create_streams(1)
-        writer = client.open_stream(stream.stream_id)
-        began = time.perf_counter()
-        left = count
-        while left:
-            n = min(left, len(batches))
-            writer.append(batches[:n])
-            left -= n
-        appended = time.perf_counter() - began
-        began = time.perf_counter()
-        nbytes = sum(b.data.nbytes for b in client.read(stream.stream_id))
-        fetched = time.perf_counter() - began
+        appended = timed_append(client, stream.stream_id, batches, count)
+        fetched, nbytes, _ = timed_read(client, stream.stream_id)
         if nbytes != count * MIB:
             raise RuntimeError(f"FETCH returned {nbytes} bytes, {count * MIB} appended")
         if run:  # the first run is the warm-up

@@ -47,7 +47,7 @@ from sbp_spark.protocol.records import (
 )
 from sbp_spark.spark.streaming.idempotent import WriteTag, find_landed, tag_batch, tag_of_body
 
-from .helpers import make_body
+from .helpers import StreamFollower, make_body
 from .history import digest
 
 # Clients notice a silent peer within seconds (a request waits request_timeout_s plus the
@@ -168,23 +168,22 @@ class Writer:
         return check
 
 
-class Tail:
-    """Follows a stream from offset 0, long-polling its open range and moving on when it is
-    sealed; reports every batch it gets and every failure it rides out."""
+class Tail(StreamFollower):
+    """Follows a stream from offset 0 (``helpers.StreamFollower``); reports every batch it
+    gets and every failure it rides out."""
 
     def __init__(self, client: SbpClient, args: argparse.Namespace, events: Events) -> None:
         self.client = client
-        self.stream = args.stream
+        self.stream_id = args.stream
         self.prefer = args.prefer
         self.wait_ms = args.wait_ms
         self.events = events
         self.offset = 0
+        self.stop = threading.Event()
 
     def _range_at(self, offset: int) -> Range | None:
-        for rng in self.client.list_ranges(self.stream):
-            if rng.start_offset <= offset and (rng.is_open or offset < rng.end_offset):
-                return self._preferred(rng)
-        return None
+        rng = super()._range_at(offset)
+        return None if rng is None else self._preferred(rng)
 
     def _preferred(self, rng: Range) -> Range:
         """``rng`` with the preferred replica first (the others follow in their order)."""
@@ -195,29 +194,23 @@ class Tail:
                                                      not r.is_primary))
         return replace(rng, servers=[RangeReplica(r.server, False) for r in ordered])
 
+    def _stopped(self) -> bool:
+        return self.stop.is_set()
+
+    def _pause(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+
+    def _got(self, b) -> None:
+        self.events.emit({"e": "seen", "stream": self.stream_id,
+                          "offset": b.header.base_offset, "count": b.header.record_count,
+                          "digest": digest(b.data[ENVELOPE_SIZE:]), "server": b.server})
+
+    def _failed(self, error: SbpError) -> None:
+        self.events.emit({"e": "error", "error": _error(error)})
+
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                rng = self._range_at(self.offset)
-                if rng is None:
-                    stop.wait(0.05)  # the PD has not opened the next range yet
-                    continue
-                for b in self.client.fetch(rng, self.offset,
-                                           max_wait_ms=self.wait_ms if rng.is_open else 0):
-                    header = b.header
-                    if header.end_offset <= self.offset:
-                        continue
-                    self.events.emit({"e": "seen", "stream": self.stream,
-                                      "offset": header.base_offset,
-                                      "count": header.record_count,
-                                      "digest": digest(b.data[ENVELOPE_SIZE:]),
-                                      "server": b.server})
-                    self.offset = header.end_offset
-                    if stop.is_set():
-                        break
-            except SbpError as exc:
-                self.events.emit({"e": "error", "error": _error(exc)})
-                stop.wait(0.05)
+        self.stop = stop
+        self._follow()
 
 
 def main(argv: list[str] | None = None) -> int:
