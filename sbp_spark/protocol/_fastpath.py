@@ -115,8 +115,12 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
     structs, or None when it does not look like that.
 
     A table vector holds one 4-byte offset per element, each pointing past the offsets to a
-    table whose vtable is valid and describes at most AppendEntry's three fields. Real struct
-    entries almost never pass this: an entry's first word is its stream id's low half."""
+    table whose vtable is valid and describes at least one and at most AppendEntry's three
+    fields (an entry table that sets no field would hold no batch). Real struct entries do not
+    pass this: an entry's first word is its stream id's low half, so a second element (the
+    high half) points back into the offsets; and with one entry, the only vtables such an
+    offset can reach in the packed layout describe no field (stream 8, request_index 32
+    reached the root's own vtable-shaped bytes before that was required)."""
     base = pos + 4
     if n == 0 or base + 4 * n > size:
         return None
@@ -129,11 +133,11 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
         if vt < 0 or vt + 4 > size:
             return None
         vt_len, tbl_len = _VT_HEAD.unpack_from(buf, vt)
-        if not 4 <= vt_len <= 10 or vt_len & 1 or vt + vt_len > size or tbl_len < 4 \
+        if not 6 <= vt_len <= 10 or vt_len & 1 or vt + vt_len > size or tbl_len < 4 \
                 or target + tbl_len > size:
             return None
         slots = struct.unpack_from(f"<{(vt_len - 4) // 2}H", buf, vt + 4)
-        if any(off and (off < 4 or off >= tbl_len) for off in slots):
+        if not any(slots) or any(off and (off < 4 or off >= tbl_len) for off in slots):
             return None
     return (f"append_requests holds {n} offset(s) to tables, but AppendEntry is a struct: "
             "each entry is 16 bytes inside the vector (stream_id: long at 0, request_index: "

@@ -801,6 +801,21 @@ def test_struct_entries_that_look_a_little_like_offsets_are_read_as_structs():
             assert AppendRequest.from_flatbuffers(data) == msg
 
 
+def test_no_one_entry_append_is_taken_for_a_table_vector():
+    # Found by integration/bench/slow_links.py: a client appending 1 MiB batches (one per
+    # frame) to stream 8 had batch 32 refused, its struct taken for an offset to a table
+    # whose vtable had no field. With one entry, only the entry's own words can look like an
+    # offset and a vtable: sweep every small stream id and request index.
+    for stream_id in range(0, 64):
+        for request_index in range(0, 160):
+            for batch_length in (0, 28, 1 << 20, (1 << 20) + 6, 16 * 1024 * 1024):
+                msg = AppendRequest(30_000, [AppendEntry(stream_id, request_index,
+                                                         batch_length)])
+                for data in (msg.to_flatbuffers(),
+                             _flatbuf.Codec.encode(AppendRequest._CODEC, msg)):
+                    assert AppendRequest.from_flatbuffers(data) == msg
+
+
 def test_table_entries_behind_the_packed_layouts_head_are_refused_too():
     # The exact head the packed codec writes (so its fast reader looks at it), then one offset
     # to an AppendEntry table: vtable at 36, table at 48 {stream_id, request_index,
