@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from integration.netlab.network import REPO, Network, unavailable
+from integration.netlab.network import REPO, Network, remove_leftovers, unavailable
 from sbp_spark.server.cluster import ProcessCluster, write_ready_file
 
 MIB = 1024 * 1024
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"slow_links: cannot build the network: {reason}", file=sys.stderr)
         return 2
+    remove_leftovers()  # of runs that were killed
     began = time.monotonic()
     results = run_profiles(args)
     print(table(results))

@@ -6,11 +6,15 @@ there itself (its own connections carry a firewall mark, so they are not redirec
 relays both directions through a model of a slow link:
 
 * every byte arrives ``--one-way-ms`` after it was sent (half the added round trip);
-* with ``--rate-mbit``, bytes leave at most at that rate: a byte starts crossing once the link
-  has sent the ones before it, and arrives a serialisation time plus the delay later;
-* at most ``--window-bytes`` are on the line per direction (sent, not yet delivered): beyond
-  that the proxy stops reading, so TCP pushes back on the sender as a full window would. The
-  default, 4 MiB, is about what Linux's receive-buffer autotuning allows a connection.
+* with ``--rate-mbit``, bytes leave at most at that rate, per direction, shared by every
+  connection through the proxy (one link, not one per connection): a byte starts crossing once
+  the link has sent the ones before it, and arrives a serialisation time plus the delay later;
+* at most ``--window-bytes`` per connection and direction are unacknowledged: sent, and not
+  yet both delivered and acknowledged (an acknowledgement takes the one-way delay to come
+  back, so a byte holds its place for a whole round trip, as in TCP's window). Beyond that
+  the proxy stops reading, so TCP pushes back on the sender as a full window would. The
+  default, 4 MiB, is about what Linux's receive-buffer autotuning allows a connection: at
+  most window / round trip per connection (84 MB/s at +50 ms).
 
 Both sides of the proxy are local and fast, so what the peers see is the modelled link. The
 proxy writes its listening port to ``--ready-file`` once it accepts connections.
@@ -44,20 +48,44 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntoa(raw[4:8]), port
 
 
-class Line:
-    """One direction of one connection: bytes read from ``src`` are written to ``dst`` when
-    the modelled link delivers them."""
+class Wire:
+    """One direction of the modelled link, shared by every connection that crosses it: when
+    each piece of bytes handed to it arrives at the far end."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, one_way_s: float,
-                 rate_bps: float | None, window: int, on_close) -> None:
-        self.src, self.dst = src, dst
+    def __init__(self, one_way_s: float, rate_bps: float | None) -> None:
         self.one_way_s = one_way_s
         self.rate_bps = rate_bps
+        self._free = 0.0  # when the link has sent everything scheduled so far
+        self._lock = threading.Lock()
+
+    def schedule(self, data: bytes, now: float) -> list[tuple[float, bytes]]:
+        """(arrival time, piece) for ``data`` handed to the link at ``now``."""
+        if not self.rate_bps:
+            return [(now + self.one_way_s, data)]
+        out = []
+        with self._lock:
+            for pos in range(0, len(data), PACED_PIECE):
+                piece = data[pos:pos + PACED_PIECE]
+                sent = max(now, self._free) + len(piece) * 8 / self.rate_bps
+                self._free = sent
+                out.append((sent + self.one_way_s, piece))
+        return out
+
+
+class Line:
+    """One direction of one connection: bytes read from ``src`` are written to ``dst`` when
+    the modelled link (``wire``) delivers them."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket, wire: Wire, window: int,
+                 on_close) -> None:
+        self.src, self.dst = src, dst
+        self.wire = wire
         self.window = window
         self.on_close = on_close
         self.queue: deque[tuple[float, bytes]] = deque()
-        self.queued = 0
-        self.link_free = 0.0  # when the link has sent everything scheduled so far
+        self.queued = 0  # bytes read and not acknowledged yet (the window in use)
+        # (when the acknowledgement arrives, bytes) of what was delivered, in order
+        self.acks: deque[tuple[float, int]] = deque()
         self.eof = False
         self.dead = False
         self.cond = threading.Condition()
@@ -71,17 +99,6 @@ class Line:
             self.dead = True
             self.cond.notify_all()
 
-    def _schedule(self, data: bytes, now: float) -> list[tuple[float, bytes]]:
-        if not self.rate_bps:
-            return [(now + self.one_way_s, data)]
-        out = []
-        for pos in range(0, len(data), PACED_PIECE):
-            piece = data[pos:pos + PACED_PIECE]
-            sent = max(now, self.link_free) + len(piece) * 8 / self.rate_bps
-            self.link_free = sent
-            out.append((sent + self.one_way_s, piece))
-        return out
-
     def _read(self) -> None:
         try:
             while True:
@@ -91,15 +108,24 @@ class Line:
                         self.eof = True
                         self.cond.notify_all()
                         return
-                    self.queue.extend(self._schedule(data, time.monotonic()))
+                    self.queue.extend(self.wire.schedule(data, time.monotonic()))
                     self.queued += len(data)
                     self.cond.notify_all()
-                    while self.queued >= self.window and not self.dead:
-                        self.cond.wait()
+                    while not self.dead and self._window_full():
+                        wait = self.acks[0][0] - time.monotonic() if self.acks else None
+                        self.cond.wait(wait)
                     if self.dead:
                         return
         except OSError:
             self.on_close()
+
+    def _window_full(self) -> bool:
+        """Whether the window is in use up to its size, once acknowledgements due by now
+        have freed their bytes (call holding ``cond``)."""
+        now = time.monotonic()
+        while self.acks and self.acks[0][0] <= now:
+            self.queued -= self.acks.popleft()[1]
+        return self.queued >= self.window
 
     def _write(self) -> None:
         try:
@@ -119,15 +145,16 @@ class Line:
                 self.dst.sendall(data)
                 with self.cond:
                     self.queue.popleft()
-                    self.queued -= len(data)
+                    self.acks.append((time.monotonic() + self.wire.one_way_s, len(data)))
                     self.cond.notify_all()
         except OSError:
             self.on_close()
 
 
-def relay(client: socket.socket, mark: int, one_way_s: float, rate_bps: float | None,
-          window: int) -> None:
-    """Connect ``client`` to where it was going, through two ``Line``s."""
+def relay(client: socket.socket, mark: int, outbound: Wire, inbound: Wire, window: int
+          ) -> None:
+    """Connect ``client`` to where it was going, through two ``Line``s: what it sends crosses
+    ``outbound``, what it receives ``inbound``."""
     try:
         target = original_destination(client)
         upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -153,8 +180,8 @@ def relay(client: socket.socket, mark: int, one_way_s: float, rate_bps: float | 
             except OSError:
                 pass  # the peer went first
 
-    lines.append(Line(client, upstream, one_way_s, rate_bps, window, close_both))
-    lines.append(Line(upstream, client, one_way_s, rate_bps, window, close_both))
+    lines.append(Line(client, upstream, outbound, window, close_both))
+    lines.append(Line(upstream, client, inbound, window, close_both))
     for line in lines:
         line.start()
 
@@ -179,9 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(f"{listener.getsockname()[1]}\n")
     os.replace(tmp, args.ready_file)
     rate = args.rate_mbit * 1e6 if args.rate_mbit else None
+    outbound = Wire(args.one_way_ms / 1000.0, rate)
+    inbound = Wire(args.one_way_ms / 1000.0, rate)
     while True:
         client, _ = listener.accept()
-        relay(client, args.mark, args.one_way_ms / 1000.0, rate, args.window_bytes)
+        relay(client, args.mark, outbound, inbound, args.window_bytes)
 
 
 if __name__ == "__main__":
