@@ -164,6 +164,32 @@ def test_every_option_is_documented_and_parsed():
             "createIfMissing", "replicas", "retentionMs", "compression",
             "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger",
             "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay",
-            "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile"} == names
+            "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile",
+            "mergeSchema", "schemaCompatibility", "skipIncompatibleBatches"} == names
     for name in names:
         assert f"| {name} |" in table
+
+
+def test_schema_evolution_options_need_payload_arrow():
+    arrow = {**PD, "streams": "4", "payload": "arrow"}
+    assert parse_read_options(arrow).merge_schema is False
+    assert parse_read_options({**arrow, "MERGESCHEMA": "true"}).merge_schema is True
+    stream = parse_stream_read_options({**arrow, "skipIncompatibleBatches": "true"})
+    assert stream.skip_incompatible_batches is True and stream.read.merge_schema is False
+    write = parse_write_options({**PD, "stream": "1", "payload": "arrow",
+                                 "schemaCompatibility": "Backward"})
+    assert write.schema_compatibility == "backward"
+    assert parse_write_options({**PD, "stream": "1"}).schema_compatibility == "none"
+    with pytest.raises(OptionError, match="'mergeSchema' = 'true' needs payload=arrow"):
+        parse_read_options({**PD, "streams": "4", "mergeSchema": "true"})
+    with pytest.raises(OptionError, match="'skipIncompatibleBatches' = 'true' needs "
+                                          "payload=arrow"):
+        parse_stream_read_options({**PD, "streams": "4", "skipIncompatibleBatches": "true"})
+    with pytest.raises(OptionError, match="'schemaCompatibility' = 'backward' needs "
+                                          "payload=arrow"):
+        parse_write_options({**PD, "stream": "1", "schemaCompatibility": "backward"})
+    with pytest.raises(OptionError, match="'schemaCompatibility' = 'forward' is not valid: "
+                                          "expected one of none, backward"):
+        parse_write_options({**PD, "stream": "1", "schemaCompatibility": "forward"})
+    with pytest.raises(OptionError, match="'mergeSchema' = 'yes' is not valid"):
+        parse_write_options({**PD, "stream": "1", "mergeSchema": "yes"})
