@@ -112,6 +112,8 @@ OLD = pa.record_batch({
     "s": pa.array(["é"], pa.large_string()),
     "b": pa.array([b"\x00\xff"], pa.large_binary()),
     "ts": pa.array([1_700_000_000_123], pa.timestamp("ms", tz="UTC")),
+    "tokyo": pa.array([1_700_000_000_000_000], pa.timestamp("us", tz="Asia/Tokyo")),
+    "nothing": pa.nulls(1),
     "st": pa.array([{"x": 7, "gone": "g"}], pa.struct([("x", pa.int32()),
                                                        ("gone", pa.string())])),
     "l": pa.array([[{"a": 1}, {"a": -2}]], pa.list_(pa.struct([("a", pa.int16())]))),
@@ -128,6 +130,8 @@ NEW = pa.record_batch({
     "s": pa.array(["t"]),
     "b": pa.array([b"u"]),
     "ts": pa.array([5], pa.timestamp("us", tz="UTC")),
+    "tokyo": pa.array([6], pa.timestamp("us", tz="UTC")),
+    "nothing": pa.array(["something"]),
     "st": pa.array([{"x": 2**40, "y": "new"}], pa.struct([("x", pa.int64()),
                                                          ("y", pa.string())])),
     "l": pa.array([[{"a": 3, "c": 0.5}]], pa.list_(pa.struct([("a", pa.int32()),
@@ -145,17 +149,20 @@ def test_every_widening_rule_inside_and_outside_nested_types(spark, pd, sbp_clie
     assert [f[:2] for f in data_fields(df)] == [
         ("i8", "smallint"), ("i16", "int"), ("i32", "bigint"), ("f", "double"),
         ("dec", "decimal(8,3)"), ("day", "timestamp"), ("s", "string"), ("b", "binary"),
-        ("ts", "timestamp"), ("st", "struct<x:bigint,y:string>"),
+        ("ts", "timestamp"), ("tokyo", "timestamp"), ("nothing", "string"),
+        ("st", "struct<x:bigint,y:string>"),
         ("l", "array<struct<a:int,c:double>>"), ("m", "map<string,bigint>"),
         ("added", "string")]
     got = df.orderBy("offset").selectExpr(
         "i8", "i16", "i32", "f", "dec", "unix_micros(day) AS day", "s", "b",
-        "unix_micros(ts) AS ts", "st", "l", "m", "added").collect()
+        "unix_micros(ts) AS ts", "unix_micros(tokyo) AS tokyo", "nothing", "st", "l", "m",
+        "added").collect()
     old, new = (row.asDict(recursive=True) for row in got)
     assert old == {
         "i8": -128, "i16": -32768, "i32": -2**31, "f": 1.5, "dec": Decimal("-999.990"),
         "day": MIDNIGHT_2024_02_29_US, "s": "é", "b": bytearray(b"\x00\xff"),
-        "ts": 1_700_000_000_123_000, "st": {"x": 7, "y": None},
+        "ts": 1_700_000_000_123_000, "tokyo": 1_700_000_000_000_000, "nothing": None,
+        "st": {"x": 7, "y": None},
         "l": [{"a": 1, "c": None}, {"a": -2, "c": None}], "m": {"k": 2**31 - 1},
         "added": None}
     assert new["i32"] == 2**40 and new["st"] == {"x": 2**40, "y": "new"}
@@ -175,6 +182,10 @@ NARROWINGS = [
                    "unrelated types"),
     ("big STRING", "column 'big' is int64 in the stored batch but string in the read schema: "
                    "unrelated types"),
+    ("big DOUBLE", "column 'big' is int64 in the stored batch but double in the read schema: "
+                   "unrelated types"),
+    ("ns TIMESTAMP", r"column 'ns' is timestamp\[ns, tz=UTC\] in the stored batch but "
+                     r"timestamp\[us, tz=UTC\] in the read schema: a narrowing"),
     ("ts DATE", r"column 'ts' is timestamp\[us, tz=UTC\] in the stored batch but date32\[day\] "
                 "in the read schema: a narrowing"),
     ("st STRUCT<a: INT>", "column 'st.a' is int64 in the stored batch but int32 in the read "
@@ -196,6 +207,7 @@ def narrow_stream(sbp_client):
         "dec": pa.array([Decimal("12345678.91"), None], pa.decimal128(10, 2)),
         "txt": pa.array(["12", "x"]),
         "ts": pa.array([1, 2], pa.timestamp("us", tz="UTC")),
+        "ns": pa.array([1, 2], pa.timestamp("ns", tz="UTC")),
         "st": pa.array([{"a": 2**40}, None], pa.struct([("a", pa.int64())])),
         "l": pa.array([[2**40], []], pa.list_(pa.int64())),
         "m": pa.array([[("k", 2**40)], None], pa.map_(pa.string(), pa.int64())),
