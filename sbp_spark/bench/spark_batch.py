@@ -1,6 +1,10 @@
 """Spark batch figures: ``df.write.format("sbp")`` and ``spark.read.format("sbp")`` + an
 aggregation, each next to the Arrow ceiling (prebuilt batches in, dropped batches out) and to
 Spark's own parquet write and read of the same rows. Warm runs, interleaved, median of several.
+
+Two more reads measure payload=arrow schema resolution: one stream holding the rows plus an int
+and a float column, read once with the stored types and once as bigint and double, so that
+every stored batch needs two casts; each next to the ceiling of its own read schema.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ READ_TARGET = Target(AT_LEAST_RATIO, 0.7)
 WRITE_TARGET = Target(AT_LEAST_RATIO, 0.6)
 CEILING_BATCH_ROWS = 65_536
 SAMPLE_INTERVAL_S = 0.5
+# The payload=arrow stream's columns, and the read schemas with and without casts.
+ARROW_COLUMNS = ("value", "CAST(length(value) AS INT) AS n", "CAST(length(value) AS FLOAT) AS x")
+ARROW_STORED_SCHEMA = "value BINARY, n INT, x FLOAT"
+ARROW_CAST_SCHEMA = "value BINARY, n BIGINT, x DOUBLE"
 
 
 @dataclass
@@ -52,13 +60,14 @@ def write_input(spark, rows: int, record_size: int, partitions: int):
             .option("schema", schema.json()).load())
 
 
-def aggregate(df) -> tuple[int, int]:
-    """The read query: rows and value bytes (every source has a value column)."""
+def aggregate(df, *summed: str) -> tuple[int, int]:
+    """The read query: rows and value bytes (every source has a value column), plus the sums
+    of the ``summed`` columns (so Spark consumes them too)."""
     from pyspark.sql import functions as F
 
-    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")
-                 ).collect()[0]
-    return int(row["n"]), int(row["bytes"] or 0)
+    row = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.length("value")).alias("bytes"),
+                 *[F.sum(c) for c in summed]).collect()[0]
+    return int(row["rows"]), int(row["bytes"] or 0)
 
 
 def _check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
@@ -138,16 +147,39 @@ def run(ctx: BenchContext) -> list[Figure]:
         read_schema = sbp_df.schema
     elif sbp_reason is None:
         sbp_r.error = f"nothing to read: the sbp write failed ({sbp_w.error})"
-    ceiling_df = (spark.read.format(NAME).option("rows", rows).option("partitions", parts)
-                  .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", size)
-                  .option("schema", read_schema.json()).load())
+    def ceiling(schema):
+        return (spark.read.format(NAME).option("rows", rows).option("partitions", parts)
+                .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", size)
+                .option("schema", schema.json()).load())
+
+    ceiling_df = ceiling(read_schema)
     pq_read_path = str(pq_dir / f"write-{runs}")
+
+    # payload=arrow: read with the stored types, and with types that need a cast per batch
+    arrow_reads = [(_Timed("sbp arrow read"), _Timed("Arrow ceiling"), ARROW_STORED_SCHEMA),
+                   (_Timed("sbp arrow read, cast"), _Timed("Arrow ceiling"), ARROW_CAST_SCHEMA)]
+    arrow_dfs: list[tuple] = []
+    if sbp_reason is None:
+        try:
+            arrow_stream = adapters.create_stream(ctx)
+            (source.selectExpr(*ARROW_COLUMNS).write.format("sbp")
+             .option("pd", ctx.server.pd).option("stream", str(arrow_stream))
+             .option("payload", "arrow").mode("append").save())
+            for _, _, schema in arrow_reads:
+                df = (spark.read.format("sbp").option("pd", ctx.server.pd)
+                      .option("streams", str(arrow_stream)).option("payload", "arrow")
+                      .option("minPartitions", parts).schema(schema).load())
+                arrow_dfs.append((df, ceiling(df.schema)))
+        except Exception as exc:  # reported in the table; the other figures go on
+            for timed, _, _ in arrow_reads:
+                timed.error = f"writing the payload=arrow stream failed: {exc.__class__.__name__}"
+            ctx.progress(SECTION, f"payload=arrow stream: {exc}")
 
     worker_peaks: list[float] = []
     server_peaks: list[float] = []
 
-    def checked(what: str, df_fn) -> Callable[[], None]:
-        return lambda: _check_rows(what, aggregate(df_fn()), rows, size)
+    def checked(what: str, df_fn, *summed: str) -> Callable[[], None]:
+        return lambda: _check_rows(what, aggregate(df_fn(), *summed), rows, size)
 
     def sbp_read_measured() -> None:
         # Sparse samples: the kernel's peak (VmHWM) catches what happens between them, and a
@@ -168,6 +200,11 @@ def run(ctx: BenchContext) -> list[Figure]:
             _time(sbp_r, sbp_read_measured, ctx, tag, record)
         _time(pq_r, checked("parquet read", lambda: spark.read.parquet(pq_read_path)), ctx,
               tag, record)
+        for (timed, ceiling_t, _), (df, ceiling_read) in zip(arrow_reads, arrow_dfs,
+                                                             strict=False):
+            _time(ceiling_t, checked("Arrow ceiling", lambda d=ceiling_read: d, "n", "x"), ctx,
+                  tag, record)
+            _time(timed, checked(timed.name, lambda d=df: d, "n", "x"), ctx, tag, record)
     source.unpersist()
 
     figures: list[Figure] = []
@@ -194,6 +231,14 @@ def run(ctx: BenchContext) -> list[Figure]:
     if sbp_df is not None and sbp_r.times:
         figures[-1].extra["sbp_read_partitions"] = sbp_df.rdd.getNumPartitions()
     figures.append(figure(f"read parquet + agg ({label})", pq_r, ceiling_r, None))
+    (stored, stored_ceiling, _), (cast, cast_ceiling, _) = arrow_reads
+    figures.append(figure(f"read sbp arrow + agg ({label})", stored, stored_ceiling, None,
+                          sbp_reason))
+    figures.append(figure(f"read sbp arrow, every batch cast + agg ({label})", cast,
+                          cast_ceiling, None, sbp_reason))
+    if stored.times and cast.times:
+        figures[-1].extra["vs_no_cast"] = round(
+            statistics.median(stored.times) / statistics.median(cast.times), 3)
     if sbp_reason:
         figures.append(unavailable("memory", "Python worker peak RSS during sbp read", "MiB",
                                    sbp_reason))

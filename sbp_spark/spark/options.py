@@ -42,6 +42,7 @@ SPARK_PROVIDED = frozenset({"checkpointlocation"})
 PAYLOADS = ("records", "arrow")
 TIME_STRATEGIES = ("error", "latest")
 COMPRESSIONS = ("none", "lz4", "zstd")
+SCHEMA_COMPATIBILITIES = ("none", "backward")
 
 
 class OptionError(ValueError):
@@ -94,6 +95,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "whenever the DataFrame has one"),
     OptionSpec("payload", "records", "read/write",
                "records (Kafka-like key/value rows) or arrow (the DataFrame's own columns)"),
+    OptionSpec("mergeSchema", "false", "read",
+               "payload=arrow inference: union the schemas of the first and last batch of every "
+               "range (default: the newest batch's schema)"),
     OptionSpec("fetchMaxBytes", "64m", "read",
                "byte budget of one FETCH request (a partition larger than this takes several)"),
     OptionSpec("fetchMaxWaitMs", "500", "read",
@@ -119,6 +123,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "retention of a stream created by createIfMissing (-1 keeps records forever)"),
     OptionSpec("compression", "none", "write",
                "Arrow IPC buffer compression of record-batch bodies: none, lz4, zstd"),
+    OptionSpec("schemaCompatibility", "none", "write",
+               "none, or backward: a payload=arrow write first checks that readers of its "
+               "schema can read the stream's newest stored batch"),
     OptionSpec("maxRecordsPerTrigger", "(none)", "stream read",
                "most records one micro-batch reads"),
     OptionSpec("maxBytesPerTrigger", "(none)", "stream read",
@@ -127,6 +134,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "wait for this many new records (or maxTriggerDelay) before a micro-batch"),
     OptionSpec("maxTriggerDelay", "15m", "stream read",
                "longest wait for minRecordsPerTrigger (e.g. 500ms, 30s, 15m, 1h)"),
+    OptionSpec("skipIncompatibleBatches", "false", "stream read",
+               "payload=arrow: skip stored batches that do not fit the read schema (counted in "
+               "the query's progress) instead of failing the micro-batch"),
     OptionSpec("idempotent", "false", "stream write",
                "write each micro-batch exactly once, also when Spark re-runs it"),
     OptionSpec("tls.enabled", "false", "all", "talk to the cluster over TLS"),
@@ -479,6 +489,7 @@ class ReadOptions:
     ending_time: TimeSpec | None = None
     time_strategy: str = "error"
     max_out_of_orderness_ms: int | None = 60_000
+    merge_schema: bool = False
 
 
 @dataclass(frozen=True)
@@ -490,6 +501,7 @@ class StreamReadOptions:
     max_bytes_per_trigger: int | None = None
     min_records_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
+    skip_incompatible_batches: bool = False
 
 
 @dataclass(frozen=True)
@@ -505,6 +517,7 @@ class WriteOptions:
     replicas: int = 1
     retention_ms: int = -1
     compression: str = "none"
+    schema_compatibility: str = "none"
 
 
 @dataclass(frozen=True)
@@ -586,7 +599,17 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         time_strategy=opts.parse("startingOffsetsByTimestampStrategy",
                                  lambda n, v: parse_choice(n, v, TIME_STRATEGIES), "error"),
         max_out_of_orderness_ms=opts.parse("maxOutOfOrderness", parse_out_of_orderness, 60_000),
+        merge_schema=_arrow_only(opts, "mergeSchema", payload),
     )
+
+
+def _arrow_only(opts: _Options, name: str, payload: str) -> bool:
+    """A boolean option that only payload=arrow reads use."""
+    value = opts.parse(name, parse_bool, False)
+    if value and payload != "arrow":
+        raise OptionError(f"option '{name}' = 'true' needs payload=arrow: payload={payload} "
+                          "rows have a fixed schema")
+    return value
 
 
 def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
@@ -607,6 +630,7 @@ def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
         min_records_per_trigger=opts.parse(
             "minRecordsPerTrigger", lambda n, v: parse_int(n, v, 1), None),
         max_trigger_delay_ms=opts.parse("maxTriggerDelay", parse_duration_ms, 15 * 60_000),
+        skip_incompatible_batches=_arrow_only(opts, "skipIncompatibleBatches", read.payload),
     )
 
 
@@ -616,10 +640,16 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
             "option 'streams' is for reading; to write, name the target with option 'stream' "
             "(one stream id) or give the rows a stream_id column")
     _check_all_values(opts)
+    payload = opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records")
+    compatibility = opts.parse(
+        "schemaCompatibility", lambda n, v: parse_choice(n, v, SCHEMA_COMPATIBILITIES), "none")
+    if compatibility != "none" and payload != "arrow":
+        raise OptionError(f"option 'schemaCompatibility' = '{compatibility}' needs "
+                          f"payload=arrow: payload={payload} records have a fixed schema")
     return WriteOptions(
         client=_client_options(opts),
         stream=opts.parse("stream", parse_stream_id, None),
-        payload=opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records"),
+        payload=payload,
         batch_max_records=opts.parse(
             "batchMaxRecords", lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS), 65_536),
         batch_max_bytes=opts.parse(
@@ -630,6 +660,7 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
         retention_ms=opts.parse("retentionMs", _parse_retention, -1),
         compression=opts.parse(
             "compression", lambda n, v: parse_choice(n, v, COMPRESSIONS), "none"),
+        schema_compatibility=compatibility,
     )
 
 
@@ -670,6 +701,7 @@ _VALUE_CHECKS: dict[str, Callable[[str, str], Any]] = {
     "failOnDataLoss": parse_bool,
     "includeHeaders": parse_bool,
     "payload": lambda n, v: parse_choice(n, v, PAYLOADS),
+    "mergeSchema": parse_bool,
     "fetchMaxBytes": lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES),
     "fetchMaxWaitMs": lambda n, v: parse_int(n, v, 0, 3_600_000),
     "maxRecordsPerPartition": lambda n, v: parse_int(n, v, 1),
@@ -683,10 +715,12 @@ _VALUE_CHECKS: dict[str, Callable[[str, str], Any]] = {
     "replicas": lambda n, v: parse_int(n, v, 1, MAX_REPLICAS),
     "retentionMs": _parse_retention,
     "compression": lambda n, v: parse_choice(n, v, COMPRESSIONS),
+    "schemaCompatibility": lambda n, v: parse_choice(n, v, SCHEMA_COMPATIBILITIES),
     "maxRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
     "maxBytesPerTrigger": lambda n, v: parse_bytes(n, v, 1, 1 << 62),
     "minRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
     "maxTriggerDelay": parse_duration_ms,
+    "skipIncompatibleBatches": parse_bool,
     "idempotent": parse_bool,
 }
 

@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType
 from sbp_spark.protocol.errors import HistoryRewrittenError, OffsetOutOfRangeError, SbpError
 
 from . import cluster
-from .decode import PartitionDecoder
+from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
 from .planning import SbpPartition, plan_partitions
@@ -31,14 +31,16 @@ class ReadFailedError(RuntimeError):
     """Reading a partition failed; the message says which records and why."""
 
 
-def read_partition(options: ReadOptions, schema: StructType,
-                   partition: SbpPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(options: ReadOptions, schema: StructType, partition: SbpPartition,
+                   skipped: SkipTally | None = None) -> Iterator[pa.RecordBatch]:
     """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
-    streaming reads)."""
+    streaming reads). Stored batches that do not fit ``schema`` fail the read, or, when
+    ``skipped`` is given, are left out and counted there."""
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
-                               partition.end_offset, partition.row_predicates)
+                               partition.end_offset, partition.row_predicates,
+                               skipped=skipped)
     position = partition.start_offset
     while position < partition.end_offset:
         try:

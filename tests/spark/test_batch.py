@@ -146,9 +146,14 @@ def test_typed_arrow_payload_round_trip(spark, pd, sbp_client):
              .load())
     assert_df_equality(typed.drop("offset"), source.select("tags", "id"),
                        ignore_row_order=True, ignore_nullable=True)
-    with pytest.raises(Exception, match=r"offset 0.*column 'missing' is missing"):
+    # a column no batch has: nulls (nullable), an error naming it (NOT NULL)
+    missing = (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
+               .option("payload", "arrow").schema("id BIGINT, missing INT").load())
+    assert missing.where("missing IS NOT NULL").count() == 0 and missing.count() == 5000
+    with pytest.raises(Exception, match=r"offset 0: .*column 'missing' is missing from the "
+                                        "stored batch and the read schema says it cannot be"):
         (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
-         .option("payload", "arrow").schema("id BIGINT, missing INT").load().collect())
+         .option("payload", "arrow").schema("id BIGINT, missing INT NOT NULL").load().collect())
     with pytest.raises(Exception, match="holds payload=arrow.*read it with payload=arrow"):
         read(spark, pd, sid).collect()
 
