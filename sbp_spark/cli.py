@@ -28,10 +28,10 @@ from sbp_spark.commands.common import (
     add_pd_argument,
     address_arg,
     cli_errors,
+    connect,
     pd_addresses_arg,
-    pd_of,
-    tls_from_env,
 )
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
 
@@ -43,10 +43,6 @@ EXIT_USAGE = 2
 # The PD's port when none is given, so `sbp streams ...` finds a local `sbp server` unasked.
 DEFAULT_PD_PORT = 2378
 FSYNC_CHOICES = ("always", "interval", "never")
-# The CLI is interactive: fail within seconds when the cluster is unreachable instead of
-# retrying for the library's default minute.
-CLI_CONNECT_TIMEOUT_S = 5.0
-CLI_RETRY_DEADLINE_S = 15.0
 
 
 # -- argument types -----------------------------------------------------------------------------
@@ -329,19 +325,12 @@ def add_streams_parser(subparsers: argparse._SubParsersAction) -> argparse._SubP
     return commands
 
 
-def _client_config():
-    from sbp_spark.client.config import ClientConfig
-
-    return ClientConfig(**tls_from_env(), connect_timeout_s=CLI_CONNECT_TIMEOUT_S,
-                        retry_deadline_s=CLI_RETRY_DEADLINE_S)
-
-
 def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "create", help="create streams and print their ids",
         description="Create streams; prints each new stream id on its own line.")
     add_pd_argument(parser)
-    parser.add_argument("--replicas", type=_int_in(1, 127), default=1, metavar="N",
+    parser.add_argument("--replicas", type=_int_in(1, MAX_REPLICAS), default=1, metavar="N",
                         help="range servers holding each range (default 1)")
     parser.add_argument("--retention-ms", type=_int_in(1, also=(-1,)), default=-1,
                         metavar="MS", help="keep records this long (default -1: forever)")
@@ -353,11 +342,9 @@ def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argpars
 
 @cli_errors
 def streams_create_command(args: argparse.Namespace) -> int:
-    from sbp_spark.client import SbpClient
-
-    client = SbpClient(pd_of(args), _client_config())
-    streams = client.create_streams(count=args.count, replicas=args.replicas,
-                                    retention_ms=args.retention_ms)
+    with connect(args) as client:
+        streams = client.create_streams(count=args.count, replicas=args.replicas,
+                                        retention_ms=args.retention_ms)
     for stream in streams:
         print(stream.stream_id)
     return 0

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError, SbpTimeoutError, ServerError, TransportError
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ CLI_CONNECT_TIMEOUT_S = 3.0
 CLI_RETRIES = 3
 CLI_RETRY_DEADLINE_S = 15.0
 
-# Stream.replica_nums is a byte on the wire.
-MAX_REPLICAS = 127
 
 EXIT_OK = 0
 EXIT_ERROR = 1
