@@ -16,6 +16,7 @@ filter to every row.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -26,6 +27,8 @@ from .cluster import layout_ranges
 from .filters import UNBOUNDED, Interval, PushedFilters
 from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, TimeSpec
 from .planning import StreamLayout, resolve_bounds
+
+log = logging.getLogger(__name__)
 
 
 def _search(client: SbpClient, layout: StreamLayout) -> TimeSearch:
@@ -93,16 +96,29 @@ def timestamp_bounds(client: SbpClient, layouts: Sequence[StreamLayout], options
             bounds[layout.stream_id] = (lo, lo)
             continue
         search = _search(client, layout)
+        narrowed = (lo, hi)
+        disorder = 0
         if low_us != UNBOUNDED[0]:
             # Every record before the first one at or after (low - margin) is before low.
-            found = search.first_at_or_after(low_us // 1000 - margin, lo, hi).offset
-            lo = hi if found is None else found
+            result = search.first_at_or_after(low_us // 1000 - margin, lo, hi, anchor=True)
+            disorder = max(disorder, result.disorder_ms)
+            narrowed = (hi if result.offset is None else result.offset, hi)
         if high_us != UNBOUNDED[1]:
             # From the first record at or after (high + margin) on, every record is at or
             # after high.
-            found = search.first_at_or_after(-(-high_us // 1000) + margin, lo, hi).offset
-            hi = hi if found is None else found
-        bounds[layout.stream_id] = (lo, hi)
+            result = search.first_at_or_after(-(-high_us // 1000) + margin, narrowed[0], hi,
+                                              anchor=True)
+            disorder = max(disorder, result.disorder_ms)
+            narrowed = (narrowed[0], hi if result.offset is None else result.offset)
+        if disorder > margin:
+            # The probes themselves met records further out of order than the margin allows:
+            # narrowing could drop rows the filter keeps. Read the whole span instead.
+            log.warning("sbp: stream %d holds records %d ms behind ones stored before them, "
+                        "more than maxOutOfOrderness (%d ms): its timestamp filters are applied "
+                        "to every record instead of narrowing what is fetched",
+                        layout.stream_id, disorder, margin)
+            narrowed = (lo, hi)
+        bounds[layout.stream_id] = narrowed
     return bounds
 
 
