@@ -4,9 +4,13 @@ This module holds the PD's metadata operations (``PlacementDriver``); its reques
 ``pd_handler.py``, its calls to range servers ``pd_calls.py`` and its liveness sweep and
 failover ``pd_failover.py``.
 
-One PD node (always the leader) serves the admin opcodes over the shared frame server core
-(``net.FrameServer``). Metadata lives in SQLite (``pd_store``); which range servers are alive
-comes from their heartbeats (``placement.Liveness``). The PD calls range servers itself, with
+A PD runs alone, its metadata in SQLite (``pd_store``; the default, nothing to set up), or as
+one node of a PD cluster whose metadata lives in etcd (``PdConfig.etcd``; ``pd_etcd``). In a
+cluster the nodes elect a leader through etcd (``pd_leader``); only the leader answers
+metadata requests and runs the liveness sweep and failover, and followers answer
+PD_NOT_LEADER naming it. A PD serves the admin opcodes over the shared frame server core
+(``net.FrameServer``); which range servers are alive comes from their heartbeats to the leader
+(``placement.Liveness``). The PD calls range servers itself, with
 the ordinary client, to seal ranges (SEAL_RANGES) and to tell them about new or changed ranges
 (SYNC_RANGES).
 
@@ -54,7 +58,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +72,14 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
+from .etcd_client import EtcdClient
 from .net import FrameServer, NetConfig
 from .pd_calls import RangeServerCalls
+from .pd_etcd import DEFAULT_PREFIX, EtcdStore
 from .pd_failover import Failover
 from .pd_handler import _PdHandler
+from .pd_leader import DEFAULT_LEASE_TTL_S, Leadership, Member
+from .pd_meta import MetadataStore
 from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
 from .placement import Liveness, choose_servers
 
@@ -95,7 +103,8 @@ MAX_REPLICAS = 127
 class PdConfig:
     """Where the PD keeps its data and listens, and its timing rules."""
 
-    data_dir: str | Path
+    # Where the SQLite metadata lives (unused with ``etcd``).
+    data_dir: str | Path | None
     host: str = "127.0.0.1"
     port: int = 0
     # host:port that clients should use, when it differs from the bound address (containers).
@@ -105,8 +114,16 @@ class PdConfig:
     range_server_timeout_s: float = DEFAULT_RANGE_SERVER_TIMEOUT_S
     fsync: bool = True
     net: NetConfig | None = field(default=None, repr=False)
+    # etcd client endpoints (host:port): the metadata lives there and this PD is one node of a
+    # cluster that elects its leader there; empty: a lone PD on SQLite in data_dir.
+    etcd: Sequence[str] = ()
+    # Keys of this cluster in etcd start with this (several clusters may share one etcd).
+    etcd_prefix: str = DEFAULT_PREFIX
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
 
     def __post_init__(self) -> None:
+        if not self.etcd and not self.data_dir:
+            raise ValueError("PdConfig needs a data_dir (SQLite metadata) or etcd endpoints")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(
                 f"PdConfig.heartbeat_timeout_s={self.heartbeat_timeout_s!r} must be > 0")
@@ -149,15 +166,23 @@ class PlacementDriver:
 
     def __init__(self, config: PdConfig) -> None:
         self.config = config
-        self.data_dir = Path(config.data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
         self.liveness = Liveness(config.heartbeat_timeout_s)
         net = config.net or NetConfig()
         net.host, net.port, net.name = config.host, config.port, config.name
         self._server = FrameServer(_PdHandler(self), net)
         self.calls = RangeServerCalls(self, net.tls)
         self.failover = Failover(self)
+        self.leadership: Leadership | None = None
+        self._etcd: EtcdClient | None = None
+        self.store: MetadataStore
+        if config.etcd:
+            self.data_dir: Path | None = None
+            self._etcd = EtcdClient(config.etcd)
+        else:
+            assert config.data_dir is not None
+            self.data_dir = Path(config.data_dir)
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
         # Serialises placement decisions, so concurrent creates see each other's load.
         self.placement_lock = threading.Lock()
         self._stream_locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
@@ -173,21 +198,60 @@ class PlacementDriver:
             self._server.start()
         except BaseException:
             self.calls.close()
-            self.store.close()
+            self._close_store()
             raise
         self._started = True
+        if self._etcd is not None:
+            # The advertised address is known once the port is bound.
+            self.leadership = Leadership(
+                self._etcd, self.config.etcd_prefix, Member(self.config.name, self.address),
+                self.config.lease_ttl_s, on_elected=self._took_office,
+                on_deposed=self._left_office)
+            self.store = EtcdStore(self._etcd, self.config.etcd_prefix, fence=self.leadership)
+            self.leadership.start()
         self.failover.start()
-        log.info("PD %s serving on %s (data in %s)", self.config.name, self.address,
-                 self.data_dir)
+        where = self.data_dir if self._etcd is None else f"etcd {','.join(self.config.etcd)}"
+        log.info("PD %s serving on %s (metadata in %s)", self.config.name, self.address, where)
         return self
 
     def stop(self) -> None:
         """GOAWAY to every peer, let in-flight requests finish, close the metadata store."""
         self.failover.stop()
+        if self.leadership is not None:
+            self.leadership.stop()
         if self._started:
             self._server.stop()
         self.calls.close()
-        self.store.close()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        if self._etcd is not None:
+            self._etcd.close()
+        else:
+            self.store.close()
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        """Whether this node answers metadata requests now (a lone PD always does)."""
+        return self.leadership is None or self.leadership.is_leader()
+
+    def not_leader(self) -> ServerError:
+        """The PD_NOT_LEADER refusal of a follower, naming the cluster and its leader."""
+        assert self.leadership is not None
+        return self.leadership.not_leader()
+
+    def _took_office(self) -> None:
+        # Heartbeats went to the old leader until now: start liveness afresh, and give every
+        # server one liveness timeout to find this node before failing it over.
+        self.liveness.clear()
+        self.calls.forget_owed()
+        self.failover.took_office()
+
+    def _left_office(self) -> None:
+        self.liveness.clear()
+        self.calls.forget_owed()
+        self.failover.left_office()
 
     def __enter__(self) -> PlacementDriver:
         if not self._started:
@@ -420,7 +484,9 @@ class PlacementDriver:
         return out
 
     def cluster(self) -> m.PlacementDriverCluster:
-        """This PD's membership: one node, the leader."""
+        """The PD's membership and its leader (a lone PD: one node, the leader)."""
+        if self.leadership is not None:
+            return self.leadership.cluster()
         return m.PlacementDriverCluster(members=[m.PlacementDriverNode(
             name=self.config.name, advertise_addr=self.address, is_leader=True)])
 

@@ -54,6 +54,12 @@ class RangeServerCalls:
     def close(self) -> None:
         self._pool.close()
 
+    def forget_owed(self) -> None:
+        """Owe no server a resync (a PD taking or leaving office starts over: servers that
+        heartbeat to a new leader are resynced as newly seen)."""
+        with self._lock:
+            self._owed.clear()
+
     def resync_owed(self, server_id: int) -> bool:
         """Whether ``server_id`` is owed a full resync."""
         with self._lock:

@@ -1,10 +1,12 @@
 """The PD's failover duty: notice range servers that went silent and fail their ranges over.
 
-``Failover`` runs the liveness sweep on its own thread: servers whose heartbeats stopped (and,
-one liveness timeout after the sweep started, registered servers that never heartbeated to
-this PD) are owed a failover; every sweep fails over the open ranges of the servers owed one
-that are still not live. The metadata and the calls to range servers are the
-``PlacementDriver``'s (``pd.store``, ``pd.calls``).
+``Failover`` runs the liveness sweep on its own thread, while this PD leads: servers whose
+heartbeats stopped (and, one liveness timeout after this PD took office, registered servers
+that never heartbeated to it) are owed a failover; every sweep fails over the open ranges of
+the servers owed one that are still not live. A lone PD takes office when it starts; a node of
+a PD cluster when it is elected, so range servers whose heartbeats went to the old leader get
+one liveness timeout to find the new one before they count as gone. The metadata and the
+calls to range servers are the ``PlacementDriver``'s (``pd.store``, ``pd.calls``).
 """
 
 from __future__ import annotations
@@ -32,9 +34,26 @@ class Failover:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # monotonic time this PD took office; None while it does not lead
+        self._office: float | None = None
+        self._checked_absent = False
+
+    def took_office(self) -> None:
+        """This PD leads from now on: start the grace period, forget older debts."""
+        with self._lock:
+            self._owed.clear()
+            self._office, self._checked_absent = time.monotonic(), False
+
+    def left_office(self) -> None:
+        """This PD no longer leads: sweep nothing until it leads again."""
+        with self._lock:
+            self._owed.clear()
+            self._office = None
 
     def start(self) -> None:
-        """Start the sweep thread."""
+        """Start the sweep thread (a lone PD leads from now on)."""
+        if not self.pd.config.etcd:
+            self.took_office()
         self._thread = threading.Thread(target=self._sweep, daemon=True,
                                         name=f"{self.pd.config.name}-liveness")
         self._thread.start()
@@ -46,29 +65,31 @@ class Failover:
             self._thread.join(2.0)
 
     def _sweep(self) -> None:
-        """Notice range servers that stopped heartbeating and fail their ranges over.
-
-        Servers that were registered before this PD started but never heartbeated to it are
-        treated as gone once one liveness timeout has passed since the start.
-        """
+        """Every third of a liveness timeout: notice servers that went silent, fail them over."""
         interval = max(0.05, self.pd.config.heartbeat_timeout_s / 3)
-        started = time.monotonic()
-        checked_absent = False
         while not self._stop.wait(interval):
-            for gone in self.pd.liveness.expire():
-                log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
-                            gone.server_id, gone.advertise_addr, self.pd.config.heartbeat_timeout_s)
-                self.owe(gone.server_id)
-            if not checked_absent and \
-                    time.monotonic() - started > self.pd.config.heartbeat_timeout_s:
-                checked_absent = True
-                for server in self.pd.store.list_servers():
-                    if server.registered and not self.pd.liveness.is_live(server.server_id):
-                        log.warning("range server %d (%s) has not heartbeated since this PD "
-                                    "started: not live", server.server_id,
-                                    server.advertise_addr)
-                        self.owe(server.server_id)
-            self.run_failovers()
+            if self._office is not None and self.pd.is_leader():
+                self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """One sweep: servers whose heartbeats stopped are owed a failover, and so are, once
+        one liveness timeout has passed since this PD took office, registered servers that
+        never heartbeated to it; then every failover owed is tried."""
+        timeout = self.pd.config.heartbeat_timeout_s
+        for gone in self.pd.liveness.expire():
+            log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
+                        gone.server_id, gone.advertise_addr, timeout)
+            self.owe(gone.server_id)
+        office = self._office
+        if not self._checked_absent and office is not None and \
+                time.monotonic() - office > timeout:
+            self._checked_absent = True
+            for server in self.pd.store.list_servers():
+                if server.registered and not self.pd.liveness.is_live(server.server_id):
+                    log.warning("range server %d (%s) has not heartbeated since this PD took "
+                                "office: not live", server.server_id, server.advertise_addr)
+                    self.owe(server.server_id)
+        self.run_failovers()
 
     def owe(self, server_id: int) -> None:
         with self._lock:

@@ -4,6 +4,11 @@
 into calls of the ``PlacementDriver``'s operations and their results (or failures) into the
 response. Batch opcodes answer one result per item, in request order; a bad item fails with its
 own status and never hides the others.
+
+In a PD cluster only the leader answers: a follower refuses every opcode but
+DESCRIBE_PD_CLUSTER with PD_NOT_LEADER (a SYSTEM_ERROR whose detail is the cluster, naming the
+leader), and answers DESCRIBE_PD_CLUSTER with the members only (the range servers are the
+leader's to report).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from sbp_spark.protocol.errors import (
     ErrorCode,
     HeaderError,
     InvalidRequestError,
+    PdNotLeaderError,
     SbpError,
     ServerError,
 )
@@ -37,6 +43,8 @@ def _ok_or_error(fn: Callable[[], Any]) -> tuple[Any, m.Status]:
     """Run one item of a batch: its value and OK, or None and the status of its failure."""
     try:
         return fn(), m.OK
+    except PdNotLeaderError:
+        raise  # this node stopped leading: the whole request goes to the new leader
     except ServerError as exc:
         return None, m.Status.from_error(exc)
     except SbpError as exc:  # not a status of ours: still this item's failure alone
@@ -69,6 +77,8 @@ class _PdHandler(RequestHandler):
 
     def handle(self, ctx: RequestContext) -> None:
         request_cls, serve = self.route(ctx)
+        if ctx.opcode != Opcode.DESCRIBE_PD_CLUSTER and not self.pd.is_leader():
+            raise self.pd.not_leader()
         try:
             request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
@@ -222,7 +232,7 @@ class _PdHandler(RequestHandler):
     def _describe_pd_cluster(self, req: m.DescribePdClusterRequest
                              ) -> m.DescribePdClusterResponse:
         states = []
-        for info in self.pd.range_servers():
+        for info in self.pd.range_servers() if self.pd.is_leader() else ():
             metrics = None
             if info.metrics_ms >= 0:
                 known = {k: v for k, v in info.metrics.items() if k in METRIC_FIELDS}
