@@ -34,19 +34,14 @@ def load_vectors(name: str) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def etcd_endpoints(tmp_path_factory):
-    """Client endpoints of a one-member etcd on loopback, for the tests that need etcd.
+    """Client endpoints of a one-member etcd on loopback, for the tests that need etcd
+    (skipped where there is none: ``tests/etcd.py``)."""
+    from sbp_spark.server.etcd_process import LocalEtcd
 
-    Skipped, saying why, on a machine without the etcd binary; under CI (which installs it,
-    see .ci/run) a missing etcd fails instead, so a broken install step cannot pass unseen.
-    """
-    from sbp_spark.server.etcd_process import EtcdNotFoundError, LocalEtcd
+    from .etcd import require_etcd
 
-    try:
-        cluster = LocalEtcd(tmp_path_factory.mktemp("etcd")).start()
-    except EtcdNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must provide etcd: {exc}")
-        pytest.skip(str(exc))
+    require_etcd()
+    cluster = LocalEtcd(tmp_path_factory.mktemp("etcd")).start()
     yield cluster.endpoints
     cluster.stop()
 
