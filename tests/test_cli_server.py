@@ -27,19 +27,28 @@ def run_sbp(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run([*SBP, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
+def start_sbp_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, dict, Path]:
+    """``sbp server ARGS`` as a child process: it, its ready file's content and its log."""
     ready = tmp_path / "ready.json"
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*SBP, "server", "--data-dir", str(tmp_path / "data"), "--range-servers", "2",
-             "--port", "0", "--ready-file", str(ready)],
-            stdout=log, stderr=subprocess.STDOUT)
+            [*SBP, "server", "--data-dir", str(tmp_path / "data"), *args, "--port", "0",
+             "--ready-file", str(ready)], stdout=log, stderr=subprocess.STDOUT)
     try:
         poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file",
-             timeout=60)
+             timeout=90)
         assert proc.poll() is None, log_path.read_text()
-        info = json.loads(ready.read_text())
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, json.loads(ready.read_text()), log_path
+
+
+def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
+    proc, info, log_path = start_sbp_server(tmp_path, "--range-servers", "2")
+    try:
         assert set(info) == {"pd", "range_servers"} and len(info["range_servers"]) == 2
         assert accepts_connections(info["pd"])
         assert all(accepts_connections(a) for a in info["range_servers"])
@@ -64,18 +73,8 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
 
 def test_sbp_server_with_pd_nodes_runs_etcd_and_a_pd_cluster(tmp_path):
     require_etcd()
-    ready = tmp_path / "ready.json"
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*SBP, "server", "--pd-nodes", "3", "--data-dir", str(tmp_path / "data"),
-             "--range-servers", "1", "--port", "0", "--ready-file", str(ready)],
-            stdout=log, stderr=subprocess.STDOUT)
+    proc, info, log_path = start_sbp_server(tmp_path, "--pd-nodes", "3", "--range-servers", "1")
     try:
-        poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file",
-             timeout=90)
-        assert proc.poll() is None, log_path.read_text()
-        info = json.loads(ready.read_text())
         assert set(info) == {"pd", "range_servers", "pd_nodes", "etcd"}
         nodes = info["pd_nodes"]
         assert [n["name"] for n in nodes] == ["pd-0", "pd-1", "pd-2"]

@@ -23,7 +23,8 @@ from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, body_to_arrow
 from sbp_spark.server.cluster import ProcessCluster
 from tests.etcd import require_etcd
 
-from .helpers import RIDE_OUT, Writer, check_body, check_stream, make_body, wait_until
+from .helpers import RIDE_OUT, Writers, check_body, check_stream, make_body, wait_until
+from .test_crashes import _holder_index
 from .test_spark_streaming import BODY, _cause, relay_under_fault
 
 # What the probe's requests may take: a dead node is skipped within half a second.
@@ -282,39 +283,37 @@ def test_etcd_member_killed(tmp_path, figures):
         assert cluster.etcd is not None
         client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
         streams = [s.stream_id for s in client.create_streams(2, replicas=2)]
-        writers = [Writer(client, sid) for sid in streams]
-        for w in writers:
-            w.start()
         probe = MetadataProbe(cluster.pd_address)
         probe.start()
         leader_before = leader_index(cluster)
         try:
-            for w in writers:
-                w.wait_for_more(50)
-            killed_at = time.monotonic()
-            cluster.etcd.kill(0)
-            created = client.create_streams(2)  # admin calls during the outage
-            for w in writers:
-                w.wait_for_more(100)
-            wait_until(lambda: probe.serving_after(killed_at + 3) is not None, 30,
-                       "metadata answers after the kill")
-            gap = probe.longest_gap_after(killed_at)
-            cluster.etcd.start_member(0)
-            for w in writers:
-                w.wait_for_more(50)
+            with Writers(client, streams) as writers:
+                writers.wait_for_more(50)
+                killed_at = time.monotonic()
+                cluster.etcd.kill(0)
+                created = client.create_streams(2)  # admin calls during the outage
+                writers.wait_for_more(100)
+                wait_until(lambda: probe.serving_after(killed_at + 3) is not None, 30,
+                           "metadata answers after the kill")
+                gap = probe.longest_gap_after(killed_at)
+                cluster.etcd.start_member(0)
+                writers.wait_for_more(50)
         finally:
-            for w in writers:
-                w.finish()
             probe.stop()
         figures["longest time without a metadata answer after the kill"] = f"{gap:.2f} s"
         figures["PD leader"] = ("unchanged" if leader_index(cluster) == leader_before
                                 else "changed")
         figures["streams created during the outage"] = len(created)
-        for w in writers:
-            check = check_stream(client, w.stream_id, w.acked)
-            figures[f"stream {w.stream_id}"] = check.summary()
-            assert check.ok, check.summary()
+        check_writers(client, writers, figures)
         assert gap < TARGET_S, f"metadata unavailable for {gap:.2f} s"
+
+
+def check_writers(client: SbpClient, writers: Writers, figures: dict) -> None:
+    """Every writer's stream: acknowledged batches intact, no holes, nothing corrupt."""
+    for w in writers:
+        check = check_stream(client, w.stream_id, w.acked)
+        figures[f"stream {w.stream_id}"] = check.summary()
+        assert check.ok, check.summary()
 
 
 @pytest.mark.slow
@@ -330,32 +329,20 @@ def test_pd_leader_killed_while_a_range_server_is_dead(tmp_path, figures):
     with pd_cluster(tmp_path, etcd_members=1) as cluster, ConnectionPool(RIDE_OUT) as pool:
         client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
         streams = [s.stream_id for s in client.create_streams(2, replicas=2)]
-        rng = client.list_ranges(streams[0])[-1]
-        primary = next(r.server.advertise_addr for r in rng.servers if r.is_primary)
-        victim = next(i for i, p in enumerate(cluster.range_servers)
-                      if p is not None and p.info["range_server"] == primary)
-        writers = [Writer(client, sid, pause_s=0.02) for sid in streams]
-        for w in writers:
-            w.start()
+        victim = _holder_index(cluster, client, streams[0], primary=True)
         probe = MetadataProbe(cluster.pd_address)
         probe.start()
         try:
-            for w in writers:
-                w.wait_for_more(50)
-            cluster.kill_range_server(victim)
-            killed_at = kill_leader(cluster, probe, figures)
-            for w in writers:
-                w.wait_for_more(100, timeout=90)
-            resumed = max(w.last_ack for w in writers) - killed_at
+            with Writers(client, streams, pause_s=0.02) as writers:
+                writers.wait_for_more(50)
+                cluster.kill_range_server(victim)
+                killed_at = kill_leader(cluster, probe, figures)
+                writers.wait_for_more(100, timeout=90)
+                resumed = max(w.last_ack for w in writers) - killed_at
         finally:
-            for w in writers:
-                w.finish()
             probe.stop()
         figures["also killed"] = f"range server {victim} (primary of stream {streams[0]})"
         figures["writes resumed after the kills"] = f"{resumed:.1f} s"
         figures["ranges of the first stream"] = len(client.list_ranges(streams[0]))
         assert len(client.list_ranges(streams[0])) >= 2, "the dead primary's range stayed open"
-        for w in writers:
-            check = check_stream(client, w.stream_id, w.acked)
-            figures[f"stream {w.stream_id}"] = check.summary()
-            assert check.ok, check.summary()
+        check_writers(client, writers, figures)
