@@ -87,19 +87,29 @@ class Leadership:
     def is_leader(self) -> bool:
         """Whether this node may act as leader now."""
         with self._lock:
-            return self._office > 0 and time.monotonic() < self._valid_until - self.margin_s
+            return self._leads()
+
+    def _leads(self) -> bool:
+        # with self._lock held
+        return self._office > 0 and time.monotonic() < self._valid_until - self.margin_s
+
+    def _known_leader(self) -> Member | None:
+        # with self._lock held; a node whose lease is running out names no leader, not itself
+        if self._office:
+            return self.me if self._leads() else None
+        return self._leader
 
     @property
     def leader(self) -> Member | None:
         """The leader as this node last saw it."""
         with self._lock:
-            return self.me if self._office else self._leader
+            return self._known_leader()
 
     def cluster(self) -> m.PlacementDriverCluster:
         """Every member and which one leads, as this node last saw them."""
         with self._lock:
             members = list(self._members)
-            leader = self.me if self._office else self._leader
+            leader = self._known_leader()
         if leader is not None and leader not in members:
             members.append(leader)
         if self.me not in members:
@@ -176,23 +186,22 @@ class Leadership:
             self._stop.wait(self.poll_s)
 
     def _tick(self) -> None:
-        now = time.monotonic()
-        if not self._lease or now >= self._valid_until:
-            self._new_session()
-        elif now >= self._next_renewal:
+        if self._lease and time.monotonic() >= self._next_renewal:
+            # Also once this node's own count says the lease ran out: etcd may have kept it
+            # (it extends leases when its raft leader changes), and then this node takes its
+            # office back at once instead of waiting for the old key to expire.
             self._renew()
         if not self._lease:
-            return
+            self._new_session()
         if self._office:
             if not self.is_leader():
                 self._step_down("its lease ran out")
-        else:
-            self._campaign()
+        elif time.monotonic() < self._valid_until - self.margin_s:
+            self._campaign()  # only on a lease this node may still count on
         if time.monotonic() >= self._next_view:
             self._refresh_view()
 
     def _new_session(self) -> None:
-        self._step_down("its lease ran out")
         sent = time.monotonic()
         lease, ttl = self.etcd.lease_grant(self.lease_ttl_s)
         self.etcd.put(self._members_prefix + self.me.name.encode(), json.dumps(
