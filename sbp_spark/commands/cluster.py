@@ -129,7 +129,9 @@ def _print(facts: dict[str, Any]) -> None:
     if "streams" in facts:
         print(f"PD {facts['pd']}: {facts['streams']} streams, {facts['ranges']} ranges")
         print()
-    print("PD members")
+    leaders = [m for m in facts["members"] if m["leader"]]
+    print(f"PD members (leader: {leaders[0]['name']} at {leaders[0]['address']})" if leaders
+          else "PD members (no leader elected right now)")
     print_table([[m["name"], m["address"], "leader" if m["leader"] else "follower"]
                  for m in facts["members"]], ["NAME", "ADDRESS", "ROLE"])
     if "range_servers" not in facts:

@@ -7,11 +7,14 @@ loopback ports. It is what tests, demos and ``sbp server`` use::
         client = SbpClient(cluster.pd_address)
 
 ``ProcessCluster`` runs ``sbp pd`` and ``sbp range-server`` as child processes, so a test can
-kill one with SIGKILL and start it again on the same data directory.
+kill one with SIGKILL and start it again on the same data directory. With ``pd_nodes=N`` it
+runs a PD cluster instead of one PD: a local etcd (``etcd_members`` members, or an etcd given
+by its endpoints) and N ``sbp pd --etcd`` nodes that elect their leader there.
 
-Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata) and ``rs-<i>/`` for
-range server ``i``. A range server keeps its server id in its own directory, so restarting it
-there brings back the same server with the same ranges.
+Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata), or ``etcd/`` (the
+local etcd members' data), and ``rs-<i>/`` for range server ``i``. A range server keeps its
+server id in its own directory, so restarting it there brings back the same server with the
+same ranges.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from sbp_spark.client.connection import Connection
 from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
 
+from .etcd_process import LocalEtcd
 from .net import NetConfig
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
@@ -350,16 +354,28 @@ class ProcessCluster:
     port too (a server restarting on its configured port), and takes a free one if that is
     taken. ``env`` is the environment of every child process; ``tls`` becomes their
     ``--tls-cert``/``--tls-key``/``--tls-ca`` options.
+
+    ``pd_nodes=N`` (N >= 1) runs N PD nodes over etcd instead of one PD on SQLite: the etcd at
+    ``etcd_endpoints``, or else a local one of ``etcd_members`` members (``etcd``, a
+    ``LocalEtcd``). Node ``i`` is ``pd-<i>``, node 0 on ``pd_port``, the others on free ports
+(each keeps its port across restarts);
+    ``pd_address`` lists every node (comma-separated), which is what range servers and
+    clients are given; ``kill_pd_node(i)`` and ``start_pd_node(i)`` kill and restart one.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
-                 env: dict[str, str] | None = None, tls: TlsConfig | None = None) -> None:
+                 env: dict[str, str] | None = None, tls: TlsConfig | None = None,
+                 pd_nodes: int = 0, etcd_members: int = 1,
+                 etcd_endpoints: Sequence[str] = ()) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
             raise ValueError(f"pd_port={pd_port!r} must be in 0..65535")
+        if not isinstance(pd_nodes, int) or pd_nodes < 0:
+            raise ValueError(f"pd_nodes={pd_nodes!r} must be an integer >= 0 (0: one PD on "
+                             "SQLite)")
         self.data_dir = Path(data_dir)
         self.host = host
         self.fsync = _fsync_policy(fsync)
@@ -370,11 +386,25 @@ class ProcessCluster:
         self._rs_ports: list[int] = [0] * range_servers
         self.pd: ServerProcess | None = None
         self.range_servers: list[ServerProcess | None] = [None] * range_servers
+        self.pd_nodes: list[ServerProcess | None] = [None] * pd_nodes
+        # Node 0 takes pd_port; the others free ports (pd_port + 1 would be etcd's own 2379
+        # when pd_port is the default 2378).
+        self._node_ports: list[int] = [pd_port] + [0] * (pd_nodes - 1) if pd_nodes else []
+        self.etcd: LocalEtcd | None = None
+        self._etcd_endpoints = list(etcd_endpoints)
+        if pd_nodes and not etcd_endpoints:
+            self.etcd = LocalEtcd(self.data_dir / "etcd", members=etcd_members, host=host)
 
     def start(self) -> ProcessCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.start_pd()
+            if self.pd_nodes:
+                if self.etcd is not None:
+                    self._etcd_endpoints = self.etcd.start().endpoints
+                for i in range(len(self.pd_nodes)):
+                    self.start_pd_node(i)
+            else:
+                self.start_pd()
             for i in range(len(self.range_servers)):
                 self.start_range_server(i)
         except BaseException:
@@ -383,13 +413,17 @@ class ProcessCluster:
         return self
 
     def stop(self) -> None:
-        """SIGTERM every range server, then the PD."""
+        """SIGTERM every range server, then the PD (or every PD node, then etcd)."""
         for i in range(len(self.range_servers)):
             self.stop_range_server(i)
         self.stop_pd()
+        for i in range(len(self.pd_nodes)):
+            self.stop_pd_node(i)
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def __enter__(self) -> ProcessCluster:
-        if self.pd is None:
+        if self.pd is None and not any(self.pd_nodes):
             self.start()
         return self
 
@@ -400,15 +434,27 @@ class ProcessCluster:
 
     @property
     def pd_address(self) -> str:
-        """``host:port`` of the PD (the same across its restarts)."""
+        """``host:port`` of the PD (the same across its restarts); with PD nodes, every
+        node's, comma-separated."""
+        if self.pd_nodes:
+            if not all(self._node_ports):
+                raise RuntimeError("the cluster's PD nodes have not been started")
+            return ",".join(f"{self.host}:{p}" for p in self._node_ports)
         if self.pd is not None:
             return str(self.pd.info["pd"])
         if self._pd_port:
             return f"{self.host}:{self._pd_port}"
         raise RuntimeError("the cluster's PD has not been started")
 
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        """The etcd client endpoints the PD nodes use (empty for a lone PD)."""
+        return list(self._etcd_endpoints)
+
     def start_pd(self) -> ServerProcess:
         """Start the PD (again) on its data directory and port."""
+        if self.pd_nodes:
+            raise RuntimeError("this cluster runs PD nodes: use start_pd_node(i)")
         if self.pd is not None and self.pd.running:
             raise RuntimeError("the PD is already running")
         self.pd = ServerProcess(
@@ -437,6 +483,47 @@ class ProcessCluster:
         proc, self.pd = self.pd, None
         if proc is not None:
             proc.terminate()
+
+    # -- PD nodes ---------------------------------------------------------------------------
+
+    def start_pd_node(self, i: int) -> ServerProcess:
+        """Start PD node ``i`` (again) on its port."""
+        node = self.pd_nodes[i]
+        if node is not None and node.running:
+            raise RuntimeError(f"PD node {i} is already running")
+        name = f"pd-{i}"
+        proc = ServerProcess(
+            ["pd", "--etcd", ",".join(self._etcd_endpoints), "--name", name,
+             "--host", self.host, "--port", str(self._node_ports[i]), *self._tls_args()],
+            self.data_dir / f"{name}.ready", self.data_dir / f"{name}.log",
+            self.start_timeout_s, env=self.env)
+        self._node_ports[i] = int(str(proc.info["pd"]).rsplit(":", 1)[1])
+        self.pd_nodes[i] = proc
+        return proc
+
+    def kill_pd_node(self, i: int) -> None:
+        """SIGKILL PD node ``i``."""
+        proc, self.pd_nodes[i] = self.pd_nodes[i], None
+        if proc is not None:
+            proc.kill()
+
+    def stop_pd_node(self, i: int) -> None:
+        """SIGTERM PD node ``i`` and wait for it to exit."""
+        proc, self.pd_nodes[i] = self.pd_nodes[i], None
+        if proc is not None:
+            proc.terminate()
+
+    def pd_node_info(self) -> list[dict[str, Any]]:
+        """Name, address and pid of every running PD node."""
+        return [{"name": p.info["name"], "address": p.info["pd"], "pid": p.pid}
+                for p in self.pd_nodes if p is not None]
+
+    def pd_node_index(self, address: str) -> int:
+        """Which node serves at ``address`` (IndexError when none does)."""
+        for i, port in enumerate(self._node_ports):
+            if address == f"{self.host}:{port}":
+                return i
+        raise IndexError(f"no PD node of this cluster serves at {address}")
 
     # -- range servers ----------------------------------------------------------------------
 

@@ -63,6 +63,12 @@ class Liveness:
             self._servers.pop(server_id, None)
             self._dead.discard(server_id)
 
+    def clear(self) -> None:
+        """Forget every server (a PD taking or leaving office starts over)."""
+        with self._lock:
+            self._servers.clear()
+            self._dead.clear()
+
     def is_live(self, server_id: int) -> bool:
         now = self._clock()
         with self._lock:
