@@ -65,6 +65,7 @@ from pathlib import Path
 
 from sbp_spark.client.connection import parse_address
 from sbp_spark.protocol import messages as m
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import (
     InvalidRequestError,
     RangeNotFoundError,
@@ -95,8 +96,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_HEARTBEAT_INTERVAL_S
 # Bound on one call from the PD to a range server when the request carries no timeout_ms. Long
 # enough for a seal behind a slow fsync, short enough that an admin call on a hung server fails.
 DEFAULT_RANGE_SERVER_TIMEOUT_S = 10.0
-# replica_nums is an int8 on the wire.
-MAX_REPLICAS = 127
 
 
 @dataclass
