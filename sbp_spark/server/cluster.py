@@ -403,6 +403,7 @@ class ProcessCluster:
                     self._etcd_endpoints = self.etcd.start().endpoints
                 for i in range(len(self.pd_nodes)):
                     self.start_pd_node(i)
+                self.wait_pd_cluster()
             else:
                 self.start_pd()
             for i in range(len(self.range_servers)):
@@ -500,6 +501,28 @@ class ProcessCluster:
         self._node_ports[i] = int(str(proc.info["pd"]).rsplit(":", 1)[1])
         self.pd_nodes[i] = proc
         return proc
+
+    def wait_pd_cluster(self) -> None:
+        """Wait until every running PD node is a member of the PD cluster and one of them
+        leads (a node is ready once it serves, a little before it has joined)."""
+        from sbp_spark.protocol.messages import DescribePdClusterRequest, DescribePdClusterResponse
+
+        wanted = {f"{self.host}:{port}" for port, node in zip(self._node_ports, self.pd_nodes,
+                                                               strict=True) if node is not None}
+
+        def formed() -> bool:
+            try:
+                with contextlib.closing(Connection(next(iter(wanted)))) as conn:
+                    response, _ = conn.call(DescribePdClusterRequest())
+            except SbpError:
+                return False
+            assert isinstance(response, DescribePdClusterResponse)
+            members = response.cluster.members if response.cluster is not None else []
+            return ({n.advertise_addr for n in members} >= wanted
+                    and sum(1 for n in members if n.is_leader) == 1)
+
+        _wait_for(formed, self.start_timeout_s,
+                  f"PD nodes {', '.join(sorted(wanted))} to form a cluster with a leader")
 
     def kill_pd_node(self, i: int) -> None:
         """SIGKILL PD node ``i``."""
