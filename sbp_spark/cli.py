@@ -134,7 +134,8 @@ class _StopSignals:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signal_name = ""
-        self._previous: dict[int, object] = {}
+        # what signal.signal returned: a Python handler, SIG_DFL/SIG_IGN, or None
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def __enter__(self) -> _StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -147,7 +148,7 @@ class _StopSignals:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
     def wait(self, poll: Callable[[], None] | None = None, interval_s: float = 0.1) -> None:
         """Block until a stop signal; call ``poll()`` every ``interval_s`` meanwhile."""

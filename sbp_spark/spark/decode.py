@@ -179,11 +179,11 @@ class PartitionDecoder:
         else:
             self._flush_opaque()
             try:
-                piece = self._arrow_piece(header, body, max(base, self.start_offset),
+                whole = self._arrow_piece(header, body, max(base, self.start_offset),
                                           min(end, self.end_offset))
             except SchemaMismatchError as exc:
                 return self._misfit(header, exc)
-            piece = self._filtered(piece)
+            piece = self._filtered(whole)
             if piece is None:
                 return []
             if piece.num_rows >= self.solo_rows or piece.nbytes >= self.solo_bytes:
@@ -269,10 +269,10 @@ class PartitionDecoder:
 
         Filtering each piece before combining keeps the output batches full when a
         predicate drops most rows."""
-        if not self.row_predicates:
-            return piece
         mask = row_mask(self.row_predicates,
                         {"offset": piece.offsets, "timestamp": piece.timestamps})
+        if mask is None:  # no row predicates
+            return piece
         kept = pc.sum(mask).as_py() or 0
         if kept == piece.num_rows and mask.null_count == 0:
             return piece

@@ -75,10 +75,10 @@ def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
     else:
         newest: FetchedBatch | None = None
         for layout in layouts:
-            fetched = cluster.last_batch(client, layout)
-            if fetched is not None and (newest is None or fetched.header.base_timestamp_ms
-                                        > newest.header.base_timestamp_ms):
-                newest = fetched
+            last = cluster.last_batch(client, layout)
+            if last is not None and (newest is None or last.header.base_timestamp_ms
+                                     > newest.header.base_timestamp_ms):
+                newest = last
         if newest is not None:
             return _nullable(stored_schema(newest))
     raise ValueError(

@@ -8,7 +8,7 @@ the schema and the pushed predicates; connections are opened inside ``read()``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -115,7 +115,7 @@ class SbpBatchReader(DataSourceReader):
             if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
         self.pushed = PushedFilters()
 
-    def partitions(self) -> Sequence[InputPartition]:
+    def partitions(self) -> list[SbpPartition]:
         client = cluster.get_client(self.options.client)
         layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
         options = resolve_time_positions(client, layouts, self.options)

@@ -77,7 +77,8 @@ class SbpDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         table = tables.definition_of(schema)
         options = parse_read_options(tables.read_options(self.options, table))
-        data_columns = self.arrow_data_columns or (table and table.data_columns)
+        data_columns = self.arrow_data_columns or (
+            table.data_columns if table is not None else None)
         if options.payload == "records":
             check_records_read_schema(schema)
             metadata = frozenset(METADATA_TYPES)

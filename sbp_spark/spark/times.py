@@ -49,19 +49,19 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
                            options: ReadOptions) -> ReadOptions:
     """``options`` with the streams positioned by time positioned by the offsets the times
     fall at (unchanged when no time option is set)."""
-    if options.starting_time is None and options.ending_time is None:
+    starting_time, ending_time = options.starting_time, options.ending_time
+    if starting_time is None and ending_time is None:
         return options
     starting = dict(options.starting.per_stream)
     ending = dict(options.ending.per_stream)
     for layout in layouts:
         sid, first, last = layout.stream_id, layout.start_offset, layout.end_offset
         search = _search(client, layout)
-        start_ms = options.starting_time.for_stream(sid) if options.starting_time else None
-        if start_ms is not None:
+        if starting_time is not None and (start_ms := starting_time.for_stream(sid)) is not None:
             found = search.first_at_or_after(start_ms, first, last).offset
             if found is None:
                 if options.time_strategy != "latest":
-                    name = _option_name(options.starting_time, "startingTimestamp",
+                    name = _option_name(starting_time, "startingTimestamp",
                                         "startingOffsetsByTimestamp")
                     raise OptionError(
                         f"option '{name}': stream {sid} holds no record at or after "
@@ -69,8 +69,7 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
                         "startingOffsetsByTimestampStrategy=latest to start it at its end")
                 found = last
             starting[sid] = found
-        end_ms = options.ending_time.for_stream(sid) if options.ending_time else None
-        if end_ms is not None:
+        if ending_time is not None and (end_ms := ending_time.for_stream(sid)) is not None:
             begin = starting.get(sid, options.starting.default)
             begin = first if begin == EARLIEST else last if begin == LATEST else begin
             found = search.first_at_or_after(end_ms, max(first, begin), last).offset

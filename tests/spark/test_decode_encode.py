@@ -272,6 +272,10 @@ def test_writer_routing_by_stream_id_and_schema_checks():
                                              "value": pa.array([b"a", b"b"])}), None))
     with pytest.raises(ValueError, match="needs a target stream"):
         RowEncoder.for_schema(StructType(fields[1:]), "records", None)
+    # an encoder made for one stream, asked for bodies without it
+    fixed = RowEncoder.for_schema(StructType(fields[1:]), "records", 5)
+    with pytest.raises(ValueError, match="needs a target stream"):
+        list(fixed.bodies(batch.drop_columns(["stream_id"]), None))
     with pytest.raises(ValueError, match="a 'value' column .* is required"):
         RowEncoder.for_schema(StructType(fields[:1]), "records", None)
     with pytest.raises(ValueError, match="column 'key' is int"):

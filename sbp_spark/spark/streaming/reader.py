@@ -26,7 +26,7 @@ just more ranges), split by ``maxRecordsPerPartition``/``minPartitions`` as in b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from fractions import Fraction
@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # Long polls of one latestOffset call run on at most this many range servers at once.
 MAX_POLL_THREADS = 8
+
+# One stream's entry in the lag report: counts, and the rewritten history it went on from.
+StreamReport = dict[str, int | dict[str, int]]
 
 
 class DataLossError(RuntimeError):
@@ -103,7 +106,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of an availableNow run: what the streams hold now."""
         layouts = self._layouts(self.options.read.streams)
-        self.state.target = {sid: lay.end_offset for sid, lay in layouts.items() if lay}
+        self.state.target = _end_offsets(layouts, layouts)
         log.info("sbp availableNow: reading up to %s", self.state.target)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -112,14 +115,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin_given, ranges_given = parse_spark(start, "start offset")
         layouts = self._layouts(self.options.read.streams)
         begin, entering = self._effective_starts(begin_given, ranges_given, layouts)
-        latest = {sid: layouts[sid].end_offset for sid in begin}  # type: ignore[union-attr]
+        latest = _end_offsets(layouts, begin)  # every stream in begin exists
         if state.target is None and not entering and all(
                 latest[sid] <= begin[sid] for sid in begin):
             woken = self._long_poll({sid: layouts[sid] for sid in begin})
             if woken:
                 layouts.update(self._layouts(woken))
-                latest.update({sid: layouts[sid].end_offset for sid in woken
-                               if layouts[sid] is not None})
+                latest.update(_end_offsets(layouts, woken))
         cap = dict(latest)
         if state.target is not None:
             cap = {sid: max(begin[sid], min(latest[sid], state.target.get(sid, begin[sid])))
@@ -281,7 +283,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise DataLossError(
                 f"history rewritten in {message}. Set failOnDataLoss=false to go on from "
                 f"offset {rng.end_offset}, reading the records that stand there now.")
-        self.state.rewound[sid] = {"range": range_index, "sealedAt": rng.end_offset,
+        self.state.rewound[sid] = {"range": rng.range_index, "sealedAt": rng.end_offset,
                                    "hadReadTo": position}
         self.state.warn_once(("rewound", sid, range_index, position), logging.WARNING,
                              "sbp data loss (failOnDataLoss=false): %s; going on from offset "
@@ -414,7 +416,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Lag per stream after this micro-batch (and what it skips, when ``skipped`` is
         given); kept for reportLatestOffset and logged (at INFO when a micro-batch was
         admitted, else DEBUG)."""
-        report: dict[str, dict[str, int]] = {}
+        report: dict[str, StreamReport] = {}
         for sid in sorted(end):
             layout = layouts.get(sid)
             if layout is None or sid not in latest:
@@ -460,7 +462,7 @@ class _DriverState:
     def __init__(self) -> None:
         self.target: dict[int, int] | None = None
         self.delay = TriggerDelay()
-        self.report: dict[str, dict[str, int]] | None = None
+        self.report: dict[str, StreamReport] | None = None
         self.sizes: dict[int, tuple[int, Fraction]] = {}
         self.stamps: dict[tuple[int, int], int] = {}
         # stream -> the last rewritten history the query went on from (failOnDataLoss=false)
@@ -502,6 +504,13 @@ def _poll_server(client: SbpClient, address: str, entries: list[tuple[int, Range
         log.debug("sbp: long poll on %s ended: %s", address, exc)
         return []
     return sorted({entries[index][0] for index in found})
+
+
+def _end_offsets(layouts: Mapping[int, StreamLayout | None], stream_ids: Iterable[int]
+                 ) -> dict[int, int]:
+    """The end offset of each of ``stream_ids`` whose stream exists (has a layout)."""
+    return {sid: layout.end_offset for sid in stream_ids
+            if (layout := layouts.get(sid)) is not None}
 
 
 def _ranges_before(layouts: Mapping[int, StreamLayout | None], offsets: Mapping[int, int]
