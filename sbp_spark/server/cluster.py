@@ -561,7 +561,8 @@ class ProcessCluster:
     def start_range_server(self, i: int) -> ServerProcess:
         """Start range server ``i`` (again) on its data directory, on its previous port if
         that is free."""
-        if self.range_servers[i] is not None and self.range_servers[i].running:
+        running = self.range_servers[i]
+        if running is not None and running.running:
             raise RuntimeError(f"range server {i} is already running")
         port = self._rs_ports[i]
         try:

@@ -143,7 +143,8 @@ class LocalEtcd:
 
     def start_member(self, i: int) -> None:
         """Start member ``i`` again on its data (it rejoins the cluster)."""
-        if self._procs[i] is not None and self._procs[i].poll() is None:
+        running = self._procs[i]
+        if running is not None and running.poll() is None:
             raise RuntimeError(f"etcd member {self.names[i]} is already running")
         self._launch(i, "existing")
         self._wait_serving(i)

@@ -453,10 +453,11 @@ class PlacementDriver:
                             advertise_addr, exc.message)
             raise
         arrived = self.liveness.beat(server_id, advertise_addr)
-        moved = before is not None and before.advertise_addr not in ("", advertise_addr)
+        previous = before.advertise_addr if before is not None else ""
+        moved = previous not in ("", advertise_addr)
         if moved:
             log.info("range server %d is live at %s (was %s)", server_id, advertise_addr,
-                     before.advertise_addr)
+                     previous)
         elif arrived:
             log.info("range server %d is live at %s", server_id, advertise_addr)
         # New, back from silence, or restarted elsewhere: it may have missed pushes.

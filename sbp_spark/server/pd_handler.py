@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import Opcode
@@ -39,10 +39,13 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(m.ReportMetricsRequest) if f.name != "range_server")
 
 
-def _ok_or_error(fn: Callable[[], Any]) -> tuple[Any, m.Status]:
-    """Run one item of a batch: its value and OK, or None and the status of its failure."""
+T = TypeVar("T")
+
+def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
+    """Run one item of a batch (``fn(*args)``): its value and OK, or None and the status of
+    its failure."""
     try:
-        return fn(), m.OK
+        return fn(*args), m.OK
     except PdNotLeaderError:
         raise  # this node stopped leading: the whole request goes to the new leader
     except ServerError as exc:
@@ -101,8 +104,8 @@ class _PdHandler(RequestHandler):
                                   "(client_role RANGE_SERVER = 0 is the default: an SDK "
                                   "client sends CLIENT = 1)")
             else:
-                _, status = _ok_or_error(lambda: self.pd.heartbeat(
-                    req.range_server.server_id, req.range_server.advertise_addr))
+                _, status = _ok_or_error(self.pd.heartbeat, req.range_server.server_id,
+                                         req.range_server.advertise_addr)
         return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
                                    range_server=req.range_server, status=status)
 
@@ -113,8 +116,7 @@ class _PdHandler(RequestHandler):
         results = []
         for owner in req.range_owners:
             if owner.range_server is not None:
-                found, status = _ok_or_error(lambda o=owner: self.pd.ranges_on_server(
-                    o.range_server))
+                found, status = _ok_or_error(self.pd.ranges_on_server, owner.range_server)
                 server = owner.range_server
                 ranges: list[RangeMeta] = []
                 if found is not None:
@@ -124,10 +126,10 @@ class _PdHandler(RequestHandler):
                     status=status, ranges=[self.pd.range_msg(r) for r in ranges],
                     range_server=server))
             else:
-                ranges, status = _ok_or_error(lambda o=owner: self.pd.list_ranges(o.stream_id))
+                listed, status = _ok_or_error(self.pd.list_ranges, owner.stream_id)
                 results.append(m.ListRangesResult(
                     stream_id=owner.stream_id, status=status,
-                    ranges=[self.pd.range_msg(r) for r in ranges or ()]))
+                    ranges=[self.pd.range_msg(r) for r in listed or ()]))
         return m.ListRangesResponse(list_responses=results)
 
     def _range_items(self, ids: Sequence[m.RangeId],
@@ -135,7 +137,7 @@ class _PdHandler(RequestHandler):
                                                                        m.Range | None]]:
         out = []
         for rid in ids:
-            rng, status = _ok_or_error(lambda r=rid: op(r.stream_id, r.range_index))
+            rng, status = _ok_or_error(op, rid.stream_id, rid.range_index)
             out.append((rid.stream_id, status, None if rng is None else self.pd.range_msg(rng)))
         return out
 
@@ -166,8 +168,8 @@ class _PdHandler(RequestHandler):
     def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
         results = []
         for item in req.streams:
-            created, status = _ok_or_error(lambda s=item: self.pd.create_stream(
-                s.replica_nums, s.retention_period_ms, s.stream_id))
+            created, status = _ok_or_error(self.pd.create_stream, item.replica_nums,
+                                           item.retention_period_ms, item.stream_id)
             stream = self.pd.stream_msg(created[0]) if created else m.Stream(
                 stream_id=item.stream_id, replica_nums=item.replica_nums,
                 retention_period_ms=item.retention_period_ms)
@@ -177,7 +179,7 @@ class _PdHandler(RequestHandler):
     def _delete_streams(self, req: m.DeleteStreamsRequest) -> m.DeleteStreamsResponse:
         results = []
         for item in req.streams:
-            deleted, status = _ok_or_error(lambda s=item: self.pd.delete_stream(s.stream_id))
+            deleted, status = _ok_or_error(self.pd.delete_stream, item.stream_id)
             stream = self.pd.stream_msg(deleted) if deleted else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.DeleteStreamsResult(deleted_stream=stream, status=status))
@@ -186,8 +188,8 @@ class _PdHandler(RequestHandler):
     def _update_streams(self, req: m.UpdateStreamsRequest) -> m.UpdateStreamsResponse:
         results = []
         for item in req.streams:
-            updated, status = _ok_or_error(lambda s=item: self.pd.update_stream(
-                s.stream_id, s.replica_nums, s.retention_period_ms))
+            updated, status = _ok_or_error(self.pd.update_stream, item.stream_id,
+                                           item.replica_nums, item.retention_period_ms)
             stream = self.pd.stream_msg(updated) if updated else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.UpdateStreamsResult(updated_stream=stream, status=status))
@@ -202,7 +204,7 @@ class _PdHandler(RequestHandler):
                 for s in self.pd.list_streams()])
         results = []
         for stream_id in req.stream_ids:
-            found, status = _ok_or_error(lambda s=stream_id: self.pd.describe_stream(s))
+            found, status = _ok_or_error(self.pd.describe_stream, stream_id)
             stream = self.pd.stream_msg(found) if found else m.Stream(stream_id=stream_id)
             results.append(m.DescribeStreamsResult(stream=stream, status=status))
         return m.DescribeStreamsResponse(describe_responses=results)
@@ -211,8 +213,8 @@ class _PdHandler(RequestHandler):
         timeout = self._timeout_s(req)
         results = []
         for item in req.trimmed_streams:
-            done, status = _ok_or_error(lambda t=item: self.pd.trim_stream(
-                t.stream_id, t.trim_offset, timeout))
+            done, status = _ok_or_error(self.pd.trim_stream, item.stream_id, item.trim_offset,
+                                        timeout)
             if done:
                 stream, first = done
                 results.append(m.TrimStreamsResult(trimmed_stream=self.pd.stream_msg(stream),
@@ -225,8 +227,7 @@ class _PdHandler(RequestHandler):
 
     def _report_metrics(self, req: m.ReportMetricsRequest) -> m.ReportMetricsResponse:
         metrics = {name: int(getattr(req, name)) for name in METRIC_FIELDS}
-        _, status = _ok_or_error(lambda: self.pd.report_metrics(
-            req.range_server.server_id, metrics))
+        _, status = _ok_or_error(self.pd.report_metrics, req.range_server.server_id, metrics)
         return m.ReportMetricsResponse(range_server=req.range_server, status=status)
 
     def _describe_pd_cluster(self, req: m.DescribePdClusterRequest

@@ -72,7 +72,9 @@ def test_one_leader_and_every_node_describes_the_cluster(nodes):
 def test_a_follower_answers_pd_not_leader_naming_the_leader(nodes):
     leader = leader_of(nodes)
     follower = next(n for n in nodes if n is not leader)
-    wait_until(lambda: follower.cluster().leader is not None, "the follower to see the leader")
+    wait_until(lambda: follower.cluster().leader is not None
+               and len(follower.cluster().members) == len(nodes),
+               "the follower to see the leader and every member")
     with Connection(follower.address) as conn:
         with pytest.raises(PdNotLeaderError) as err:
             conn.call(m.DescribeStreamsRequest(stream_ids=[]))
