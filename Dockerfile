@@ -49,13 +49,15 @@ FROM ${BASE_IMAGE}
 
 # Leave out manuals, docs and translations, as slim images do, whatever the base; man1 must
 # still exist: the JRE's post-install step fails when it cannot link java's manual page.
-# procps: Spark's launch scripts call `ps`.
+# procps: Spark's launch scripts call `ps`. etcd-server: the etcd service and `sbp server
+# --pd-nodes` run Debian's etcd.
 RUN printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
         'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' \
         'path-exclude /usr/share/locale/*' > /etc/dpkg/dpkg.cfg.d/01-sbp-slim \
     && mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends python3 openjdk-17-jre-headless procps \
+        etcd-server \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 
 COPY --from=build /opt/venv /opt/venv

@@ -28,12 +28,13 @@ from sbp_spark.commands.common import (
     add_pd_argument,
     address_arg,
     cli_errors,
+    connect,
     pd_addresses_arg,
-    pd_of,
-    tls_from_env,
 )
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
+from sbp_spark.server.pd_etcd import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
 
 log = logging.getLogger("sbp_spark.cli")
 
@@ -43,10 +44,6 @@ EXIT_USAGE = 2
 # The PD's port when none is given, so `sbp streams ...` finds a local `sbp server` unasked.
 DEFAULT_PD_PORT = 2378
 FSYNC_CHOICES = ("always", "interval", "never")
-# The CLI is interactive: fail within seconds when the cluster is unreachable instead of
-# retrying for the library's default minute.
-CLI_CONNECT_TIMEOUT_S = 5.0
-CLI_RETRY_DEADLINE_S = 15.0
 
 
 # -- argument types -----------------------------------------------------------------------------
@@ -137,7 +134,8 @@ class _StopSignals:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signal_name = ""
-        self._previous: dict[int, object] = {}
+        # what signal.signal returned: a Python handler, SIG_DFL/SIG_IGN, or None
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def __enter__(self) -> _StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,7 +148,7 @@ class _StopSignals:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
     def wait(self, poll: Callable[[], None] | None = None, interval_s: float = 0.1) -> None:
         """Block until a stop signal; call ``poll()`` every ``interval_s`` meanwhile."""
@@ -167,10 +165,16 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     parser = subparsers.add_parser(
         "server", help="run a whole cluster (PD and range servers) in one process",
         description="Run a PD and N range servers in this process until SIGINT or SIGTERM. "
-                    "Data survives restarts on the same --data-dir.")
+                    "With --pd-nodes, run a local etcd, that many PD nodes over it and the "
+                    "range servers as child processes instead. Data survives restarts on the "
+                    "same --data-dir.")
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="where data is kept")
     parser.add_argument("--range-servers", type=_int_in(1), default=1, metavar="N",
                         help="number of range servers (default 1)")
+    parser.add_argument("--pd-nodes", type=_int_in(1), default=None, metavar="N",
+                        help="run a PD cluster of N nodes on a local etcd (needs the etcd "
+                             "binary), each node and range server its own process; the first "
+                             "node listens on --port, the others on free ports")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)
@@ -181,6 +185,8 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 
 
 def server_command(args: argparse.Namespace) -> int:
+    if args.pd_nodes is not None:
+        return _pd_cluster_command(args)
     from sbp_spark.server.cluster import EmbeddedCluster, write_ready_file
 
     data_dir = _data_dir(args.data_dir)
@@ -205,6 +211,44 @@ def server_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pd_cluster_command(args: argparse.Namespace) -> int:
+    """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
+    from sbp_spark.server.cluster import ProcessCluster, write_ready_file
+
+    cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
+                             host=args.host, fsync=args.fsync, pd_port=args.port,
+                             tls=_tls_of(args), pd_nodes=args.pd_nodes)
+    if args.page_cache_mib != DEFAULT_PAGE_CACHE_BYTES >> 20:
+        raise ValueError("--page-cache-mib is not passed on to range server processes; run "
+                         "without --pd-nodes, or start `sbp range-server` yourself")
+    with _StopSignals() as stop:
+        cluster.start()
+        try:
+            log.info("etcd on %s; PD nodes %s; range servers %s",
+                     ",".join(cluster.etcd_endpoints), cluster.pd_address,
+                     ", ".join(cluster.range_server_addresses))
+            if args.ready_file is not None:
+                write_ready_file(args.ready_file, {
+                    "pd": cluster.pd_address,
+                    "range_servers": cluster.range_server_addresses,
+                    "pd_nodes": cluster.pd_node_info(),
+                    "etcd": cluster.etcd_endpoints})
+            stop.wait(poll=lambda: _check_children(cluster))
+        finally:
+            cluster.stop()
+    log.info("stopped")
+    return 0
+
+
+def _check_children(cluster) -> None:
+    """Say so once when a child process of ``sbp server --pd-nodes`` exits on its own."""
+    for proc in [*cluster.pd_nodes, *cluster.range_servers]:
+        if proc is not None and not proc.running and not getattr(proc, "reported", False):
+            proc.reported = True
+            log.error("%s exited with status %s; its log: %s", " ".join(proc.args[3:5]),
+                      proc.proc.returncode, proc.log_path)
+
+
 # -- sbp pd -------------------------------------------------------------------------------------
 
 
@@ -212,9 +256,20 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser = subparsers.add_parser(
         "pd", help="run a placement driver",
         description="Run a placement driver (stream and range metadata) until SIGINT or "
-                    "SIGTERM.")
-    parser.add_argument("--data-dir", required=True, metavar="DIR",
-                        help="where the metadata is kept")
+                    "SIGTERM: alone with its metadata in SQLite (--data-dir), or as one node "
+                    "of a PD cluster whose metadata lives in etcd (--etcd, --name); the nodes "
+                    "elect a leader there and followers redirect clients to it.")
+    store = parser.add_mutually_exclusive_group(required=True)
+    store.add_argument("--data-dir", metavar="DIR",
+                       help="where a lone PD keeps its metadata (SQLite)")
+    store.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]", type=_etcd_arg,
+                       help="etcd client endpoints: keep the metadata in etcd and join the PD "
+                            "cluster that leads there")
+    parser.add_argument("--name", default=None, metavar="NAME",
+                        help="this node's name in the PD cluster, unique in it (default pd-1)")
+    parser.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX, metavar="PREFIX",
+                        help="the cluster's keys in etcd start with this, so clusters can "
+                             f"share one etcd (default {DEFAULT_ETCD_PREFIX})")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
     parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
                         help="address clients should use, if not the listening one")
@@ -226,22 +281,38 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     return parser
 
 
+def _etcd_arg(text: str) -> list[str]:
+    from sbp_spark.server.etcd_client import parse_endpoints
+
+    try:
+        return parse_endpoints(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def pd_command(args: argparse.Namespace) -> int:
     from sbp_spark.server.cluster import write_ready_file
     from sbp_spark.server.net import NetConfig
     from sbp_spark.server.pd import PdConfig, PlacementDriver
 
-    data_dir = _data_dir(args.data_dir)
+    if args.etcd is None and (args.name is not None
+                              or args.etcd_prefix != DEFAULT_ETCD_PREFIX):
+        raise ValueError("--name and --etcd-prefix name a node of a PD cluster: give --etcd")
+    data_dir = _data_dir(args.data_dir) if args.data_dir is not None else None
     pd = PlacementDriver(PdConfig(data_dir, host=args.host, port=args.port,
                                   advertise_addr=args.advertise_addr or "",
-                                  fsync=args.fsync != "never",
+                                  name=args.name or "pd-1", fsync=args.fsync != "never",
+                                  etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
                                   net=NetConfig(tls=_tls_of(args))))
     with _StopSignals() as stop:
         try:
             pd.start()
-            log.info("PD listening on %s", pd.address)
+            log.info("PD %s listening on %s", pd.config.name, pd.address)
             if args.ready_file is not None:
-                write_ready_file(args.ready_file, {"pd": pd.address})
+                info = {"pd": pd.address}
+                if args.etcd:
+                    info["name"] = pd.config.name
+                write_ready_file(args.ready_file, info)
             stop.wait()
         finally:
             pd.stop()
@@ -329,19 +400,12 @@ def add_streams_parser(subparsers: argparse._SubParsersAction) -> argparse._SubP
     return commands
 
 
-def _client_config():
-    from sbp_spark.client.config import ClientConfig
-
-    return ClientConfig(**tls_from_env(), connect_timeout_s=CLI_CONNECT_TIMEOUT_S,
-                        retry_deadline_s=CLI_RETRY_DEADLINE_S)
-
-
 def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "create", help="create streams and print their ids",
         description="Create streams; prints each new stream id on its own line.")
     add_pd_argument(parser)
-    parser.add_argument("--replicas", type=_int_in(1, 127), default=1, metavar="N",
+    parser.add_argument("--replicas", type=_int_in(1, MAX_REPLICAS), default=1, metavar="N",
                         help="range servers holding each range (default 1)")
     parser.add_argument("--retention-ms", type=_int_in(1, also=(-1,)), default=-1,
                         metavar="MS", help="keep records this long (default -1: forever)")
@@ -353,11 +417,9 @@ def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argpars
 
 @cli_errors
 def streams_create_command(args: argparse.Namespace) -> int:
-    from sbp_spark.client import SbpClient
-
-    client = SbpClient(pd_of(args), _client_config())
-    streams = client.create_streams(count=args.count, replicas=args.replicas,
-                                    retention_ms=args.retention_ms)
+    with connect(args) as client:
+        streams = client.create_streams(count=args.count, replicas=args.replicas,
+                                        retention_ms=args.retention_ms)
     for stream in streams:
         print(stream.stream_id)
     return 0

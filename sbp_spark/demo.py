@@ -342,7 +342,7 @@ def run_demo(rows: int = DEFAULT_ROWS, streams: int = DEFAULT_STREAMS,
 
 
 def _print_summary(say: Callable[[str], None], report: DemoReport) -> None:
-    say()
+    say("")
     say("What happened")
     for label, timed in (("write", report.write), ("read ", report.read)):
         if timed is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,26 @@ def load_vectors(name: str) -> list[dict]:
         if path.exists():
             return json.loads(path.read_text())
     pytest.fail(f"test vectors {name} not found in {VECTORS_DIR} or tests/vectors")
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoints(tmp_path_factory):
+    """Client endpoints of a one-member etcd on loopback, for the tests that need etcd
+    (skipped where there is none: ``tests/etcd.py``)."""
+    from sbp_spark.server.etcd_process import LocalEtcd
+
+    from .etcd import require_etcd
+
+    require_etcd()
+    cluster = LocalEtcd(tmp_path_factory.mktemp("etcd")).start()
+    yield cluster.endpoints
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_prefix(request) -> str:
+    """A key prefix of this test's own in the shared etcd."""
+    return f"/test/{uuid.uuid4().hex[:12]}/"
 
 
 # Fixtures that start a SparkSession (tests/spark/conftest.py, integration/faults/conftest.py).

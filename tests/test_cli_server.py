@@ -15,6 +15,7 @@ import pytest
 
 from sbp_spark.cli import build_parser, main
 from sbp_spark.server.cluster import Placement, ProcessCluster, accepts_connections
+from tests.etcd import require_etcd
 from tests.polling import wait_until as poll
 
 SBP = [sys.executable, "-m", "sbp_spark.cli"]
@@ -26,19 +27,28 @@ def run_sbp(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run([*SBP, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
+def start_sbp_server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, dict, Path]:
+    """``sbp server ARGS`` as a child process: it, its ready file's content and its log."""
     ready = tmp_path / "ready.json"
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*SBP, "server", "--data-dir", str(tmp_path / "data"), "--range-servers", "2",
-             "--port", "0", "--ready-file", str(ready)],
-            stdout=log, stderr=subprocess.STDOUT)
+            [*SBP, "server", "--data-dir", str(tmp_path / "data"), *args, "--port", "0",
+             "--ready-file", str(ready)], stdout=log, stderr=subprocess.STDOUT)
     try:
         poll(lambda: ready.exists() or proc.poll() is not None, what="the ready file",
-             timeout=60)
+             timeout=90)
         assert proc.poll() is None, log_path.read_text()
-        info = json.loads(ready.read_text())
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, json.loads(ready.read_text()), log_path
+
+
+def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
+    proc, info, log_path = start_sbp_server(tmp_path, "--range-servers", "2")
+    try:
         assert set(info) == {"pd", "range_servers"} and len(info["range_servers"]) == 2
         assert accepts_connections(info["pd"])
         assert all(accepts_connections(a) for a in info["range_servers"])
@@ -59,6 +69,33 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
     assert f"PD listening on {info['pd']}" in text
     assert "SIGTERM received" in text and "Traceback" not in text
     assert not accepts_connections(info["pd"])
+
+
+def test_sbp_server_with_pd_nodes_runs_etcd_and_a_pd_cluster(tmp_path):
+    require_etcd()
+    proc, info, log_path = start_sbp_server(tmp_path, "--pd-nodes", "3", "--range-servers", "1")
+    try:
+        assert set(info) == {"pd", "range_servers", "pd_nodes", "etcd"}
+        nodes = info["pd_nodes"]
+        assert [n["name"] for n in nodes] == ["pd-0", "pd-1", "pd-2"]
+        assert info["pd"] == ",".join(n["address"] for n in nodes)
+        assert len(info["etcd"]) == 1 and len(info["range_servers"]) == 1
+        shown = run_sbp("cluster", "--json", "--pd", info["pd"])
+        assert shown.returncode == 0, shown.stderr
+        facts = json.loads(shown.stdout)
+        assert len([m for m in facts["members"] if m["leader"]]) == 1
+        assert {m["address"] for m in facts["members"]} == set(info["pd"].split(","))
+        assert [s["live"] for s in facts["range_servers"]] == [True]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log_path.read_text()
+    for pid in [n["pid"] for n in nodes]:  # every child is gone
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def test_sbp_pd_and_range_server_processes(tmp_path):

@@ -28,6 +28,10 @@ HOST_OVERRIDE = REPO / "integration" / "docker" / "compose.host.yml"
 RUN_CLUSTER = REPO / "integration" / "docker" / "run_cluster.py"
 SPARK_CLASSES = {"org.apache.spark.deploy.master.Master",
                  "org.apache.spark.deploy.worker.Worker"}
+PD_NODES = ("pd1", "pd2", "pd3")
+# The etcd flags the etcd service may use (etcd 3.4's names), each with a value.
+ETCD_FLAGS = {"--name", "--data-dir", "--listen-client-urls", "--advertise-client-urls",
+              "--listen-peer-urls", "--initial-advertise-peer-urls", "--initial-cluster"}
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +124,8 @@ def _option(argv: list[str], name: str) -> str | None:
 
 def test_the_services_are_there(compose):
     services = compose["services"]
-    assert {"pd", "rs1", "rs2", "rs3", "spark-master", "spark-worker", "job"} <= set(services)
+    assert {"etcd", *PD_NODES, "rs1", "rs2", "rs3", "spark-master", "spark-worker",
+            "job"} <= set(services)
     for name, service in services.items():
         assert service.get("build") == ".", f"{name} is not built from this repository"
         assert "command" in service, name
@@ -129,16 +134,19 @@ def test_the_services_are_there(compose):
 
 def test_every_service_gets_the_pd_list_from_one_variable(compose, host_override):
     # One place names the PD address list (SBP_PD); no command repeats it.
-    assert compose["x-sbp"]["environment"]["SBP_PD"] == "pd:2378"
+    pds = "pd1:2378,pd2:2378,pd3:2378"
+    assert compose["x-sbp"]["environment"]["SBP_PD"] == pds
     for name, service in compose["services"].items():
-        assert service["environment"]["SBP_PD"] == "pd:2378", name
+        assert service["environment"]["SBP_PD"] == pds, name
         assert "SBP_PD" in host_override["services"][name]["environment"], name
     for where, argv in _commands(compose):
-        assert _option(argv, "--pd") is None, f"{where} names the PD itself: {argv}"
+        # A PD node's health check asks that node alone, which is the point of it.
+        if where.removesuffix(" healthcheck") not in PD_NODES:
+            assert _option(argv, "--pd") is None, f"{where} names the PD itself: {argv}"
 
 
 def test_every_command_exists_with_its_flags(merged, monkeypatch):
-    checked = {"sbp": 0, "spark-submit": 0, "spark-class": 0, "python": 0}
+    checked = {"sbp": 0, "spark-submit": 0, "spark-class": 0, "python": 0, "etcd": 0}
     for where, argv in _commands(merged):
         # Commands read the PD list from the service's environment, as in the container.
         service = merged["services"][where.split()[0]]
@@ -169,6 +177,10 @@ def test_every_command_exists_with_its_flags(merged, monkeypatch):
         elif program == "python":
             assert argv[1] == "-c", f"{where}: {argv}"
             compile(argv[2], f"<{where}>", "exec")
+        elif program == "etcd":
+            flags = argv[1::2]
+            assert set(flags) <= ETCD_FLAGS and len(argv) % 2 == 1, (
+                f"{where}: etcd flags {flags} are not all known ones with a value each")
     assert all(checked.values()), f"some kind of command is no longer checked: {checked}"
 
 
@@ -185,8 +197,18 @@ def test_addresses_point_at_services_and_their_ports(merged):
             assert _option(argv, "--host") == ("0.0.0.0" if host == name else host), (
                 f"{name} must listen where it advertises")
             listening[name] = advertised
+    etcd = _argvs(services["etcd"]["command"])[0]
+    etcd_url = _option(etcd, "--advertise-client-urls")
+    assert etcd_url.removeprefix("http://").split(":")[-1] == _option(
+        etcd, "--listen-client-urls").split(":")[-1], "etcd advertises another port"
+    for name in PD_NODES:
+        argv = _argvs(services[name]["command"])[0]
+        assert f"http://{_option(argv, '--etcd')}" == etcd_url, f"{name} asks another etcd"
+        assert _option(argv, "--name") == name
+        (check,) = _argvs(services[name]["healthcheck"]["test"])
+        assert _option(check, "--pd") == listening[name], f"{name}'s health check asks another"
     for name, service in services.items():
-        assert service["environment"]["SBP_PD"] == listening["pd"], name
+        assert service["environment"]["SBP_PD"] == ",".join(listening[n] for n in PD_NODES), name
         if name.startswith("rs"):
             (check,) = _argvs(service["healthcheck"]["test"])
             assert _option(check, "--range-server") == listening[name], (

@@ -216,6 +216,34 @@ def bench_storage(fsync: str, mib: int) -> float:
     return mib * MIB / seconds / 1e6
 
 
+def _long_poll_tail(address: str, stream_id: int, stop: threading.Event) -> None:
+    """Read ``stream_id`` from offset 0 with FETCH long polls until ``stop`` is set."""
+    offset = 0
+    with Connection(address, _CLIENT) as conn:
+        while not stop.is_set():
+            req = FetchRequest(500, 1, [FetchEntry(stream_id, 0, offset, 4 * MIB)])
+            with conn.start(Opcode.FETCH, lambda sid, r=req: request_frame(sid, r)) as stream:
+                for frame in stream:
+                    msg = decode_response(frame)
+                    for r in msg.fetch_responses:
+                        r.status.raise_for_status()
+                    for header, _ in iter_batches(memoryview(frame.payload)):
+                        offset = header.end_offset
+
+
+def _peak_memory(pid: int, idle: dict[str, int], seconds: float) -> dict[str, int]:
+    """The ``memory_of(pid)`` sample with the highest RSS over ``seconds`` (``idle`` when
+    none is higher), sampled every 0.1 s."""
+    peak = dict(idle)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = memory_of(pid)
+        if now["VmRSS"] > peak["VmRSS"]:
+            peak = now
+        time.sleep(0.1)
+    return peak
+
+
 def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
     """Server RSS while ``clients`` connections each append 64 KiB batches and a reader per
     client long-polls its stream."""
@@ -239,19 +267,8 @@ def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
                 errors.append(exc)
 
         def reader(i: int) -> None:
-            offset = 0
             try:
-                with Connection(address, _CLIENT) as conn:
-                    while not stop.is_set():
-                        req = FetchRequest(500, 1, [FetchEntry(100 + i, 0, offset, 4 * MIB)])
-                        with conn.start(Opcode.FETCH,
-                                        lambda sid, r=req: request_frame(sid, r)) as stream:
-                            for frame in stream:
-                                msg = decode_response(frame)
-                                for r in msg.fetch_responses:
-                                    r.status.raise_for_status()
-                                for header, _ in iter_batches(memoryview(frame.payload)):
-                                    offset = header.end_offset
+                _long_poll_tail(address, 100 + i, stop)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -259,13 +276,7 @@ def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
                    for i in range(clients) for f in (writer, reader)]
         for t in threads:
             t.start()
-        peak = dict(idle)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            now = memory_of(pid)
-            if now["VmRSS"] > peak["VmRSS"]:
-                peak = now
-            time.sleep(0.1)
+        peak = _peak_memory(pid, idle, seconds)
         stop.set()
         for t in threads:
             t.join(60)

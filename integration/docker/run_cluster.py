@@ -526,8 +526,11 @@ def check_sbp_cluster(pd: str, range_servers: list[str]) -> None:
     if seen != sorted(range_servers) or not all(s["live"] for s in facts["range_servers"]):
         raise Failed(f"sbp cluster shows {facts['range_servers']}, expected {range_servers} "
                      f"all live")
-    say(f"sbp cluster: PD {facts['pd']} ({len(facts['members'])} member), "
-        f"{len(seen)} range servers live ({', '.join(seen)}), {facts['streams']} streams, "
+    leaders = [m["name"] for m in facts["members"] if m["leader"]]
+    if len(leaders) != 1:
+        raise Failed(f"sbp cluster shows PD members {facts['members']}, not one leader")
+    say(f"sbp cluster: PD {facts['pd']} ({len(facts['members'])} members, {leaders[0]} "
+        f"leads), {len(seen)} range servers live ({', '.join(seen)}), {facts['streams']} streams, "
         f"{facts['ranges']} ranges")
 
 

@@ -84,7 +84,8 @@ def test_the_override_asks_only_for_ports_and_the_pd_list():
     env = cluster_env(ports)
     asked = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
     assert asked <= set(env), f"the override needs {asked - set(env)}, which nobody sets"
-    assert env["SBP_PD"] == f"127.0.0.1:{ports['SBP_PD_PORT']}"
+    pd_ports = [name for name in ("SBP_PD_PORT", "SBP_PD2_PORT", "SBP_PD3_PORT") if name in ports]
+    assert env["SBP_PD"] == ",".join(f"127.0.0.1:{ports[name]}" for name in pd_ports)
 
 
 def test_the_pd_list_grows_with_the_pd_ports():

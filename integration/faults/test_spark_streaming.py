@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -236,8 +238,13 @@ def stream_led_by(client: SbpClient, replicas: int, victim, leader_of) -> tuple[
     return target, leader_of(target) == victim
 
 
-def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) -> None:
-    with ProcessCluster(tmp_path, range_servers=servers) as cluster, \
+def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int,
+                      fault: Callable[[ProcessCluster], None] | None = None,
+                      **cluster_options: Any) -> None:
+    """Run the relay and inject ``fault`` (default: kill -9 the primary of the input's open
+    range, restarted after ``OUTAGE_S`` when it is the only replica) during a micro-batch, on
+    a ``ProcessCluster`` made with ``cluster_options``; then check the output."""
+    with ProcessCluster(tmp_path, range_servers=servers, **cluster_options) as cluster, \
             ConnectionPool(RIDE_OUT) as pool:
         client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
         [source] = [s.stream_id for s in client.create_streams(1, replicas=replicas)]
@@ -253,10 +260,13 @@ def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) -> 
             writer.wait_for_more(BACKLOG)
             figures["killed during"] = f"micro-batch {relay.start_and_wait_busy()}"
             killed_at = time.monotonic()
-            cluster.kill_range_server(victim)
-            if replicas == 1:
-                time.sleep(OUTAGE_S)  # the outage is the injected fault
-                cluster.start_range_server(victim)
+            if fault is not None:
+                fault(cluster)
+            else:
+                cluster.kill_range_server(victim)
+                if replicas == 1:
+                    time.sleep(OUTAGE_S)  # the outage is the injected fault
+                    cluster.start_range_server(victim)
             writer.wait_for_more(AFTER_KILL, timeout=120)
             writer.finish()
             inputs_check, inputs = _input(client, source, writer)
@@ -277,7 +287,8 @@ def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int) -> 
         figures["query failures (restarted from the checkpoint)"] = len(relay.failures)
         if relay.failures:
             figures["first failure"] = relay.failures[0]
-        figures["killed server also led the output stream"] = "yes" if shared else "no"
+        if fault is None:
+            figures["killed server also led the output stream"] = "yes" if shared else "no"
         figures["from the kill to the query through the end"] = f"{caught_up_s:.1f} s"
         figures["writer: longest wait for an ack"] = f"{writer.longest_stall_s:.1f} s"
 

@@ -108,7 +108,7 @@ def bench_frames(payload_size: int = MIB, min_time: float = 0.3) -> dict:
                 decoder.buffer_updated(n)
                 pos += n
         frame = decoder.next_event()
-        if not isinstance(frame, Frame) or frame.payload.nbytes != payload_size:
+        if not isinstance(frame, Frame) or memoryview(frame.payload).nbytes != payload_size:
             raise AssertionError(f"frame round trip produced {frame!r}")
         decode_request(frame)
 

@@ -169,24 +169,26 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
+    duration_s = round(progress.elapsed, 1)
+    machine = machine_info()
+    # Other work on the machine skews every figure: say how busy it was.
+    load = {"start": load_before, "end": _load_average()}
     meta = {
         "started": started.isoformat(timespec="seconds"),
-        "duration_s": round(progress.elapsed, 1),
+        "duration_s": duration_s,
         "command": "sbp bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "quick": config.quick,
         "config": {k: v for k, v in vars(config).items()},
-        "machine": machine_info(),
-        # Other work on the machine skews every figure: say how busy it was.
-        "load_average_1m": {"start": load_before, "end": _load_average()},
+        "machine": machine,
+        "load_average_1m": load,
     }
     print(format_table(figures))
     passed = sum(1 for f in figures if f.passed)
     missed = sum(1 for f in figures if f.passed is False)
     missing = sum(1 for f in figures if f.value is None)
-    load = meta["load_average_1m"]
     print(f"\n{passed} targets met, {missed} missed, {missing} figures not measured; "
-          f"{meta['duration_s']} s; load average {load['start']} at start, {load['end']} at end "
-          f"on {meta['machine']['nproc']} cores")
+          f"{duration_s} s; load average {load['start']} at start, {load['end']} at end "
+          f"on {machine['nproc']} cores")
     if args.json is not None:
         args.json.write_text(to_json(figures, meta) + "\n")
         progress("output", f"wrote {args.json}")
@@ -194,6 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         from .plot import plot
 
         plot(figures, args.plot, title=f"sbp bench ({'quick' if config.quick else 'full'}, "
-                                       f"{meta['machine']['nproc']} cores)")
+                                       f"{machine['nproc']} cores)")
         progress("output", f"wrote {args.plot}")
     return 1 if any(f.note.startswith("error") for f in figures) else 0

@@ -26,23 +26,23 @@ def plot(figures: list[Figure], path: Path, title: str = "sbp bench") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [f for f in figures if f.unit == "MB/s" and f.value is not None]
+    rows = [(f, f.value) for f in figures if f.unit == "MB/s" and f.value is not None]
     if not rows:
         raise ValueError("no throughput figure was measured: nothing to plot")
     height = 0.38
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.4), dpi=80)
     labels = []
-    for i, f in enumerate(reversed(rows)):
+    for i, (f, value) in enumerate(reversed(rows)):
         labels.append(f"{f.section}: {f.name}")
         color = {True: "tab:green", False: "tab:red", None: "tab:blue"}[f.passed]
-        ax.barh(i + height / 2, f.value, height, color=color)
-        text = f" {f.value:,.0f}"
+        ax.barh(i + height / 2, value, height, color=color)
+        text = f" {value:,.0f}"
         if f.ceiling:
             ax.barh(i - height / 2, f.ceiling, height, color="lightgray")
             ax.text(f.ceiling, i - height / 2, f" {f.ceiling:,.0f} ({f.ceiling_name})",
                     va="center", fontsize=7, color="dimgray")
             text += f" ({f.ratio:.2f}x)"
-        ax.text(f.value, i + height / 2, text, va="center", fontsize=7)
+        ax.text(value, i + height / 2, text, va="center", fontsize=7)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xscale("log")

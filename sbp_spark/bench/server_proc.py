@@ -39,8 +39,10 @@ def _serve(data_dir: str, range_servers: int, fsync: str | None) -> int:
     cluster = None
     if reason is None:
         from sbp_spark.server.cluster import EmbeddedCluster
-        options = {} if fsync is None else {"fsync": fsync}
-        cluster = EmbeddedCluster(data_dir, range_servers=range_servers, **options)
+        if fsync is None:  # the cluster's default policy
+            cluster = EmbeddedCluster(data_dir, range_servers=range_servers)
+        else:
+            cluster = EmbeddedCluster(data_dir, range_servers=range_servers, fsync=fsync)
         cluster.__enter__()
         info["pd"] = cluster.pd_address
         info["range_servers"] = list(cluster.range_server_addresses)
@@ -74,8 +76,14 @@ class ServerProcess:
         return int(self.info["pid"])
 
     @property
-    def pd(self) -> str | None:
-        return self.info.get("pd")
+    def pd(self) -> str:
+        """The PD's address; raises when the cluster is not running (sections that need it
+        check ``cluster_error`` first)."""
+        pd = self.info.get("pd")
+        if pd is None:
+            raise RuntimeError("the bench cluster is not running: "
+                               f"{self.cluster_error or 'the server process has not started'}")
+        return pd
 
     @property
     def loopback(self) -> str:

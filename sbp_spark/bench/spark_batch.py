@@ -1,14 +1,19 @@
 """Spark batch figures: ``df.write.format("sbp")`` and ``spark.read.format("sbp")`` + an
 aggregation, each next to the Arrow ceiling (prebuilt batches in, dropped batches out) and to
 Spark's own parquet write and read of the same rows. Warm runs, interleaved, median of several.
+
+Two more reads measure payload=arrow schema resolution: one stream holding the rows plus an int
+and a float column, read once with the stored types and once as bigint and double, so that
+every stored batch needs two casts; each next to the ceiling of its own read schema.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import adapters
 from .context import BenchContext
@@ -21,6 +26,10 @@ READ_TARGET = Target(AT_LEAST_RATIO, 0.7)
 WRITE_TARGET = Target(AT_LEAST_RATIO, 0.6)
 CEILING_BATCH_ROWS = 65_536
 SAMPLE_INTERVAL_S = 0.5
+# The payload=arrow stream's columns, and the read schemas with and without casts.
+ARROW_COLUMNS = ("value", "CAST(length(value) AS INT) AS n", "CAST(length(value) AS FLOAT) AS x")
+ARROW_STORED_SCHEMA = "value BINARY, n INT, x FLOAT"
+ARROW_CAST_SCHEMA = "value BINARY, n BIGINT, x DOUBLE"
 
 
 @dataclass
@@ -35,6 +44,17 @@ class _Timed:
         return payload_bytes / MB / statistics.median(self.times) if self.times else None
 
 
+def ceiling_read(spark, rows: int, record_size: int, partitions: int, schema):
+    """A read of ``rows`` rows of ``schema`` from the Arrow ceiling source (prebuilt
+    batches): ``record_size`` random bytes per binary value, repeating every
+    ``CEILING_BATCH_ROWS`` rows."""
+    from .spark_sources import NAME
+
+    return (spark.read.format(NAME).option("rows", rows).option("partitions", partitions)
+            .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", record_size)
+            .option("schema", schema.json()).load())
+
+
 def write_input(spark, rows: int, record_size: int, partitions: int):
     """The rows every writer gets: null key, ``record_size`` random value bytes.
 
@@ -44,21 +64,18 @@ def write_input(spark, rows: int, record_size: int, partitions: int):
     """
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from .spark_sources import NAME
-
     schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
-    return (spark.read.format(NAME).option("rows", rows).option("partitions", partitions)
-            .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", record_size)
-            .option("schema", schema.json()).load())
+    return ceiling_read(spark, rows, record_size, partitions, schema)
 
 
-def aggregate(df) -> tuple[int, int]:
-    """The read query: rows and value bytes (every source has a value column)."""
+def aggregate(df, *summed: str) -> tuple[int, int]:
+    """The read query: rows and value bytes (every source has a value column), plus the sums
+    of the ``summed`` columns (so Spark consumes them too)."""
     from pyspark.sql import functions as F
 
-    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")
-                 ).collect()[0]
-    return int(row["n"]), int(row["bytes"] or 0)
+    row = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.length("value")).alias("bytes"),
+                 *[F.sum(c) for c in summed]).collect()[0]
+    return int(row["rows"]), int(row["bytes"] or 0)
 
 
 def _check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
@@ -85,128 +102,253 @@ def _time(kind: _Timed, fn: Callable[[], object], ctx: BenchContext, label: str,
     ctx.progress(SECTION, f"{label} {kind.name}: {elapsed:.2f} s")
 
 
+@dataclass
+class _Bench:
+    """One run of this section: the session, the sizes, and why the connector cannot be
+    measured (None when it can)."""
+
+    ctx: BenchContext
+    spark: Any
+    rows: int
+    size: int
+    parts: int
+    runs: int
+    sbp_reason: str | None
+
+    @property
+    def payload(self) -> int:
+        return self.rows * self.size
+
+    @property
+    def label(self) -> str:
+        return f"{self.rows / 1e6:g}M x {self.size} B"
+
+    def ceiling(self, schema) -> Any:
+        """The Arrow ceiling read shaped like a read of ``schema``."""
+        return ceiling_read(self.spark, self.rows, self.size, self.parts, schema)
+
+    def rounds(self) -> Iterator[tuple[int, str, bool]]:
+        """(n, progress tag, whether the times count): a warm-up, then the timed runs."""
+        for n in range(self.runs + 1):
+            yield n, (f"run {n}/{self.runs}" if n else "warm-up"), n > 0
+
+    def checked(self, what: str, df_fn: Callable[[], Any], *summed: str) -> Callable[[], None]:
+        """The read query on ``df_fn()``, failing unless it returns every row."""
+        return lambda: _check_rows(what, aggregate(df_fn(), *summed), self.rows, self.size)
+
+
+@dataclass
+class _Writes:
+    ceiling: _Timed
+    sbp: _Timed
+    parquet: _Timed
+    streams: list[int]  # one sbp stream per write run
+    parquet_path: str  # the files the last parquet write run left
+
+
+@dataclass
+class _ArrowRead:
+    """A payload=arrow read with ``schema`` and the Arrow ceiling of its read schema."""
+
+    sbp: _Timed
+    ceiling: _Timed
+    schema: str
+
+
+@dataclass
+class _Reads:
+    ceiling: _Timed
+    sbp: _Timed
+    parquet: _Timed
+    arrow: list[_ArrowRead]
+    sbp_df: Any  # None when there was nothing to read
+    worker_peaks: list[float] = field(default_factory=list)
+    server_peaks: list[float] = field(default_factory=list)
+
+
 def run(ctx: BenchContext) -> list[Figure]:
-    from .spark_sources import DEFAULT_SCHEMA, NAME, ArrowCeilingSource
+    from .spark_sources import ArrowCeilingSource
 
     cfg = ctx.config
-    rows, size, parts = cfg.spark_rows, cfg.record_size, cfg.spark_partitions
-    payload = rows * size
     spark = ctx.spark()
     spark.dataSource.register(ArrowCeilingSource)
-    sbp_reason = adapters.connector_missing(ctx)
-    if sbp_reason is None:
+    bench = _Bench(ctx, spark, cfg.spark_rows, cfg.record_size, cfg.spark_partitions,
+                   cfg.spark_runs, adapters.connector_missing(ctx))
+    if bench.sbp_reason is None:
         adapters.register_connector(spark)
-    label = f"{rows / 1e6:g}M x {size} B"
 
-    ctx.progress(SECTION, f"building and caching the write input ({label}, {parts} partitions)")
-    source = write_input(spark, rows, size, parts).cache()
-    if source.count() != rows:
+    ctx.progress(SECTION, f"building and caching the write input ({bench.label}, "
+                          f"{bench.parts} partitions)")
+    source = write_input(spark, bench.rows, bench.size, bench.parts).cache()
+    if source.count() != bench.rows:
         raise RuntimeError("the cached write input lost rows")
+    writes = _measure_writes(bench, source)
+    reads = _measure_reads(bench, source, writes)
+    source.unpersist()
+    return _figures(bench, writes, reads)
 
+
+def _measure_writes(bench: _Bench, source: Any) -> _Writes:
+    from .spark_sources import NAME
+
+    ctx = bench.ctx
     pq_dir = ctx.workdir / "parquet"
-    ceiling_w, sbp_w, pq_w = _Timed("Arrow-writer ceiling"), _Timed("sbp write"), _Timed(
-        "parquet write")
-    write_streams: list[int] = []
-    runs = cfg.spark_runs
+    writes = _Writes(_Timed("Arrow-writer ceiling"), _Timed("sbp write"),
+                     _Timed("parquet write"), [], str(pq_dir / f"write-{bench.runs}"))
 
     def sbp_write() -> None:
         stream_id = adapters.create_stream(ctx)
         (source.write.format("sbp").option("pd", ctx.server.pd)
          .option("stream", str(stream_id)).mode("append").save())
-        write_streams.append(stream_id)
+        writes.streams.append(stream_id)
 
-    for n in range(runs + 1):
-        record = n > 0
-        tag = f"run {n}/{runs}" if record else "warm-up"
-        _time(ceiling_w, lambda: source.write.format(NAME).mode("append").save(), ctx, tag,
-              record)
-        if sbp_reason is None:
-            _time(sbp_w, sbp_write, ctx, tag, record)
-        _time(pq_w, lambda n=n: source.write.mode("overwrite").parquet(
-            str(pq_dir / f"write-{n}")), ctx, tag, record)
+    def parquet_write(n: int) -> Callable[[], None]:
+        return lambda: source.write.mode("overwrite").parquet(str(pq_dir / f"write-{n}"))
 
-    # The read side: the sbp stream as written above, the ceiling shaped like the sbp read,
-    # and the parquet files the last parquet write run left (the same rows).
-    ceiling_r, sbp_r, pq_r = _Timed("Arrow ceiling"), _Timed("sbp read"), _Timed("parquet read")
-    sbp_df = None
-    read_schema = DEFAULT_SCHEMA
-    if sbp_reason is None and write_streams:
-        # minPartitions: the same parallelism as the ceiling, whatever the stream's ranges.
-        sbp_df = (spark.read.format("sbp").option("pd", ctx.server.pd)
-                  .option("streams", str(write_streams[-1])).option("minPartitions", parts)
-                  .load())
-        read_schema = sbp_df.schema
-    elif sbp_reason is None:
-        sbp_r.error = f"nothing to read: the sbp write failed ({sbp_w.error})"
-    ceiling_df = (spark.read.format(NAME).option("rows", rows).option("partitions", parts)
-                  .option("batch_rows", CEILING_BATCH_ROWS).option("record_size", size)
-                  .option("schema", read_schema.json()).load())
-    pq_read_path = str(pq_dir / f"write-{runs}")
+    for n, tag, record in bench.rounds():
+        _time(writes.ceiling, lambda: source.write.format(NAME).mode("append").save(), ctx,
+              tag, record)
+        if bench.sbp_reason is None:
+            _time(writes.sbp, sbp_write, ctx, tag, record)
+        _time(writes.parquet, parquet_write(n), ctx, tag, record)
+    return writes
 
-    worker_peaks: list[float] = []
-    server_peaks: list[float] = []
 
-    def checked(what: str, df_fn) -> Callable[[], None]:
-        return lambda: _check_rows(what, aggregate(df_fn()), rows, size)
+def _sbp_read_df(bench: _Bench, writes: _Writes, timed: _Timed) -> Any:
+    """The sbp read of the stream the last write run made (None, with ``timed.error`` set
+    when there is none)."""
+    if bench.sbp_reason is not None:
+        return None
+    if not writes.streams:
+        timed.error = f"nothing to read: the sbp write failed ({writes.sbp.error})"
+        return None
+    # minPartitions: the same parallelism as the ceiling, whatever the stream's ranges.
+    return (bench.spark.read.format("sbp").option("pd", bench.ctx.server.pd)
+            .option("streams", str(writes.streams[-1])).option("minPartitions", bench.parts)
+            .load())
+
+
+def _arrow_read_dfs(bench: _Bench, source: Any, arrow_reads: list[_ArrowRead]
+                    ) -> list[tuple[Any, Any]]:
+    """payload=arrow: writes one stream, and returns for each of ``arrow_reads`` its read and
+    the ceiling read of the same schema (none when the connector is missing or the write
+    failed: then each read's error says so)."""
+    if bench.sbp_reason is not None:
+        return []
+    ctx = bench.ctx
+    dfs: list[tuple[Any, Any]] = []
+    try:
+        arrow_stream = adapters.create_stream(ctx)
+        (source.selectExpr(*ARROW_COLUMNS).write.format("sbp")
+         .option("pd", ctx.server.pd).option("stream", str(arrow_stream))
+         .option("payload", "arrow").mode("append").save())
+        for read in arrow_reads:
+            df = (bench.spark.read.format("sbp").option("pd", ctx.server.pd)
+                  .option("streams", str(arrow_stream)).option("payload", "arrow")
+                  .option("minPartitions", bench.parts).schema(read.schema).load())
+            dfs.append((df, bench.ceiling(df.schema)))
+    except Exception as exc:  # reported in the table; the other figures go on
+        for read in arrow_reads:
+            read.sbp.error = f"writing the payload=arrow stream failed: {exc.__class__.__name__}"
+        ctx.progress(SECTION, f"payload=arrow stream: {exc}")
+    return dfs
+
+
+def _measure_reads(bench: _Bench, source: Any, writes: _Writes) -> _Reads:
+    """The read side: the sbp stream as written, the ceiling shaped like the sbp read, the
+    parquet files the last parquet write run left (the same rows), and the payload=arrow
+    reads with the stored types and with types that need a cast per batch."""
+    from .spark_sources import DEFAULT_SCHEMA
+
+    ctx = bench.ctx
+    sbp_r = _Timed("sbp read")
+    reads = _Reads(_Timed("Arrow ceiling"), sbp_r, _Timed("parquet read"),
+                   [_ArrowRead(_Timed("sbp arrow read"), _Timed("Arrow ceiling"),
+                               ARROW_STORED_SCHEMA),
+                    _ArrowRead(_Timed("sbp arrow read, cast"), _Timed("Arrow ceiling"),
+                               ARROW_CAST_SCHEMA)],
+                   _sbp_read_df(bench, writes, sbp_r))
+    sbp_df = reads.sbp_df
+    ceiling_df = bench.ceiling(DEFAULT_SCHEMA if sbp_df is None else sbp_df.schema)
+    arrow_dfs = _arrow_read_dfs(bench, source, reads.arrow)
 
     def sbp_read_measured() -> None:
         # Sparse samples: the kernel's peak (VmHWM) catches what happens between them, and a
         # busy sampler would take CPU from the read it measures.
         with PeakSampler(pyspark_workers, SAMPLE_INTERVAL_S) as workers, \
                 PeakSampler([ctx.server.pid], SAMPLE_INTERVAL_S) as server:
-            checked("sbp read", lambda: sbp_df)()
-        if workers.max_mib() is not None:
-            worker_peaks.append(workers.max_mib())
-        if server.max_mib() is not None:
-            server_peaks.append(server.max_mib())
+            bench.checked("sbp read", lambda: sbp_df)()
+        for sampler, peaks in ((workers, reads.worker_peaks), (server, reads.server_peaks)):
+            peak = sampler.max_mib()
+            if peak is not None:
+                peaks.append(peak)
 
-    for n in range(runs + 1):
-        record = n > 0
-        tag = f"run {n}/{runs}" if record else "warm-up"
-        _time(ceiling_r, checked("Arrow ceiling", lambda: ceiling_df), ctx, tag, record)
+    def frame(df: Any) -> Callable[[], Any]:
+        return lambda: df
+
+    for _, tag, record in bench.rounds():
+        _time(reads.ceiling, bench.checked("Arrow ceiling", frame(ceiling_df)), ctx, tag,
+              record)
         if sbp_df is not None:
             _time(sbp_r, sbp_read_measured, ctx, tag, record)
-        _time(pq_r, checked("parquet read", lambda: spark.read.parquet(pq_read_path)), ctx,
-              tag, record)
-    source.unpersist()
+        _time(reads.parquet, bench.checked(
+            "parquet read", lambda: bench.spark.read.parquet(writes.parquet_path)), ctx, tag,
+            record)
+        for read, (df, ceiling_of_read) in zip(reads.arrow, arrow_dfs, strict=False):
+            _time(read.ceiling, bench.checked("Arrow ceiling", frame(ceiling_of_read), "n", "x"),
+                  ctx, tag, record)
+            _time(read.sbp, bench.checked(read.sbp.name, frame(df), "n", "x"), ctx, tag,
+                  record)
+    return reads
 
-    figures: list[Figure] = []
-    extra_common = {"rows": rows, "record_size": size, "partitions": parts}
+
+def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
+    rows, label, sbp_reason = bench.rows, bench.label, bench.sbp_reason
+    extra_common = {"rows": rows, "record_size": bench.size, "partitions": bench.parts}
 
     def figure(name: str, kind: _Timed, ceiling: _Timed, target: Target | None,
                missing: str | None = None) -> Figure:
         if missing:
             return unavailable(SECTION, name, "MB/s", missing, target,
-                               ceiling.mb_per_s(payload), ceiling.name)
+                               ceiling.mb_per_s(bench.payload), ceiling.name)
         if kind.error or ceiling.error:
             return Figure(SECTION, name, "MB/s", target=target,
                           note=f"error: {kind.error or ceiling.error}")
-        value = kind.mb_per_s(payload)
+        value = kind.mb_per_s(bench.payload)
         extra = dict(extra_common, times_s=kind.times, ceiling_times_s=ceiling.times,
                      records_per_s=rows / statistics.median(kind.times))
-        return Figure(SECTION, name, "MB/s", value, ceiling.mb_per_s(payload), ceiling.name,
-                      target, extra=extra)
+        return Figure(SECTION, name, "MB/s", value, ceiling.mb_per_s(bench.payload),
+                      ceiling.name, target, extra=extra)
 
-    figures.append(figure(f"write sbp ({label})", sbp_w, ceiling_w, WRITE_TARGET, sbp_reason))
-    figures.append(figure(f"write parquet ({label})", pq_w, ceiling_w, None))
-    figures.append(figure(f"read sbp + agg ({label})", sbp_r, ceiling_r, READ_TARGET,
+    figures = [figure(f"write sbp ({label})", writes.sbp, writes.ceiling, WRITE_TARGET,
+                      sbp_reason),
+               figure(f"write parquet ({label})", writes.parquet, writes.ceiling, None),
+               figure(f"read sbp + agg ({label})", reads.sbp, reads.ceiling, READ_TARGET,
+                      sbp_reason)]
+    if reads.sbp_df is not None and reads.sbp.times:
+        figures[-1].extra["sbp_read_partitions"] = reads.sbp_df.rdd.getNumPartitions()
+    figures.append(figure(f"read parquet + agg ({label})", reads.parquet, reads.ceiling, None))
+    stored, cast = reads.arrow
+    figures.append(figure(f"read sbp arrow + agg ({label})", stored.sbp, stored.ceiling, None,
                           sbp_reason))
-    if sbp_df is not None and sbp_r.times:
-        figures[-1].extra["sbp_read_partitions"] = sbp_df.rdd.getNumPartitions()
-    figures.append(figure(f"read parquet + agg ({label})", pq_r, ceiling_r, None))
-    if sbp_reason:
-        figures.append(unavailable("memory", "Python worker peak RSS during sbp read", "MiB",
-                                   sbp_reason))
-        figures.append(unavailable("memory", "server peak RSS during Spark read", "MiB",
-                                   sbp_reason))
-    elif sbp_r.error:
-        for name in ("Python worker peak RSS during sbp read",
-                     "server peak RSS during Spark read"):
-            figures.append(Figure("memory", name, "MiB", note=f"error: {sbp_r.error}"))
-    else:
-        for name, peaks in (("Python worker peak RSS during sbp read", worker_peaks),
-                            ("server peak RSS during Spark read", server_peaks)):
-            figures.append(Figure("memory", name, "MiB", max(peaks) if peaks else None,
-                                  note="" if peaks else "error: no process found to sample",
-                                  extra={"per_run_mib": peaks}))
+    figures.append(figure(f"read sbp arrow, every batch cast + agg ({label})", cast.sbp,
+                          cast.ceiling, None, sbp_reason))
+    if stored.sbp.times and cast.sbp.times:
+        figures[-1].extra["vs_no_cast"] = round(
+            statistics.median(stored.sbp.times) / statistics.median(cast.sbp.times), 3)
+    figures.extend(_memory_figures(sbp_reason, reads))
     return figures
+
+
+def _memory_figures(sbp_reason: str | None, reads: _Reads) -> list[Figure]:
+    names = ("Python worker peak RSS during sbp read", "server peak RSS during Spark read")
+    if sbp_reason:
+        return [unavailable("memory", name, "MiB", sbp_reason) for name in names]
+    if reads.sbp.error:
+        return [Figure("memory", name, "MiB", note=f"error: {reads.sbp.error}")
+                for name in names]
+    return [Figure("memory", name, "MiB", max(peaks) if peaks else None,
+                   note="" if peaks else "error: no process found to sample",
+                   extra={"per_run_mib": peaks})
+            for name, peaks in zip(names, (reads.worker_peaks, reads.server_peaks),
+                                   strict=True)]

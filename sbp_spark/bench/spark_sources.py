@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -57,7 +57,7 @@ _BASE_TIME_US = 1_763_800_000_000_000  # a fixed instant, so every run yields th
 _TEMPLATES: dict[tuple, pa.RecordBatch] = {}
 
 
-def _int_option(options: dict, name: str, default: int) -> int:
+def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
     raw = options.get(name, default)
     try:
         value = int(raw)
@@ -114,7 +114,7 @@ def template(schema_json: str, batch_rows: int, record_size: int) -> pa.RecordBa
 
 
 class _CeilingReader(DataSourceReader):
-    def __init__(self, schema: StructType, options: dict) -> None:
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         self.schema_json = schema.json()
         self.rows = _int_option(options, "rows", 1_000_000)
         self.partitions_count = _int_option(options, "partitions", 4)

@@ -234,8 +234,18 @@ class PdClient:
         return response.cluster if response.cluster is not None else PlacementDriverCluster()
 
     def range_servers(self) -> list[RangeServerState]:
-        """Every range server the PD knows: address, liveness, open ranges, last metrics."""
-        response = self.call(DescribePdClusterRequest(None, self.config.server_timeout_ms))
+        """Every range server the PD knows: address, liveness, open ranges, last metrics.
+
+        Any PD node answers DESCRIBE_PD_CLUSTER, but only the leader knows the range servers;
+        an answer from a follower naming another leader is asked again there."""
+        request = DescribePdClusterRequest(None, self.config.server_timeout_ms)
+        asked = self.leader
+        response = self.call(request)
+        leader = response.cluster.leader if response.cluster is not None else None
+        if leader is not None and leader.advertise_addr not in ("", asked):
+            with self._lock:
+                self._leader = leader.advertise_addr
+            response = self.call(request)
         return list(response.range_servers)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:

@@ -17,6 +17,7 @@ from sbp_spark.protocol.errors import (
 from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
+    AppendResponse,
     AppendResult,
     DescribeRangesRequest,
     FetchEntry,
@@ -40,8 +41,9 @@ from .pool import ConnectionPool, get_pool
 from .types import ItemResult, status_error
 
 Buffer = bytes | bytearray | memoryview
-BatchLike = Buffer | Sequence[Buffer]
-"""One record batch: a bytes-like object, or the buffers it is made of (``encode_batch``)."""
+BatchLike = Buffer | list[Buffer] | tuple[Buffer, ...]
+"""One record batch: a bytes-like object, or the list (or tuple) of buffers it is made of
+(``encode_batch``)."""
 
 # An APPEND header is a small table plus one 16-byte struct per entry. These bounds are above
 # what the encoder writes (checked after encoding), so a planned frame never breaks the limit.
@@ -217,7 +219,7 @@ class RangeServerClient:
         top: Status | None = None
         try:
             for frame in stream:
-                response = decode_response(frame)
+                response = decode_response(frame, AppendResponse)
                 if response.throttle_time_ms > 0:
                     conn.throttle(response.throttle_time_ms)
                 if response.status.code:
@@ -287,7 +289,7 @@ class RangeServerClient:
                       ) -> Generator[FetchChunk, None, None]:
         with stream:
             for frame in stream:
-                response: FetchResponse = decode_response(frame)
+                response = decode_response(frame, FetchResponse)
                 if response.throttle_time_ms > 0:
                     conn.throttle(response.throttle_time_ms)
                 if response.status.code:
@@ -328,7 +330,7 @@ class RangeServerClient:
         chunks = self.fetch_many([entry], max_wait_ms, min_bytes, timeout)
         return self._single_fetch(chunks, stream_id)
 
-    def _single_fetch(self, chunks: Iterator[FetchChunk], stream_id: int
+    def _single_fetch(self, chunks: Generator[FetchChunk, None, None], stream_id: int
                       ) -> Iterator[tuple[BatchHeader, memoryview]]:
         try:
             for chunk in chunks:
@@ -337,7 +339,7 @@ class RangeServerClient:
                                        f"FETCH of stream {stream_id} from {self.address}")
                 yield from iter_batches(chunk.payload)
         finally:
-            chunks.close()  # type: ignore[attr-defined]
+            chunks.close()
 
     # -- ranges ----------------------------------------------------------------------------
 
@@ -353,9 +355,10 @@ class RangeServerClient:
         return item_results(response.seal_responses, len(ids), lambda a: a.range,
                             f"SEAL_RANGES to {self.address}")
 
-    def describe_ranges(self, ranges: Sequence[RangeId | tuple[int, int]]
-                        ) -> list[ItemResult[Range]]:
-        """Live state of ranges on this server (an open range's next_offset)."""
+    def describe_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]]
+                        ) -> list[ItemResult[Range | None]]:
+        """Live state of ranges on this server (an open range's next_offset); a success
+        whose answer left the range out has the value None."""
         ids = [_range_id(r) for r in ranges]
         response = self._call(DescribeRangesRequest(self.config.server_timeout_ms, ids))
         return item_results(response.describe_responses, len(ids), lambda a: a.range,

@@ -475,12 +475,12 @@ class StreamWriter:
             failed: list[int] = []
             retry_error: SbpError | None = None
             for index, outcome in zip(pending, outcomes, strict=True):
-                if outcome.ok:
-                    buffers, length, count = items[index]
-                    results[index] = Appended(self.stream_id, target.range_index,
-                                              outcome.value.base_offset, count, length)
-                    continue
                 error = outcome.exception()
+                if error is None:
+                    _, length, count = items[index]
+                    results[index] = Appended(self.stream_id, target.range_index,
+                                              outcome.unwrap().base_offset, count, length)
+                    continue
                 if isinstance(error, RangeSealedError):
                     self._sealed_index = target.range_index
                 if not is_retriable(error):
@@ -494,7 +494,13 @@ class StreamWriter:
                 raise retry_error
 
         call_with_retries(attempt, self.client.config, on_error=self._on_error)
-        return results  # type: ignore[return-value]
+        landed = [appended for appended in results if appended is not None]
+        if len(landed) != len(results):
+            # call_with_retries returns only once no batch is pending: this would be a bug.
+            raise RuntimeError(
+                f"append to stream {self.stream_id}: batches "
+                f"{[i for i, r in enumerate(results) if r is None]} got no answer")
+        return landed
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have

@@ -70,10 +70,14 @@ def record_timestamps_ms(header: BatchHeader, batch: memoryview) -> pa.Array:
 @dataclass(frozen=True)
 class TimeSearchResult:
     """Where a time falls in a stream: ``offset`` is the first record at or after it (None when
-    no record in the searched offsets is); ``fetches`` counts the batches probed."""
+    no record in the searched offsets is); ``fetches`` counts the batches probed;
+    ``disorder_ms`` is how far, at most, a probed record's timestamp lies behind one stored
+    before it in an earlier probed batch (0: the probes saw time only move forward). It is a
+    sample, not a bound: records never probed may lie further back."""
 
     offset: int | None
     fetches: int
+    disorder_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,12 @@ class TimeSearch:
                       if range_end(r) > r.start_offset]
         self._starts = [s.start for s in self.spans]
 
-    def first_at_or_after(self, timestamp_ms: int, start: int, end: int) -> TimeSearchResult:
+    def first_at_or_after(self, timestamp_ms: int, start: int, end: int,
+                          anchor: bool = False) -> TimeSearchResult:
         """The first record in offsets ``[start, end)`` whose timestamp is at or after
-        ``timestamp_ms``."""
+        ``timestamp_ms``. ``anchor`` also probes the span's first batch, so that
+        ``disorder_ms`` sees records stored after later ones (a backfill) even when the
+        search itself never goes back to the start."""
         # Ranges follow each other without gaps: only offsets below the first one (trimmed)
         # or past the last one are held by none.
         left = max(start, self.spans[0].start) if self.spans else end
@@ -109,20 +116,26 @@ class TimeSearch:
         found: int | None = None
         fetches = 0
         threshold = pa.scalar(timestamp_ms, pa.int64())
+        probes: list[tuple[int, int, int]] = []  # (base offset, earliest, latest timestamp)
+        if anchor and left < right:
+            batch = self._batch_at(left)
+            fetches += 1
+            probes.append(_probe(batch, record_timestamps_ms(batch.header, batch.data)))
         while left < right:
             batch = self._batch_at(left + (right - left) // 2)
             fetches += 1
             first = max(batch.header.base_offset, left)
             last = min(batch.header.end_offset, right)
-            stamps = record_timestamps_ms(batch.header, batch.data).slice(
-                first - batch.header.base_offset, last - first)
+            every = record_timestamps_ms(batch.header, batch.data)
+            probes.append(_probe(batch, every))
+            stamps = every.slice(first - batch.header.base_offset, last - first)
             index = pc.index(pc.greater_equal(stamps, threshold), True).as_py()
             if index >= 0:
                 found = first + index
                 right = first  # the batch's earlier records are before the time
             else:
                 left = last
-        return TimeSearchResult(found, fetches)
+        return TimeSearchResult(found, fetches, _disorder_ms(probes))
 
     def _batch_at(self, offset: int) -> FetchedBatch:
         span = self.spans[bisect.bisect_right(self._starts, offset) - 1]
@@ -132,6 +145,21 @@ class TimeSearch:
         raise ReplicaBehindError(
             f"range {span.range.range_index} of stream {span.range.stream_id} returned no "
             f"batch at offset {offset}, though it holds records up to {span.end}")
+
+
+def _probe(batch: FetchedBatch, stamps: pa.Array) -> tuple[int, int, int]:
+    bounds = pc.min_max(stamps)
+    return batch.header.base_offset, bounds["min"].as_py(), bounds["max"].as_py()
+
+
+def _disorder_ms(probes: list[tuple[int, int, int]]) -> int:
+    """How far the probes saw a timestamp lie behind the latest one of an earlier batch."""
+    worst, latest = 0, None
+    for _, earliest, last in sorted(set(probes)):  # a batch may be probed twice
+        if latest is not None:
+            worst = max(worst, latest - earliest)
+        latest = last if latest is None else max(latest, last)
+    return worst
 
 
 __all__ = ["TimeSearch", "TimeSearchResult", "range_end", "record_timestamps_ms"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from sbp_spark.protocol.errors import SbpError, ServerError
 from sbp_spark.protocol.messages import OK, Status
@@ -41,7 +41,9 @@ class ItemResult(Generic[T]):
         error = self.exception()
         if error is not None:
             raise error
-        return self.value  # type: ignore[return-value]
+        # Without an error the value is the item's answer, so of type T (None only when T
+        # admits it); ``value`` is Optional for the failed items alone.
+        return cast(T, self.value)
 
 
 def status_error(status: Status, throttle_time_ms: int = 0, context: str = "") -> ServerError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -94,19 +95,21 @@ def gather(client: Any, pd_only: bool = False, range_server: str | None = None
 def _count_ranges(client: Any, servers: dict[int, ServerView]) -> dict[str, int]:
     """Walk every stream's ranges: count what each server holds (adding servers the ranges
     name that the PD no longer lists) and return the stream and range totals."""
-    for view in servers.values():
-        view.ranges = view.primary_of = 0
+    held: Counter[int] = Counter()
+    led: Counter[int] = Counter()
     streams = client.list_streams()
     range_count = 0
     for stream in streams:
         for rng in client.list_ranges(stream.stream_id):
             range_count += 1
             for replica in rng.servers:
-                view = servers.setdefault(replica.server.server_id, ServerView(
-                    replica.server.server_id, replica.server.advertise_addr, ranges=0,
-                    primary_of=0))
-                view.ranges += 1
-                view.primary_of += int(replica.is_primary)
+                server_id = replica.server.server_id
+                if server_id not in servers:
+                    servers[server_id] = ServerView(server_id, replica.server.advertise_addr)
+                held[server_id] += 1
+                led[server_id] += int(replica.is_primary)
+    for server_id, view in servers.items():
+        view.ranges, view.primary_of = held[server_id], led[server_id]
     return {"streams": len(streams), "ranges": range_count}
 
 
@@ -129,7 +132,9 @@ def _print(facts: dict[str, Any]) -> None:
     if "streams" in facts:
         print(f"PD {facts['pd']}: {facts['streams']} streams, {facts['ranges']} ranges")
         print()
-    print("PD members")
+    leaders = [m for m in facts["members"] if m["leader"]]
+    print(f"PD members (leader: {leaders[0]['name']} at {leaders[0]['address']})" if leaders
+          else "PD members (no leader elected right now)")
     print_table([[m["name"], m["address"], "leader" if m["leader"] else "follower"]
                  for m in facts["members"]], ["NAME", "ADDRESS", "ROLE"])
     if "range_servers" not in facts:

@@ -15,8 +15,9 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError, SbpTimeoutError, ServerError, TransportError
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ CLI_CONNECT_TIMEOUT_S = 3.0
 CLI_RETRIES = 3
 CLI_RETRY_DEADLINE_S = 15.0
 
-# Stream.replica_nums is a byte on the wire.
-MAX_REPLICAS = 127
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -137,12 +136,22 @@ def retention_arg(text: str) -> int:
     return value
 
 
-def tls_from_env() -> dict[str, object]:
+class TlsArgs(TypedDict, total=False):
+    """ClientConfig's TLS fields, as keyword arguments."""
+
+    tls: bool
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+
+
+def tls_from_env() -> TlsArgs:
     """ClientConfig TLS arguments from $SBP_TLS_CA, $SBP_TLS_CERT and $SBP_TLS_KEY."""
-    files = {field: os.environ.get(env) or None for field, env in TLS_ENV.items()}
-    if not any(files.values()):
+    ca, cert, key = (os.environ.get(TLS_ENV[field]) or None
+                     for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"))
+    if ca is None and cert is None and key is None:
         return {}
-    return {"tls": True, **files}
+    return {"tls": True, "tls_ca_file": ca, "tls_cert_file": cert, "tls_key_file": key}
 
 
 @contextmanager

@@ -139,8 +139,8 @@ def produce_command(args: argparse.Namespace) -> int:
     try:
         for name in names:
             sources.append(_Source(name))
-        sizes = [s.size for s in sources]
-        total = None if None in sizes else sum(sizes)
+        sizes = [s.size for s in sources if s.size is not None]
+        total = sum(sizes) if len(sizes) == len(sources) else None  # None: stdin
         progress = Progress(total)
         counter = [0]
         produced = Produced()

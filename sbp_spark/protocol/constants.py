@@ -22,6 +22,12 @@ MAX_FRAME_LENGTH = 16 * 1024 * 1024
 MAX_HEADER_LENGTH = (1 << 24) - 1
 # Stream ids are non-negative as signed 32-bit numbers.
 MAX_STREAM_ID = (1 << 31) - 1
+# Stream.replica_nums is a signed byte on the wire.
+MAX_REPLICAS = 127
+# Largest record batch: a batch is never split across frames, so it must fit in one frame with
+# the fixed header and an extended header; 4 KiB is far more than an APPEND or FETCH header
+# describing one batch needs.
+MAX_BATCH_BYTES = MAX_FRAME_LENGTH - FIXED_HEADER_SIZE - 4096
 
 
 class Opcode(IntEnum):

@@ -16,6 +16,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from .constants import (
     CHECKSUM_SIZE,
@@ -223,7 +224,7 @@ class FrameDecoder:
             return
         if self._body is not None:
             self._body_filled += nbytes
-            self._checksum_body()
+            self._checksum_body(self._body)
             if self._body_filled == len(self._body):
                 body, fields = self._body, self._fields
                 self._body, self._fields = None, None
@@ -267,7 +268,7 @@ class FrameDecoder:
         if self._broken is not None:
             raise self._broken
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         self._broken = FrameError(message)
         raise self._broken
 
@@ -299,9 +300,9 @@ class FrameDecoder:
             if avail >= total:
                 self._expect_large = False
                 body_start = self._start + FIXED_HEADER_SIZE
-                body = bytes(stage[body_start:body_start + body_len])
+                whole = bytes(stage[body_start:body_start + body_len])
                 self._start += total
-                self._emit(fields, memoryview(body))
+                self._emit(fields, memoryview(whole))
                 continue
             if total > len(stage):
                 # Too big for the stage: give the rest of this frame its own buffer.
@@ -313,7 +314,7 @@ class FrameDecoder:
                 self._body, self._body_filled, self._fields = body, have, fields
                 self._crc = 0
                 self._crc_at = fields[5]  # the payload starts after the header
-                self._checksum_body()
+                self._checksum_body(body)
                 return
             if self._start + total > len(stage):
                 self._compact()
@@ -321,11 +322,12 @@ class FrameDecoder:
         if self._start == self._end:
             self._start = self._end = 0
 
-    def _checksum_body(self) -> None:
-        """Extend the running payload checksum of the large body over what has arrived."""
-        end = min(self._body_filled, len(self._body) - CHECKSUM_SIZE)
+    def _checksum_body(self, body: bytearray) -> None:
+        """Extend the running payload checksum of the large ``body`` (``self._body``) over
+        what has arrived."""
+        end = min(self._body_filled, len(body) - CHECKSUM_SIZE)
         if end > self._crc_at:
-            self._crc = _crc32(memoryview(self._body)[self._crc_at:end], self._crc)
+            self._crc = _crc32(memoryview(body)[self._crc_at:end], self._crc)
             self._crc_at = end
 
     def _emit(self, fields, body: memoryview, crc: int | None = None) -> None:

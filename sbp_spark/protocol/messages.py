@@ -23,9 +23,10 @@ read any layout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, overload
 
 from ._fastpath import PackedEntriesCodec, RowsCodec
 from ._flatbuf import Codec, build_codecs
@@ -731,13 +732,13 @@ RESPONSES: dict[int, type[Message]] = {
 # ---- frames ------------------------------------------------------------------------------
 
 
-def request_frame(stream_id: int, msg: Message, payload: Buffer | list[Buffer] = b""
+def request_frame(stream_id: int, msg: Message, payload: Buffer | Sequence[Buffer] = b""
                   ) -> list[Buffer]:
     """A request frame for ``msg`` as buffers for ``socket.sendmsg``."""
     return encode_frame(msg.OPCODE, Flags.NONE, stream_id, msg.to_flatbuffers(), payload)
 
 
-def response_frame(stream_id: int, msg: Message, payload: Buffer | list[Buffer] = b"",
+def response_frame(stream_id: int, msg: Message, payload: Buffer | Sequence[Buffer] = b"",
                    end: bool = True) -> list[Buffer]:
     """A response frame for ``msg``; ``end=False`` for all but the last frame of a sequence."""
     flags = Flags.RESPONSE | Flags.END if end else Flags.RESPONSE
@@ -767,13 +768,30 @@ def decode_request(frame: Frame) -> Message:
     return cls.from_flatbuffers(_header_of(frame))
 
 
-def decode_response(frame: Frame) -> Message:
-    """The typed header of a response frame: ``SystemError`` when the frame has that flag."""
+@overload
+def decode_response(frame: Frame) -> Message: ...
+
+
+@overload
+def decode_response(frame: Frame, expected: type[M]) -> M: ...
+
+
+def decode_response(frame: Frame, expected: type[Message] | None = None) -> Message:
+    """The typed header of a response frame: ``SystemError`` when the frame has that flag.
+
+    With ``expected``, any other table (a SYSTEM_ERROR's too) raises ``HeaderError`` naming
+    both, so the caller gets the fields it asked for."""
     if not frame.is_response:
         raise HeaderError(f"frame on stream_id {frame.stream_id} is a request, not a response")
     if frame.is_system_error:
-        return SystemError.from_flatbuffers(_header_of(frame))
-    cls = RESPONSES.get(frame.opcode)
-    if cls is None:
-        raise HeaderError(f"no response table for opcode {frame.opcode:#06x}")
-    return cls.from_flatbuffers(_header_of(frame))
+        msg: Message = SystemError.from_flatbuffers(_header_of(frame))
+    else:
+        cls = RESPONSES.get(frame.opcode)
+        if cls is None:
+            raise HeaderError(f"no response table for opcode {frame.opcode:#06x}")
+        msg = cls.from_flatbuffers(_header_of(frame))
+    if expected is not None and not isinstance(msg, expected):
+        raise HeaderError(
+            f"response on stream_id {frame.stream_id} is a {type(msg).__name__}, "
+            f"not the {expected.__name__} expected")
+    return msg

@@ -7,13 +7,16 @@ loopback ports. It is what tests, demos and ``sbp server`` use::
         client = SbpClient(cluster.pd_address)
 
 ``ProcessCluster`` runs ``sbp pd`` and ``sbp range-server`` as child processes, so a test can
-kill one with SIGKILL and start it again on the same data directory. Each role may run on a
-host of its own (a ``Placement``: the address it listens on and a command prefix that starts it
-there, such as ``ip netns exec NS`` for a network namespace).
+kill one with SIGKILL and start it again on the same data directory. With ``pd_nodes=N`` it
+runs a PD cluster instead of one PD: a local etcd (``etcd_members`` members, or an etcd given
+by its endpoints) and N ``sbp pd --etcd`` nodes that elect their leader there. Each role may
+run on a host of its own (a ``Placement``: the address it listens on and a command prefix that
+starts it there, such as ``ip netns exec NS`` for a network namespace).
 
-Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata) and ``rs-<i>/`` for
-range server ``i``. A range server keeps its server id in its own directory, so restarting it
-there brings back the same server with the same ranges.
+Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata), or ``etcd/`` (the
+local etcd members' data), and ``rs-<i>/`` for range server ``i``. A range server keeps its
+server id in its own directory, so restarting it there brings back the same server with the
+same ranges.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sbp_spark.client.connection import Connection
 from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
 
+from .etcd_process import LocalEtcd
 from .net import NetConfig
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
@@ -366,24 +370,38 @@ class ProcessCluster:
     taken. ``env`` is the environment of every child process; ``tls`` becomes their
     ``--tls-cert``/``--tls-key``/``--tls-ca`` options.
 
+    ``pd_nodes=N`` (N >= 1) runs N PD nodes over etcd instead of one PD on SQLite: the etcd at
+    ``etcd_endpoints``, or else a local one of ``etcd_members`` members (``etcd``, a
+    ``LocalEtcd``, on ``host``). Node ``i`` is ``pd-<i>``, node 0 on ``pd_port``, the others on
+    free ports (each keeps its port across restarts); ``pd_address`` lists every node
+    (comma-separated), which is what range servers and clients are given; ``kill_pd_node(i)``
+    and ``start_pd_node(i)`` kill and restart one.
+
     ``placements`` puts roles on hosts of their own: ``{"pd": Placement(...), "rs-0": ...}``
-    (``role_name`` spells the keys); a role without one runs here and listens on ``host``.
+    (``role_name`` spells the keys: ``pd``, ``pd-<i>`` for PD nodes, ``rs-<i>``); a role
+    without one runs here and listens on ``host``.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
                  fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
                  env: dict[str, str] | None = None, tls: TlsConfig | None = None,
+                 pd_nodes: int = 0, etcd_members: int = 1,
+                 etcd_endpoints: Sequence[str] = (),
                  placements: Mapping[str, Placement] | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
             raise ValueError(f"pd_port={pd_port!r} must be in 0..65535")
-        known = {"pd", *(self.role_name(i) for i in range(range_servers))}
+        if not isinstance(pd_nodes, int) or pd_nodes < 0:
+            raise ValueError(f"pd_nodes={pd_nodes!r} must be an integer >= 0 (0: one PD on "
+                             "SQLite)")
+        known = {"pd", *(self.role_name(i) for i in range(range_servers)),
+                 *(self.pd_node_name(i) for i in range(pd_nodes))}
         unknown = sorted(set(placements or {}) - known)
         if unknown:
             raise ValueError(f"placements name roles this cluster does not have: {unknown} "
-                             f"(roles: pd, rs-0..rs-{range_servers - 1})")
+                             f"(roles: {', '.join(sorted(known))})")
         self.data_dir = Path(data_dir)
         self.host = host
         self.placements: dict[str, Placement] = dict(placements or {})
@@ -395,11 +413,26 @@ class ProcessCluster:
         self._rs_ports: list[int] = [0] * range_servers
         self.pd: ServerProcess | None = None
         self.range_servers: list[ServerProcess | None] = [None] * range_servers
+        self.pd_nodes: list[ServerProcess | None] = [None] * pd_nodes
+        # Node 0 takes pd_port; the others free ports (pd_port + 1 would be etcd's own 2379
+        # when pd_port is the default 2378).
+        self._node_ports: list[int] = [pd_port] + [0] * (pd_nodes - 1) if pd_nodes else []
+        self.etcd: LocalEtcd | None = None
+        self._etcd_endpoints = list(etcd_endpoints)
+        if pd_nodes and not etcd_endpoints:
+            self.etcd = LocalEtcd(self.data_dir / "etcd", members=etcd_members, host=host)
 
     def start(self) -> ProcessCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.start_pd()
+            if self.pd_nodes:
+                if self.etcd is not None:
+                    self._etcd_endpoints = self.etcd.start().endpoints
+                for i in range(len(self.pd_nodes)):
+                    self.start_pd_node(i)
+                self.wait_pd_cluster()
+            else:
+                self.start_pd()
             for i in range(len(self.range_servers)):
                 self.start_range_server(i)
         except BaseException:
@@ -408,13 +441,17 @@ class ProcessCluster:
         return self
 
     def stop(self) -> None:
-        """SIGTERM every range server, then the PD."""
+        """SIGTERM every range server, then the PD (or every PD node, then etcd)."""
         for i in range(len(self.range_servers)):
             self.stop_range_server(i)
         self.stop_pd()
+        for i in range(len(self.pd_nodes)):
+            self.stop_pd_node(i)
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def __enter__(self) -> ProcessCluster:
-        if self.pd is None:
+        if self.pd is None and not any(self.pd_nodes):
             self.start()
         return self
 
@@ -423,8 +460,17 @@ class ProcessCluster:
 
     @staticmethod
     def role_name(index: int | None) -> str:
-        """The key of a role in ``placements``: ``"pd"`` (index None), ``"rs-<index>"``."""
+        """The key of a range server (or, index None, the lone PD) in ``placements``:
+        ``"rs-<index>"``, ``"pd"``."""
         return "pd" if index is None else f"rs-{index}"
+
+    @staticmethod
+    def pd_node_name(index: int) -> str:
+        """The name of PD node ``index``, also its key in ``placements``: ``"pd-<index>"``."""
+        return f"pd-{index}"
+
+    def _node_address(self, i: int) -> str:
+        return f"{self.placement(self.pd_node_name(i)).host}:{self._node_ports[i]}"
 
     def placement(self, role: str) -> Placement:
         """Where ``role`` runs (``role_name``): its own placement, else ``host`` here."""
@@ -434,15 +480,27 @@ class ProcessCluster:
 
     @property
     def pd_address(self) -> str:
-        """``host:port`` of the PD (the same across its restarts)."""
+        """``host:port`` of the PD (the same across its restarts); with PD nodes, every
+        node's, comma-separated."""
+        if self.pd_nodes:
+            if not all(self._node_ports):
+                raise RuntimeError("the cluster's PD nodes have not been started")
+            return ",".join(self._node_address(i) for i in range(len(self._node_ports)))
         if self.pd is not None:
             return str(self.pd.info["pd"])
         if self._pd_port:
             return f"{self.placement('pd').host}:{self._pd_port}"
         raise RuntimeError("the cluster's PD has not been started")
 
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        """The etcd client endpoints the PD nodes use (empty for a lone PD)."""
+        return list(self._etcd_endpoints)
+
     def start_pd(self) -> ServerProcess:
         """Start the PD (again) on its data directory and port."""
+        if self.pd_nodes:
+            raise RuntimeError("this cluster runs PD nodes: use start_pd_node(i)")
         if self.pd is not None and self.pd.running:
             raise RuntimeError("the PD is already running")
         where = self.placement("pd")
@@ -473,6 +531,70 @@ class ProcessCluster:
         if proc is not None:
             proc.terminate()
 
+    # -- PD nodes ---------------------------------------------------------------------------
+
+    def start_pd_node(self, i: int) -> ServerProcess:
+        """Start PD node ``i`` (again) on its port."""
+        node = self.pd_nodes[i]
+        if node is not None and node.running:
+            raise RuntimeError(f"PD node {i} is already running")
+        name = self.pd_node_name(i)
+        where = self.placement(name)
+        proc = ServerProcess(
+            ["pd", "--etcd", ",".join(self._etcd_endpoints), "--name", name,
+             "--host", where.host, "--port", str(self._node_ports[i]), *self._tls_args()],
+            self.data_dir / f"{name}.ready", self.data_dir / f"{name}.log",
+            self.start_timeout_s, env=self.env, prefix=where.prefix)
+        self._node_ports[i] = int(str(proc.info["pd"]).rsplit(":", 1)[1])
+        self.pd_nodes[i] = proc
+        return proc
+
+    def wait_pd_cluster(self) -> None:
+        """Wait until every running PD node is a member of the PD cluster and one of them
+        leads (a node is ready once it serves, a little before it has joined)."""
+        from sbp_spark.protocol.messages import DescribePdClusterRequest, DescribePdClusterResponse
+
+        wanted = {self._node_address(i) for i, node in enumerate(self.pd_nodes)
+                  if node is not None}
+
+        def formed() -> bool:
+            try:
+                with contextlib.closing(Connection(next(iter(wanted)))) as conn:
+                    response, _ = conn.call(DescribePdClusterRequest())
+            except SbpError:
+                return False
+            assert isinstance(response, DescribePdClusterResponse)
+            members = response.cluster.members if response.cluster is not None else []
+            return ({n.advertise_addr for n in members} >= wanted
+                    and sum(1 for n in members if n.is_leader) == 1)
+
+        _wait_for(formed, self.start_timeout_s,
+                  f"PD nodes {', '.join(sorted(wanted))} to form a cluster with a leader")
+
+    def kill_pd_node(self, i: int) -> None:
+        """SIGKILL PD node ``i``."""
+        proc, self.pd_nodes[i] = self.pd_nodes[i], None
+        if proc is not None:
+            proc.kill()
+
+    def stop_pd_node(self, i: int) -> None:
+        """SIGTERM PD node ``i`` and wait for it to exit."""
+        proc, self.pd_nodes[i] = self.pd_nodes[i], None
+        if proc is not None:
+            proc.terminate()
+
+    def pd_node_info(self) -> list[dict[str, Any]]:
+        """Name, address and pid of every running PD node."""
+        return [{"name": p.info["name"], "address": p.info["pd"], "pid": p.pid}
+                for p in self.pd_nodes if p is not None]
+
+    def pd_node_index(self, address: str) -> int:
+        """Which node serves at ``address`` (IndexError when none does)."""
+        for i in range(len(self._node_ports)):
+            if address == self._node_address(i):
+                return i
+        raise IndexError(f"no PD node of this cluster serves at {address}")
+
     # -- range servers ----------------------------------------------------------------------
 
     @property
@@ -486,7 +608,8 @@ class ProcessCluster:
     def start_range_server(self, i: int) -> ServerProcess:
         """Start range server ``i`` (again) on its data directory, on its previous port if
         that is free."""
-        if self.range_servers[i] is not None and self.range_servers[i].running:
+        running = self.range_servers[i]
+        if running is not None and running.running:
             raise RuntimeError(f"range server {i} is already running")
         port = self._rs_ports[i]
         try:

@@ -1002,7 +1002,8 @@ class FrameServer:
             ctx._abandon()
             return
         except ServerError as exc:
-            self._answer_error(ctx, exc.code, exc.message)
+            # The detail goes along: PD_NOT_LEADER's names the cluster and its leader.
+            self._answer_error(ctx, exc.code, exc.message, bytes(exc.detail))
         except Exception as exc:
             self.stats.handler_errors += 1
             log.exception("handler failed on opcode %#06x stream_id %d from %s",
@@ -1015,11 +1016,12 @@ class FrameServer:
             self._answer_error(ctx, ErrorCode.UNKNOWN, "the server produced no response")
 
     @staticmethod
-    def _answer_error(ctx: RequestContext, code: int, message: str) -> None:
+    def _answer_error(ctx: RequestContext, code: int, message: str,
+                      detail: bytes = b"") -> None:
         if ctx._done:
             return
         try:
-            ctx.system_error(code, message)
+            ctx.system_error(code, message, detail)
         except ConnectionClosed:
             ctx._abandon()
         except Exception:

@@ -1,8 +1,16 @@
 """The placement driver (PD): owner of stream and range metadata and of range placement.
 
-One PD node (always the leader) serves the admin opcodes over the shared frame server core
-(``net.FrameServer``). Metadata lives in SQLite (``pd_store``); which range servers are alive
-comes from their heartbeats (``placement.Liveness``). The PD calls range servers itself, with
+This module holds the PD's metadata operations (``PlacementDriver``); its request handler is
+``pd_handler.py``, its calls to range servers ``pd_calls.py`` and its liveness sweep and
+failover ``pd_failover.py``.
+
+A PD runs alone, its metadata in SQLite (``pd_store``; the default, nothing to set up), or as
+one node of a PD cluster whose metadata lives in etcd (``PdConfig.etcd``; ``pd_etcd``). In a
+cluster the nodes elect a leader through etcd (``pd_leader``); only the leader answers
+metadata requests and runs the liveness sweep and failover, and followers answer
+PD_NOT_LEADER naming it. A PD serves the admin opcodes over the shared frame server core
+(``net.FrameServer``); which range servers are alive comes from their heartbeats to the leader
+(``placement.Liveness``). The PD calls range servers itself, with
 the ordinary client, to seal ranges (SEAL_RANGES) and to tell them about new or changed ranges
 (SYNC_RANGES).
 
@@ -49,33 +57,34 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.connection import parse_address
-from sbp_spark.client.pool import ConnectionPool
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import (
-    ErrorCode,
-    HeaderError,
     InvalidRequestError,
     RangeNotFoundError,
-    RequestTimeoutError,
     SbpError,
     ServerError,
-    UnknownError,
 )
 
-from .net import FrameServer, NetConfig, RequestContext, RequestHandler, Route, Runs
+from .etcd_client import EtcdClient
+from .net import FrameServer, NetConfig
+from .pd_calls import RangeServerCalls
+from .pd_etcd import DEFAULT_PREFIX, EtcdStore
+from .pd_failover import Failover
+from .pd_handler import _PdHandler
+from .pd_leader import DEFAULT_LEASE_TTL_S, Leadership, Member
+from .pd_meta import MetadataStore
 from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
 from .placement import Liveness, choose_servers
+
+__all__ = ["PdConfig", "PlacementDriver", "RangeServerInfo", "_PdHandler"]
 
 log = logging.getLogger(__name__)
 
@@ -87,22 +96,14 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_HEARTBEAT_INTERVAL_S
 # Bound on one call from the PD to a range server when the request carries no timeout_ms. Long
 # enough for a seal behind a slow fsync, short enough that an admin call on a hung server fails.
 DEFAULT_RANGE_SERVER_TIMEOUT_S = 10.0
-# replica_nums is an int8 on the wire.
-MAX_REPLICAS = 127
-# Ranges per SYNC_RANGES frame when the PD pushes a server everything it holds: keeps one frame
-# far below the 16 MiB limit however many ranges a server has.
-SYNC_BATCH_RANGES = 2000
-
-# Names of the ReportMetricsRequest fields kept as a server's metrics.
-METRIC_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(m.ReportMetricsRequest) if f.name != "range_server")
 
 
 @dataclass
 class PdConfig:
     """Where the PD keeps its data and listens, and its timing rules."""
 
-    data_dir: str | Path
+    # Where the SQLite metadata lives (unused with ``etcd``).
+    data_dir: str | Path | None
     host: str = "127.0.0.1"
     port: int = 0
     # host:port that clients should use, when it differs from the bound address (containers).
@@ -112,8 +113,16 @@ class PdConfig:
     range_server_timeout_s: float = DEFAULT_RANGE_SERVER_TIMEOUT_S
     fsync: bool = True
     net: NetConfig | None = field(default=None, repr=False)
+    # etcd client endpoints (host:port): the metadata lives there and this PD is one node of a
+    # cluster that elects its leader there; empty: a lone PD on SQLite in data_dir.
+    etcd: Sequence[str] = ()
+    # Keys of this cluster in etcd start with this (several clusters may share one etcd).
+    etcd_prefix: str = DEFAULT_PREFIX
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
 
     def __post_init__(self) -> None:
+        if not self.etcd and not self.data_dir:
+            raise ValueError("PdConfig needs a data_dir (SQLite metadata) or etcd endpoints")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(
                 f"PdConfig.heartbeat_timeout_s={self.heartbeat_timeout_s!r} must be > 0")
@@ -137,16 +146,6 @@ class RangeServerInfo:
     metrics_ms: int
 
 
-def _ok_or_error(fn: Callable[[], Any]) -> tuple[Any, m.Status]:
-    """Run one item of a batch: its value and OK, or None and the status of its failure."""
-    try:
-        return fn(), m.OK
-    except ServerError as exc:
-        return None, m.Status.from_error(exc)
-    except SbpError as exc:  # not a status of ours: still this item's failure alone
-        return None, m.Status(int(ErrorCode.UNKNOWN), f"{type(exc).__name__}: {exc}")
-
-
 def _check_stream_settings(replica_nums: int, retention_period_ms: int) -> None:
     if not 1 <= replica_nums <= MAX_REPLICAS:
         raise InvalidRequestError(
@@ -166,28 +165,28 @@ class PlacementDriver:
 
     def __init__(self, config: PdConfig) -> None:
         self.config = config
-        self.data_dir = Path(config.data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
         self.liveness = Liveness(config.heartbeat_timeout_s)
         net = config.net or NetConfig()
         net.host, net.port, net.name = config.host, config.port, config.name
         self._server = FrameServer(_PdHandler(self), net)
-        # Calls to range servers speak TLS like this PD's port, presenting its certificate.
-        self._pool = ConnectionPool(ClientConfig(
-            connect_timeout_s=min(5.0, config.range_server_timeout_s),
-            request_timeout_s=config.range_server_timeout_s, retries=1).with_tls(net.tls))
+        self.calls = RangeServerCalls(self, net.tls)
+        self.failover = Failover(self)
+        self.leadership: Leadership | None = None
+        self._etcd: EtcdClient | None = None
+        self.store: MetadataStore
+        if config.etcd:
+            self.data_dir: Path | None = None
+            self._etcd = EtcdClient(config.etcd)
+        else:
+            assert config.data_dir is not None
+            self.data_dir = Path(config.data_dir)
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
         # Serialises placement decisions, so concurrent creates see each other's load.
-        self._placement_lock = threading.Lock()
+        self.placement_lock = threading.Lock()
         self._stream_locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
         self._stream_locks_guard = threading.Lock()
-        self._resync: set[int] = set()  # servers owed a full SYNC_RANGES
-        self._resync_lock = threading.Lock()
-        self._failover: set[int] = set()  # gone servers whose open ranges await a failover
         self._refused: set[tuple[int, str]] = set()  # unknown ids already logged
-        self._failover_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._sweeper: threading.Thread | None = None
         self._started = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -197,26 +196,61 @@ class PlacementDriver:
         try:
             self._server.start()
         except BaseException:
-            self._pool.close()
-            self.store.close()
+            self.calls.close()
+            self._close_store()
             raise
         self._started = True
-        self._sweeper = threading.Thread(target=self._sweep_liveness, daemon=True,
-                                         name=f"{self.config.name}-liveness")
-        self._sweeper.start()
-        log.info("PD %s serving on %s (data in %s)", self.config.name, self.address,
-                 self.data_dir)
+        if self._etcd is not None:
+            # The advertised address is known once the port is bound.
+            self.leadership = Leadership(
+                self._etcd, self.config.etcd_prefix, Member(self.config.name, self.address),
+                self.config.lease_ttl_s, on_elected=self._took_office,
+                on_deposed=self._left_office)
+            self.store = EtcdStore(self._etcd, self.config.etcd_prefix, fence=self.leadership)
+            self.leadership.start()
+        self.failover.start()
+        where = self.data_dir if self._etcd is None else f"etcd {','.join(self.config.etcd)}"
+        log.info("PD %s serving on %s (metadata in %s)", self.config.name, self.address, where)
         return self
 
     def stop(self) -> None:
         """GOAWAY to every peer, let in-flight requests finish, close the metadata store."""
-        self._stop.set()
+        self.failover.stop()
+        if self.leadership is not None:
+            self.leadership.stop()
         if self._started:
             self._server.stop()
-        if self._sweeper is not None:
-            self._sweeper.join(2.0)
-        self._pool.close()
-        self.store.close()
+        self.calls.close()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        if self._etcd is not None:
+            self._etcd.close()
+        else:
+            self.store.close()
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        """Whether this node answers metadata requests now (a lone PD always does)."""
+        return self.leadership is None or self.leadership.is_leader()
+
+    def not_leader(self) -> ServerError:
+        """The PD_NOT_LEADER refusal of a follower, naming the cluster and its leader."""
+        assert self.leadership is not None
+        return self.leadership.not_leader()
+
+    def _took_office(self) -> None:
+        # Heartbeats went to the old leader until now: start liveness afresh, and give every
+        # server one liveness timeout to find this node before failing it over.
+        self.liveness.clear()
+        self.calls.forget_owed()
+        self.failover.took_office()
+
+    def _left_office(self) -> None:
+        self.liveness.clear()
+        self.calls.forget_owed()
+        self.failover.left_office()
 
     def __enter__(self) -> PlacementDriver:
         if not self._started:
@@ -241,12 +275,12 @@ class PlacementDriver:
                       stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]:
         """Create a stream with range 0 open on the least loaded live servers."""
         _check_stream_settings(replica_nums, retention_period_ms)
-        with self._placement_lock:
+        with self.placement_lock:
             servers = self._choose(replica_nums)
             stream, rng = self.store.create_stream(
                 replica_nums, retention_period_ms, servers,
                 stream_id=None if stream_id == -1 else stream_id)
-        self._push_ranges([rng])
+        self.calls.push_ranges([rng])
         return stream, rng
 
     def describe_stream(self, stream_id: int) -> StreamMeta:
@@ -260,13 +294,13 @@ class PlacementDriver:
 
     def delete_stream(self, stream_id: int) -> StreamMeta:
         """Delete a stream's metadata and tell its range servers to refuse it from now on."""
-        with self._stream_lock(stream_id):
+        with self.stream_lock(stream_id):
             stream, ranges = self.store.delete_stream(stream_id)
         servers = {sid for rng in ranges for sid in rng.server_ids}
-        request = m.DeleteStreamsRequest(streams=[self._stream_msg(stream)])
+        request = m.DeleteStreamsRequest(streams=[self.stream_msg(stream)])
         for sid in sorted(servers):
             try:
-                self._call_server(sid, request)
+                self.calls.call(sid, request)
             except SbpError as exc:
                 # The metadata is gone, so clients can no longer find the stream; the server
                 # only loses the chance to refuse stragglers early.
@@ -281,12 +315,12 @@ class PlacementDriver:
         The metadata changes first (readers stop asking for trimmed offsets), then every range
         server holding a range of the stream is told to drop the data below the trim point.
         """
-        with self._stream_lock(stream_id):
+        with self.stream_lock(stream_id):
             ranges = self.store.list_ranges(stream_id)
             last = ranges[-1]
             end = None
             if last.is_open:
-                end = self._live_next_offset(last, timeout_s)
+                end = self.calls.live_next_offset(last, timeout_s)
             before = self.store.get_stream(stream_id).start_offset
             stream, first = self.store.trim_stream(stream_id, trim_offset, end)
         if stream.start_offset > before:
@@ -295,7 +329,7 @@ class PlacementDriver:
                 m.TrimmedStream(stream_id, stream.start_offset)])
             for sid in holders:
                 try:
-                    self._call_server(sid, request, timeout_s)
+                    self.calls.call(sid, request, timeout_s)
                 except SbpError as exc:
                     # Readers already see the new start; the server only keeps its disk
                     # space a while longer (its retention pass trims on its own).
@@ -333,7 +367,7 @@ class PlacementDriver:
         returns the open range that followed it (so racing writers all land on the same one);
         if none was opened yet (no server was live then), it is opened now.
         """
-        with self._stream_lock(stream_id):
+        with self.stream_lock(stream_id):
             ranges = self.store.list_ranges(stream_id)
             last = ranges[-1]
             if range_index < 0 or range_index > last.range_index:
@@ -342,9 +376,9 @@ class PlacementDriver:
                 if last.is_open:
                     return last
                 return self._open_next(stream_id, timeout_s)
-            end_offset = self._seal_on_servers(last, timeout_s)
+            end_offset = self.calls.seal_on_servers(last, timeout_s)
             stream = self.store.get_stream(stream_id)
-            with self._placement_lock:
+            with self.placement_lock:
                 servers: list[int] | None = None
                 try:
                     servers = self._choose(stream.replica_nums)
@@ -356,7 +390,7 @@ class PlacementDriver:
                 log.info("sealed range %d of stream %d at %d; range %d open on %s",
                          range_index, stream_id, end_offset, new.range_index, new.server_ids)
         # The sealed range's replicas are fenced until they hear its end (read_cap.py).
-        self._push_ranges([sealed] if new is None else [sealed, new], timeout_s)
+        self.calls.push_ranges([sealed] if new is None else [sealed, new], timeout_s)
         if new is None:
             raise unplaced
         return new
@@ -368,7 +402,7 @@ class PlacementDriver:
         ``range_index`` must be the last index + 1. Repeating a create whose range is already
         open (a retry after a lost answer) returns that range.
         """
-        with self._stream_lock(stream_id):
+        with self.stream_lock(stream_id):
             last = self.store.last_range(stream_id)
             if range_index == last.range_index and last.is_open:
                 return last
@@ -386,10 +420,10 @@ class PlacementDriver:
 
     def _open_next(self, stream_id: int, timeout_s: float | None) -> RangeMeta:
         stream = self.store.get_stream(stream_id)
-        with self._placement_lock:
+        with self.placement_lock:
             servers = self._choose(stream.replica_nums)
             new = self.store.open_next_range(stream_id, servers)
-        self._push_ranges([new], timeout_s)
+        self.calls.push_ranges([new], timeout_s)
         return new
 
     # -- range servers ----------------------------------------------------------------------
@@ -419,19 +453,18 @@ class PlacementDriver:
                             advertise_addr, exc.message)
             raise
         arrived = self.liveness.beat(server_id, advertise_addr)
-        moved = before is not None and before.advertise_addr not in ("", advertise_addr)
+        previous = before.advertise_addr if before is not None else ""
+        moved = previous not in ("", advertise_addr)
         if moved:
             log.info("range server %d is live at %s (was %s)", server_id, advertise_addr,
-                     before.advertise_addr)
+                     previous)
         elif arrived:
             log.info("range server %d is live at %s", server_id, advertise_addr)
         # New, back from silence, or restarted elsewhere: it may have missed pushes.
         if arrived or moved:
-            self._owe_resync(server_id)
-        with self._resync_lock:
-            owed = server_id in self._resync
-        if owed and self._started:
-            self._server.submit(self._resync_server, server_id)
+            self.calls.owe_resync(server_id)
+        if self.calls.resync_owed(server_id) and self._started:
+            self._server.submit(self.calls.resync_server, server_id)
 
     def report_metrics(self, server_id: int, metrics: dict[str, int]) -> None:
         self.store.record_metrics(server_id, metrics)
@@ -444,21 +477,23 @@ class PlacementDriver:
             if not s.registered:
                 continue
             out.append(RangeServerInfo(
-                server_id=s.server_id, advertise_addr=self._address_of(s),
+                server_id=s.server_id, advertise_addr=self.address_of(s),
                 live=self.liveness.is_live(s.server_id), last_heartbeat_ms=s.last_heartbeat_ms,
                 open_ranges=load.get(s.server_id, 0), metrics=dict(s.metrics),
                 metrics_ms=s.metrics_ms))
         return out
 
     def cluster(self) -> m.PlacementDriverCluster:
-        """This PD's membership: one node, the leader."""
+        """The PD's membership and its leader (a lone PD: one node, the leader)."""
+        if self.leadership is not None:
+            return self.leadership.cluster()
         return m.PlacementDriverCluster(members=[m.PlacementDriverNode(
             name=self.config.name, advertise_addr=self.address, is_leader=True)])
 
     # -- helpers ----------------------------------------------------------------------------
 
     @contextmanager
-    def _stream_lock(self, stream_id: int) -> Iterator[None]:
+    def stream_lock(self, stream_id: int) -> Iterator[None]:
         with self._stream_locks_guard:
             lock = self._stream_locks[stream_id]
         with lock:
@@ -468,7 +503,7 @@ class PlacementDriver:
         live = [s.server_id for s in self.liveness.live()]
         return choose_servers(live, self.store.open_range_counts(), count)
 
-    def _address_of(self, server: ServerMeta | int) -> str:
+    def address_of(self, server: ServerMeta | int) -> str:
         sid = server if isinstance(server, int) else server.server_id
         addr = self.liveness.address(sid)
         if addr:
@@ -476,7 +511,7 @@ class PlacementDriver:
         meta = self.store.get_server(sid) if isinstance(server, int) else server
         return meta.advertise_addr if meta is not None else ""
 
-    def _range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range:
+    def range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range:
         """The wire form of a range. Range servers know a range by where it began before any
         trim (``for_servers``); clients see its current start."""
         return m.Range(
@@ -484,482 +519,29 @@ class PlacementDriver:
             start_offset=rng.base_start_offset if for_servers else rng.start_offset,
             next_offset=rng.next_offset,
             end_offset=rng.end_offset,
-            servers=[m.RangeReplica(m.RangeServer(r.server_id, self._address_of(r.server_id)),
+            servers=[m.RangeReplica(m.RangeServer(r.server_id, self.address_of(r.server_id)),
                                     r.is_primary) for r in rng.replicas])
 
     @staticmethod
-    def _stream_msg(stream: StreamMeta) -> m.Stream:
+    def stream_msg(stream: StreamMeta) -> m.Stream:
         return m.Stream(stream_id=stream.stream_id, replica_nums=stream.replica_nums,
                         retention_period_ms=stream.retention_period_ms,
                         start_offset=stream.start_offset, deleted=stream.deleted)
 
-    def _call_server(self, server_id: int, msg: Any, timeout_s: float | None = None) -> Any:
-        """One request to a range server: its response.
+    def list_streams(self) -> list[StreamMeta]:
+        """Every stream that is not deleted, in id order."""
+        return self.store.list_streams()
 
-        A SYSTEM_ERROR answer raises its ``ServerError``; a server that cannot be reached or
-        does not answer in time raises ``RequestTimeoutError`` (retriable) naming it.
-        """
-        addr = self._address_of(server_id)
-        if not addr:
-            raise RequestTimeoutError(
-                f"range server {server_id} has never announced an address")
-        timeout = self.config.range_server_timeout_s if timeout_s is None else timeout_s
-        failure: SbpError | None = None
-        # Two tries: a pooled connection may have died with a server restart.
-        for _ in range(2):
-            conn = None
-            try:
-                conn = self._pool.get(addr)
-                response, _ = conn.call(msg, timeout=timeout)
-                return response
-            except ServerError:
-                raise
-            except SbpError as exc:
-                failure = exc
-                if conn is not None:
-                    self._pool.discard(conn)
-        raise RequestTimeoutError(
-            f"range server {server_id} at {addr} did not answer: {failure}") from failure
+    # -- failover (pd_failover.py) and pushes to range servers (pd_calls.py) ----------------
 
-    def _seal_on_servers(self, rng: RangeMeta, timeout_s: float | None) -> int:
-        """Seal ``rng`` on its primary, which must answer, then on its secondaries; the range
-        ends at the smallest end the replicas that answered report.
+    def run_failovers(self) -> None:
+        """Fail over the open ranges of every server owed a failover (``Failover``)."""
+        self.failover.run_failovers()
 
-        Every acknowledged record, and every record a reader may have seen, is on every
-        replica, so that end keeps them all. Records past it reached some replicas only
-        (their appends failed), so no reader saw them and their writers retry them.
-        """
-        request = m.SealRangesRequest(
-            timeout_ms=int((timeout_s or self.config.range_server_timeout_s) * 1000),
-            ranges=[m.RangeId(rng.stream_id, rng.range_index)])
-        primary = rng.primary
-        if primary is None:
-            raise UnknownError(f"range {rng.range_index} of stream {rng.stream_id} "
-                               "has no primary in the metadata")
-        ends = {primary: self._seal_one(primary, request, rng, timeout_s)}
-        for sid in rng.server_ids:
-            if sid == primary:
-                continue
-            try:
-                ends[sid] = self._seal_one(sid, request, rng, timeout_s)
-            except SbpError as exc:
-                log.warning("secondary %d of range %d of stream %d did not seal: %s", sid,
-                            rng.range_index, rng.stream_id, exc)
-        if len(set(ends.values())) > 1:
-            log.info("range %d of stream %d: replicas stopped at %s; it ends at the smallest",
-                     rng.range_index, rng.stream_id, ends)
-        return min(ends.values())
-
-    def _seal_one(self, server_id: int, request: m.SealRangesRequest, rng: RangeMeta,
-                  timeout_s: float | None) -> int:
-        response = self._call_server(server_id, request, timeout_s)
-        response.status.raise_for_status()
-        results = response.seal_responses
-        if len(results) != 1 or results[0].range is None:
-            if results:
-                results[0].status.raise_for_status()
-            raise UnknownError(f"range server {server_id} answered SEAL_RANGES for range "
-                               f"{rng.range_index} of stream {rng.stream_id} without the range")
-        results[0].status.raise_for_status()
-        end = results[0].range.end_offset
-        if end < rng.start_offset:
-            raise UnknownError(f"range server {server_id} sealed range {rng.range_index} of "
-                               f"stream {rng.stream_id} at {end}, below its start "
-                               f"{rng.start_offset}")
-        return end
-
-    def _live_next_offset(self, rng: RangeMeta, timeout_s: float | None) -> int | None:
-        """The open range's next_offset from its primary; None if the primary cannot say."""
-        primary = rng.primary
-        if primary is None:
-            return None
-        try:
-            response = self._call_server(primary, m.DescribeRangesRequest(
-                ranges=[m.RangeId(rng.stream_id, rng.range_index)]), timeout_s)
-            response.status.raise_for_status()
-            result = response.describe_responses[0]
-            result.status.raise_for_status()
-        except (SbpError, IndexError) as exc:
-            log.warning("could not read the end of range %d of stream %d from server %d; "
-                        "using the PD's snapshot: %s", rng.range_index, rng.stream_id, primary,
-                        exc)
-            return None
-        if result.range is None:
-            return None
-        self.store.update_next_offset(rng.stream_id, rng.range_index, result.range.next_offset)
-        return result.range.next_offset
+    def fail_over_server(self, server_id: int) -> bool:
+        """Fail over the open ranges of the dead ``server_id`` (``Failover``)."""
+        return self.failover.fail_over_server(server_id)
 
     def _push_ranges(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
                      skip: Iterable[int] = ()) -> None:
-        """SYNC_RANGES ``ranges`` to the servers holding them; failures, and the servers in
-        ``skip`` (known to be down), are owed a resync.
-
-        Secondaries hear first: a primary that learned of a new range before its secondaries
-        would forward its first appends to servers that do not hold the range yet, fail them
-        and seal the range at once."""
-        by_server: dict[int, list[RangeMeta]] = defaultdict(list)
-        leaders: set[int] = set()  # primaries of open ranges: pushed last
-        for rng in ranges:
-            for sid in rng.server_ids:
-                by_server[sid].append(rng)
-            if rng.is_open and rng.primary is not None:
-                leaders.add(rng.primary)
-        for sid in set(skip) & by_server.keys():
-            del by_server[sid]
-            self._owe_resync(sid)
-        for sid, held in sorted(by_server.items(), key=lambda item: item[0] in leaders):
-            try:
-                self._sync_to(sid, held, timeout_s)
-            except SbpError as exc:
-                log.warning("SYNC_RANGES to range server %d failed; it will be resynced on "
-                            "its next heartbeat: %s", sid, exc)
-                self._owe_resync(sid)
-
-    def _sync_to(self, server_id: int, ranges: Sequence[RangeMeta],
-                 timeout_s: float | None = None) -> None:
-        """SYNC_RANGES ``ranges`` to one server. Raises when the server could not be reached
-        or refused the whole request; a refused stream is logged (sending it again would be
-        refused again)."""
-        for start in range(0, len(ranges), SYNC_BATCH_RANGES):
-            chunk = ranges[start:start + SYNC_BATCH_RANGES]
-            by_stream: dict[int, list[m.Range]] = defaultdict(list)
-            for rng in chunk:
-                by_stream[rng.stream_id].append(self._range_msg(rng, for_servers=True))
-            request = m.SyncRangesRequest(
-                timeout_ms=int((timeout_s or self.config.range_server_timeout_s) * 1000),
-                stream_ranges=[m.StreamRanges(sid, rs) for sid, rs in by_stream.items()])
-            response = self._call_server(server_id, request, timeout_s)
-            response.status.raise_for_status()
-            for result in response.sync_responses:
-                if not result.status.ok:
-                    log.warning("range server %d refused the ranges of stream %d: %s",
-                                server_id, result.stream_id, result.status.message)
-
-    def _owe_resync(self, server_id: int) -> None:
-        with self._resync_lock:
-            self._resync.add(server_id)
-
-    def _resync_server(self, server_id: int) -> None:
-        """Push a server every range it holds (runs on the worker pool)."""
-        with self._resync_lock:
-            if server_id not in self._resync:
-                return
-            self._resync.discard(server_id)
-        try:
-            ranges = self.store.ranges_on_server(server_id)
-            if ranges:
-                self._sync_to(server_id, ranges)
-            log.debug("range server %d synced with %d ranges", server_id, len(ranges))
-        except SbpError as exc:
-            log.warning("resync of range server %d failed (retried on its next heartbeat): %s",
-                        server_id, exc)
-            self._owe_resync(server_id)
-
-    def _sweep_liveness(self) -> None:
-        """Notice range servers that stopped heartbeating and fail their ranges over.
-
-        Servers that were registered before this PD started but never heartbeated to it are
-        treated as gone once one liveness timeout has passed since the start.
-        """
-        interval = max(0.05, self.config.heartbeat_timeout_s / 3)
-        started = time.monotonic()
-        checked_absent = False
-        while not self._stop.wait(interval):
-            for gone in self.liveness.expire():
-                log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
-                            gone.server_id, gone.advertise_addr, self.config.heartbeat_timeout_s)
-                self._owe_failover(gone.server_id)
-            if not checked_absent and \
-                    time.monotonic() - started > self.config.heartbeat_timeout_s:
-                checked_absent = True
-                for server in self.store.list_servers():
-                    if server.registered and not self.liveness.is_live(server.server_id):
-                        log.warning("range server %d (%s) has not heartbeated since this PD "
-                                    "started: not live", server.server_id,
-                                    server.advertise_addr)
-                        self._owe_failover(server.server_id)
-            self.run_failovers()
-
-    # -- failover ---------------------------------------------------------------------------
-
-    def _owe_failover(self, server_id: int) -> None:
-        with self._failover_lock:
-            self._failover.add(server_id)
-
-    def run_failovers(self) -> None:
-        """Fail over the open ranges of every server owed a failover that is still not live.
-
-        Runs on the liveness thread; a failover that could not finish (a surviving replica did
-        not answer) is tried again on the next sweep.
-        """
-        with self._failover_lock:
-            owed = sorted(self._failover)
-        for server_id in owed:
-            if self._stop.is_set():
-                return
-            done = True
-            if not self.liveness.is_live(server_id):
-                try:
-                    done = self.fail_over_server(server_id)
-                except SbpError as exc:
-                    log.warning("failover of range server %d not finished (retried): %s",
-                                server_id, exc)
-                    done = False
-            if done:
-                with self._failover_lock:
-                    self._failover.discard(server_id)
-
-    def fail_over_server(self, server_id: int) -> bool:
-        """Seal every open range that has a replica on the dead ``server_id`` and open its
-        successor on live servers. True when nothing is left to do for this server.
-
-        Where a range survives on other live replicas, those are sealed first (so a primary
-        that is only cut off from the PD can no longer get appends acknowledged: its forwards
-        are refused), and the range ends at the smallest end they report. Every acknowledged
-        record is on every replica (the primary acknowledges only what all secondaries
-        stored), so that end keeps all of them; records past it were never acknowledged.
-
-        A range whose every replica is down is left open: for R = 1 the acknowledged records
-        exist only on the dead server, and sealing it anywhere else would either lose them or
-        let new records take their offsets. Its writers wait (retriable errors) until the
-        server returns and carries on where it stopped.
-        """
-        finished = True
-        for rng in self.store.ranges_on_server(server_id):
-            if not rng.is_open:
-                continue
-            try:
-                finished &= self._fail_over_range(rng.stream_id, rng.range_index, server_id)
-            except ServerError as exc:
-                if exc.code == ErrorCode.STREAM_NOT_FOUND:
-                    continue  # deleted meanwhile
-                raise
-        return finished
-
-    def _fail_over_range(self, stream_id: int, range_index: int, dead: int) -> bool:
-        """One range of ``fail_over_server``: True when handled (or left for the server to
-        return), False when it should be tried again."""
-        with self._stream_lock(stream_id):
-            rng = self.store.get_range(stream_id, range_index)
-            if not rng.is_open or dead not in rng.server_ids or self.liveness.is_live(dead):
-                return True
-            survivors = [sid for sid in rng.server_ids
-                         if sid != dead and self.liveness.is_live(sid)]
-            if not survivors:
-                log.warning("range %d of stream %d has no live replica (servers %s): it stays "
-                            "open until one of them returns", range_index, stream_id,
-                            rng.server_ids)
-                return True
-            request = m.SealRangesRequest(
-                timeout_ms=int(self.config.range_server_timeout_s * 1000),
-                ranges=[m.RangeId(stream_id, range_index)])
-            ends = {sid: self._seal_one(sid, request, rng, None) for sid in survivors}
-            end = min(ends.values())
-            stream = self.store.get_stream(stream_id)
-            with self._placement_lock:
-                try:
-                    servers = self._choose(stream.replica_nums)
-                except ServerError as exc:
-                    # Not enough live servers for a new range: seal anyway (no write could be
-                    # acknowledged on this one); writers open the next range when they can.
-                    log.warning("range %d of stream %d: no successor yet (%s)", range_index,
-                                stream_id, exc.message)
-                    servers = None
-                sealed, new = self.store.seal_range(stream_id, range_index, end, servers)
-        log.warning("failover: range %d of stream %d (server %d gone) sealed at %d from "
-                    "replicas %s%s", range_index, stream_id, dead, end, ends,
-                    "" if new is None else f"; range {new.range_index} open on "
-                    f"{new.server_ids}")
-        self._push_ranges([sealed] if new is None else [sealed, new], skip={dead})
-        return True
-
-class _PdHandler(RequestHandler):
-    """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""
-
-    role = "placement driver"
-    # Requests that call range servers run on the worker pool and never stall a reader.
-    routes = {
-        Opcode.HEARTBEAT: Route(m.HeartbeatRequest, "_heartbeat"),
-        Opcode.ALLOCATE_ID: Route(m.AllocateIdRequest, "_allocate_id"),
-        Opcode.LIST_RANGES: Route(m.ListRangesRequest, "_list_ranges"),
-        Opcode.SEAL_RANGES: Route(m.SealRangesRequest, "_seal_ranges", Runs.POOL),
-        Opcode.CREATE_RANGE: Route(m.CreateRangeRequest, "_create_range", Runs.POOL),
-        Opcode.DESCRIBE_RANGES: Route(m.DescribeRangesRequest, "_describe_ranges"),
-        Opcode.CREATE_STREAMS: Route(m.CreateStreamsRequest, "_create_streams", Runs.POOL),
-        Opcode.DELETE_STREAMS: Route(m.DeleteStreamsRequest, "_delete_streams", Runs.POOL),
-        Opcode.UPDATE_STREAMS: Route(m.UpdateStreamsRequest, "_update_streams"),
-        Opcode.DESCRIBE_STREAMS: Route(m.DescribeStreamsRequest, "_describe_streams"),
-        Opcode.TRIM_STREAMS: Route(m.TrimStreamsRequest, "_trim_streams", Runs.POOL),
-        Opcode.REPORT_METRICS: Route(m.ReportMetricsRequest, "_report_metrics"),
-        Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
-    }
-
-    def __init__(self, pd: PlacementDriver) -> None:
-        self.pd = pd
-
-    def handle(self, ctx: RequestContext) -> None:
-        request_cls, serve = self.route(ctx)
-        try:
-            request = request_cls.from_flatbuffers(ctx.header)
-        except HeaderError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        ctx.reply(serve(request))
-
-    @staticmethod
-    def _timeout_s(request: Any) -> float | None:
-        ms = getattr(request, "timeout_ms", 0)
-        return ms / 1000.0 if ms > 0 else None
-
-    # -- one method per opcode --------------------------------------------------------------
-
-    def _heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
-        status = m.OK
-        if req.client_role == m.ClientRole.RANGE_SERVER:
-            if req.range_server is None:
-                status = m.Status(int(InvalidRequestError.code),
-                                  "a RANGE_SERVER heartbeat must carry range_server "
-                                  "(client_role RANGE_SERVER = 0 is the default: an SDK "
-                                  "client sends CLIENT = 1)")
-            else:
-                _, status = _ok_or_error(lambda: self.pd.heartbeat(
-                    req.range_server.server_id, req.range_server.advertise_addr))
-        return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
-                                   range_server=req.range_server, status=status)
-
-    def _allocate_id(self, req: m.AllocateIdRequest) -> m.AllocateIdResponse:
-        return m.AllocateIdResponse(id=self.pd.allocate_id(req.host))
-
-    def _list_ranges(self, req: m.ListRangesRequest) -> m.ListRangesResponse:
-        results = []
-        for owner in req.range_owners:
-            if owner.range_server is not None:
-                found, status = _ok_or_error(lambda o=owner: self.pd.ranges_on_server(
-                    o.range_server))
-                server = owner.range_server
-                ranges: list[RangeMeta] = []
-                if found is not None:
-                    sid, ranges = found
-                    server = m.RangeServer(sid, self.pd._address_of(sid))
-                results.append(m.ListRangesResult(
-                    status=status, ranges=[self.pd._range_msg(r) for r in ranges],
-                    range_server=server))
-            else:
-                ranges, status = _ok_or_error(lambda o=owner: self.pd.list_ranges(o.stream_id))
-                results.append(m.ListRangesResult(
-                    stream_id=owner.stream_id, status=status,
-                    ranges=[self.pd._range_msg(r) for r in ranges or ()]))
-        return m.ListRangesResponse(list_responses=results)
-
-    def _range_items(self, ids: Sequence[m.RangeId],
-                     op: Callable[[int, int], RangeMeta]) -> list[tuple[int, m.Status,
-                                                                       m.Range | None]]:
-        out = []
-        for rid in ids:
-            rng, status = _ok_or_error(lambda r=rid: op(r.stream_id, r.range_index))
-            out.append((rid.stream_id, status, None if rng is None else self.pd._range_msg(rng)))
-        return out
-
-    def _seal_ranges(self, req: m.SealRangesRequest) -> m.SealRangesResponse:
-        timeout = self._timeout_s(req)
-        items = self._range_items(req.ranges,
-                                  lambda s, i: self.pd.seal_range(s, i, timeout))
-        return m.SealRangesResponse(seal_responses=[
-            m.SealRangesResult(stream_id=s, status=st, range=r) for s, st, r in items])
-
-    def _create_range(self, req: m.CreateRangeRequest) -> m.CreateRangeResponse:
-        timeout = self._timeout_s(req)
-        items = self._range_items(req.ranges,
-                                  lambda s, i: self.pd.create_range(s, i, timeout))
-        return m.CreateRangeResponse(create_responses=[
-            m.CreateRangeResult(stream_id=s, status=st, range=r) for s, st, r in items])
-
-    def _describe_ranges(self, req: m.DescribeRangesRequest) -> m.DescribeRangesResponse:
-        # The PD's record, not the primary's live state: clients ask this when servers fail,
-        # and must not wait for a dead primary here. So an open range's next_offset is a
-        # snapshot, and the answer says so.
-        items = self._range_items(req.ranges, self.pd.describe_range)
-        return m.DescribeRangesResponse(describe_responses=[
-            m.DescribeRangesResult(stream_id=s, status=st, range=r,
-                                   next_offset_snapshot=r is not None and r.is_open)
-            for s, st, r in items])
-
-    def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
-        results = []
-        for item in req.streams:
-            created, status = _ok_or_error(lambda s=item: self.pd.create_stream(
-                s.replica_nums, s.retention_period_ms, s.stream_id))
-            stream = self.pd._stream_msg(created[0]) if created else m.Stream(
-                stream_id=item.stream_id, replica_nums=item.replica_nums,
-                retention_period_ms=item.retention_period_ms)
-            results.append(m.CreateStreamsResult(stream=stream, status=status))
-        return m.CreateStreamsResponse(create_responses=results)
-
-    def _delete_streams(self, req: m.DeleteStreamsRequest) -> m.DeleteStreamsResponse:
-        results = []
-        for item in req.streams:
-            deleted, status = _ok_or_error(lambda s=item: self.pd.delete_stream(s.stream_id))
-            stream = self.pd._stream_msg(deleted) if deleted else m.Stream(
-                stream_id=item.stream_id)
-            results.append(m.DeleteStreamsResult(deleted_stream=stream, status=status))
-        return m.DeleteStreamsResponse(delete_responses=results)
-
-    def _update_streams(self, req: m.UpdateStreamsRequest) -> m.UpdateStreamsResponse:
-        results = []
-        for item in req.streams:
-            updated, status = _ok_or_error(lambda s=item: self.pd.update_stream(
-                s.stream_id, s.replica_nums, s.retention_period_ms))
-            stream = self.pd._stream_msg(updated) if updated else m.Stream(
-                stream_id=item.stream_id)
-            results.append(m.UpdateStreamsResult(updated_stream=stream, status=status))
-        return m.UpdateStreamsResponse(update_responses=results)
-
-    def _describe_streams(self, req: m.DescribeStreamsRequest) -> m.DescribeStreamsResponse:
-        if not req.stream_ids:
-            # Ours: a request naming no stream asks for every stream that is not deleted
-            # (`sbp streams list`); the seed leaves an empty list undefined.
-            return m.DescribeStreamsResponse(describe_responses=[
-                m.DescribeStreamsResult(stream=self.pd._stream_msg(s), status=m.OK)
-                for s in self.pd.store.list_streams()])
-        results = []
-        for stream_id in req.stream_ids:
-            found, status = _ok_or_error(lambda s=stream_id: self.pd.describe_stream(s))
-            stream = self.pd._stream_msg(found) if found else m.Stream(stream_id=stream_id)
-            results.append(m.DescribeStreamsResult(stream=stream, status=status))
-        return m.DescribeStreamsResponse(describe_responses=results)
-
-    def _trim_streams(self, req: m.TrimStreamsRequest) -> m.TrimStreamsResponse:
-        timeout = self._timeout_s(req)
-        results = []
-        for item in req.trimmed_streams:
-            done, status = _ok_or_error(lambda t=item: self.pd.trim_stream(
-                t.stream_id, t.trim_offset, timeout))
-            if done:
-                stream, first = done
-                results.append(m.TrimStreamsResult(trimmed_stream=self.pd._stream_msg(stream),
-                                                   status=status,
-                                                   range=self.pd._range_msg(first)))
-            else:
-                results.append(m.TrimStreamsResult(
-                    trimmed_stream=m.Stream(stream_id=item.stream_id), status=status))
-        return m.TrimStreamsResponse(streams=results)
-
-    def _report_metrics(self, req: m.ReportMetricsRequest) -> m.ReportMetricsResponse:
-        metrics = {name: int(getattr(req, name)) for name in METRIC_FIELDS}
-        _, status = _ok_or_error(lambda: self.pd.report_metrics(
-            req.range_server.server_id, metrics))
-        return m.ReportMetricsResponse(range_server=req.range_server, status=status)
-
-    def _describe_pd_cluster(self, req: m.DescribePdClusterRequest
-                             ) -> m.DescribePdClusterResponse:
-        states = []
-        for info in self.pd.range_servers():
-            metrics = None
-            if info.metrics_ms >= 0:
-                known = {k: v for k, v in info.metrics.items() if k in METRIC_FIELDS}
-                metrics = m.ReportMetricsRequest(
-                    range_server=m.RangeServer(info.server_id, info.advertise_addr), **known)
-            states.append(m.RangeServerState(
-                server=m.RangeServer(info.server_id, info.advertise_addr), live=info.live,
-                last_heartbeat_ms=info.last_heartbeat_ms, open_ranges=info.open_ranges,
-                metrics=metrics, metrics_ms=info.metrics_ms))
-        return m.DescribePdClusterResponse(cluster=self.pd.cluster(), range_servers=states)
+        self.calls.push_ranges(ranges, timeout_s, skip)

@@ -14,24 +14,34 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbp_spark.protocol.errors import (
-    InvalidRequestError,
-    OffsetOutOfRangeError,
-    RangeNotFoundError,
-    RangeSealedError,
-    StreamAlreadyExistsError,
-    StreamNotFoundError,
-)
+from sbp_spark.protocol.errors import InvalidRequestError
 
-# Status detail of a HEARTBEAT refused because this PD never issued the server id (the range
-# server's PD link tells it apart from other refusals by it).
-UNKNOWN_SERVER_ID = b"unknown-server-id"
+from .pd_meta import (
+    UNKNOWN_SERVER_ID,
+    RangeMeta,
+    ReplicaMeta,
+    ServerMeta,
+    StreamMeta,
+    check_new_stream,
+    check_trim,
+    new_range,
+    next_range,
+    not_registered,
+    range_missing,
+    sealed_range,
+    stream_missing,
+    stream_taken,
+    unknown_server,
+)
+from .pd_meta import now_ms as _now_ms
+
+# The records live in pd_meta; importers of this module find them here too.
+__all__ = ["PdStore", "RangeMeta", "ReplicaMeta", "ServerMeta", "StreamMeta",
+           "UNKNOWN_SERVER_ID"]
 
 SCHEMA_VERSION = 1
 
@@ -80,84 +90,6 @@ CREATE TABLE IF NOT EXISTS range_servers (
     metrics_ms INTEGER NOT NULL DEFAULT -1
 );
 """
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamMeta:
-    """A stream as the PD records it. ``start_offset`` is the trim point."""
-
-    stream_id: int
-    replica_nums: int
-    retention_period_ms: int
-    start_offset: int = 0
-    deleted: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaMeta:
-    """One range server holding a copy of a range."""
-
-    server_id: int
-    is_primary: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RangeMeta:
-    """A range of a stream: offsets ``[start_offset, end_offset)``; ``end_offset`` -1 = open.
-
-    ``next_offset`` is the PD's snapshot; for an open range the primary knows the live value.
-    ``base_start_offset`` is where the range began before any trim: range servers know a range
-    by it, while ``start_offset`` moves up with trims.
-    """
-
-    stream_id: int
-    range_index: int
-    start_offset: int
-    end_offset: int
-    next_offset: int
-    replicas: tuple[ReplicaMeta, ...] = ()
-    base_start_offset: int = -1
-
-    def __post_init__(self) -> None:
-        if self.base_start_offset < 0:
-            object.__setattr__(self, "base_start_offset", self.start_offset)
-
-    @property
-    def is_open(self) -> bool:
-        return self.end_offset < 0
-
-    @property
-    def primary(self) -> int | None:
-        """Server id of the primary replica, if any."""
-        for r in self.replicas:
-            if r.is_primary:
-                return r.server_id
-        return None
-
-    @property
-    def server_ids(self) -> list[int]:
-        return [r.server_id for r in self.replicas]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMeta:
-    """A range server known to the PD (its id was allocated here or it announced itself)."""
-
-    server_id: int
-    host: str
-    advertise_addr: str
-    last_heartbeat_ms: int
-    metrics: dict[str, int] = field(default_factory=dict)
-    metrics_ms: int = -1
-
-    @property
-    def registered(self) -> bool:
-        """True once the server has heartbeated at least once."""
-        return self.last_heartbeat_ms >= 0
 
 
 class PdStore:
@@ -230,10 +162,8 @@ class PdStore:
 
     def _live_stream(self, db: sqlite3.Connection, stream_id: int) -> StreamMeta:
         row = db.execute("SELECT * FROM streams WHERE stream_id=?", (stream_id,)).fetchone()
-        if row is None:
-            raise StreamNotFoundError(f"stream {stream_id} does not exist")
-        if row["deleted"]:
-            raise StreamNotFoundError(f"stream {stream_id} was deleted")
+        if row is None or row["deleted"]:
+            raise stream_missing(stream_id, row is not None)
         return self._stream(row)
 
     def create_stream(self, replica_nums: int, retention_period_ms: int,
@@ -245,24 +175,19 @@ class PdStore:
         metadata from elsewhere); an id in use, or once used by a deleted stream, fails with
         StreamAlreadyExistsError.
         """
-        if len(servers) != replica_nums:
-            raise InvalidRequestError(
-                f"range 0 needs {replica_nums} servers, {len(servers)} given")
-        if stream_id is not None and stream_id < 0:
-            raise InvalidRequestError(f"stream_id must be >= 0, got {stream_id}")
+        check_new_stream(replica_nums, servers, stream_id)
         with self._tx() as db:
             if stream_id is not None:
                 row = db.execute("SELECT deleted FROM streams WHERE stream_id=?",
                                  (stream_id,)).fetchone()
                 if row is not None:
-                    state = "was deleted; ids are never reused" if row["deleted"] else "exists"
-                    raise StreamAlreadyExistsError(f"stream {stream_id} {state}")
+                    raise stream_taken(stream_id, bool(row["deleted"]))
             cur = db.execute(
                 "INSERT INTO streams (stream_id, replica_nums, retention_period_ms, created_ms) "
                 "VALUES (?, ?, ?, ?)", (stream_id, replica_nums, retention_period_ms, _now_ms()))
             stream_id = cur.lastrowid
             assert stream_id is not None
-            rng = self._insert_range(db, stream_id, 0, 0, servers)
+            rng = self._insert_range(db, new_range(stream_id, 0, 0, servers))
             return self._live_stream(db, stream_id), rng
 
     def get_stream(self, stream_id: int) -> StreamMeta:
@@ -307,17 +232,10 @@ class PdStore:
         The last range is never dropped, so the stream always has a range to continue from.
         Returns the stream and its first remaining range.
         """
-        if trim_offset < 0:
-            raise InvalidRequestError(f"trim_offset must be >= 0, got {trim_offset}")
         with self._tx() as db:
             stream = self._live_stream(db, stream_id)
             ranges = self._ranges(db, "r.stream_id=?", (stream_id,))
-            last = ranges[-1]
-            if end_offset is None:
-                end_offset = last.end_offset if not last.is_open else last.next_offset
-            if trim_offset > end_offset:
-                raise OffsetOutOfRangeError(
-                    f"cannot trim stream {stream_id} at {trim_offset}: it ends at {end_offset}")
+            check_trim(stream_id, trim_offset, ranges[-1], end_offset)
             if trim_offset > stream.start_offset:
                 for rng in ranges[:-1]:
                     if rng.end_offset <= trim_offset:
@@ -337,21 +255,17 @@ class PdStore:
     # -- ranges -----------------------------------------------------------------------------
 
     @staticmethod
-    def _insert_range(db: sqlite3.Connection, stream_id: int, range_index: int,
-                      start_offset: int, servers: Sequence[int]) -> RangeMeta:
-        if not servers:
-            raise InvalidRequestError("a range needs at least one server")
-        if len(set(servers)) != len(servers):
-            raise InvalidRequestError(f"a range's servers must differ, got {list(servers)}")
+    def _insert_range(db: sqlite3.Connection, rng: RangeMeta) -> RangeMeta:
         db.execute("INSERT INTO ranges (stream_id, range_index, base_start_offset, "
                    "start_offset, end_offset, next_offset) VALUES (?, ?, ?, ?, -1, ?)",
-                   (stream_id, range_index, start_offset, start_offset, start_offset))
+                   (rng.stream_id, rng.range_index, rng.start_offset, rng.start_offset,
+                    rng.start_offset))
         db.executemany(
             "INSERT INTO replicas (stream_id, range_index, server_id, is_primary, position) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(stream_id, range_index, sid, int(i == 0), i) for i, sid in enumerate(servers)])
-        return RangeMeta(stream_id, range_index, start_offset, -1, start_offset,
-                         tuple(ReplicaMeta(sid, i == 0) for i, sid in enumerate(servers)))
+            [(rng.stream_id, rng.range_index, r.server_id, int(r.is_primary), i)
+             for i, r in enumerate(rng.replicas)])
+        return rng
 
     @staticmethod
     def _ranges(db: sqlite3.Connection, where: str, args: tuple) -> list[RangeMeta]:
@@ -405,8 +319,7 @@ class PdStore:
             found = self._ranges(self._db, "r.stream_id=? AND r.range_index=?",
                                  (stream_id, range_index))
             if not found:
-                raise RangeNotFoundError(
-                    f"stream {stream_id} has no range {range_index}")
+                raise range_missing(stream_id, range_index)
             return found[0]
 
     def last_range(self, stream_id: int) -> RangeMeta:
@@ -436,21 +349,11 @@ class PdStore:
             found = self._ranges(db, "r.stream_id=? AND r.range_index=?",
                                  (stream_id, range_index))
             if not found:
-                raise RangeNotFoundError(f"stream {stream_id} has no range {range_index}")
-            rng = found[0]
-            if not rng.is_open and rng.end_offset != end_offset:
-                raise RangeSealedError(
-                    f"range {range_index} of stream {stream_id} is already sealed at "
-                    f"{rng.end_offset}")
-            if end_offset < rng.start_offset:
-                raise InvalidRequestError(
-                    f"end offset {end_offset} is below the start {rng.start_offset} of range "
-                    f"{range_index} of stream {stream_id}")
+                raise range_missing(stream_id, range_index)
+            sealed = sealed_range(found[0], end_offset)
             db.execute("UPDATE ranges SET end_offset=?, next_offset=? "
                        "WHERE stream_id=? AND range_index=?",
                        (end_offset, end_offset, stream_id, range_index))
-            sealed = RangeMeta(stream_id, range_index, rng.start_offset, end_offset, end_offset,
-                               rng.replicas, rng.base_start_offset)
             new = None
             if next_servers is not None:
                 new = self._open_next(db, stream_id, next_servers)
@@ -466,10 +369,7 @@ class PdStore:
                    servers: Sequence[int]) -> RangeMeta:
         last = self._ranges(db, "r.stream_id=? AND r.range_index=(SELECT MAX(range_index) "
                                 "FROM ranges WHERE stream_id=?)", (stream_id, stream_id))[0]
-        if last.is_open:
-            raise InvalidRequestError(
-                f"range {last.range_index} of stream {stream_id} is still open; seal it first")
-        return self._insert_range(db, stream_id, last.range_index + 1, last.end_offset, servers)
+        return self._insert_range(db, next_range(last, servers))
 
     def update_next_offset(self, stream_id: int, range_index: int, next_offset: int) -> None:
         """Refresh the PD's snapshot of an open range's next_offset (never moves it back)."""
@@ -500,10 +400,7 @@ class PdStore:
         """Note a heartbeat and the server's current address.
 
         Only ids this PD allocated are accepted (they are kept here, so a restarted PD still
-        knows them). Any other id raises ``InvalidRequestError`` with detail
-        ``UNKNOWN_SERVER_ID``: accepting it would let a server of another cluster, or one whose
-        id this PD's (reset or restored) metadata never issued, take ranges under an id that
-        may later be handed to a different server.
+        knows them); any other id raises ``pd_meta.unknown_server``'s error.
         """
         if server_id < 0:
             raise InvalidRequestError(f"server_id must be >= 0, got {server_id}")
@@ -513,12 +410,7 @@ class PdStore:
                              "WHERE server_id=?", (advertise_addr, ts, server_id))
             if cur.rowcount == 0:
                 (issued,) = db.execute("SELECT COUNT(*) FROM range_servers").fetchone()
-                raise InvalidRequestError(
-                    f"range server id {server_id} (at {advertise_addr}) was never issued by "
-                    f"this PD, which has issued {issued} id{'s' if issued != 1 else ''}: the "
-                    f"server's data directory belongs to another cluster, or this PD's "
-                    f"metadata was reset or restored from an older copy",
-                    detail=UNKNOWN_SERVER_ID)
+                raise unknown_server(server_id, advertise_addr, issued)
             row = db.execute("SELECT * FROM range_servers WHERE server_id=?",
                              (server_id,)).fetchone()
             return self._server(row)
@@ -531,7 +423,7 @@ class PdStore:
             cur = db.execute("UPDATE range_servers SET metrics=?, metrics_ms=? WHERE server_id=?",
                              (json.dumps(metrics, sort_keys=True), ts, server_id))
             if cur.rowcount == 0:
-                raise InvalidRequestError(f"range server {server_id} is not registered")
+                raise not_registered(server_id)
 
     def get_server(self, server_id: int) -> ServerMeta | None:
         """The server's record, or None."""

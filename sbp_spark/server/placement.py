@@ -75,6 +75,15 @@ class Liveness:
             self._servers.pop(server_id, None)
             self._dead.discard(server_id)
 
+    def clear(self) -> None:
+        """Forget every server (a PD taking or leaving office starts over), and what it heard:
+        silence before this counts as no evidence."""
+        with self._lock:
+            self._servers.clear()
+            self._dead.clear()
+            self._heard = None
+            self._contact_since = 0.0
+
     def is_live(self, server_id: int) -> bool:
         now = self._clock()
         with self._lock:

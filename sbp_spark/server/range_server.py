@@ -72,6 +72,7 @@ from ..protocol.records import BatchHeader, parse_header
 from .fetch import DEFAULT_FETCH_FRAME_BYTES, FetchServer
 from .net import FrameServer, NetConfig, RequestContext, RequestHandler, Route, Runs
 from .read_cap import CapState
+from .registration import LinkedServer, LoadSample, PdLink
 from .replication import Replicator
 from .segment import atomic_write
 from .storage import RangeLog, Replica, Storage, StorageConfig
@@ -261,7 +262,7 @@ class RangeServer:
         self._notices = DelayedCalls(CAP_NOTICE_DELAY_S,
                                      lambda rlog: self.net.submit(self.send_cap_notice, rlog),
                                      name="range-server-cap-notices")
-        self.pd_link = None
+        self.pd_link: PdLink | None = None
         self._started = False
 
     # -- identity --------------------------------------------------------------------------
@@ -308,6 +309,34 @@ class RangeServer:
     def info(self) -> RangeServerInfo:
         return RangeServerInfo(self._server_id, self.advertise_addr)
 
+    def _linked(self) -> LinkedServer:
+        """This server as its PD link sees it."""
+        def stream_settings(stream_id: int, retention_ms: int, deleted: bool) -> None:
+            self.retention[stream_id] = retention_ms
+            if deleted:
+                self.storage.delete_stream(stream_id)
+
+        def load() -> LoadSample:
+            m, st = self.metrics, self.storage.stats
+            return LoadSample(
+                bytes_written=st.bytes_written, bytes_read=st.bytes_read, appends=m.appends,
+                fetches=m.fetches, failed_appends=m.failed_appends,
+                failed_fetches=m.failed_fetches, append_latency_s=m.append_latency_s,
+                fetch_latency_s=m.fetch_latency_s,
+                disk_free_bytes=self.storage.disk_free_bytes(),
+                active_ranges=m.active_ranges())
+
+        cfg = self.config
+        return LinkedServer(
+            data_dir=cfg.data_dir, server_file=os.path.join(cfg.data_dir, _SERVER_FILE),
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            metrics_interval_s=cfg.metrics_interval_s,
+            streams_interval_s=min(cfg.retention_check_interval_s, 60.0),
+            server_id=lambda: self._server_id, set_server_id=self.set_server_id,
+            advertise_addr=lambda: self.advertise_addr,
+            stream_ids=lambda: sorted({r.stream_id for r in self.storage.ranges()}),
+            stream_settings=stream_settings, load=load)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> RangeServer:
@@ -323,10 +352,9 @@ class RangeServer:
                                             name="range-server-cap-probe", daemon=True)
         self._cap_prober.start()
         if self.config.pd_addresses:
-            from .registration import PdLink
-
-            self.pd_link = PdLink(self, list(self.config.pd_addresses),
+            self.pd_link = PdLink(self._linked(), list(self.config.pd_addresses),
                                   tls=self.config.net.tls)
+            self.on_trim = self.pd_link.report_trim
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self._server_id,
                  self.advertise_addr, self.config.data_dir, self.config.storage.fsync.value)

@@ -10,7 +10,8 @@
   and marks streams the PD reports deleted;
 * reports the new start of streams whose old segments retention deleted (TRIM_STREAMS).
 
-All PD calls go through ``sbp_spark.client.pd.PdClient`` (leader redirects, retries).
+All PD calls go through ``sbp_spark.client.pd.PdClient`` (leader redirects, retries). The link
+sees its range server only through ``LinkedServer``: what it needs of it, and nothing else.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import queue
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..client.config import ClientConfig
 from ..client.pd import PdClient
@@ -29,10 +31,8 @@ from ..client.pool import ConnectionPool
 from ..client.tls import TlsConfig
 from ..protocol.errors import InvalidRequestError, SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ..protocol.messages import RangeServer as RangeServerInfo
 from .pd_store import UNKNOWN_SERVER_ID
-
-if TYPE_CHECKING:
-    from .range_server import RangeServer
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,52 @@ def rss_bytes() -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class LoadSample:
+    """Running totals of a range server's work, and its disk and range figures, at one time."""
+
+    bytes_written: int
+    bytes_read: int
+    appends: int
+    fetches: int
+    failed_appends: int
+    failed_fetches: int
+    append_latency_s: float
+    fetch_latency_s: float
+    disk_free_bytes: int
+    active_ranges: int
+
+
+@dataclass(frozen=True)
+class LinkedServer:
+    """What the PD link needs of its range server."""
+
+    data_dir: str
+    # Where the server keeps its id (named when the PD refuses the id).
+    server_file: str
+    heartbeat_interval_s: float
+    metrics_interval_s: float
+    # How often to ask the PD for the settings of the streams held here.
+    streams_interval_s: float
+    server_id: Callable[[], int]
+    # Adopt an id the PD allocated (and keep it on disk).
+    set_server_id: Callable[[int], None]
+    advertise_addr: Callable[[], str]
+    # Ids of the streams with a range here: their settings are asked for.
+    stream_ids: Callable[[], list[int]]
+    # (stream_id, retention_period_ms, deleted) as the PD reports them.
+    stream_settings: Callable[[int, int, bool], None]
+    load: Callable[[], LoadSample]
+
+    def info(self) -> RangeServerInfo:
+        """The server as the PD knows it: id and advertised address."""
+        return RangeServerInfo(self.server_id(), self.advertise_addr())
+
+
 class PdLink:
     """Keeps one range server registered with, and reporting to, the PD."""
 
-    def __init__(self, server: RangeServer, pd_addresses: list[str],
+    def __init__(self, server: LinkedServer, pd_addresses: list[str],
                  client_config: ClientConfig | None = None, tls: TlsConfig | None = None
                  ) -> None:
         self.server = server
@@ -79,7 +121,6 @@ class PdLink:
         self._last_sample: tuple[float, dict[str, float]] | None = None
 
     def start(self) -> None:
-        self.server.on_trim = self.report_trim
         self._thread.start()
 
     def stop(self) -> None:
@@ -97,7 +138,7 @@ class PdLink:
     def _run(self) -> None:
         if not self._register():
             return
-        cfg = self.server.config
+        cfg = self.server
         next_heartbeat = next_metrics = next_streams = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
@@ -108,7 +149,7 @@ class PdLink:
                 next_metrics = now + cfg.metrics_interval_s
                 self._guarded("REPORT_METRICS", self._report_metrics)
             if now >= next_streams:
-                next_streams = now + min(cfg.retention_check_interval_s, 60.0)
+                next_streams = now + cfg.streams_interval_s
                 self._guarded("DESCRIBE_STREAMS", self._refresh_streams)
             self._send_trims()
             wake = min(next_heartbeat, next_metrics, next_streams) - time.monotonic()
@@ -118,14 +159,15 @@ class PdLink:
         try:
             fn()
         except SbpError as exc:
-            log.warning("range server %d: %s to the PD failed: %s", self.server.server_id,
+            log.warning("range server %d: %s to the PD failed: %s", self.server.server_id(),
                         what, exc)
         except Exception:
-            log.exception("range server %d: %s to the PD failed", self.server.server_id, what)
+            log.exception("range server %d: %s to the PD failed", self.server.server_id(),
+                          what)
 
     def _register(self) -> bool:
         """Make sure the server has an id; False if stopped first."""
-        while self.server.server_id < 0:
+        while self.server.server_id() < 0:
             try:
                 server_id = self.pd.allocate_id(socket.gethostname())
                 if server_id < 0:
@@ -163,27 +205,24 @@ class PdLink:
         self.refusal = exc
         if not first:
             return
-        from .range_server import _SERVER_FILE  # range_server imports this module
-
-        path = os.path.join(self.server.config.data_dir, _SERVER_FILE)
+        server_id, data_dir = self.server.server_id(), self.server.data_dir
         log.error(
             "range server %d: the PD at %s refuses its id: %s. Nothing is served for that "
             "PD until this is fixed. If this server should join that cluster as a new range "
             "server, stop it, remove %s and start it again (a new id is allocated; the ranges "
             "stored in %s belong to the cluster that issued id %d). Otherwise point --pd at "
-            "the PD that issued the id.", self.server.server_id, self.pd.leader, exc.message,
-            path, self.server.config.data_dir, self.server.server_id)
+            "the PD that issued the id.", server_id, self.pd.leader, exc.message,
+            self.server.server_file, data_dir, server_id)
 
     def metrics_request(self) -> ReportMetricsRequest:
         """Current load figures (rates since the previous call)."""
-        server = self.server
-        m, st = server.metrics, server.storage.stats
+        load = self.server.load()
         now = time.monotonic()
         counters = {
-            "in": st.bytes_written, "out": st.bytes_read, "appends": m.appends,
-            "fetches": m.fetches, "failed_appends": m.failed_appends,
-            "failed_fetches": m.failed_fetches, "append_s": m.append_latency_s,
-            "fetch_s": m.fetch_latency_s,
+            "in": load.bytes_written, "out": load.bytes_read, "appends": load.appends,
+            "fetches": load.fetches, "failed_appends": load.failed_appends,
+            "failed_fetches": load.failed_fetches, "append_s": load.append_latency_s,
+            "fetch_s": load.fetch_latency_s,
         }
         last_t, last = self._last_sample or (now, counters)
         self._last_sample = (now, counters)
@@ -197,10 +236,10 @@ class PdLink:
             return 1000.0 * (counters[total] - last[total]) / n if n > 0 else 0.0
 
         return ReportMetricsRequest(
-            range_server=server.info(),
+            range_server=self.server.info(),
             disk_in_rate=int(rate("in")),
             disk_out_rate=int(rate("out")),
-            disk_free_space=server.storage.disk_free_bytes(),
+            disk_free_space=load.disk_free_bytes,
             disk_unindexed_data_size=0,
             memory_used=rss_bytes(),
             network_append_rate=_clamp16(rate("appends")),
@@ -210,23 +249,20 @@ class PdLink:
             network_append_avg_latency=_clamp16(avg_ms("append_s", "appends")),
             network_fetch_avg_latency=_clamp16(avg_ms("fetch_s", "fetches")),
             range_missing_replica_cnt=0,
-            range_active_cnt=_clamp16(m.active_ranges()),
+            range_active_cnt=_clamp16(load.active_ranges),
         )
 
     def _report_metrics(self) -> None:
         self.pd.report_metrics(self.metrics_request())
 
     def _refresh_streams(self) -> None:
-        storage = self.server.storage
-        ids = sorted({r.stream_id for r in storage.ranges()})
+        ids = sorted(self.server.stream_ids())
         if not ids:
             return
         for sid, result in zip(ids, self.pd.describe_streams(ids), strict=True):
             if result.ok and result.value is not None:
                 stream = result.value
-                self.server.retention[sid] = stream.retention_period_ms
-                if stream.deleted:
-                    storage.delete_stream(sid)
+                self.server.stream_settings(sid, stream.retention_period_ms, stream.deleted)
 
     def _send_trims(self) -> None:
         latest: dict[int, int] = {}

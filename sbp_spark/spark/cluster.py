@@ -132,20 +132,36 @@ def fetch(client: SbpClient, partition: SbpPartition, start: int, max_bytes: int
         max_bytes=max_bytes, max_wait_ms=max_wait_ms)
 
 
-def first_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
-    """The first stored batch of a stream, or None when it holds no records."""
+def batch_at(client: SbpClient, layout: StreamLayout, offset: int) -> FetchedBatch | None:
+    """The stored batch holding ``offset`` of the stream (one small FETCH), or None when no
+    range of ``layout`` holds it."""
     for rng in layout.ranges:
-        if rng.end_offset <= max(rng.start_offset, layout.start_offset):
-            continue
-        start = max(rng.start_offset, layout.start_offset)
-        part = SbpPartition(layout.stream_id, rng.range_index, start, start + 1,
-                            rng.start_offset, rng.end_offset, rng.replicas, rng.is_open)
-        with closing(fetch(client, part, start, 1, 0)) as batches:
-            for batch in batches:
-                return batch
+        if max(rng.start_offset, layout.start_offset) <= offset < rng.end_offset:
+            part = SbpPartition(layout.stream_id, rng.range_index, offset, offset + 1,
+                                rng.start_offset, rng.end_offset, rng.replicas, rng.is_open)
+            with closing(fetch(client, part, offset, 1, 0)) as batches:
+                for batch in batches:
+                    return batch
     return None
 
 
-__all__ = ["RangeUnavailableError", "StreamMissingError", "check_streams_exist",
-           "close_clients", "describe_replicas", "fetch", "first_batch", "get_client",
-           "layout_ranges", "stream_layouts"]
+def filled_ranges(layout: StreamLayout) -> list[tuple[int, int]]:
+    """[first, end) offsets of each range of ``layout`` that still holds records, in order."""
+    out = []
+    for rng in layout.ranges:
+        first = max(rng.start_offset, layout.start_offset)
+        if rng.end_offset > first:
+            out.append((first, rng.end_offset))
+    return out
+
+
+def last_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
+    """The newest stored batch of a stream (the one holding the offset before the end of its
+    last range with records), or None when it holds no records."""
+    filled = filled_ranges(layout)
+    return batch_at(client, layout, filled[-1][1] - 1) if filled else None
+
+
+__all__ = ["RangeUnavailableError", "StreamMissingError", "batch_at", "check_streams_exist",
+           "close_clients", "describe_replicas", "fetch", "filled_ranges",
+           "get_client", "last_batch", "layout_ranges", "stream_layouts"]

@@ -29,6 +29,7 @@ from sbp_spark.protocol.records import (
 )
 
 from .filters import Predicate, row_mask
+from .resolve import ColumnPlan, Conversion, SchemaMismatchError, plan_schema, schema_text
 from .schemas import ARROW_TIMESTAMP, METADATA_TYPES, to_arrow
 
 # Batches handed to Spark: a stored batch with at least SOLO_ROWS rows or SOLO_BYTES bytes
@@ -43,10 +44,28 @@ SOLO_ROWS = 10_000
 SOLO_BYTES = 1024 * 1024
 
 _RECORDS_BODY_COLUMNS = ("key", "value", "headers")
+# Distinct stored schemas a decoder keeps plans for; a partition rarely sees more than a few.
+MAX_PLANS = 64
 
 
-class SchemaMismatchError(ValueError):
-    """A stored batch whose columns do not fit the read schema."""
+class CorruptBatchError(ValueError):
+    """A stored batch whose Arrow body disagrees with its envelope."""
+
+
+@dataclass
+class SkipTally:
+    """Stored batches a read skipped because they do not fit the read schema
+    (``skipIncompatibleBatches``)."""
+
+    batches: int = 0
+    records: int = 0
+    first_problem: str | None = None  # why the first one was skipped
+
+    def add(self, records: int, problem: str) -> None:
+        self.batches += 1
+        self.records += records
+        if self.first_problem is None:
+            self.first_problem = problem
 
 
 @dataclass
@@ -97,13 +116,18 @@ class PartitionDecoder:
     """Turns the stored batches of one partition into Arrow batches of ``schema``.
 
     ``payload`` is ``records`` or ``arrow``. For payload=arrow, columns of ``schema`` named
-    like metadata columns come from the data when a batch has such a column.
+    like metadata columns come from the data when a batch has such a column, and every stored
+    batch is resolved to ``schema`` by the rules of ``resolve`` (planned once per distinct
+    stored schema; a batch that already has the read types passes untouched). A batch that
+    cannot be resolved raises ``SchemaMismatchError``, or, when ``skipped`` is given, is
+    left out and counted there.
     """
 
     def __init__(self, schema: StructType, payload: str, stream_id: int, range_index: int,
                  start_offset: int, end_offset: int,
                  row_predicates: Sequence[Predicate] = (),
-                 target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES) -> None:
+                 target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES,
+                 skipped: SkipTally | None = None) -> None:
         self.schema = schema
         self.arrow_schema = to_arrow(schema)
         self.payload = payload
@@ -121,10 +145,10 @@ class PartitionDecoder:
         self._rows = 0
         self._bytes = 0
         self._opaque = _OpaqueRun()
+        self.skipped = skipped
         self._conformers: dict[pa.Schema, _Conformer] = {}
         self._names = [f.name for f in schema.fields]
-        self._types = {f.name: t for f, t in
-                       zip(schema.fields, self.arrow_schema.types, strict=True)}
+        self._types = {f.name: f.type for f in self.arrow_schema}
         self._constants: dict[str, pa.Array] = {}  # stream_id / range_index columns to slice
 
     # -- input ---------------------------------------------------------------------------------
@@ -141,9 +165,9 @@ class PartitionDecoder:
         body = batch[ENVELOPE_SIZE:ENVELOPE_SIZE + header.body_length]
         if header.body_format == BodyFormat.OPAQUE:
             if self.payload != "records":
-                raise SchemaMismatchError(
+                return self._misfit(header, SchemaMismatchError(
                     f"stream {self.stream_id} offset {base} holds an opaque record, not Arrow "
-                    "data written with payload=arrow; read it with payload=records")
+                    "data written with payload=arrow; read it with payload=records"))
             # one record per batch: the hot path of opaque streams, kept to list appends
             run = self._opaque
             run.bodies.append(body)
@@ -154,8 +178,12 @@ class PartitionDecoder:
             self._bytes += header.body_length
         else:
             self._flush_opaque()
-            piece = self._filtered(self._arrow_piece(header, body, max(base, self.start_offset),
-                                                     min(end, self.end_offset)))
+            try:
+                whole = self._arrow_piece(header, body, max(base, self.start_offset),
+                                          min(end, self.end_offset))
+            except SchemaMismatchError as exc:
+                return self._misfit(header, exc)
+            piece = self._filtered(whole)
             if piece is None:
                 return []
             if piece.num_rows >= self.solo_rows or piece.nbytes >= self.solo_bytes:
@@ -172,13 +200,22 @@ class PartitionDecoder:
         """What is left."""
         return self._drain()
 
+    def _misfit(self, header: BatchHeader, exc: SchemaMismatchError) -> list[pa.RecordBatch]:
+        """A stored batch that does not fit the read schema: fail, or skip and count it."""
+        if self.skipped is None:
+            raise exc
+        records = (min(header.base_offset + header.record_count, self.end_offset)
+                   - max(header.base_offset, self.start_offset))
+        self.skipped.add(records, str(exc))
+        return []
+
     # -- arrow bodies --------------------------------------------------------------------------
 
     def _arrow_piece(self, header: BatchHeader, body: memoryview, first: int, last: int
                      ) -> _Piece:
         data = body_to_arrow(body)
         if data.num_rows != header.record_count:
-            raise SchemaMismatchError(
+            raise CorruptBatchError(
                 f"stream {self.stream_id} offset {header.base_offset}: the Arrow body holds "
                 f"{data.num_rows} rows but the envelope says {header.record_count}")
         kind = payload_kind(data.schema)
@@ -192,11 +229,16 @@ class PartitionDecoder:
         skip, take = first - header.base_offset, last - first
         if skip or take != data.num_rows:
             data = data.slice(skip, take)
-        conformer = self._conformers.get(data.schema)
+        # Keyed without metadata: batches of one writer differ in their tags (idempotent
+        # writes) but share one plan.
+        key = data.schema.remove_metadata()
+        conformer = self._conformers.get(key)
         if conformer is None:
-            conformer = _Conformer(self, data.schema, header.base_offset)
-            self._conformers[data.schema] = conformer
-        columns, row_ts = conformer.columns(data)
+            if len(self._conformers) >= MAX_PLANS:
+                self._conformers.clear()
+            conformer = _Conformer(self, key, header.base_offset)
+            self._conformers[key] = conformer
+        columns, row_ts = conformer.columns(data, header.base_offset)
         base_ts = pa.scalar(header.base_timestamp_ms * 1000, ARROW_TIMESTAMP)
         if row_ts is None:
             timestamps = pa.repeat(base_ts, take)
@@ -227,10 +269,10 @@ class PartitionDecoder:
 
         Filtering each piece before combining keeps the output batches full when a
         predicate drops most rows."""
-        if not self.row_predicates:
-            return piece
         mask = row_mask(self.row_predicates,
                         {"offset": piece.offsets, "timestamp": piece.timestamps})
+        if mask is None:  # no row predicates
+            return piece
         kept = pc.sum(mask).as_py() or 0
         if kept == piece.num_rows and mask.null_count == 0:
             return piece
@@ -297,15 +339,17 @@ def _concat(arrays: list[pa.Array]) -> pa.Array:
 
 
 class _Conformer:
-    """Maps one stored body schema to the output columns (checked once per schema)."""
+    """Maps one stored body schema to the output columns (planned once per schema)."""
 
     def __init__(self, decoder: PartitionDecoder, schema: pa.Schema, offset: int) -> None:
-        self.casts: list[tuple[str, int, pa.DataType | None]] = []  # (name, index, cast to)
+        self.stream_id = decoder.stream_id
+        self.casts: list[ColumnPlan] = []
         self.null_columns: list[tuple[str, pa.DataType]] = []
         self.timestamp_index: int | None = None
-        where = f"stream {decoder.stream_id} offset {offset}"
+        self.problem: str | None = None  # why batches of this schema cannot be read
         names = schema.names
         if decoder.payload == "records":
+            where = f"stream {decoder.stream_id} offset {offset}"
             if "value" not in names:
                 raise SchemaMismatchError(
                     f"{where}: the payload=records batch has no 'value' column (columns: "
@@ -315,50 +359,56 @@ class _Conformer:
                 self.timestamp_index = names.index("timestamp")
             for name in wanted:
                 if name in names:
-                    self._add(where, schema, name, decoder._types[name])
+                    self._add_records_column(where, schema, name, decoder._types[name])
             # key/headers absent from this batch: filled with nulls
             self.null_columns = [(n, decoder._types[n]) for n in wanted if n not in names]
-        else:
-            problems = []
-            for name, target in decoder._types.items():
-                if name in names:
-                    problem = self._add(where, schema, name, target, collect=True)
-                    if problem:
-                        problems.append(problem)
-                elif name not in METADATA_TYPES:
-                    problems.append(f"column '{name}' is missing")
-            if problems:
-                raise SchemaMismatchError(
-                    f"{where}: the stored batch does not fit the read schema: "
-                    + "; ".join(problems) + f" (stored schema: {_schema_text(schema)})")
+            return
+        plan = plan_schema(schema, decoder.arrow_schema, METADATA_TYPES)
+        self.casts = plan.columns
+        self.null_columns = plan.null_columns
+        if plan.problems:
+            self.problem = ("the stored batch does not fit the read schema: "
+                            + "; ".join(plan.problems)
+                            + f" (stored schema: {schema_text(schema)})")
 
-    def _add(self, where: str, schema: pa.Schema, name: str, target: pa.DataType,
-             collect: bool = False) -> str | None:
+    def _add_records_column(self, where: str, schema: pa.Schema, name: str,
+                            target: pa.DataType) -> None:
         index = schema.get_field_index(name)
         source = schema.field(index).type
         if source.equals(target):
-            self.casts.append((name, index, None))
-            return None
+            self.casts.append(ColumnPlan(name, index, Conversion.NONE, target, False))
+            return
         try:
             pc.cast(pa.nulls(0, source), target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            problem = f"column '{name}' is {source} in the data but {target} in the read schema"
-            if collect:
-                return problem
-            raise SchemaMismatchError(f"{where}: {problem}") from None
-        self.casts.append((name, index, target))
-        return None
+            raise SchemaMismatchError(
+                f"{where}: column '{name}' is {source} in the data but {target} in the read "
+                "schema") from None
+        self.casts.append(ColumnPlan(name, index, Conversion.CAST, target, False))
 
-    def columns(self, data: pa.RecordBatch) -> tuple[dict[str, pa.Array], pa.Array | None]:
+    def columns(self, data: pa.RecordBatch, offset: int
+                ) -> tuple[dict[str, pa.Array], pa.Array | None]:
+        """The read columns of ``data`` (stored at ``offset``), and its row timestamps."""
+        if self.problem is not None:
+            raise SchemaMismatchError(f"stream {self.stream_id} offset {offset}: {self.problem}")
         out: dict[str, pa.Array] = {}
-        for name, index, target in self.casts:
-            array = data.column(index)
-            out[name] = array if target is None else array.cast(target)
+        for column in self.casts:
+            array = data.column(column.index)
+            if column.refuse_nulls and array.null_count:
+                raise SchemaMismatchError(
+                    f"stream {self.stream_id} offset {offset}: column '{column.name}' holds "
+                    f"{array.null_count} nulls but the read schema says it cannot be null")
+            if column.conversion is Conversion.RELABEL:
+                array = array.view(column.type)
+            elif column.conversion is Conversion.CAST:
+                try:
+                    array = array.cast(column.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SchemaMismatchError(
+                        f"stream {self.stream_id} offset {offset}: column '{column.name}' "
+                        f"({array.type}) cannot be read as {column.type}: {exc}") from exc
+            out[column.name] = array
         for name, dtype in self.null_columns:
             out[name] = pa.nulls(data.num_rows, dtype)
         row_ts = None if self.timestamp_index is None else data.column(self.timestamp_index)
         return out, row_ts
-
-
-def _schema_text(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name} {f.type}" for f in schema)

@@ -117,12 +117,15 @@ class RowEncoder:
         return cls(payload, route, tuple(schema.fieldNames()), dropped)
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
-               ) -> Iterator[tuple[int | None, pa.RecordBatch]]:
+               ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(stream_id, body batch) pairs for one of Spark's batches; stream_id is ``stream``
         unless rows route themselves."""
         if batch.num_rows == 0:
             return
         if not self.route_by_column:
+            if stream is None:  # for_schema routes by column whenever no stream is given
+                raise ValueError("writing to sbp needs a target stream: set option 'stream' "
+                                 "or give the rows a stream_id column")
             yield stream, self._body(batch)
             return
         column = batch.column(batch.schema.get_field_index("stream_id"))

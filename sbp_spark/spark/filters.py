@@ -32,10 +32,13 @@ from .schemas import ARROW_TIMESTAMP
 INTEGER_COLUMNS = ("stream_id", "range_index", "offset")
 PUSHABLE_COLUMNS = (*INTEGER_COLUMNS, "timestamp")
 
-_OPS: dict[type, str] = {
+_OPS: dict[type[Filter], str] = {
     EqualTo: "=", EqualNullSafe: "=", LessThan: "<", LessThanOrEqual: "<=",
     GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in",
 }
+# The filter classes of _OPS: each has one column (``attribute``) and a ``value``.
+_Comparison = (EqualTo | EqualNullSafe | LessThan | LessThanOrEqual | GreaterThan
+               | GreaterThanOrEqual | In)
 
 UNBOUNDED = (-(1 << 63), 1 << 63)
 
@@ -48,10 +51,18 @@ class Predicate:
 
     column: str
     op: str
-    value: int | tuple[int, ...]
+    value: int | tuple[int, ...]  # the tuple for "in", one value for the other operators
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS.values():
+            raise ValueError(f"predicate on {self.column}: operator {self.op!r} is not one of "
+                             f"{sorted(set(_OPS.values()))}")
+        if (self.op == "in") != isinstance(self.value, tuple):
+            raise ValueError(f"predicate {self.column} {self.op} {self.value!r}: IN takes a "
+                             f"tuple of values, the other operators one value")
 
     def describe(self) -> str:
-        if self.op == "in":
+        if isinstance(self.value, tuple):
             return f"{self.column} IN ({', '.join(str(v) for v in self.value)})"
         return f"{self.column} {self.op} {self.value}"
 
@@ -77,8 +88,10 @@ def _literal(column: str, value: object) -> int | None:
 def to_predicate(flt: Filter, columns: Iterable[str]) -> Predicate | None:
     """The predicate for ``flt`` if the source can apply it exactly, else None."""
     op = _OPS.get(type(flt))
-    attribute = getattr(flt, "attribute", ())
-    if op is None or len(attribute) != 1 or attribute[0] not in columns:
+    if op is None or not isinstance(flt, _Comparison):
+        return None
+    attribute = flt.attribute
+    if len(attribute) != 1 or attribute[0] not in columns:
         return None
     column = attribute[0]
     if column not in PUSHABLE_COLUMNS:
@@ -118,19 +131,13 @@ def split_filters(filters: Sequence[Filter], columns: Iterable[str]
 
 
 def _predicate_intervals(pred: Predicate) -> list[Interval]:
-    lo, hi = UNBOUNDED
     v = pred.value
-    if pred.op == "=":
-        return [(v, v + 1)]
-    if pred.op == "<":
-        return [(lo, v)]
-    if pred.op == "<=":
-        return [(lo, v + 1)]
-    if pred.op == ">":
-        return [(v + 1, hi)]
-    if pred.op == ">=":
-        return [(v, hi)]
-    return merge_intervals((x, x + 1) for x in v)
+    if isinstance(v, tuple):  # "in" (a Predicate holds a tuple for that operator alone)
+        return merge_intervals((x, x + 1) for x in v)
+    lo, hi = UNBOUNDED
+    bounds = {"=": (v, v + 1), "<": (lo, v), "<=": (lo, v + 1), ">": (v + 1, hi),
+              ">=": (v, hi)}
+    return [bounds[pred.op]]
 
 
 def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:

@@ -21,20 +21,16 @@ from sbp_spark.client.config import (
     DEFAULT_MAX_INFLIGHT_FRAMES,
     ClientConfig,
 )
+from sbp_spark.protocol.constants import MAX_BATCH_BYTES, MAX_REPLICAS
 
 # Sentinels in offset specifications, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
 
-# Largest SBP record batch the writer builds: a batch travels whole in one APPEND frame
-# (16 MiB), which also carries a FlatBuffers header; 1 MiB of room is far more than any header.
-MAX_BATCH_BYTES = 15 * 1024 * 1024
 # batch_max_bytes of a FETCH entry is an int32 on the wire.
 MAX_FETCH_BYTES = (1 << 31) - 1
 # record_count of an envelope is an int32.
 MAX_BATCH_RECORDS = (1 << 31) - 1
-# Stream.replica_nums is a FlatBuffers byte.
-MAX_REPLICAS = 127
 
 # Options Spark itself adds to a source's options; they are not ours to reject.
 SPARK_PROVIDED = frozenset({"checkpointlocation"})
@@ -42,102 +38,13 @@ SPARK_PROVIDED = frozenset({"checkpointlocation"})
 PAYLOADS = ("records", "arrow")
 TIME_STRATEGIES = ("error", "latest")
 COMPRESSIONS = ("none", "lz4", "zstd")
+SCHEMA_COMPATIBILITIES = ("none", "backward")
 
 
 class OptionError(ValueError):
     """A connector option with a bad name or value."""
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """One documented option: its canonical spelling, default shown to users, and meaning."""
-
-    name: str
-    default: str
-    where: str
-    meaning: str
-
-
-OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("pd", "(required)", "all",
-               "placement driver address(es), host:port[,host:port...]"),
-    OptionSpec("streams", "(required to read)", "read",
-               "comma-separated stream ids to read"),
-    OptionSpec("stream", "(none)", "write",
-               "stream id every row goes to; without it each row's stream_id column decides"),
-    OptionSpec("startingOffsets", "earliest (batch), latest (streaming)", "read",
-               'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest)'),
-    OptionSpec("endingOffsets", "latest", "batch read",
-               'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it'),
-    OptionSpec("startingTimestamp", "(none)", "read",
-               "start each stream at its first record whose timestamp is at or after this time "
-               "(ms since the epoch)"),
-    OptionSpec("endingTimestamp", "(none)", "batch read",
-               "stop each stream before its first record at or after this time (ms since the "
-               "epoch); no such record: its end"),
-    OptionSpec("startingOffsetsByTimestamp", "(none)", "read",
-               'startingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named '
-               "start as without it"),
-    OptionSpec("endingOffsetsByTimestamp", "(none)", "batch read",
-               'endingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named end at '
-               "latest"),
-    OptionSpec("startingOffsetsByTimestampStrategy", "error", "read",
-               "a stream with no record at or after its starting time: error, or latest (start "
-               "at its end)"),
-    OptionSpec("maxOutOfOrderness", "1m", "batch read",
-               "how far a record's timestamp may be behind one stored before it: filters on "
-               "timestamp narrow what is fetched by that much less (unbounded: not at all)"),
-    OptionSpec("failOnDataLoss", "true", "read",
-               "fail when requested offsets were trimmed away; false skips to the stream start"),
-    OptionSpec("includeHeaders", "false", "read",
-               "add the headers column (payload=records); writing stores a headers column "
-               "whenever the DataFrame has one"),
-    OptionSpec("payload", "records", "read/write",
-               "records (Kafka-like key/value rows) or arrow (the DataFrame's own columns)"),
-    OptionSpec("fetchMaxBytes", "64m", "read",
-               "byte budget of one FETCH request (a partition larger than this takes several)"),
-    OptionSpec("fetchMaxWaitMs", "500", "read",
-               "how long a FETCH at the end of an open range waits for new records"),
-    OptionSpec("maxRecordsPerPartition", "(none)", "batch read",
-               "split a range holding more records than this into several partitions"),
-    OptionSpec("minPartitions", "(none)", "batch read",
-               "split ranges (by offset, in proportion to their size) to reach this many "
-               "partitions"),
-    OptionSpec("batchMaxRecords", "65536", "write", "most records per SBP record batch"),
-    OptionSpec("batchMaxBytes", "4m", "write",
-               f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)"),
-    OptionSpec("maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
-               "APPEND frames a task keeps in flight on one connection"),
-    OptionSpec("requestTimeoutMs", "30000", "read/write",
-               "how long to wait for each answer frame of a request"),
-    OptionSpec("retries", "5", "read/write",
-               "retries of a retriable failure (sealed range, busy or restarting server)"),
-    OptionSpec("createIfMissing", "false", "write",
-               "without a stream option or stream_id column, create a new stream for the rows"),
-    OptionSpec("replicas", "1", "write", "replicas of a stream created by createIfMissing"),
-    OptionSpec("retentionMs", "-1", "write",
-               "retention of a stream created by createIfMissing (-1 keeps records forever)"),
-    OptionSpec("compression", "none", "write",
-               "Arrow IPC buffer compression of record-batch bodies: none, lz4, zstd"),
-    OptionSpec("maxRecordsPerTrigger", "(none)", "stream read",
-               "most records one micro-batch reads"),
-    OptionSpec("maxBytesPerTrigger", "(none)", "stream read",
-               "most bytes one micro-batch reads (estimated)"),
-    OptionSpec("minRecordsPerTrigger", "(none)", "stream read",
-               "wait for this many new records (or maxTriggerDelay) before a micro-batch"),
-    OptionSpec("maxTriggerDelay", "15m", "stream read",
-               "longest wait for minRecordsPerTrigger (e.g. 500ms, 30s, 15m, 1h)"),
-    OptionSpec("idempotent", "false", "stream write",
-               "write each micro-batch exactly once, also when Spark re-runs it"),
-    OptionSpec("tls.enabled", "false", "all", "talk to the cluster over TLS"),
-    OptionSpec("tls.caFile", "(system trust store)", "all",
-               "CA certificates (PEM) the servers' certificates must chain to"),
-    OptionSpec("tls.certFile", "(none)", "all",
-               "client certificate (PEM) for clusters that require one (mutual TLS)"),
-    OptionSpec("tls.keyFile", "(none)", "all", "private key (PEM) of tls.certFile"),
-)
-
-_CANONICAL: dict[str, str] = {spec.name.lower(): spec.name for spec in OPTIONS}
 
 
 # -- value parsers ---------------------------------------------------------------------------
@@ -346,16 +253,259 @@ def parse_out_of_orderness(name: str, value: str) -> int | None:
     return None if value.strip().lower() == "unbounded" else parse_duration_ms(name, value)
 
 
-def _time_spec(opts: _Options, one: str, by_stream: str, offsets: str,
+def _time_spec(opts: _Options, one: OptionSpec, by_stream: OptionSpec, offsets: OptionSpec,
                streams: tuple[int, ...]) -> TimeSpec | None:
     """The time positions of one end of a read (None: positioned by offsets)."""
-    given = [name for name in (one, by_stream, offsets) if opts.has(name)]
+    given = [spec.name for spec in (one, by_stream, offsets) if opts.has(spec.name)]
     if len(given) > 1:
         raise OptionError(f"options '{given[0]}' and '{given[1]}' exclude each other: position "
                           "each end of a read one way")
-    if opts.has(one):
-        return parse_time(one, opts.get(one))
-    return opts.parse(by_stream, lambda n, v: parse_times(n, v, streams), None)
+    if opts.has(one.name):
+        return opts.value(one)
+    return opts.parse(by_stream.name, lambda n, v: parse_times(n, v, streams), None)
+
+
+def parse_file(name: str, value: str) -> str:
+    """A path to a readable file (the same path must work on every executor)."""
+    path = value.strip()
+    if not path or not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise _fail(name, value, "the path of a readable file")
+    return path
+
+
+def parse_retention(name: str, value: str) -> int:
+    allowed = "-1 (keep forever) or a number of milliseconds >= 1"
+    number = parse_int(name, value, -1, allowed=allowed)
+    if number == 0:
+        raise _fail(name, value, allowed)
+    return number
+
+
+# -- the options: one declaration each ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: its canonical spelling, the default shown to users (``default``), where it
+    applies and what it means (the README prints these), the check of a value on its own
+    (``check``, also run for options an operation ignores) and the value when it is not given
+    (``value``). Parsers that need more than the value (offsets checked against the stream list)
+    run on top of ``check`` where the option is used."""
+
+    name: str
+    default: str
+    where: str
+    meaning: str
+    check: Callable[[str, str], Any]
+    value: Any = None
+
+
+PD = OptionSpec(
+    "pd", "(required)", "all",
+    "placement driver address(es), host:port[,host:port...]",
+    parse_pd, None)
+STREAMS = OptionSpec(
+    "streams", "(required to read)", "read",
+    "comma-separated stream ids to read",
+    parse_stream_ids, None)
+STREAM = OptionSpec(
+    "stream", "(none)", "write",
+    "stream id every row goes to; without it each row's stream_id column decides",
+    parse_stream_id, None)
+STARTING_OFFSETS = OptionSpec(
+    "startingOffsets", "earliest (batch), latest (streaming)", "read",
+    'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest)',
+    lambda n, v: parse_offsets(n, v, EARLIEST), None)
+ENDING_OFFSETS = OptionSpec(
+    "endingOffsets", "latest", "batch read",
+    'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it',
+    lambda n, v: parse_offsets(n, v, LATEST), OffsetSpec(LATEST))
+STARTING_TIMESTAMP = OptionSpec(
+    "startingTimestamp", "(none)", "read",
+    "start each stream at its first record whose timestamp is at or after this time "
+    "(ms since the epoch)",
+    parse_time, None)
+ENDING_TIMESTAMP = OptionSpec(
+    "endingTimestamp", "(none)", "batch read",
+    "stop each stream before its first record at or after this time (ms since the "
+    "epoch); no such record: its end",
+    parse_time, None)
+STARTING_OFFSETS_BY_TIMESTAMP = OptionSpec(
+    "startingOffsetsByTimestamp", "(none)", "read",
+    'startingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named '
+    "start as without it",
+    parse_times, None)
+ENDING_OFFSETS_BY_TIMESTAMP = OptionSpec(
+    "endingOffsetsByTimestamp", "(none)", "batch read",
+    'endingTimestamp per stream: JSON {"<stream_id>": ms}; streams not named end at '
+    "latest",
+    parse_times, None)
+TIME_STRATEGY = OptionSpec(
+    "startingOffsetsByTimestampStrategy", "error", "read",
+    "a stream with no record at or after its starting time: error, or latest (start "
+    "at its end)",
+    lambda n, v: parse_choice(n, v, TIME_STRATEGIES), "error")
+MAX_OUT_OF_ORDERNESS = OptionSpec(
+    "maxOutOfOrderness", "1m", "batch read",
+    "how far a record's timestamp may be behind one stored before it: filters on "
+    "timestamp narrow what is fetched by that much less (unbounded: not at all)",
+    parse_out_of_orderness, 60_000)
+FAIL_ON_DATA_LOSS = OptionSpec(
+    "failOnDataLoss", "true", "read",
+    "fail when requested offsets were trimmed away; false skips to the stream start",
+    parse_bool, True)
+INCLUDE_HEADERS = OptionSpec(
+    "includeHeaders", "false", "read",
+    "add the headers column (payload=records); writing stores a headers column "
+    "whenever the DataFrame has one",
+    parse_bool, False)
+PAYLOAD = OptionSpec(
+    "payload", "records", "read/write",
+    "records (Kafka-like key/value rows) or arrow (the DataFrame's own columns)",
+    lambda n, v: parse_choice(n, v, PAYLOADS), "records")
+MERGE_SCHEMA = OptionSpec(
+    "mergeSchema", "false", "read",
+    "payload=arrow inference: union the schemas of the first and last batch of every "
+    "range (default: the newest batch's schema)",
+    parse_bool, False)
+FETCH_MAX_BYTES = OptionSpec(
+    "fetchMaxBytes", "64m", "read",
+    "byte budget of one FETCH request (a partition larger than this takes several)",
+    lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES), DEFAULT_FETCH_MAX_BYTES)
+FETCH_MAX_WAIT_MS = OptionSpec(
+    "fetchMaxWaitMs", "500", "read",
+    "how long a FETCH at the end of an open range waits for new records",
+    lambda n, v: parse_int(n, v, 0, 3_600_000), 500)
+MAX_RECORDS_PER_PARTITION = OptionSpec(
+    "maxRecordsPerPartition", "(none)", "batch read",
+    "split a range holding more records than this into several partitions",
+    lambda n, v: parse_int(n, v, 1), None)
+MIN_PARTITIONS = OptionSpec(
+    "minPartitions", "(none)", "batch read",
+    "split ranges (by offset, in proportion to their size) to reach this many "
+    "partitions",
+    lambda n, v: parse_int(n, v, 1), None)
+BATCH_MAX_RECORDS = OptionSpec(
+    "batchMaxRecords", "65536", "write", "most records per SBP record batch",
+    lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS), 65_536)
+BATCH_MAX_BYTES = OptionSpec(
+    "batchMaxBytes", "4m", "write",
+    f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)",
+    lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES), 4 * 1024 * 1024)
+MAX_INFLIGHT_FRAMES = OptionSpec(
+    "maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
+    "APPEND frames a task keeps in flight on one connection",
+    lambda n, v: parse_int(n, v, 1, 1024), DEFAULT_MAX_INFLIGHT_FRAMES)
+REQUEST_TIMEOUT_MS = OptionSpec(
+    "requestTimeoutMs", "30000", "read/write",
+    "how long to wait for each answer frame of a request",
+    lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000)
+RETRIES = OptionSpec(
+    "retries", "5", "read/write",
+    "retries of a retriable failure (sealed range, busy or restarting server)",
+    lambda n, v: parse_int(n, v, 0, 1000), 5)
+CREATE_IF_MISSING = OptionSpec(
+    "createIfMissing", "false", "write",
+    "without a stream option or stream_id column, create a new stream for the rows",
+    parse_bool, False)
+REPLICAS = OptionSpec(
+    "replicas", "1", "write", "replicas of a stream created by createIfMissing",
+    lambda n, v: parse_int(n, v, 1, MAX_REPLICAS), 1)
+RETENTION_MS = OptionSpec(
+    "retentionMs", "-1", "write",
+    "retention of a stream created by createIfMissing (-1 keeps records forever)",
+    parse_retention, -1)
+COMPRESSION = OptionSpec(
+    "compression", "none", "write",
+    "Arrow IPC buffer compression of record-batch bodies: none, lz4, zstd",
+    lambda n, v: parse_choice(n, v, COMPRESSIONS), "none")
+SCHEMA_COMPATIBILITY = OptionSpec(
+    "schemaCompatibility", "none", "write",
+    "none, or backward: a payload=arrow write first checks that readers of its "
+    "schema can read the stream's newest stored batch",
+    lambda n, v: parse_choice(n, v, SCHEMA_COMPATIBILITIES), "none")
+MAX_RECORDS_PER_TRIGGER = OptionSpec(
+    "maxRecordsPerTrigger", "(none)", "stream read",
+    "most records one micro-batch reads",
+    lambda n, v: parse_int(n, v, 1), None)
+MAX_BYTES_PER_TRIGGER = OptionSpec(
+    "maxBytesPerTrigger", "(none)", "stream read",
+    "most bytes one micro-batch reads (estimated)",
+    lambda n, v: parse_bytes(n, v, 1, 1 << 62), None)
+MIN_RECORDS_PER_TRIGGER = OptionSpec(
+    "minRecordsPerTrigger", "(none)", "stream read",
+    "wait for this many new records (or maxTriggerDelay) before a micro-batch",
+    lambda n, v: parse_int(n, v, 1), None)
+MAX_TRIGGER_DELAY = OptionSpec(
+    "maxTriggerDelay", "15m", "stream read",
+    "longest wait for minRecordsPerTrigger (e.g. 500ms, 30s, 15m, 1h)",
+    parse_duration_ms, 15 * 60_000)
+SKIP_INCOMPATIBLE_BATCHES = OptionSpec(
+    "skipIncompatibleBatches", "false", "stream read",
+    "payload=arrow: skip stored batches that do not fit the read schema (counted in "
+    "the query's progress) instead of failing the micro-batch",
+    parse_bool, False)
+IDEMPOTENT = OptionSpec(
+    "idempotent", "false", "stream write",
+    "write each micro-batch exactly once, also when Spark re-runs it",
+    parse_bool, False)
+TLS_ENABLED = OptionSpec(
+    "tls.enabled", "false", "all", "talk to the cluster over TLS",
+    parse_bool, False)
+TLS_CA_FILE = OptionSpec(
+    "tls.caFile", "(system trust store)", "all",
+    "CA certificates (PEM) the servers' certificates must chain to",
+    parse_file, None)
+TLS_CERT_FILE = OptionSpec(
+    "tls.certFile", "(none)", "all",
+    "client certificate (PEM) for clusters that require one (mutual TLS)",
+    parse_file, None)
+TLS_KEY_FILE = OptionSpec(
+    "tls.keyFile", "(none)", "all", "private key (PEM) of tls.certFile",
+    parse_file, None)
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    PD,
+    STREAMS,
+    STREAM,
+    STARTING_OFFSETS,
+    ENDING_OFFSETS,
+    STARTING_TIMESTAMP,
+    ENDING_TIMESTAMP,
+    STARTING_OFFSETS_BY_TIMESTAMP,
+    ENDING_OFFSETS_BY_TIMESTAMP,
+    TIME_STRATEGY,
+    MAX_OUT_OF_ORDERNESS,
+    FAIL_ON_DATA_LOSS,
+    INCLUDE_HEADERS,
+    PAYLOAD,
+    MERGE_SCHEMA,
+    FETCH_MAX_BYTES,
+    FETCH_MAX_WAIT_MS,
+    MAX_RECORDS_PER_PARTITION,
+    MIN_PARTITIONS,
+    BATCH_MAX_RECORDS,
+    BATCH_MAX_BYTES,
+    MAX_INFLIGHT_FRAMES,
+    REQUEST_TIMEOUT_MS,
+    RETRIES,
+    CREATE_IF_MISSING,
+    REPLICAS,
+    RETENTION_MS,
+    COMPRESSION,
+    SCHEMA_COMPATIBILITY,
+    MAX_RECORDS_PER_TRIGGER,
+    MAX_BYTES_PER_TRIGGER,
+    MIN_RECORDS_PER_TRIGGER,
+    MAX_TRIGGER_DELAY,
+    SKIP_INCOMPATIBLE_BATCHES,
+    IDEMPOTENT,
+    TLS_ENABLED,
+    TLS_CA_FILE,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+)
+_CANONICAL: dict[str, str] = {spec.name.lower(): spec.name for spec in OPTIONS}
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -395,6 +545,10 @@ class _Options:
         raw = self.get(name)
         return default if raw is None else parser(name, raw)
 
+    def value(self, spec: OptionSpec) -> Any:
+        """The option's value, checked, or its declared default."""
+        return self.parse(spec.name, spec.check, spec.value)
+
     def require(self, name: str, parser: Callable[[str, str], Any], purpose: str) -> Any:
         raw = self.get(name)
         if raw is None or not raw.strip():
@@ -410,13 +564,13 @@ class ClientOptions:
     """What every operation needs to reach the cluster."""
 
     pd: tuple[str, ...]
-    request_timeout_ms: int = 30_000
-    retries: int = 5
-    max_inflight_frames: int = DEFAULT_MAX_INFLIGHT_FRAMES
-    tls: bool = False
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS.value
+    retries: int = RETRIES.value
+    max_inflight_frames: int = MAX_INFLIGHT_FRAMES.value
+    tls: bool = TLS_ENABLED.value
+    tls_ca_file: str | None = TLS_CA_FILE.value
+    tls_cert_file: str | None = TLS_CERT_FILE.value
+    tls_key_file: str | None = TLS_KEY_FILE.value
 
     def client_config(self) -> ClientConfig:
         """The client settings these options stand for."""
@@ -426,20 +580,13 @@ class ClientOptions:
                             tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file)
 
 
-def parse_file(name: str, value: str) -> str:
-    """A path to a readable file (the same path must work on every executor)."""
-    path = value.strip()
-    if not path or not os.path.isfile(path) or not os.access(path, os.R_OK):
-        raise _fail(name, value, "the path of a readable file")
-    return path
-
-
 def _tls_options(opts: _Options) -> dict[str, Any]:
-    enabled = opts.parse("tls.enabled", parse_bool, False)
-    files = {field: opts.parse(name, parse_file, None) for field, name in (
-        ("tls_ca_file", "tls.caFile"), ("tls_cert_file", "tls.certFile"),
-        ("tls_key_file", "tls.keyFile"))}
-    given = [name for name in ("tls.caFile", "tls.certFile", "tls.keyFile") if opts.has(name)]
+    enabled = opts.value(TLS_ENABLED)
+    files = {field: opts.value(spec) for field, spec in (
+        ("tls_ca_file", TLS_CA_FILE), ("tls_cert_file", TLS_CERT_FILE),
+        ("tls_key_file", TLS_KEY_FILE))}
+    given = [spec.name for spec in (TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE)
+             if opts.has(spec.name)]
     if given and not enabled:
         raise OptionError(f"option '{given[0]}' needs 'tls.enabled' = true")
     if (files["tls_cert_file"] is None) != (files["tls_key_file"] is None):
@@ -449,13 +596,10 @@ def _tls_options(opts: _Options) -> dict[str, Any]:
 
 def _client_options(opts: _Options) -> ClientOptions:
     return ClientOptions(
-        pd=opts.require("pd", parse_pd, "(the placement driver address, host:port)"),
-        request_timeout_ms=opts.parse(
-            "requestTimeoutMs", lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000),
-        retries=opts.parse("retries", lambda n, v: parse_int(n, v, 0, 1000), 5),
-        max_inflight_frames=opts.parse(
-            "maxInflightFrames", lambda n, v: parse_int(n, v, 1, 1024),
-            DEFAULT_MAX_INFLIGHT_FRAMES),
+        pd=opts.require(PD.name, PD.check, "(the placement driver address, host:port)"),
+        request_timeout_ms=opts.value(REQUEST_TIMEOUT_MS),
+        retries=opts.value(RETRIES),
+        max_inflight_frames=opts.value(MAX_INFLIGHT_FRAMES),
         **_tls_options(opts),
     )
 
@@ -468,17 +612,18 @@ class ReadOptions:
     streams: tuple[int, ...]
     starting: OffsetSpec = OffsetSpec(EARLIEST)
     ending: OffsetSpec = OffsetSpec(LATEST)
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    payload: str = "records"
-    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
-    fetch_max_wait_ms: int = 500
-    max_records_per_partition: int | None = None
-    min_partitions: int | None = None
+    fail_on_data_loss: bool = FAIL_ON_DATA_LOSS.value
+    include_headers: bool = INCLUDE_HEADERS.value
+    payload: str = PAYLOAD.value
+    fetch_max_bytes: int = FETCH_MAX_BYTES.value
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS.value
+    max_records_per_partition: int | None = MAX_RECORDS_PER_PARTITION.value
+    min_partitions: int | None = MIN_PARTITIONS.value
     starting_time: TimeSpec | None = None
     ending_time: TimeSpec | None = None
-    time_strategy: str = "error"
-    max_out_of_orderness_ms: int | None = 60_000
+    time_strategy: str = TIME_STRATEGY.value
+    max_out_of_orderness_ms: int | None = MAX_OUT_OF_ORDERNESS.value
+    merge_schema: bool = MERGE_SCHEMA.value
 
 
 @dataclass(frozen=True)
@@ -486,10 +631,11 @@ class StreamReadOptions:
     """A streaming read: the read options plus admission control."""
 
     read: ReadOptions
-    max_records_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
-    min_records_per_trigger: int | None = None
-    max_trigger_delay_ms: int = 15 * 60_000
+    max_records_per_trigger: int | None = MAX_RECORDS_PER_TRIGGER.value
+    max_bytes_per_trigger: int | None = MAX_BYTES_PER_TRIGGER.value
+    min_records_per_trigger: int | None = MIN_RECORDS_PER_TRIGGER.value
+    max_trigger_delay_ms: int = MAX_TRIGGER_DELAY.value
+    skip_incompatible_batches: bool = SKIP_INCOMPATIBLE_BATCHES.value
 
 
 @dataclass(frozen=True)
@@ -497,14 +643,15 @@ class WriteOptions:
     """A batch write (and the shared part of a streaming write)."""
 
     client: ClientOptions
-    stream: int | None = None
-    payload: str = "records"
-    batch_max_records: int = 65_536
-    batch_max_bytes: int = 4 * 1024 * 1024
-    create_if_missing: bool = False
-    replicas: int = 1
-    retention_ms: int = -1
-    compression: str = "none"
+    stream: int | None = STREAM.value
+    payload: str = PAYLOAD.value
+    batch_max_records: int = BATCH_MAX_RECORDS.value
+    batch_max_bytes: int = BATCH_MAX_BYTES.value
+    create_if_missing: bool = CREATE_IF_MISSING.value
+    replicas: int = REPLICAS.value
+    retention_ms: int = RETENTION_MS.value
+    compression: str = COMPRESSION.value
+    schema_compatibility: str = SCHEMA_COMPATIBILITY.value
 
 
 @dataclass(frozen=True)
@@ -512,15 +659,15 @@ class StreamWriteOptions:
     """A streaming write: the write options plus the delivery mode."""
 
     write: WriteOptions
-    idempotent: bool = False
+    idempotent: bool = IDEMPOTENT.value
 
 
 def _check_all_values(opts: _Options) -> None:
     """Validate the values of options that this operation does not use (typos in values of
     options meant for another operation still fail early)."""
-    for name, parser in _VALUE_CHECKS.items():
-        if opts.has(name):
-            parser(name, opts.get(name))
+    for spec in OPTIONS:
+        if opts.has(spec.name):
+            opts.value(spec)
 
 
 def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
@@ -529,15 +676,15 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
             "option 'stream' is for writing; to read, name the streams with option 'streams' "
             "(for example streams=7 or streams=1,2)")
     _check_all_values(opts)
-    streams = opts.require("streams", parse_stream_ids,
+    streams = opts.require(STREAMS.name, STREAMS.check,
                            "to read (comma-separated stream ids such as 1,2)")
     starting = opts.parse(
-        "startingOffsets",
+        STARTING_OFFSETS.name,
         lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
                                    allow_latest=streaming, streams=streams),
         OffsetSpec(LATEST if streaming else EARLIEST))
-    starting_time = _time_spec(opts, "startingTimestamp", "startingOffsetsByTimestamp",
-                               "startingOffsets", streams)
+    starting_time = _time_spec(opts, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
+                               STARTING_OFFSETS, streams)
     if opts.has("startingOffsetsByTimestampStrategy") and starting_time is None:
         raise OptionError("option 'startingOffsetsByTimestampStrategy' needs "
                           "'startingTimestamp' or 'startingOffsetsByTimestamp'")
@@ -550,18 +697,18 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         ending = OffsetSpec(LATEST)
     else:
         ending = opts.parse(
-            "endingOffsets",
+            ENDING_OFFSETS.name,
             lambda n, v: parse_offsets(n, v, LATEST, allow_earliest=False, streams=streams),
             OffsetSpec(LATEST))
-        ending_time = _time_spec(opts, "endingTimestamp", "endingOffsetsByTimestamp",
-                                 "endingOffsets", streams)
+        ending_time = _time_spec(opts, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP,
+                                 ENDING_OFFSETS, streams)
         if (starting_time and ending_time and starting_time.default is not None
                 and ending_time.default is not None
                 and ending_time.default < starting_time.default):
             raise OptionError(f"option 'endingTimestamp' ({ending_time.default}) is before "
                               f"'startingTimestamp' ({starting_time.default})")
-    payload = opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records")
-    include_headers = opts.parse("includeHeaders", parse_bool, False)
+    payload = opts.value(PAYLOAD)
+    include_headers = opts.value(INCLUDE_HEADERS)
     if include_headers and payload == "arrow":
         raise OptionError("option 'includeHeaders' = 'true' needs payload=records: "
                           "payload=arrow rows have no headers")
@@ -570,23 +717,28 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
         streams=streams,
         starting=starting,
         ending=ending,
-        fail_on_data_loss=opts.parse("failOnDataLoss", parse_bool, True),
+        fail_on_data_loss=opts.value(FAIL_ON_DATA_LOSS),
         include_headers=include_headers,
         payload=payload,
-        fetch_max_bytes=opts.parse(
-            "fetchMaxBytes", lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES),
-            DEFAULT_FETCH_MAX_BYTES),
-        fetch_max_wait_ms=opts.parse(
-            "fetchMaxWaitMs", lambda n, v: parse_int(n, v, 0, 3_600_000), 500),
-        max_records_per_partition=opts.parse(
-            "maxRecordsPerPartition", lambda n, v: parse_int(n, v, 1), None),
-        min_partitions=opts.parse("minPartitions", lambda n, v: parse_int(n, v, 1), None),
+        fetch_max_bytes=opts.value(FETCH_MAX_BYTES),
+        fetch_max_wait_ms=opts.value(FETCH_MAX_WAIT_MS),
+        max_records_per_partition=opts.value(MAX_RECORDS_PER_PARTITION),
+        min_partitions=opts.value(MIN_PARTITIONS),
         starting_time=starting_time,
         ending_time=ending_time,
-        time_strategy=opts.parse("startingOffsetsByTimestampStrategy",
-                                 lambda n, v: parse_choice(n, v, TIME_STRATEGIES), "error"),
-        max_out_of_orderness_ms=opts.parse("maxOutOfOrderness", parse_out_of_orderness, 60_000),
+        time_strategy=opts.value(TIME_STRATEGY),
+        max_out_of_orderness_ms=opts.value(MAX_OUT_OF_ORDERNESS),
+        merge_schema=_arrow_only(opts, MERGE_SCHEMA, payload),
     )
+
+
+def _arrow_only(opts: _Options, spec: OptionSpec, payload: str) -> bool:
+    """A boolean option that only payload=arrow reads use."""
+    value = opts.value(spec)
+    if value and payload != "arrow":
+        raise OptionError(f"option '{spec.name}' = 'true' needs payload=arrow: "
+                          f"payload={payload} rows have a fixed schema")
+    return bool(value)
 
 
 def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
@@ -600,13 +752,11 @@ def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
     read = _parse_common_read(opts, streaming=True)
     return StreamReadOptions(
         read=read,
-        max_records_per_trigger=opts.parse(
-            "maxRecordsPerTrigger", lambda n, v: parse_int(n, v, 1), None),
-        max_bytes_per_trigger=opts.parse(
-            "maxBytesPerTrigger", lambda n, v: parse_bytes(n, v, 1, 1 << 62), None),
-        min_records_per_trigger=opts.parse(
-            "minRecordsPerTrigger", lambda n, v: parse_int(n, v, 1), None),
-        max_trigger_delay_ms=opts.parse("maxTriggerDelay", parse_duration_ms, 15 * 60_000),
+        max_records_per_trigger=opts.value(MAX_RECORDS_PER_TRIGGER),
+        max_bytes_per_trigger=opts.value(MAX_BYTES_PER_TRIGGER),
+        min_records_per_trigger=opts.value(MIN_RECORDS_PER_TRIGGER),
+        max_trigger_delay_ms=opts.value(MAX_TRIGGER_DELAY),
+        skip_incompatible_batches=_arrow_only(opts, SKIP_INCOMPATIBLE_BATCHES, read.payload),
     )
 
 
@@ -616,29 +766,23 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
             "option 'streams' is for reading; to write, name the target with option 'stream' "
             "(one stream id) or give the rows a stream_id column")
     _check_all_values(opts)
+    payload = opts.value(PAYLOAD)
+    compatibility = opts.value(SCHEMA_COMPATIBILITY)
+    if compatibility != "none" and payload != "arrow":
+        raise OptionError(f"option 'schemaCompatibility' = '{compatibility}' needs "
+                          f"payload=arrow: payload={payload} records have a fixed schema")
     return WriteOptions(
         client=_client_options(opts),
-        stream=opts.parse("stream", parse_stream_id, None),
-        payload=opts.parse("payload", lambda n, v: parse_choice(n, v, PAYLOADS), "records"),
-        batch_max_records=opts.parse(
-            "batchMaxRecords", lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS), 65_536),
-        batch_max_bytes=opts.parse(
-            "batchMaxBytes", lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES),
-            4 * 1024 * 1024),
-        create_if_missing=opts.parse("createIfMissing", parse_bool, False),
-        replicas=opts.parse("replicas", lambda n, v: parse_int(n, v, 1, MAX_REPLICAS), 1),
-        retention_ms=opts.parse("retentionMs", _parse_retention, -1),
-        compression=opts.parse(
-            "compression", lambda n, v: parse_choice(n, v, COMPRESSIONS), "none"),
+        stream=opts.value(STREAM),
+        payload=payload,
+        batch_max_records=opts.value(BATCH_MAX_RECORDS),
+        batch_max_bytes=opts.value(BATCH_MAX_BYTES),
+        create_if_missing=opts.value(CREATE_IF_MISSING),
+        replicas=opts.value(REPLICAS),
+        retention_ms=opts.value(RETENTION_MS),
+        compression=opts.value(COMPRESSION),
+        schema_compatibility=compatibility,
     )
-
-
-def _parse_retention(name: str, value: str) -> int:
-    allowed = "-1 (keep forever) or a number of milliseconds >= 1"
-    number = parse_int(name, value, -1, allowed=allowed)
-    if number == 0:
-        raise _fail(name, value, allowed)
-    return number
 
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
@@ -650,45 +794,7 @@ def parse_stream_write_options(options: Mapping[str, Any]) -> StreamWriteOptions
     """Options of ``df.writeStream.format("sbp")``."""
     opts = _Options(options)
     return StreamWriteOptions(write=_parse_common_write(opts),
-                              idempotent=opts.parse("idempotent", parse_bool, False))
-
-
-# Value checks for every option (used to reject bad values even of options an operation
-# ignores); the read parsers check offsets again against the stream list.
-_VALUE_CHECKS: dict[str, Callable[[str, str], Any]] = {
-    "pd": parse_pd,
-    "startingOffsets": lambda n, v: parse_offsets(n, v, EARLIEST),
-    "endingOffsets": lambda n, v: parse_offsets(n, v, LATEST),
-    "startingTimestamp": parse_time,
-    "endingTimestamp": parse_time,
-    "startingOffsetsByTimestamp": parse_times,
-    "endingOffsetsByTimestamp": parse_times,
-    "startingOffsetsByTimestampStrategy": lambda n, v: parse_choice(n, v, TIME_STRATEGIES),
-    "maxOutOfOrderness": parse_out_of_orderness,
-    "streams": parse_stream_ids,
-    "stream": parse_stream_id,
-    "failOnDataLoss": parse_bool,
-    "includeHeaders": parse_bool,
-    "payload": lambda n, v: parse_choice(n, v, PAYLOADS),
-    "fetchMaxBytes": lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES),
-    "fetchMaxWaitMs": lambda n, v: parse_int(n, v, 0, 3_600_000),
-    "maxRecordsPerPartition": lambda n, v: parse_int(n, v, 1),
-    "minPartitions": lambda n, v: parse_int(n, v, 1),
-    "batchMaxRecords": lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS),
-    "batchMaxBytes": lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES),
-    "maxInflightFrames": lambda n, v: parse_int(n, v, 1, 1024),
-    "requestTimeoutMs": lambda n, v: parse_int(n, v, 1, 24 * 3_600_000),
-    "retries": lambda n, v: parse_int(n, v, 0, 1000),
-    "createIfMissing": parse_bool,
-    "replicas": lambda n, v: parse_int(n, v, 1, MAX_REPLICAS),
-    "retentionMs": _parse_retention,
-    "compression": lambda n, v: parse_choice(n, v, COMPRESSIONS),
-    "maxRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
-    "maxBytesPerTrigger": lambda n, v: parse_bytes(n, v, 1, 1 << 62),
-    "minRecordsPerTrigger": lambda n, v: parse_int(n, v, 1),
-    "maxTriggerDelay": parse_duration_ms,
-    "idempotent": parse_bool,
-}
+                              idempotent=opts.value(IDEMPOTENT))
 
 
 def options_table_markdown() -> str:

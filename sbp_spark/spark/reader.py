@@ -8,7 +8,7 @@ the schema and the pushed predicates; connections are opened inside ``read()``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType
 from sbp_spark.protocol.errors import HistoryRewrittenError, OffsetOutOfRangeError, SbpError
 
 from . import cluster
-from .decode import PartitionDecoder
+from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
 from .planning import SbpPartition, plan_partitions
@@ -31,14 +31,16 @@ class ReadFailedError(RuntimeError):
     """Reading a partition failed; the message says which records and why."""
 
 
-def read_partition(options: ReadOptions, schema: StructType,
-                   partition: SbpPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(options: ReadOptions, schema: StructType, partition: SbpPartition,
+                   skipped: SkipTally | None = None) -> Iterator[pa.RecordBatch]:
     """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
-    streaming reads)."""
+    streaming reads). Stored batches that do not fit ``schema`` fail the read, or, when
+    ``skipped`` is given, are left out and counted there."""
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
-                               partition.end_offset, partition.row_predicates)
+                               partition.end_offset, partition.row_predicates,
+                               skipped=skipped)
     position = partition.start_offset
     while position < partition.end_offset:
         try:
@@ -113,7 +115,7 @@ class SbpBatchReader(DataSourceReader):
             if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
         self.pushed = PushedFilters()
 
-    def partitions(self) -> Sequence[InputPartition]:
+    def partitions(self) -> list[SbpPartition]:
         client = cluster.get_client(self.options.client)
         layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
         options = resolve_time_positions(client, layouts, self.options)

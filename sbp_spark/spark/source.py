@@ -25,23 +25,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from sbp_spark.protocol.records import (
-    ENVELOPE_SIZE,
-    PAYLOAD_ARROW,
-    BodyFormat,
-    body_to_arrow,
-    payload_kind,
-)
-
 from . import cluster, tables
 from .encode import RowEncoder
-from .options import ReadOptions, check_option_names, parse_read_options, parse_write_options
+from .evolution import check_backward, infer_arrow_schema
+from .options import check_option_names, parse_read_options, parse_write_options
 from .reader import SbpBatchReader, SbpPushdownBatchReader
 from .schemas import (
     METADATA_TYPES,
     arrow_payload_schema,
     check_records_read_schema,
     records_schema,
+    to_arrow,
 )
 from .writer import SbpBatchWriter
 
@@ -70,7 +64,9 @@ class SbpDataSource(DataSource):
         if options.payload == "records":
             schema = records_schema(options.include_headers)
         else:
-            data = self._infer_arrow_schema(options)
+            client = cluster.get_client(options.client)
+            layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
+            data = infer_arrow_schema(client, layouts, options.merge_schema)
             self.arrow_data_columns = tuple(data.names)
             schema = arrow_payload_schema(data)
         if self.creating_table:
@@ -78,34 +74,11 @@ class SbpDataSource(DataSource):
                 dict(self.options), self.arrow_data_columns))
         return schema
 
-    def _infer_arrow_schema(self, options: ReadOptions):
-        client = cluster.get_client(options.client)
-        layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
-        for layout in layouts:
-            fetched = cluster.first_batch(client, layout)
-            if fetched is None:
-                continue
-            body = fetched.data[ENVELOPE_SIZE:ENVELOPE_SIZE + fetched.header.body_length]
-            if fetched.header.body_format != BodyFormat.ARROW:
-                raise ValueError(
-                    f"stream {layout.stream_id} offset {fetched.header.base_offset} holds an "
-                    "opaque record, not Arrow data written with payload=arrow; read it with "
-                    "payload=records")
-            data = body_to_arrow(body)
-            kind = payload_kind(data.schema)
-            if kind is not None and kind != PAYLOAD_ARROW:
-                raise ValueError(
-                    f"stream {layout.stream_id} offset {fetched.header.base_offset} holds "
-                    f"payload={kind.decode()} data; read it with payload={kind.decode()}")
-            return data.schema.remove_metadata()
-        raise ValueError(
-            f"cannot infer the payload=arrow schema: streams {','.join(map(str, options.streams))}"
-            " hold no records yet; give the schema with .schema(...)")
-
     def reader(self, schema: StructType) -> DataSourceReader:
         table = tables.definition_of(schema)
         options = parse_read_options(tables.read_options(self.options, table))
-        data_columns = self.arrow_data_columns or (table and table.data_columns)
+        data_columns = self.arrow_data_columns or (
+            table.data_columns if table is not None else None)
         if options.payload == "records":
             check_records_read_schema(schema)
             metadata = frozenset(METADATA_TYPES)
@@ -137,6 +110,8 @@ class SbpDataSource(DataSource):
             log.warning("sbp write: created stream %d (replicas=%d, retentionMs=%d)",
                         stream, options.replicas, options.retention_ms)
         encoder = RowEncoder.for_schema(schema, options.payload, stream)
+        if options.schema_compatibility == "backward" and stream is not None and not created:
+            check_backward(client, stream, options.client.pd, to_arrow(schema))
         return SbpBatchWriter(options, encoder, stream, created)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

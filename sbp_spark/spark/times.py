@@ -16,6 +16,7 @@ filter to every row.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -26,6 +27,8 @@ from .cluster import layout_ranges
 from .filters import UNBOUNDED, Interval, PushedFilters
 from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, TimeSpec
 from .planning import StreamLayout, resolve_bounds
+
+log = logging.getLogger(__name__)
 
 
 def _search(client: SbpClient, layout: StreamLayout) -> TimeSearch:
@@ -46,19 +49,19 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
                            options: ReadOptions) -> ReadOptions:
     """``options`` with the streams positioned by time positioned by the offsets the times
     fall at (unchanged when no time option is set)."""
-    if options.starting_time is None and options.ending_time is None:
+    starting_time, ending_time = options.starting_time, options.ending_time
+    if starting_time is None and ending_time is None:
         return options
     starting = dict(options.starting.per_stream)
     ending = dict(options.ending.per_stream)
     for layout in layouts:
         sid, first, last = layout.stream_id, layout.start_offset, layout.end_offset
         search = _search(client, layout)
-        start_ms = options.starting_time.for_stream(sid) if options.starting_time else None
-        if start_ms is not None:
+        if starting_time is not None and (start_ms := starting_time.for_stream(sid)) is not None:
             found = search.first_at_or_after(start_ms, first, last).offset
             if found is None:
                 if options.time_strategy != "latest":
-                    name = _option_name(options.starting_time, "startingTimestamp",
+                    name = _option_name(starting_time, "startingTimestamp",
                                         "startingOffsetsByTimestamp")
                     raise OptionError(
                         f"option '{name}': stream {sid} holds no record at or after "
@@ -66,8 +69,7 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
                         "startingOffsetsByTimestampStrategy=latest to start it at its end")
                 found = last
             starting[sid] = found
-        end_ms = options.ending_time.for_stream(sid) if options.ending_time else None
-        if end_ms is not None:
+        if ending_time is not None and (end_ms := ending_time.for_stream(sid)) is not None:
             begin = starting.get(sid, options.starting.default)
             begin = first if begin == EARLIEST else last if begin == LATEST else begin
             found = search.first_at_or_after(end_ms, max(first, begin), last).offset
@@ -93,16 +95,29 @@ def timestamp_bounds(client: SbpClient, layouts: Sequence[StreamLayout], options
             bounds[layout.stream_id] = (lo, lo)
             continue
         search = _search(client, layout)
+        narrowed = (lo, hi)
+        disorder = 0
         if low_us != UNBOUNDED[0]:
             # Every record before the first one at or after (low - margin) is before low.
-            found = search.first_at_or_after(low_us // 1000 - margin, lo, hi).offset
-            lo = hi if found is None else found
+            result = search.first_at_or_after(low_us // 1000 - margin, lo, hi, anchor=True)
+            disorder = max(disorder, result.disorder_ms)
+            narrowed = (hi if result.offset is None else result.offset, hi)
         if high_us != UNBOUNDED[1]:
             # From the first record at or after (high + margin) on, every record is at or
             # after high.
-            found = search.first_at_or_after(-(-high_us // 1000) + margin, lo, hi).offset
-            hi = hi if found is None else found
-        bounds[layout.stream_id] = (lo, hi)
+            result = search.first_at_or_after(-(-high_us // 1000) + margin, narrowed[0], hi,
+                                              anchor=True)
+            disorder = max(disorder, result.disorder_ms)
+            narrowed = (narrowed[0], hi if result.offset is None else result.offset)
+        if disorder > margin:
+            # The probes themselves met records further out of order than the margin allows:
+            # narrowing could drop rows the filter keeps. Read the whole span instead.
+            log.warning("sbp: stream %d holds records %d ms behind ones stored before them, "
+                        "more than maxOutOfOrderness (%d ms): its timestamp filters are applied "
+                        "to every record instead of narrowing what is fetched",
+                        layout.stream_id, disorder, margin)
+            narrowed = (lo, hi)
+        bounds[layout.stream_id] = narrowed
     return bounds
 
 

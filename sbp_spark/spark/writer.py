@@ -21,6 +21,7 @@ from sbp_spark.client import Appended, ResendCheck, SbpClient, StreamWriter
 
 from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
+from .evolution import check_backward
 from .options import WriteOptions
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,11 @@ class SbpBatchWriter(DataSourceArrowWriter):
                 for stream_id, body in self.encoder.bodies(batch, self.stream):
                     sink = sinks.get(stream_id)
                     if sink is None:
+                        if self.stream is None and self.options.schema_compatibility != "none":
+                            # Rows route themselves: the target is known only now, before
+                            # anything is appended to it.
+                            check_backward(client, stream_id, self.options.client.pd,
+                                           body.schema)
                         sink = self._open_sink(client, stream_id, appends)
                         sinks[stream_id] = sink
                     sink.add(body)

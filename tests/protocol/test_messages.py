@@ -638,6 +638,17 @@ def test_system_error_frames():
     assert decode_response(frame) == SystemError(status)
 
 
+def test_decode_response_checks_the_table_the_caller_expects():
+    frame = _one_frame(response_frame(3, FetchResponse(), b"xy"))
+    assert decode_response(frame, FetchResponse) == FetchResponse()
+    with pytest.raises(HeaderError, match="is a FetchResponse, not the AppendResponse expected"):
+        decode_response(frame, AppendResponse)
+    failed = _one_frame(system_error_frame(
+        9, Opcode.APPEND, Status(ErrorCode.INVALID_REQUEST, "header does not parse")))
+    with pytest.raises(HeaderError, match="is a SystemError, not the AppendResponse expected"):
+        decode_response(failed, AppendResponse)
+
+
 def test_decode_rejects_wrong_direction_and_unknown_opcodes():
     request = _one_frame(request_frame(1, PingRequest()))
     response = _one_frame(response_frame(1, PingResponse()))

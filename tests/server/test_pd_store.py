@@ -16,14 +16,22 @@ from sbp_spark.protocol.errors import (
     StreamAlreadyExistsError,
     StreamNotFoundError,
 )
+from sbp_spark.server.etcd_client import EtcdClient
+from sbp_spark.server.pd_etcd import EtcdStore
 from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID, PdStore, ReplicaMeta
 from sbp_spark.server.placement import Liveness, choose_servers
 
 
-@pytest.fixture
-def store(tmp_path):
-    with PdStore(tmp_path / "pd.sqlite", fsync=False) as s:
-        yield s
+@pytest.fixture(params=["sqlite", "etcd"])
+def store(request, tmp_path):
+    """Each store the PD can run on, through the same tests."""
+    if request.param == "sqlite":
+        with PdStore(tmp_path / "pd.sqlite", fsync=False) as s:
+            yield s
+        return
+    client = EtcdClient(request.getfixturevalue("etcd_endpoints"))
+    yield EtcdStore(client, request.getfixturevalue("etcd_prefix"))
+    client.close()
 
 
 def test_create_stream_opens_range_zero_with_primary_first(store):

@@ -11,6 +11,7 @@ from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     DecimalType,
+    DoubleType,
     IntegerType,
     LongType,
     MapType,
@@ -192,12 +193,20 @@ def test_arrow_payload_mismatch_names_offset_and_difference():
     body = pa.record_batch({"a": pa.array([1, 2], pa.int64())})
     from sbp_spark.protocol.records import PAYLOAD_ARROW, with_payload_kind
     encoded = [encode_batches(with_payload_kind(body, PAYLOAD_ARROW), "none", 1)[0].buffers]
+    # a column the batch lacks: nulls when nullable, an error naming it when not
     schema = StructType([StructField("a", LongType()), StructField("b", StringType())])
-    decoder = PartitionDecoder(schema, "arrow", 4, 0, 0, 2)
-    with pytest.raises(SchemaMismatchError, match="stream 4 offset 0.*column 'b' is missing"):
-        decode_all(decoder, stored(encoded))
+    [out] = decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 2), stored(encoded))
+    assert out.to_pydict() == {"a": [1, 2], "b": [None, None]}
+    schema = StructType([StructField("a", LongType()),
+                         StructField("b", StringType(), nullable=False)])
+    with pytest.raises(SchemaMismatchError, match="stream 4 offset 0: .*column 'b' is missing "
+                                                  "from the stored batch and the read schema "
+                                                  "says it cannot be null"):
+        decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 2), stored(encoded))
     schema = StructType([StructField("a", MapType(StringType(), StringType()))])
-    with pytest.raises(SchemaMismatchError, match="column 'a' is int64 in the data but map"):
+    with pytest.raises(SchemaMismatchError, match="column 'a' is int64 in the stored batch but "
+                                                  "map<string, string> in the read schema: "
+                                                  "unrelated types"):
         decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 2), stored(encoded))
     # records data read as arrow, and the other way round
     rec = [encode_batches(make_records_batch(pa.array([b"v"])), "none", 1)[0].buffers]
@@ -206,6 +215,38 @@ def test_arrow_payload_mismatch_names_offset_and_difference():
         decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 1), stored(rec))
     with pytest.raises(SchemaMismatchError, match="payload=arrow.*read it with payload=arrow"):
         decode_all(PartitionDecoder(records_schema(), "records", 4, 0, 0, 2), stored(encoded))
+
+
+def arrow_stored(*bodies):
+    """payload=arrow record batches of ``bodies``, stored one after another from offset 0."""
+    from sbp_spark.protocol.records import PAYLOAD_ARROW, with_payload_kind
+    return stored([encode_batches(with_payload_kind(b, PAYLOAD_ARROW), "none", 1)[0].buffers
+                   for b in bodies])
+
+
+def test_evolved_batches_resolve_and_those_that_cannot_are_skipped_and_counted():
+    from sbp_spark.spark.decode import SkipTally
+    old = pa.record_batch({"id": pa.array([1, 2], pa.int32()), "gone": pa.array(["x", "y"])})
+    new = pa.record_batch({"id": pa.array([3, None], pa.int64()),
+                           "score": pa.array([0.5, 1.5], pa.float64())})
+    bad = pa.record_batch({"id": pa.array(["4"])})
+    schema = StructType([StructField("id", LongType()), StructField("score", DoubleType())])
+    batches = arrow_stored(old, new, bad, old)
+    with pytest.raises(SchemaMismatchError, match=r"stream 4 offset 4: the stored batch does "
+                                                  r"not fit the read schema: column 'id' is "
+                                                  r"string in the stored batch but int64"):
+        decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 7), batches)
+    tally = SkipTally()
+    out = decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 7, skipped=tally), batches)
+    rows = pa.Table.from_batches(out).to_pydict()
+    assert rows == {"id": [1, 2, 3, None, 1, 2], "score": [None, None, 0.5, 1.5, None, None]}
+    assert (tally.batches, tally.records) == (1, 1)
+    assert tally.first_problem.startswith("stream 4 offset 4: ")
+    # a read column that may not be null refuses a batch that holds nulls in it
+    strict = StructType([StructField("id", LongType(), nullable=False)])
+    with pytest.raises(SchemaMismatchError, match="stream 4 offset 2: column 'id' holds 1 "
+                                                  "nulls but the read schema says it cannot"):
+        decode_all(PartitionDecoder(strict, "arrow", 4, 0, 0, 4), batches[:2])
 
 
 def test_row_predicates_on_timestamp_and_offset():
@@ -231,6 +272,10 @@ def test_writer_routing_by_stream_id_and_schema_checks():
                                              "value": pa.array([b"a", b"b"])}), None))
     with pytest.raises(ValueError, match="needs a target stream"):
         RowEncoder.for_schema(StructType(fields[1:]), "records", None)
+    # an encoder made for one stream, asked for bodies without it
+    fixed = RowEncoder.for_schema(StructType(fields[1:]), "records", 5)
+    with pytest.raises(ValueError, match="needs a target stream"):
+        list(fixed.bodies(batch.drop_columns(["stream_id"]), None))
     with pytest.raises(ValueError, match="a 'value' column .* is required"):
         RowEncoder.for_schema(StructType(fields[:1]), "records", None)
     with pytest.raises(ValueError, match="column 'key' is int"):

@@ -168,7 +168,8 @@ def test_every_option_is_documented_and_parsed():
             "idempotent", "tls.enabled", "tls.caFile", "tls.certFile", "tls.keyFile",
             "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
-            "maxOutOfOrderness"} == names
+            "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
+            "skipIncompatibleBatches"} == names
     for name in names:
         assert f"| {name} |" in table
 
@@ -225,3 +226,28 @@ def test_streaming_reads_have_no_end_time():
     for name, value in (("endingTimestamp", "5"), ("endingOffsetsByTimestamp", '{"1": 5}')):
         with pytest.raises(OptionError, match=f"'{name}' is for batch reads"):
             parse_stream_read_options({**PD, "streams": "1", name: value})
+
+
+def test_schema_evolution_options_need_payload_arrow():
+    arrow = {**PD, "streams": "4", "payload": "arrow"}
+    assert parse_read_options(arrow).merge_schema is False
+    assert parse_read_options({**arrow, "MERGESCHEMA": "true"}).merge_schema is True
+    stream = parse_stream_read_options({**arrow, "skipIncompatibleBatches": "true"})
+    assert stream.skip_incompatible_batches is True and stream.read.merge_schema is False
+    write = parse_write_options({**PD, "stream": "1", "payload": "arrow",
+                                 "schemaCompatibility": "Backward"})
+    assert write.schema_compatibility == "backward"
+    assert parse_write_options({**PD, "stream": "1"}).schema_compatibility == "none"
+    with pytest.raises(OptionError, match="'mergeSchema' = 'true' needs payload=arrow"):
+        parse_read_options({**PD, "streams": "4", "mergeSchema": "true"})
+    with pytest.raises(OptionError, match="'skipIncompatibleBatches' = 'true' needs "
+                                          "payload=arrow"):
+        parse_stream_read_options({**PD, "streams": "4", "skipIncompatibleBatches": "true"})
+    with pytest.raises(OptionError, match="'schemaCompatibility' = 'backward' needs "
+                                          "payload=arrow"):
+        parse_write_options({**PD, "stream": "1", "schemaCompatibility": "backward"})
+    with pytest.raises(OptionError, match="'schemaCompatibility' = 'forward' is not valid: "
+                                          "expected one of none, backward"):
+        parse_write_options({**PD, "stream": "1", "schemaCompatibility": "forward"})
+    with pytest.raises(OptionError, match="'mergeSchema' = 'yes' is not valid"):
+        parse_write_options({**PD, "stream": "1", "mergeSchema": "yes"})

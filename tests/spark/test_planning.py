@@ -121,6 +121,16 @@ def test_filter_split_and_intervals():
     assert split_filters([EqualTo(("offset",), 1)], ["value"]) == ([], [EqualTo(("offset",), 1)])
 
 
+def test_a_predicate_holds_a_tuple_for_in_alone():
+    with pytest.raises(ValueError, match="IN takes a tuple"):
+        Predicate("offset", "in", 3)
+    with pytest.raises(ValueError, match="IN takes a tuple"):
+        Predicate("offset", "<", (3,))
+    with pytest.raises(ValueError, match="operator '!=' is not one of"):
+        Predicate("offset", "!=", 3)
+    assert Predicate("offset", "in", (1, 3)).describe() == "offset IN (1, 3)"
+
+
 def test_stream_and_offset_filters_choose_streams_and_pieces():
     other = StreamLayout(8, 0, (RangeLayout(0, 0, 50, B, is_open=True),))
     options = parse_read_options({"pd": "h:1", "streams": "7,8"})

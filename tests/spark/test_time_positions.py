@@ -144,3 +144,17 @@ def test_timestamp_pushdown_in_spark_is_exact_and_shown(spark, plain_spark, pd, 
     spans = planned(pd, sid, [GreaterThanOrEqual(("timestamp",), low),
                               LessThanOrEqual(("timestamp",), high)], **opts)
     assert spans == [(10, 80), (80, 131)]
+
+
+def test_a_backfill_older_than_the_margin_stops_the_narrowing(pd, sbp_client):
+    # Live records, then a backfill of records an hour older: a search that only looked at the
+    # backfill would place 'timestamp >= X' past every live record and drop those that match.
+    sid = new_stream(sbp_client)
+    for first in range(0, 40, 10):
+        append_timed(sbp_client, sid, [T0 + 1000 * o for o in range(first, first + 10)])
+    for first in range(0, 80, 10):
+        append_timed(sbp_client, sid, [T0 - 3_600_000 + o for o in range(first, first + 10)])
+    newest = [GreaterThanOrEqual(("timestamp",), at(T0 + 35_000))]
+    assert planned(pd, sid, newest) == [(0, 120)]  # the whole span: nothing dropped
+    # Told the data can be that far out of order, the margin covers it just the same.
+    assert planned(pd, sid, newest, maxOutOfOrderness="2h") == [(0, 120)]

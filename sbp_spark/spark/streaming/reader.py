@@ -26,9 +26,8 @@ just more ranges), split by ``maxRecordsPerPartition``/``minPartitions`` as in b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import closing
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
@@ -38,13 +37,14 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from sbp_spark.client import FetchedBatch, SbpClient
+from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
 
 from .. import cluster
+from ..decode import SkipTally
 from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_stream_read_options
 from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
-from ..reader import read_partition
+from ..reader import ReadFailedError, read_partition
 from ..schemas import check_records_read_schema
 from ..times import resolve_time_positions
 from .limits import TriggerDelay, TriggerLimits, admit
@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # Long polls of one latestOffset call run on at most this many range servers at once.
 MAX_POLL_THREADS = 8
+
+# One stream's entry in the lag report: counts, and the rewritten history it went on from.
+StreamReport = dict[str, int | dict[str, int]]
 
 
 class DataLossError(RuntimeError):
@@ -103,7 +106,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of an availableNow run: what the streams hold now."""
         layouts = self._layouts(self.options.read.streams)
-        self.state.target = {sid: lay.end_offset for sid, lay in layouts.items() if lay}
+        self.state.target = _end_offsets(layouts, layouts)
         log.info("sbp availableNow: reading up to %s", self.state.target)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -112,14 +115,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin_given, ranges_given = parse_spark(start, "start offset")
         layouts = self._layouts(self.options.read.streams)
         begin, entering = self._effective_starts(begin_given, ranges_given, layouts)
-        latest = {sid: layouts[sid].end_offset for sid in begin}  # type: ignore[union-attr]
+        latest = _end_offsets(layouts, begin)  # every stream in begin exists
         if state.target is None and not entering and all(
                 latest[sid] <= begin[sid] for sid in begin):
             woken = self._long_poll({sid: layouts[sid] for sid in begin})
             if woken:
                 layouts.update(self._layouts(woken))
-                latest.update({sid: layouts[sid].end_offset for sid in woken
-                               if layouts[sid] is not None})
+                latest.update(_end_offsets(layouts, woken))
         cap = dict(latest)
         if state.target is not None:
             cap = {sid: max(begin[sid], min(latest[sid], state.target.get(sid, begin[sid])))
@@ -133,7 +135,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.debug("sbp: %d records wait, fewer than minRecordsPerTrigger=%d; next "
                       "micro-batch at the latest in %.0f ms", backlog, limits.min_records,
                       state.delay.remaining_ms(limits.max_trigger_delay_ms))
-            self._update_report(layouts, latest, begin, admitted=False)
+            self._update_report(layouts, latest, begin, False, self._no_skips())
             # Held back: wait at the tails for more records rather than let Spark ask again
             # every few milliseconds.
             self._long_poll({sid: layouts[sid] for sid in begin},
@@ -143,12 +145,16 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                  if limits.max_bytes is not None else None)
         end = admit(begin, cap, limits, sizes)
         end.update(entering)
-        self._update_report(layouts, latest, end, admitted=end != dict(begin_given))
+        admitted = end != dict(begin_given)
+        skipped = self._count_skipped(layouts, begin, end) if admitted else self._no_skips()
+        self._update_report(layouts, latest, end, admitted, skipped)
         return to_spark(end, _ranges_before(layouts, end))
 
     def reportLatestOffset(self) -> dict | None:
         """Per stream: the true latest offset, records behind it and ms behind the newest
-        record, as of the last ``latestOffset`` (shown by Spark as ``latestOffset``)."""
+        record, as of the last ``latestOffset`` (shown by Spark as ``latestOffset``); with
+        skipIncompatibleBatches, also the stored batches (and records) the planned
+        micro-batch skips."""
         return self.state.report
 
     # -- planning and reading --------------------------------------------------------------
@@ -165,9 +171,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                  if hi > begin.get(sid, hi)}
         if not spans:
             return []
-        planned: list[StreamLayout] = []
-        lows: list[tuple[int, int]] = []
-        highs: list[tuple[int, int]] = []
+        planned: dict[int, tuple[StreamLayout, int, int]] = {}
         for sid, (lo, hi) in sorted(spans.items()):
             layout = layouts[sid]
             if layout is None:
@@ -176,21 +180,36 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if layout.start_offset > lo:
                 self._trimmed(sid, lo, layout.start_offset)
                 lo = min(layout.start_offset, hi)
-            if lo >= hi:
-                continue
-            planned.append(layout)
-            lows.append((sid, lo))
-            highs.append((sid, hi))
-        read = replace(self.options.read, starting=OffsetSpec(EARLIEST, tuple(lows)),
-                       ending=OffsetSpec(LATEST, tuple(highs)))
-        parts = plan_partitions(planned, read)
+            if lo < hi:
+                planned[sid] = (layout, lo, hi)
+        parts = self._plan(planned)
         log.info("sbp micro-batch %s -> %s: %d partitions, %d records", to_spark(begin),
                  to_spark(finish), len(parts), sum(p.record_count for p in parts))
         return parts
 
+    def _plan(self, spans: Mapping[int, tuple[StreamLayout, int, int]]) -> list[SbpPartition]:
+        """The partitions reading offsets [lo, hi) of each stream (``spans``: stream id ->
+        (layout, lo, hi)), in stream order."""
+        ordered = sorted(spans.items())
+        read = replace(self.options.read,
+                       starting=OffsetSpec(EARLIEST, tuple((s, lo) for s, (_, lo, _) in ordered)),
+                       ending=OffsetSpec(LATEST, tuple((s, hi) for s, (_, _, hi) in ordered)))
+        return plan_partitions([layout for _, (layout, _, _) in ordered], read)
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SbpPartition), type(partition)
-        return read_partition(self.options.read, self.schema, partition)
+        if not self.options.skip_incompatible_batches:
+            return read_partition(self.options.read, self.schema, partition)
+        return self._read_skipping(partition)
+
+    def _read_skipping(self, partition: SbpPartition) -> Iterator[pa.RecordBatch]:
+        skipped = SkipTally()
+        yield from read_partition(self.options.read, self.schema, partition, skipped)
+        if skipped.batches:
+            log.warning("sbp %s: skipped %d stored batches (%d records) that do not fit the "
+                        "read schema (skipIncompatibleBatches=true); the first: %s",
+                        partition.describe(), skipped.batches, skipped.records,
+                        skipped.first_problem)
 
     def commit(self, end: dict) -> None:
         log.debug("sbp stream read committed through %s", end)
@@ -264,7 +283,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise DataLossError(
                 f"history rewritten in {message}. Set failOnDataLoss=false to go on from "
                 f"offset {rng.end_offset}, reading the records that stand there now.")
-        self.state.rewound[sid] = {"range": range_index, "sealedAt": rng.end_offset,
+        self.state.rewound[sid] = {"range": rng.range_index, "sealedAt": rng.end_offset,
                                    "hadReadTo": position}
         self.state.warn_once(("rewound", sid, range_index, position), logging.WARNING,
                              "sbp data loss (failOnDataLoss=false): %s; going on from offset "
@@ -341,18 +360,63 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if cached is not None and cached[0] == lo:
                 sizes[sid] = cached[1]
                 continue
-            batch = _batch_at(self.client, layout, lo)
+            batch = cluster.batch_at(self.client, layout, lo)
             if batch is not None:
                 sizes[sid] = Fraction(batch.header.batch_length, batch.header.record_count)
                 self.state.sizes[sid] = (lo, sizes[sid])
         return sizes
 
+    def _no_skips(self) -> dict[int, SkipTally] | None:
+        """What an empty micro-batch skips: nothing (None: skipping is off)."""
+        return {} if self.options.skip_incompatible_batches else None
+
+    def _count_skipped(self, layouts: Mapping[int, StreamLayout | None],
+                       begin: Mapping[int, int], end: Mapping[int, int]
+                       ) -> dict[int, SkipTally] | None:
+        """Per stream, the stored batches of the micro-batch ``begin`` -> ``end`` that do not
+        fit the read schema (what its tasks will skip), found by reading the micro-batch here
+        with the tasks' own code: pyspark offers a Python source no channel from its tasks to
+        the query's progress. None when skipping is off or the count failed (it is only
+        reported)."""
+        if not self.options.skip_incompatible_batches:
+            return None
+        spans: dict[int, tuple[StreamLayout, int, int]] = {}
+        for sid, lo in begin.items():
+            layout = layouts.get(sid)
+            if layout is not None and end.get(sid, lo) > lo:
+                spans[sid] = (layout, lo, end[sid])
+        key = tuple(sorted((sid, lo, hi) for sid, (_, lo, hi) in spans.items()))
+        state = self.state
+        if state.skipped is not None and state.skipped[0] == key:
+            return state.skipped[1]
+        tallies = {sid: SkipTally() for sid in spans}
+        try:
+            for part in self._plan(spans):
+                for _ in read_partition(self.options.read, self.schema, part,
+                                        tallies[part.stream_id]):
+                    pass
+        except (SbpError, ReadFailedError) as exc:
+            log.warning("sbp: could not count the stored batches micro-batch %s -> %s skips "
+                        "(skipIncompatibleBatches=true): %s", to_spark(begin), to_spark(end),
+                        exc)
+            return None
+        for sid, tally in sorted(tallies.items()):
+            if tally.batches:
+                log.warning("sbp stream %d: micro-batch %s -> %s skips %d stored batches (%d "
+                            "records) that do not fit the read schema "
+                            "(skipIncompatibleBatches=true); the first: %s", sid,
+                            to_spark(begin), to_spark(end), tally.batches, tally.records,
+                            tally.first_problem)
+        state.skipped = (key, tallies)
+        return tallies
+
     def _update_report(self, layouts: Mapping[int, StreamLayout | None],
                        latest: Mapping[int, int], end: Mapping[int, int],
-                       admitted: bool) -> None:
-        """Lag per stream after this micro-batch; kept for reportLatestOffset and logged
-        (at INFO when a micro-batch was admitted, else DEBUG)."""
-        report: dict[str, dict[str, int]] = {}
+                       admitted: bool, skipped: Mapping[int, SkipTally] | None = None) -> None:
+        """Lag per stream after this micro-batch (and what it skips, when ``skipped`` is
+        given); kept for reportLatestOffset and logged (at INFO when a micro-batch was
+        admitted, else DEBUG)."""
+        report: dict[str, StreamReport] = {}
         for sid in sorted(end):
             layout = layouts.get(sid)
             if layout is None or sid not in latest:
@@ -363,6 +427,10 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 "msBehindLatest": ms}
             if sid in self.state.rewound:
                 report[str(sid)]["historyRewritten"] = self.state.rewound[sid]
+            if skipped is not None:
+                tally = skipped.get(sid, SkipTally())
+                report[str(sid)].update(incompatibleBatchesSkipped=tally.batches,
+                                        incompatibleRecordsSkipped=tally.records)
             log.log(logging.INFO if admitted else logging.DEBUG,
                     "sbp stream %d: micro-batch ends at offset %d; latest %d; %d records and "
                     "%d ms behind the newest record", sid, end[sid], latest[sid], behind, ms)
@@ -376,7 +444,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             key = (layout.stream_id, offset)
             if key not in state.stamps:
                 try:
-                    batch = _batch_at(self.client, layout, offset)
+                    batch = cluster.batch_at(self.client, layout, offset)
                 except SbpError as exc:
                     log.debug("sbp: no timestamp at stream %d offset %d: %s",
                               layout.stream_id, offset, exc)
@@ -394,11 +462,13 @@ class _DriverState:
     def __init__(self) -> None:
         self.target: dict[int, int] | None = None
         self.delay = TriggerDelay()
-        self.report: dict[str, dict[str, int]] | None = None
+        self.report: dict[str, StreamReport] | None = None
         self.sizes: dict[int, tuple[int, Fraction]] = {}
         self.stamps: dict[tuple[int, int], int] = {}
         # stream -> the last rewritten history the query went on from (failOnDataLoss=false)
         self.rewound: dict[int, dict[str, int]] = {}
+        # The last micro-batch span counted for skipIncompatibleBatches, and its counts.
+        self.skipped: tuple[tuple, dict[int, SkipTally]] | None = None
         self._warned: set[tuple] = set()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -436,16 +506,11 @@ def _poll_server(client: SbpClient, address: str, entries: list[tuple[int, Range
     return sorted({entries[index][0] for index in found})
 
 
-def _batch_at(client: SbpClient, layout: StreamLayout, offset: int) -> FetchedBatch | None:
-    """The stored batch holding ``offset`` of the stream (one small FETCH), or None."""
-    for rng in layout.ranges:
-        if rng.start_offset <= offset < rng.end_offset:
-            part = SbpPartition(layout.stream_id, rng.range_index, offset, offset + 1,
-                                rng.start_offset, rng.end_offset, rng.replicas, rng.is_open)
-            with closing(cluster.fetch(client, part, offset, 1, 0)) as batches:
-                for batch in batches:
-                    return batch
-    return None
+def _end_offsets(layouts: Mapping[int, StreamLayout | None], stream_ids: Iterable[int]
+                 ) -> dict[int, int]:
+    """The end offset of each of ``stream_ids`` whose stream exists (has a layout)."""
+    return {sid: layout.end_offset for sid in stream_ids
+            if (layout := layouts.get(sid)) is not None}
 
 
 def _ranges_before(layouts: Mapping[int, StreamLayout | None], offsets: Mapping[int, int]

@@ -31,7 +31,9 @@ from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
 
 from .. import cluster
 from ..encode import EncodedBatch, RowEncoder, encode_batches
+from ..evolution import check_backward
 from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
+from ..schemas import to_arrow
 from ..writer import SbpBatchWriter, SbpCommitMessage, _StreamSink, _TaskAppends, summarize
 from .idempotent import (
     DEFAULT_LOOKBACK_RECORDS,
@@ -63,10 +65,12 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
             "option 'createIfMissing' is for batch writes: a streaming query would create a new "
             "stream for every micro-batch; create the stream first (`sbp streams create`) and "
             "name it with option 'stream'")
+    encoder = RowEncoder.for_schema(schema, write.payload, write.stream)
     if write.stream is not None:
         client = cluster.get_client(write.client)
         cluster.check_streams_exist(client, [write.stream], write.client.pd)
-    encoder = RowEncoder.for_schema(schema, write.payload, write.stream)
+        if write.schema_compatibility == "backward":
+            check_backward(client, write.stream, write.client.pd, to_arrow(schema))
     return SbpStreamWriter(parsed, encoder, write.stream)
 
 

@@ -11,9 +11,11 @@ import pyarrow as pa
 
 from sbp_spark.protocol.records import (
     ENVELOPE_SIZE,
+    PAYLOAD_ARROW,
     body_to_arrow,
     encode_arrow_batch,
     make_records_batch,
+    with_payload_kind,
 )
 
 T = TypeVar("T")
@@ -27,6 +29,12 @@ def append_values(client, stream_id: int, values: list[str], timestamp_ms: int |
     """Append ``values`` as one payload=records batch."""
     batch = make_records_batch(pa.array([v.encode() for v in values], pa.binary()))
     return client.open_stream(stream_id).append([encode_arrow_batch(batch, timestamp_ms)])
+
+
+def append_arrow(client, stream_id: int, batch: pa.RecordBatch, timestamp_ms: int = 1_000):
+    """Append ``batch`` as one payload=arrow record batch."""
+    encoded = encode_arrow_batch(with_payload_kind(batch, PAYLOAD_ARROW), timestamp_ms)
+    return client.open_stream(stream_id).append([encoded])
 
 
 def stored_values(client, stream_id: int) -> list[str]:

@@ -1,0 +1,171 @@
+"""A local etcd cluster as child processes: for ``sbp server --pd-nodes``, tests and try-outs.
+
+``LocalEtcd(data_dir, members=3)`` starts ``members`` etcd processes that form one cluster,
+every client and peer URL on a free loopback port (or on ``host``), each member's data in
+``data_dir/etcd-<i>``. ``kill(i)`` is a SIGKILL of one member and ``start_member(i)`` brings it
+back on its data; ``stop()`` ends them all. The etcd binary is found on PATH (or in
+``$SBP_ETCD``); ``find_etcd`` says how to install it when it is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from .etcd_client import EtcdClient, EtcdError
+
+log = logging.getLogger(__name__)
+
+ETCD_ENV = "SBP_ETCD"
+INSTALL_HINT = ("install etcd (Debian/Ubuntu: sudo apt-get install -y etcd-server; "
+                "elsewhere the release archive from the etcd project), or point $SBP_ETCD at "
+                "the etcd binary")
+DEFAULT_START_TIMEOUT_S = 30.0
+
+
+class EtcdNotFoundError(RuntimeError):
+    """No etcd binary on this machine."""
+
+
+def find_etcd() -> str:
+    """The etcd server binary: ``$SBP_ETCD``, else ``etcd`` on PATH."""
+    configured = os.environ.get(ETCD_ENV)
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise EtcdNotFoundError(f"${ETCD_ENV}={configured} is not an executable file")
+        return configured
+    found = shutil.which("etcd")
+    if found is None:
+        raise EtcdNotFoundError(f"the etcd server binary was not found on PATH: {INSTALL_HINT}")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalEtcd:
+    """``members`` etcd processes forming one cluster on ``host``."""
+
+    def __init__(self, data_dir: str | Path, members: int = 1, host: str = "127.0.0.1",
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+        if members < 1:
+            raise ValueError(f"an etcd cluster needs at least one member, got {members}")
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.start_timeout_s = start_timeout_s
+        self.names = [f"etcd-{i}" for i in range(members)]
+        self._client_ports = [0] * members
+        self._peer_ports = [0] * members
+        self._procs: list[subprocess.Popen | None] = [None] * members
+        self._token = f"sbp-{uuid.uuid4().hex[:12]}"
+        self._binary = ""
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``host:port`` of every member's client URL."""
+        return [f"{self.host}:{p}" for p in self._client_ports]
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid if p is not None and p.poll() is None else None for p in self._procs]
+
+    def start(self) -> LocalEtcd:
+        """Start every member and wait until the cluster answers."""
+        self._binary = find_etcd()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._client_ports = [free_port(self.host) for _ in self.names]
+        self._peer_ports = [free_port(self.host) for _ in self.names]
+        try:
+            for i in range(len(self.names)):
+                self._launch(i, "new")
+            for i in range(len(self.names)):
+                self._wait_serving(i)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("etcd cluster of %d serving on %s", len(self.names), ",".join(self.endpoints))
+        return self
+
+    def _launch(self, i: int, state: str) -> None:
+        name = self.names[i]
+        peers = ",".join(f"{n}=http://{self.host}:{p}"
+                         for n, p in zip(self.names, self._peer_ports, strict=True))
+        client_url = f"http://{self.host}:{self._client_ports[i]}"
+        peer_url = f"http://{self.host}:{self._peer_ports[i]}"
+        args = [self._binary, "--name", name, "--data-dir", str(self.data_dir / name),
+                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", peers, "--initial-cluster-state", state,
+                "--initial-cluster-token", self._token]
+        with open(self.data_dir / f"{name}.log", "ab") as out:
+            self._procs[i] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL)
+
+    def _wait_serving(self, i: int) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        client = EtcdClient([self.endpoints[i]], timeout_s=1.0)
+        try:
+            while True:
+                proc = self._procs[i]
+                if proc is None or proc.poll() is not None:
+                    raise RuntimeError(f"etcd member {self.names[i]} exited; its log: "
+                                       f"{self.data_dir / (self.names[i] + '.log')}")
+                try:
+                    client.range(b"/")
+                    return
+                except EtcdError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"etcd member {self.names[i]} did not serve within "
+                            f"{self.start_timeout_s:g} s") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member ``i``."""
+        proc, self._procs[i] = self._procs[i], None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+    def start_member(self, i: int) -> None:
+        """Start member ``i`` again on its data (it rejoins the cluster)."""
+        running = self._procs[i]
+        if running is not None and running.poll() is None:
+            raise RuntimeError(f"etcd member {self.names[i]} is already running")
+        self._launch(i, "existing")
+        self._wait_serving(i)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every member (SIGKILL after ``timeout_s``) and wait for them."""
+        procs = [p for p in self._procs if p is not None]
+        self._procs = [None] * len(self.names)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout_s)
+
+    def __enter__(self) -> LocalEtcd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

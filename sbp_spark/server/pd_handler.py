@@ -1,0 +1,246 @@
+"""The PD's request handler: one method per opcode, decoding requests and encoding answers.
+
+``_PdHandler.routes`` is the PD's dispatch table (``net.Route``); each method turns a request
+into calls of the ``PlacementDriver``'s operations and their results (or failures) into the
+response. Batch opcodes answer one result per item, in request order; a bad item fails with its
+own status and never hides the others.
+
+In a PD cluster only the leader answers: a follower refuses every opcode but
+DESCRIBE_PD_CLUSTER with PD_NOT_LEADER (a SYSTEM_ERROR whose detail is the cluster, naming the
+leader), and answers DESCRIBE_PD_CLUSTER with the members only (the range servers are the
+leader's to report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sbp_spark.protocol import messages as m
+from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.errors import (
+    ErrorCode,
+    HeaderError,
+    InvalidRequestError,
+    PdNotLeaderError,
+    SbpError,
+    ServerError,
+)
+
+from .net import RequestContext, RequestHandler, Route, Runs
+from .pd_store import RangeMeta
+
+if TYPE_CHECKING:
+    from .pd import PlacementDriver
+
+# Names of the ReportMetricsRequest fields kept as a server's metrics.
+METRIC_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(m.ReportMetricsRequest) if f.name != "range_server")
+
+
+T = TypeVar("T")
+
+def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
+    """Run one item of a batch (``fn(*args)``): its value and OK, or None and the status of
+    its failure."""
+    try:
+        return fn(*args), m.OK
+    except PdNotLeaderError:
+        raise  # this node stopped leading: the whole request goes to the new leader
+    except ServerError as exc:
+        return None, m.Status.from_error(exc)
+    except SbpError as exc:  # not a status of ours: still this item's failure alone
+        return None, m.Status(int(ErrorCode.UNKNOWN), f"{type(exc).__name__}: {exc}")
+
+
+class _PdHandler(RequestHandler):
+    """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""
+
+    role = "placement driver"
+    # Requests that call range servers run on the worker pool and never stall a reader.
+    routes = {
+        Opcode.HEARTBEAT: Route(m.HeartbeatRequest, "_heartbeat"),
+        Opcode.ALLOCATE_ID: Route(m.AllocateIdRequest, "_allocate_id"),
+        Opcode.LIST_RANGES: Route(m.ListRangesRequest, "_list_ranges"),
+        Opcode.SEAL_RANGES: Route(m.SealRangesRequest, "_seal_ranges", Runs.POOL),
+        Opcode.CREATE_RANGE: Route(m.CreateRangeRequest, "_create_range", Runs.POOL),
+        Opcode.DESCRIBE_RANGES: Route(m.DescribeRangesRequest, "_describe_ranges"),
+        Opcode.CREATE_STREAMS: Route(m.CreateStreamsRequest, "_create_streams", Runs.POOL),
+        Opcode.DELETE_STREAMS: Route(m.DeleteStreamsRequest, "_delete_streams", Runs.POOL),
+        Opcode.UPDATE_STREAMS: Route(m.UpdateStreamsRequest, "_update_streams"),
+        Opcode.DESCRIBE_STREAMS: Route(m.DescribeStreamsRequest, "_describe_streams"),
+        Opcode.TRIM_STREAMS: Route(m.TrimStreamsRequest, "_trim_streams", Runs.POOL),
+        Opcode.REPORT_METRICS: Route(m.ReportMetricsRequest, "_report_metrics"),
+        Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
+    }
+
+    def __init__(self, pd: PlacementDriver) -> None:
+        self.pd = pd
+
+    def handle(self, ctx: RequestContext) -> None:
+        request_cls, serve = self.route(ctx)
+        if ctx.opcode != Opcode.DESCRIBE_PD_CLUSTER and not self.pd.is_leader():
+            raise self.pd.not_leader()
+        try:
+            request = request_cls.from_flatbuffers(ctx.header)
+        except HeaderError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        ctx.reply(serve(request))
+
+    @staticmethod
+    def _timeout_s(request: Any) -> float | None:
+        ms = getattr(request, "timeout_ms", 0)
+        return ms / 1000.0 if ms > 0 else None
+
+    # -- one method per opcode --------------------------------------------------------------
+
+    def _heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+        status = m.OK
+        if req.client_role == m.ClientRole.RANGE_SERVER:
+            if req.range_server is None:
+                status = m.Status(int(InvalidRequestError.code),
+                                  "a RANGE_SERVER heartbeat must carry range_server "
+                                  "(client_role RANGE_SERVER = 0 is the default: an SDK "
+                                  "client sends CLIENT = 1)")
+            else:
+                _, status = _ok_or_error(self.pd.heartbeat, req.range_server.server_id,
+                                         req.range_server.advertise_addr)
+        return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
+                                   range_server=req.range_server, status=status)
+
+    def _allocate_id(self, req: m.AllocateIdRequest) -> m.AllocateIdResponse:
+        return m.AllocateIdResponse(id=self.pd.allocate_id(req.host))
+
+    def _list_ranges(self, req: m.ListRangesRequest) -> m.ListRangesResponse:
+        results = []
+        for owner in req.range_owners:
+            if owner.range_server is not None:
+                found, status = _ok_or_error(self.pd.ranges_on_server, owner.range_server)
+                server = owner.range_server
+                ranges: list[RangeMeta] = []
+                if found is not None:
+                    sid, ranges = found
+                    server = m.RangeServer(sid, self.pd.address_of(sid))
+                results.append(m.ListRangesResult(
+                    status=status, ranges=[self.pd.range_msg(r) for r in ranges],
+                    range_server=server))
+            else:
+                listed, status = _ok_or_error(self.pd.list_ranges, owner.stream_id)
+                results.append(m.ListRangesResult(
+                    stream_id=owner.stream_id, status=status,
+                    ranges=[self.pd.range_msg(r) for r in listed or ()]))
+        return m.ListRangesResponse(list_responses=results)
+
+    def _range_items(self, ids: Sequence[m.RangeId],
+                     op: Callable[[int, int], RangeMeta]) -> list[tuple[int, m.Status,
+                                                                       m.Range | None]]:
+        out = []
+        for rid in ids:
+            rng, status = _ok_or_error(op, rid.stream_id, rid.range_index)
+            out.append((rid.stream_id, status, None if rng is None else self.pd.range_msg(rng)))
+        return out
+
+    def _seal_ranges(self, req: m.SealRangesRequest) -> m.SealRangesResponse:
+        timeout = self._timeout_s(req)
+        items = self._range_items(req.ranges,
+                                  lambda s, i: self.pd.seal_range(s, i, timeout))
+        return m.SealRangesResponse(seal_responses=[
+            m.SealRangesResult(stream_id=s, status=st, range=r) for s, st, r in items])
+
+    def _create_range(self, req: m.CreateRangeRequest) -> m.CreateRangeResponse:
+        timeout = self._timeout_s(req)
+        items = self._range_items(req.ranges,
+                                  lambda s, i: self.pd.create_range(s, i, timeout))
+        return m.CreateRangeResponse(create_responses=[
+            m.CreateRangeResult(stream_id=s, status=st, range=r) for s, st, r in items])
+
+    def _describe_ranges(self, req: m.DescribeRangesRequest) -> m.DescribeRangesResponse:
+        # The PD's record, not the primary's live state: clients ask this when servers fail,
+        # and must not wait for a dead primary here. So an open range's next_offset is a
+        # snapshot, and the answer says so.
+        items = self._range_items(req.ranges, self.pd.describe_range)
+        return m.DescribeRangesResponse(describe_responses=[
+            m.DescribeRangesResult(stream_id=s, status=st, range=r,
+                                   next_offset_snapshot=r is not None and r.is_open)
+            for s, st, r in items])
+
+    def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
+        results = []
+        for item in req.streams:
+            created, status = _ok_or_error(self.pd.create_stream, item.replica_nums,
+                                           item.retention_period_ms, item.stream_id)
+            stream = self.pd.stream_msg(created[0]) if created else m.Stream(
+                stream_id=item.stream_id, replica_nums=item.replica_nums,
+                retention_period_ms=item.retention_period_ms)
+            results.append(m.CreateStreamsResult(stream=stream, status=status))
+        return m.CreateStreamsResponse(create_responses=results)
+
+    def _delete_streams(self, req: m.DeleteStreamsRequest) -> m.DeleteStreamsResponse:
+        results = []
+        for item in req.streams:
+            deleted, status = _ok_or_error(self.pd.delete_stream, item.stream_id)
+            stream = self.pd.stream_msg(deleted) if deleted else m.Stream(
+                stream_id=item.stream_id)
+            results.append(m.DeleteStreamsResult(deleted_stream=stream, status=status))
+        return m.DeleteStreamsResponse(delete_responses=results)
+
+    def _update_streams(self, req: m.UpdateStreamsRequest) -> m.UpdateStreamsResponse:
+        results = []
+        for item in req.streams:
+            updated, status = _ok_or_error(self.pd.update_stream, item.stream_id,
+                                           item.replica_nums, item.retention_period_ms)
+            stream = self.pd.stream_msg(updated) if updated else m.Stream(
+                stream_id=item.stream_id)
+            results.append(m.UpdateStreamsResult(updated_stream=stream, status=status))
+        return m.UpdateStreamsResponse(update_responses=results)
+
+    def _describe_streams(self, req: m.DescribeStreamsRequest) -> m.DescribeStreamsResponse:
+        if not req.stream_ids:
+            # Ours: a request naming no stream asks for every stream that is not deleted
+            # (`sbp streams list`); the seed leaves an empty list undefined.
+            return m.DescribeStreamsResponse(describe_responses=[
+                m.DescribeStreamsResult(stream=self.pd.stream_msg(s), status=m.OK)
+                for s in self.pd.list_streams()])
+        results = []
+        for stream_id in req.stream_ids:
+            found, status = _ok_or_error(self.pd.describe_stream, stream_id)
+            stream = self.pd.stream_msg(found) if found else m.Stream(stream_id=stream_id)
+            results.append(m.DescribeStreamsResult(stream=stream, status=status))
+        return m.DescribeStreamsResponse(describe_responses=results)
+
+    def _trim_streams(self, req: m.TrimStreamsRequest) -> m.TrimStreamsResponse:
+        timeout = self._timeout_s(req)
+        results = []
+        for item in req.trimmed_streams:
+            done, status = _ok_or_error(self.pd.trim_stream, item.stream_id, item.trim_offset,
+                                        timeout)
+            if done:
+                stream, first = done
+                results.append(m.TrimStreamsResult(trimmed_stream=self.pd.stream_msg(stream),
+                                                   status=status,
+                                                   range=self.pd.range_msg(first)))
+            else:
+                results.append(m.TrimStreamsResult(
+                    trimmed_stream=m.Stream(stream_id=item.stream_id), status=status))
+        return m.TrimStreamsResponse(streams=results)
+
+    def _report_metrics(self, req: m.ReportMetricsRequest) -> m.ReportMetricsResponse:
+        metrics = {name: int(getattr(req, name)) for name in METRIC_FIELDS}
+        _, status = _ok_or_error(self.pd.report_metrics, req.range_server.server_id, metrics)
+        return m.ReportMetricsResponse(range_server=req.range_server, status=status)
+
+    def _describe_pd_cluster(self, req: m.DescribePdClusterRequest
+                             ) -> m.DescribePdClusterResponse:
+        states = []
+        for info in self.pd.range_servers() if self.pd.is_leader() else ():
+            metrics = None
+            if info.metrics_ms >= 0:
+                known = {k: v for k, v in info.metrics.items() if k in METRIC_FIELDS}
+                metrics = m.ReportMetricsRequest(
+                    range_server=m.RangeServer(info.server_id, info.advertise_addr), **known)
+            states.append(m.RangeServerState(
+                server=m.RangeServer(info.server_id, info.advertise_addr), live=info.live,
+                last_heartbeat_ms=info.last_heartbeat_ms, open_ranges=info.open_ranges,
+                metrics=metrics, metrics_ms=info.metrics_ms))
+        return m.DescribePdClusterResponse(cluster=self.pd.cluster(), range_servers=states)
