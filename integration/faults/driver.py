@@ -8,17 +8,22 @@ Each prints one JSON object per line on stdout, which the test turns into its ``
     {"e": "failed", "op": "w1:17", "error": "ReadTimeoutError: ..."}
     {"e": "seen", "stream": 1, "offset": 230, "count": 1, "digest": "...", "server": "..."}
     {"e": "error", "error": "..."}          (a tail's failed read, ridden out)
+    {"e": "claim", "node": "198.18.0.10:2378", "t": 1764000000.1}   (a PD node says it leads)
     {"e": "done"}
 
 They run until stdin says ``stop`` (or closes); a writer finishes the append under way first.
 
     python -m integration.faults.driver writer --pd HOST:PORT --stream 1 --name w1 [--idempotent]
     python -m integration.faults.driver tail --pd HOST:PORT --stream 1 --name r1 [--prefer H:P]
+    python -m integration.faults.driver prober --pd H1:P1,H2:P2,H3:P3 --name p1
 
 ``--idempotent`` writes as the connector's idempotent streaming sink does: each batch is an
 Arrow body tagged (writer, append call, 0, index), and before a batch whose answer was lost is
 sent again the writer looks for its tag in the stream (``find_landed``, the sink's own scan)
-and does not send it twice. ``--prefer`` makes a tail read from that replica first.
+and does not send it twice. ``--prefer`` makes a tail read from that replica first. A prober
+asks every PD node of a PD cluster, one by one, every ``--every-ms``, whether it leads
+(DESCRIBE_PD_CLUSTER sent to that node alone), and reports each node's claim with the time of
+its answer.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from dataclasses import replace
 import pyarrow as pa
 
 from sbp_spark.client import Appended, ClientConfig, SbpClient
+from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import BatchFormatError, SbpError
-from sbp_spark.protocol.messages import Range, RangeReplica
+from sbp_spark.protocol.messages import DescribePdClusterRequest, Range, RangeReplica
 from sbp_spark.protocol.records import (
     ENVELOPE_SIZE,
     BodyFormat,
@@ -213,14 +219,51 @@ class Tail(StreamFollower):
         self._follow()
 
 
+class Prober:
+    """Asks each PD node whether it leads, over and over (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace, events: Events) -> None:
+        self.nodes = [a.strip() for a in args.pd.split(",") if a.strip()]
+        self.every_s = args.every_ms / 1000.0
+        self.events = events
+        # Its own short timeouts: a node that is cut off must not hold up the round.
+        self.config = ClientConfig(connect_timeout_s=0.3, request_timeout_s=0.5, retries=0)
+
+    def claims(self, node: str, conn: Connection) -> bool:
+        response, _ = conn.call(DescribePdClusterRequest())
+        cluster = getattr(response, "cluster", None)
+        return cluster is not None and any(
+            member.is_leader and member.advertise_addr == node for member in cluster.members)
+
+    def run(self, stop: threading.Event) -> None:
+        connections: dict[str, Connection] = {}
+        while not stop.is_set():
+            for node in self.nodes:
+                try:
+                    conn = connections.get(node)
+                    if conn is None or not conn.usable:
+                        conn = connections[node] = Connection(node, self.config)
+                    if self.claims(node, conn):
+                        self.events.emit({"e": "claim", "node": node, "t": time.time()})
+                except SbpError:
+                    stale = connections.pop(node, None)  # cut off, or not up: next round
+                    if stale is not None:
+                        stale.close()
+            stop.wait(self.every_s)
+        for conn in connections.values():
+            conn.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     roles = parser.add_subparsers(dest="role", required=True)
-    for role in ("writer", "tail"):
+    for role in ("writer", "tail", "prober"):
         sub = roles.add_parser(role)
         sub.add_argument("--pd", required=True)
-        sub.add_argument("--stream", type=int, required=True)
         sub.add_argument("--name", required=True)
+        if role != "prober":
+            sub.add_argument("--stream", type=int, required=True)
+    roles.choices["prober"].add_argument("--every-ms", type=int, default=50)
     writer = roles.choices["writer"]
     writer.add_argument("--writer-id", type=int, default=0, choices=range(10),
                         help="numbers its bodies apart from other writers' (0-9)")
@@ -239,7 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     client = SbpClient(args.pd, DRIVER_CONFIG)
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    role = Writer(client, args, events) if args.role == "writer" else Tail(client, args, events)
+    role: Writer | Tail | Prober
+    if args.role == "writer":
+        role = Writer(client, args, events)
+    elif args.role == "tail":
+        role = Tail(client, args, events)
+    else:
+        role = Prober(args, events)
     started = time.monotonic()
     role.run(stop)
     events.emit({"e": "done", "seconds": round(time.monotonic() - started, 3)})

@@ -20,6 +20,9 @@ each of its replicas) is recorded too, and ``check`` applies the rules:
                     duplicates (at-least-once retries) are only counted.
 
 A ``History`` is thread-safe: driver output readers and test threads record into it at once.
+
+With a PD cluster, a prober asks every PD node over and over whether it leads, and
+``leader_overlaps`` checks the answers: no two nodes may ever claim to lead at once.
 """
 
 from __future__ import annotations
@@ -256,3 +259,36 @@ class _Judge:
                                    for sid, log in sorted(h.final.items())) or "none"
         f["duplicates"] = sum(times - 1 for times in stored.values() if times > 1)
         f["violations"] = sum(len(p) for p in self.v.violations.values())
+
+
+def leader_tenures(claims: Iterable[tuple[str, float]], gap_s: float
+                   ) -> list[tuple[str, float, float]]:
+    """(node, first, last claim) of each stretch in which a node kept claiming to lead: its
+    claims (node, time) with no gap longer than ``gap_s`` (longer than the prober's round)."""
+    by_node: dict[str, list[float]] = defaultdict(list)
+    for node, at in claims:
+        by_node[node].append(at)
+    tenures = []
+    for node, times in sorted(by_node.items()):
+        times.sort()
+        start = last = times[0]
+        for at in times[1:]:
+            if at - last > gap_s:
+                tenures.append((node, start, last))
+                start = at
+            last = at
+        tenures.append((node, start, last))
+    return sorted(tenures, key=lambda t: t[1])
+
+
+def leader_overlaps(claims: Iterable[tuple[str, float]], gap_s: float) -> list[str]:
+    """Where two PD nodes claimed to lead at the same time: each pair of overlapping
+    tenures (``leader_tenures``), said in words; empty when leadership never overlapped."""
+    tenures = leader_tenures(claims, gap_s)
+    out = []
+    for i, (node_a, start_a, end_a) in enumerate(tenures):
+        for node_b, start_b, end_b in tenures[i + 1:]:
+            if node_b != node_a and start_b <= end_a and start_a <= end_b:
+                out.append(f"{node_a} claimed to lead from {start_a:.3f} to {end_a:.3f} and "
+                           f"{node_b} from {start_b:.3f} to {end_b:.3f}")
+    return out

@@ -37,7 +37,7 @@ HOST_CONFIG = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retries
 class Driver:
     """One ``driver.py`` process on a node; its events go into ``history`` as they come."""
 
-    def __init__(self, lab: Lab, node: str, role: str, name: str, stream: int,
+    def __init__(self, lab: Lab, node: str, role: str, name: str, stream: int | None,
                  *options: str) -> None:
         self.name = name
         self.node = node
@@ -50,12 +50,14 @@ class Driver:
         self.errors: list[str] = []
         self.last_ack = time.monotonic()
         self.longest_stall_s = 0.0  # longest time between two acknowledged appends
+        self.claims: list[tuple[str, float]] = []  # a prober's: (PD node, when it led)
         self.done = threading.Event()
         self.log_path = lab.data_dir / f"driver-{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = lab.net.popen(node, [
             sys.executable, "-m", "integration.faults.driver", role, "--pd",
-            lab.cluster.pd_address, "--stream", str(stream), "--name", name, *options],
+            lab.cluster.pd_address, "--name", name,
+            *(["--stream", str(stream)] if stream is not None else []), *options],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             bufsize=1)
         self._reader = threading.Thread(target=self._read, name=f"driver-{name}", daemon=True)
@@ -84,6 +86,8 @@ class Driver:
                 self.seen += 1
             elif kind == "error":
                 self.errors.append(event["error"])
+            elif kind == "claim":
+                self.claims.append((event["node"], event["t"]))
             elif kind == "done":
                 self.done.set()
 
@@ -124,32 +128,44 @@ class Driver:
 class Lab:
     """A cluster of one PD and ``range_servers`` range servers, plus client nodes, each on a
     network node of its own. Use as a context manager: everything is stopped and removed on
-    the way out, also after a failure."""
+    the way out, also after a failure.
+
+    ``pd_nodes`` > 0: a PD cluster instead, node ``i`` on node ``pd<i>``, over a local etcd
+    that runs on ``host`` (this process's node), so a PD node can be cut off from etcd alone.
+    ``replication_rtt_ms``: the links between range servers add this round trip."""
 
     def __init__(self, data_dir: Path, range_servers: int, clients: list[str],
-                 replication_rtt_ms: float | None = None) -> None:
+                 replication_rtt_ms: float | None = None, pd_nodes: int = 0) -> None:
         self.data_dir = Path(data_dir)
         self.history = History()
         self.drivers: list[Driver] = []
         # "replica <id> range <index>" -> why that replica served nothing of the range
         self.replicas_without: dict[str, str] = {}
         servers = [f"rs{i}" for i in range(range_servers)]
-        self.net = Network(["pd", *servers, *clients], log_dir=self.data_dir)
+        pds = [f"pd{i}" for i in range(pd_nodes)] if pd_nodes else ["pd"]
+        self.net = Network([*pds, *servers, *clients], log_dir=self.data_dir)
         try:
             if replication_rtt_ms is not None:
                 # Slow links between range servers (forwards, cap notices), before any opens.
                 for server in servers:
                     self.net.shape(server, [s for s in servers if s != server],
                                    replication_rtt_ms)
+            placements = {ProcessCluster.role_name(i): self.net[s].placement()
+                          for i, s in enumerate(servers)}
+            if pd_nodes:
+                placements.update({ProcessCluster.pd_node_name(i): self.net[n].placement()
+                                   for i, n in enumerate(pds)})
+            else:
+                placements["pd"] = self.net["pd"].placement()
             self.cluster = ProcessCluster(
-                self.data_dir, range_servers=range_servers,
-                placements={"pd": self.net["pd"].placement(),
-                            **{ProcessCluster.role_name(i): self.net[s].placement()
-                               for i, s in enumerate(servers)}})
+                self.data_dir, range_servers=range_servers, pd_nodes=pd_nodes,
+                host=self.net["host"].address, placements=placements)
             self.cluster.start()
             self.pool = ConnectionPool(HOST_CONFIG)
             self.client = SbpClient(self.cluster.pd_address, HOST_CONFIG, self.pool)
+            self.wait_servers_live()
         except BaseException:
+            self.cluster.stop()
             self.net.close()
             raise
 
@@ -172,6 +188,20 @@ class Lab:
     def server_node(self, address: str) -> str:
         """The node name of the range server at ``address``."""
         return self.net.node_of(address).name
+
+    def wait_servers_live(self, timeout: float = 60.0) -> None:
+        """Wait until the PD (a PD cluster's leader) sees every range server live: a leader
+        knows a server once it heartbeated to that leader."""
+        count = len(self.cluster.range_servers)
+        wait_until(lambda: sum(s.live for s in self.client.pd.range_servers()) >= count,
+                   timeout, f"the PD to see all {count} range servers live")
+
+    def pd_leader(self) -> str | None:
+        """The node of the PD node that leads, as the PD cluster says (None: none yet)."""
+        for member in self.client.pd.describe_pd_cluster().members:
+            if member.is_leader:
+                return self.net.node_of(member.advertise_addr).name
+        return None
 
     def primary_node(self, stream: int) -> str:
         """The node of the primary of the stream's open range."""
@@ -199,6 +229,12 @@ class Lab:
             options.append("--idempotent")
             self.history.mark_idempotent(name)
         driver = Driver(self, node, "writer", name, stream, *options)
+        self.drivers.append(driver)
+        return driver
+
+    def prober(self, node: str, name: str | None = None) -> Driver:
+        """A driver on ``node`` asking every PD node whether it leads (its ``claims``)."""
+        driver = Driver(self, node, "prober", name or node, None)
         self.drivers.append(driver)
         return driver
 
@@ -263,16 +299,16 @@ class Lab:
                 self.wait_tails(stream, tail_timeout)
         finally:
             for driver in self.drivers:
-                if driver.role == "tail":
+                if driver.role != "writer":
                     driver.stop()
         for stream in streams:
             self.record_final(stream)
         return self.history.check()
 
     def failovers(self) -> int:
-        """How many ranges the PD failed over so far (its log says each)."""
-        return self.cluster.data_dir.joinpath("pd.log").read_text(
-            errors="replace").count("failover: range")
+        """How many ranges the PD (every PD node) failed over so far (its log says each)."""
+        return sum(path.read_text(errors="replace").count("failover: range")
+                   for path in self.cluster.data_dir.glob("pd*.log"))
 
 
 def _primary(rng: Range) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .history import FINAL, History, digest
+from .history import FINAL, History, digest, leader_overlaps, leader_tenures
 
 BODIES = [f"batch {i}".encode() for i in range(6)]
 D = [digest(b) for b in BODIES]
@@ -125,3 +125,17 @@ def test_recording_mistakes_are_refused():
         h.record_acked("w9:0", 0)
     with pytest.raises(ValueError, match="kept for the final log"):
         h.record_seen(FINAL, 1, 0, 1, D[0])
+
+
+def test_leadership_handed_over_without_overlap_passes():
+    # pd-0 leads, goes quiet (cut off), pd-1 takes over; pd-0 leads again later, after pd-1.
+    claims = [("pd-0", t / 10) for t in range(0, 30)] + \
+        [("pd-1", 3.5 + t / 10) for t in range(0, 20)] + [("pd-0", 9.0), ("pd-0", 9.1)]
+    assert leader_overlaps(claims, gap_s=0.5) == []
+    assert [t[0] for t in leader_tenures(claims, gap_s=0.5)] == ["pd-0", "pd-1", "pd-0"]
+
+
+def test_two_nodes_claiming_to_lead_at_once_is_an_overlap():
+    claims = [("pd-0", t / 10) for t in range(0, 30)] + [("pd-1", 2.5), ("pd-1", 2.6)]
+    [problem] = leader_overlaps(claims, gap_s=0.5)
+    assert "pd-0 claimed to lead from 0.000 to 2.900 and pd-1 from 2.500 to 2.600" == problem

@@ -17,9 +17,10 @@ import time
 import pytest
 
 from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
+from tests.etcd import require_etcd
 
 from .helpers import wait_until
-from .history import Verdict, digest
+from .history import Verdict, digest, leader_overlaps, leader_tenures
 from .lab import Lab
 
 pytestmark = pytest.mark.usefixtures("network_ready")
@@ -224,6 +225,57 @@ def test_pd_cut_off_from_everything(tmp_path, figures):
         assert failovers == 0, (
             f"the PD failed {failovers} ranges of healthy servers over when the network "
             f"healed: {lab.cluster.data_dir / 'pd.log'}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "PD leader cut off from etcd and the range servers (3 PD nodes)",
+    "3 PD nodes over etcd, 3 range servers, a 3-replica stream; drop everything between the "
+    "PD leader and both etcd and every range server (clients still reach it) while a writer "
+    "appends, a tail reads and a prober asks every PD node every 50 ms whether it leads; a "
+    f"follower takes over; the cut lasts {HOLD_S:g} s more, during which a stream is created; "
+    "then heal",
+    "no two PD nodes ever claim to lead at once (the prober's answers); no range is failed "
+    "over (every range server stayed healthy); the history, as above")
+def test_pd_leader_cut_off_from_etcd_and_range_servers(tmp_path, figures):
+    require_etcd()
+    servers = [f"rs{i}" for i in range(3)]
+    with Lab(tmp_path, range_servers=3, clients=["w1", "r1", "p1"], pd_nodes=3) as lab:
+        [stream] = lab.client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        writer = lab.writer("w1", sid)
+        lab.tail("r1", sid)
+        prober = lab.prober("p1")
+        writer.wait_for(BEFORE)
+        leader = lab.pd_leader()
+        assert leader is not None
+        began = time.monotonic()
+        # etcd runs on this process's node ("host"): cut the leader off from it too.
+        fault = lab.net.partition(leader, ["host", *servers])
+        wait_until(lambda: lab.pd_leader() not in (None, leader), 60,
+                   f"a follower to take over from {leader}")
+        took_over_s = time.monotonic() - began
+        lab.wait_servers_live()
+        servers_found_s = time.monotonic() - began
+        created = lab.client.create_streams(1, replicas=3)[0].stream_id  # the new leader acts
+        hold()
+        writer.wait_for(DURING)
+        verdict = heal_and_judge(lab, sid, fault, [writer], figures, **{
+            "new leader after": f"{took_over_s:.1f} s",
+            "every range server heartbeating to it after": f"{servers_found_s:.1f} s",
+            "stream created during the cut": created})
+        overlaps = leader_overlaps(prober.claims, gap_s=0.5)
+        tenures = leader_tenures(prober.claims, gap_s=0.5)
+        figures["leader claims"] = (
+            f"{len(prober.claims)} from {len({n for n, _ in prober.claims})} nodes; tenures: "
+            + ", ".join(f"{lab.net.node_of(n).name} {end - start:.1f} s"
+                        for n, start, end in tenures))
+        figures["two leaders at once"] = len(overlaps)
+        figures["ranges failed over"] = lab.failovers()
+        verdict.assert_ok()
+        assert not overlaps, overlaps
+        assert lab.failovers() == 0, (
+            f"healthy range servers' ranges were failed over: {lab.data_dir}/pd-*.log")
 
 
 # The relay's connector options: a read or append that meets the cut-off primary gives up
