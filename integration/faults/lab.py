@@ -1,11 +1,12 @@
 """The partition cases' test bench: a cluster on a ``netlab.Network``, client drivers on nodes
 of their own, and the ``History`` they fill.
 
-``Lab`` puts the PD on node ``pd`` and range server ``i`` on node ``rs<i>`` (``ProcessCluster``
-with a ``Placement`` per role), starts writer and tail drivers (``driver.py``) on the nodes
-it is asked to, and, after the faults are healed, reads the final log of each stream (and each
-range from each of its replicas) into the history. The test process itself is node ``host``:
-it creates streams and reads the final logs through its own link to the switch.
+``Lab`` puts the PD on node ``pd`` (or PD node ``i`` on node ``pd<i>``, with etcd on ``host``)
+and range server ``i`` on node ``rs<i>`` (``ProcessCluster`` with a ``Placement`` per role),
+starts writer, tail and prober drivers (``driver.py``) on the nodes it is asked to, and, after
+the faults are healed, reads the final log of each stream (and each range from each of its
+replicas) into the history. The test process itself is node ``host``: it creates streams and
+reads the final logs through its own link to the switch.
 """
 
 from __future__ import annotations

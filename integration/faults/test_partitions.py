@@ -53,6 +53,9 @@ def _report(figures: dict, lab: Lab, verdict, **extra) -> None:
             f"{max(d.longest_stall_s for d in writers):.1f} s"
     if tails:
         figures["tail errors ridden out"] = sum(len(d.errors) for d in tails)
+    if lab.replicas_without:
+        figures["replicas listed for a range they hold nothing of"] = ", ".join(
+            sorted(lab.replicas_without))
 
 
 def through_failover(lab: Lab, sid: int, writers: list, figures: dict, cut) -> Verdict:
