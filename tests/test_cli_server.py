@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sbp_spark.cli import build_parser, main
-from sbp_spark.server.cluster import ProcessCluster, accepts_connections
+from sbp_spark.server.cluster import Placement, ProcessCluster, accepts_connections
 from tests.etcd import require_etcd
 from tests.polling import wait_until as poll
 
@@ -119,6 +119,30 @@ def test_sbp_pd_and_range_server_processes(tmp_path):
         down = run_sbp("cluster", "--pd", cluster.pd_address, "--range-server", address)
         assert down.returncode == 1 and "DOWN" in down.stdout, down.stdout + down.stderr
     assert "SIGINT received" in (tmp_path / "rs-0.log").read_text()
+
+
+def test_process_cluster_places_roles_on_their_own_hosts(tmp_path):
+    # Every 127.x.y.z address is this machine's loopback: three "hosts" without root. The
+    # prefix runs each server through `env`, which execs it in place (as `ip netns exec`
+    # does), with a variable that shows where it ran.
+    def placed(host: str, name: str) -> Placement:
+        return Placement(host, ("env", f"SBP_TEST_PLACED={name}"))
+
+    placements = {"pd": placed("127.0.0.2", "pd"), "rs-1": placed("127.0.0.3", "rs-1")}
+    with ProcessCluster(tmp_path, range_servers=2, placements=placements) as cluster:
+        assert cluster.pd_address.startswith("127.0.0.2:")
+        addresses = cluster.range_server_addresses
+        assert addresses[0].startswith("127.0.0.1:") and addresses[1].startswith("127.0.0.3:")
+        for role, proc in (("pd", cluster.pd), ("rs-1", cluster.range_servers[1])):
+            assert proc is not None
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert f"SBP_TEST_PLACED={role}".encode() in environ
+        # A restart keeps the placement (and the PD's address).
+        cluster.kill_range_server(1)
+        cluster.start_range_server(1)
+        assert cluster.range_server_addresses[1].startswith("127.0.0.3:")
+    with pytest.raises(ValueError, match=r"roles this cluster does not have: \['rs-2'\]"):
+        ProcessCluster(tmp_path, range_servers=2, placements={"rs-2": Placement()})
 
 
 def one_error_line(capsys) -> str:

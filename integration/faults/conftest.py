@@ -62,6 +62,20 @@ def report_requested(config: pytest.Config) -> bool:
 
 
 @pytest.fixture(scope="session")
+def network_ready() -> None:
+    """Skip, saying why, where the partition cases cannot build networks (no root, no
+    namespaces, no nftables); else remove what killed runs left behind, once per session."""
+    from integration.netlab.network import remove_leftovers, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"network partition cases: {reason}")
+    removed = remove_leftovers()
+    if removed:
+        print(f"removed network namespaces and links of earlier runs: {', '.join(removed)}")
+
+
+@pytest.fixture(scope="session")
 def spark():
     """A local Spark session (the sbp source registered) for the Spark fault cases.
 

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -180,6 +181,15 @@ def check_stream(client: SbpClient, stream_id: int,
     return check_batches(stream_id, client.read(stream_id), acked)
 
 
+def range_at(client: SbpClient, stream_id: int, offset: int):
+    """The range of ``stream_id`` holding (or, open, due to hold) ``offset``, as the PD lists
+    it now; None when there is none yet (the PD has not opened the next range)."""
+    for rng in client.list_ranges(stream_id):
+        if rng.start_offset <= offset and (rng.is_open or offset < rng.end_offset):
+            return rng
+    return None
+
+
 class Seen(NamedTuple):
     """A batch a reader kept (a copy: the client's view dies with its frame)."""
 
@@ -188,9 +198,56 @@ class Seen(NamedTuple):
     server: str = ""  # the replica that served it
 
 
-class Tail(threading.Thread):
-    """Follows a stream from offset 0 like a streaming reader: long-polls the open range,
-    moves on when it is sealed, rides out server failures; checks every batch it gets."""
+class StreamFollower(ABC):
+    """Follows a stream like a streaming reader: long-polls its open range, moves on when it is
+    sealed, rides out server failures. Subclasses say what to do with each new batch
+    (``_got``), with a failure (``_failed``: raise to stop) and when to stop (``_stopped``)."""
+
+    client: SbpClient
+    stream_id: int
+    wait_ms: int
+    offset: int
+
+    def _range_at(self, offset: int):
+        return range_at(self.client, self.stream_id, offset)
+
+    @abstractmethod
+    def _got(self, batch) -> None:
+        """A batch past the offset read so far (the offset moves past it afterwards)."""
+
+    @abstractmethod
+    def _failed(self, error: SbpError) -> None:
+        """A read failed; raise to stop following."""
+
+    @abstractmethod
+    def _stopped(self) -> bool:
+        """Whether to stop following."""
+
+    def _pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _follow(self) -> None:
+        while not self._stopped():
+            try:
+                rng = self._range_at(self.offset)
+                if rng is None:
+                    self._pause(0.05)  # the PD has not opened the next range yet
+                    continue
+                for b in self.client.fetch(rng, self.offset,
+                                           max_wait_ms=self.wait_ms if rng.is_open else 0):
+                    if b.header.end_offset <= self.offset:
+                        continue
+                    self._got(b)
+                    self.offset = b.header.end_offset
+                    if self._stopped():
+                        break
+            except SbpError as exc:
+                self._failed(exc)
+                self._pause(0.05)  # a server is down or moving: ask the PD again shortly
+
+
+class Tail(StreamFollower, threading.Thread):
+    """Follows a stream from offset 0 (see ``StreamFollower``); checks every batch it gets."""
 
     def __init__(self, client: SbpClient, stream_id: int, wait_ms: int = 200,
                  light: bool = False) -> None:
@@ -209,40 +266,26 @@ class Tail(threading.Thread):
         self.stop = threading.Event()
         self.fatal: BaseException | None = None
 
-    def _range_at(self, offset: int):
-        for rng in self.client.list_ranges(self.stream_id):
-            if rng.start_offset <= offset and (rng.is_open or offset < rng.end_offset):
-                return rng
-        return None
-
     def run(self) -> None:
         try:
             self._follow()
         except BaseException as exc:  # reported by the test through .fatal
             self.fatal = exc
 
-    def _follow(self) -> None:
-        while not self.stop.is_set():
-            try:
-                rng = self._range_at(self.offset)
-                if rng is None:
-                    time.sleep(0.05)  # the PD has not opened the next range yet
-                    continue
-                for b in self.client.fetch(rng, self.offset,
-                                           max_wait_ms=self.wait_ms if rng.is_open else 0):
-                    if b.header.end_offset <= self.offset:
-                        continue
-                    if self.light:
-                        self._check_inline(b)
-                    else:
-                        self.batches.append(Seen(b.header, bytes(b.data), b.server))
-                    self.bytes_read += b.header.batch_length
-                    self.offset = b.header.end_offset
-            except SbpError as exc:
-                if isinstance(exc, ServerError) and not exc.retriable:
-                    raise
-                self.errors.append(exc)
-                time.sleep(0.05)  # a server is down or moving: ask the PD again shortly
+    def _stopped(self) -> bool:
+        return self.stop.is_set()
+
+    def _got(self, b) -> None:
+        if self.light:
+            self._check_inline(b)
+        else:
+            self.batches.append(Seen(b.header, bytes(b.data), b.server))
+        self.bytes_read += b.header.batch_length
+
+    def _failed(self, error: SbpError) -> None:
+        if isinstance(error, ServerError) and not error.retriable:
+            raise error
+        self.errors.append(error)
 
     def _check_inline(self, b) -> None:
         c = self.inline

@@ -34,9 +34,23 @@ no stored batch is corrupt (every body carries its own CRC); offsets have no hol
 either finished or failed with a clear message. Appends in flight at a fault may be stored
 twice (delivery is at least once); the duplicates are counted, never hidden.
 
+The network cases (`test_partitions.py`) run every server and client on a machine of its own:
+a network namespace on one switch (`integration/netlab`), with addresses from 198.18.0.0/15
+that never leave it. Faults are silent, as on a real network: packets dropped at the switch
+(nftables), no reset. A node cut off from everyone, two groups cut apart, one direction
+dropped; then healed. Clients are processes on their own nodes (`driver.py`) that record every
+append sent, acknowledged (with its offset) or given up, and every batch each reader saw at
+each offset; after healing, the final log of each stream and each range of each replica are
+read too, and the history checker (`history.py`) applies its rules: every acknowledged batch is
+readable at its offset byte for byte; no two readers (or replicas) ever saw different bytes at
+one offset; every reader's view is a prefix of the final log; offsets have no holes; nothing
+unsent appears; duplicates are counted, and none is allowed under idempotent writes. Their
+figures come from the checker. These cases need root (CI runs as root; `.ci/run` installs
+iproute2 and nftables) and are skipped, saying why, elsewhere.
+
 Run:
 
-    pytest integration/faults                 # default cases (about 2-3 minutes)
+    pytest integration/faults                 # default cases (about 5 minutes)
     pytest integration/faults -m slow         # the long ones (60 s soak, Spark, 3 replicas...)
     pytest integration/faults -m ''           # everything
     pytest integration/faults --faults-report # ... and record the results in this page

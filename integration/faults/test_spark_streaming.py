@@ -70,8 +70,11 @@ class Relay:
     """The streaming query under test: input stream -> idempotent sbp sink -> output stream.
     Restarts from its checkpoint when it fails, and keeps every failure's message."""
 
-    def __init__(self, spark, pd: str, source: int, target: int, checkpoint: str) -> None:
+    def __init__(self, spark, pd: str, source: int, target: int, checkpoint: str,
+                 options: dict[str, str] | None = None) -> None:
         self.spark = spark
+        # Connector options of both ends (retries, timeouts).
+        self.options = CONNECTOR_RETRIES if options is None else options
         self.pd = pd
         self.source = source
         self.target = target
@@ -86,14 +89,14 @@ class Relay:
                   .option("streams", str(self.source)).option("startingOffsets", "earliest")
                   .option("minPartitions", "2")
                   .option("maxRecordsPerTrigger", str(MAX_RECORDS_PER_TRIGGER)))
-        for key, value in CONNECTOR_RETRIES.items():
+        for key, value in self.options.items():
             reader = reader.option(key, value)
         writer = (reader.load().selectExpr("CAST(offset AS STRING) AS key", "value")
                   .writeStream.format("sbp").option("pd", self.pd)
                   .option("stream", str(self.target)).option("idempotent", "true")
                   .option("checkpointLocation", self.checkpoint)
                   .trigger(processingTime="0 seconds"))
-        for key, value in CONNECTOR_RETRIES.items():
+        for key, value in self.options.items():
             writer = writer.option(key, value)
         self.query = writer.start()
 
@@ -114,6 +117,15 @@ class Relay:
         self.last_batch_id = max(self.last_batch_id, progress.batchId)
         end = json.loads(progress.sources[0].endOffset or "{}")
         return int(end.get(str(self.source), 0))
+
+    def start_and_wait_busy(self) -> int:
+        """Start the query and return once it is up to speed (three micro-batches through)
+        and running one: that micro-batch's number, the one a fault injected now hits."""
+        self.start()
+        wait_until(lambda: self.processed_to() > 0 and self.last_batch_id >= 2, 180,
+                   "three micro-batches")
+        wait_until(self.trigger_active, 60, "a micro-batch to run")
+        return self.last_batch_id + 1
 
     def trigger_active(self) -> bool:
         """Whether a micro-batch is running now."""
@@ -213,6 +225,19 @@ def check_output(client: SbpClient, stream_id: int, inputs: dict[int, bytes],
     return out
 
 
+def stream_led_by(client: SbpClient, replicas: int, victim, leader_of) -> tuple[int, bool]:
+    """A new stream whose open range's primary is ``victim`` (as ``leader_of(stream_id)``
+    names primaries), if one of a few new streams lands there: (its id, whether it does).
+    An output stream led by the server a fault hits, so the fault hits the sink's appends
+    too."""
+    target = client.create_streams(1, replicas=replicas)[0].stream_id
+    for _ in range(8):
+        if leader_of(target) == victim:
+            break
+        target = client.create_streams(1, replicas=replicas)[0].stream_id
+    return target, leader_of(target) == victim
+
+
 def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int,
                       fault: Callable[[ProcessCluster], None] | None = None,
                       **cluster_options: Any) -> None:
@@ -224,13 +249,8 @@ def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int,
         client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
         [source] = [s.stream_id for s in client.create_streams(1, replicas=replicas)]
         victim = _primary_index(cluster, client, source)
-        # An output stream led by the same server, so the kill hits the sink's appends too.
-        target = client.create_streams(1, replicas=replicas)[0].stream_id
-        for _ in range(8):
-            if _primary_index(cluster, client, target) == victim:
-                break
-            target = client.create_streams(1, replicas=replicas)[0].stream_id
-        shared = _primary_index(cluster, client, target) == victim
+        target, shared = stream_led_by(client, replicas, victim,
+                                       lambda sid: _primary_index(cluster, client, sid))
 
         writer = Writer(client, source, batches_per_append=8, body_size=BODY,
                         pause_s=WRITER_PAUSE_S)
@@ -238,12 +258,7 @@ def relay_under_fault(tmp_path, spark, figures, replicas: int, servers: int,
         relay = Relay(spark, cluster.pd_address, source, target, str(tmp_path / "checkpoint"))
         try:
             writer.wait_for_more(BACKLOG)
-            relay.start()
-            # the query is up to speed: some micro-batches are through and one is running
-            wait_until(lambda: relay.processed_to() > 0 and relay.last_batch_id >= 2, 180,
-                       "three micro-batches")
-            wait_until(relay.trigger_active, 60, "a micro-batch to run")
-            figures["killed during"] = f"micro-batch {relay.last_batch_id + 1}"
+            figures["killed during"] = f"micro-batch {relay.start_and_wait_busy()}"
             killed_at = time.monotonic()
             if fault is not None:
                 fault(cluster)

@@ -75,33 +75,43 @@ def _records_batch(records: int, size: int):
     return make_records_batch(values)
 
 
+def timed_append(client, stream_id: int, batches: list, total_batches: int) -> float:
+    """Seconds ``client`` takes to append ``total_batches`` batches to ``stream_id``, handing
+    ``batches`` (or as many of them as are left) to each ``append`` call."""
+    writer = client.open_stream(stream_id)
+    start = time.perf_counter()
+    left = total_batches
+    while left:
+        n = min(left, len(batches))
+        writer.append(batches[:n])
+        left -= n
+    return time.perf_counter() - start
+
+
+def timed_read(client, stream_id: int, decode_arrow: bool = False) -> tuple[float, int, int]:
+    """Seconds ``client`` takes to read the whole stream, its bytes and its records."""
+    from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
+
+    nbytes = records = 0
+    start = time.perf_counter()
+    for fetched in client.read(stream_id):
+        nbytes += fetched.data.nbytes
+        if decode_arrow:
+            records += body_to_arrow(fetched.data[ENVELOPE_SIZE:]).num_rows
+        else:
+            records += fetched.header.record_count
+    return time.perf_counter() - start, nbytes, records
+
+
 def _append(ctx: BenchContext, stream_id: int, batches: list, total_batches: int) -> float:
     with adapters.bench_client(ctx) as client:
-        writer = client.open_stream(stream_id)
-        start = time.perf_counter()
-        left = total_batches
-        while left:
-            n = min(left, len(batches))
-            writer.append(batches[:n])
-            left -= n
-        return time.perf_counter() - start
+        return timed_append(client, stream_id, batches, total_batches)
 
 
 def _fetch(ctx: BenchContext, stream_id: int, decode_arrow: bool) -> tuple[float, int, int]:
     """Seconds to read the whole stream, its bytes and its records."""
-    from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
-
-    nbytes = records = 0
     with adapters.bench_client(ctx) as client:
-        start = time.perf_counter()
-        for fetched in client.read(stream_id):
-            nbytes += fetched.data.nbytes
-            if decode_arrow:
-                records += body_to_arrow(fetched.data[ENVELOPE_SIZE:]).num_rows
-            else:
-                records += fetched.header.record_count
-        elapsed = time.perf_counter() - start
-    return elapsed, nbytes, records
+        return timed_read(client, stream_id, decode_arrow)
 
 
 def run(ctx: BenchContext) -> list[Figure]:

@@ -18,14 +18,12 @@ from sbp_spark.protocol.errors import (
     BatchFormatError,
     DataCorruptError,
     HistoryRewrittenError,
-    PdNotLeaderError,
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
     ReplicaBehindError,
     SbpError,
     ServerError,
-    TransportError,
 )
 from sbp_spark.protocol.messages import Range, RangeId, RangeReplica, RangeServer, Stream
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
@@ -505,8 +503,9 @@ class StreamWriter:
         return landed
 
     def _on_error(self, error: SbpError) -> bool:
-        if isinstance(error, (TransportError, PdNotLeaderError)) or (
-                isinstance(error, ServerError) and error.invalid_metadata):
+        # The flag, not a list of classes: a primary that went silent (a timeout) may have
+        # been failed over, and only the PD knows where the open range is now.
+        if error.invalid_metadata:
             self.refresh()
         # A seal is routine, not a fault: retry at once against the new open range.
         return isinstance(error, RangeSealedError)

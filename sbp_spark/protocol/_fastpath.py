@@ -7,8 +7,9 @@ same FlatBuffers format as ``_flatbuf`` (tests check both against flatc's genera
 and builders), with layouts fixed in advance so a whole header is one ``struct`` call:
 
 - ``PackedEntriesCodec`` (``AppendRequest``): the entries are a vector of 16-byte structs,
-  packed in one go. Only a request without ``committed_offset`` (every client append) has
-  this layout; a forward that sets it is written and read by the generic code. Entries sent
+  packed in one go. Only a request without ``committed_offset`` and ``range_index`` (every
+  client append) has this layout; a forward that sets them is written and read by the
+  generic code. Entries sent
   as tables instead of structs are recognised and refused, naming the problem.
 - ``RowsCodec`` (``AppendResponse``, ``FetchResponse``, ``FetchRequest``): the root table,
   then a vector of offsets, then the item tables at a fixed stride, every scalar written
@@ -114,8 +115,12 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
     structs, or None when it does not look like that.
 
     A table vector holds one 4-byte offset per element, each pointing past the offsets to a
-    table whose vtable is valid and describes at most AppendEntry's three fields. Real struct
-    entries almost never pass this: an entry's first word is its stream id's low half."""
+    table whose vtable is valid and describes at least one and at most AppendEntry's three
+    fields (an entry table that sets no field would hold no batch). Real struct entries do not
+    pass this: an entry's first word is its stream id's low half, so a second element (the
+    high half) points back into the offsets; and with one entry, the only vtables such an
+    offset can reach in the packed layout describe no field (stream 8, request_index 32
+    reached the root's own vtable-shaped bytes before that was required)."""
     base = pos + 4
     if n == 0 or base + 4 * n > size:
         return None
@@ -128,11 +133,11 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
         if vt < 0 or vt + 4 > size:
             return None
         vt_len, tbl_len = _VT_HEAD.unpack_from(buf, vt)
-        if not 4 <= vt_len <= 10 or vt_len & 1 or vt + vt_len > size or tbl_len < 4 \
+        if not 6 <= vt_len <= 10 or vt_len & 1 or vt + vt_len > size or tbl_len < 4 \
                 or target + tbl_len > size:
             return None
         slots = struct.unpack_from(f"<{(vt_len - 4) // 2}H", buf, vt + 4)
-        if any(off and (off < 4 or off >= tbl_len) for off in slots):
+        if not any(slots) or any(off and (off < 4 or off >= tbl_len) for off in slots):
             return None
     return (f"append_requests holds {n} offset(s) to tables, but AppendEntry is a struct: "
             "each entry is 16 bytes inside the vector (stream_id: long at 0, request_index: "
@@ -140,8 +145,9 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
 
 
 class PackedEntriesCodec(Codec):
-    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset): client appends
-    as one packed struct; the table-instead-of-struct mistake refused by name."""
+    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset, range_index):
+    client appends as one packed struct; the table-instead-of-struct mistake refused by
+    name."""
 
     def link(self, codecs: dict[str, Codec]) -> None:
         entries = self.fields[1]
@@ -149,7 +155,7 @@ class PackedEntriesCodec(Codec):
             raise AssertionError(f"{self.name}.{entries.name} is not the 16-byte struct vector "
                                  "this codec packs")
         if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
-                                               "committed_offset"]:
+                                               "committed_offset", "range_index"]:
             raise AssertionError(f"{self.name} is not the table this codec packs")
         self._entry_cls = entries.sub.cls
         self._entry_unpack = entries.sub.struct.iter_unpack
@@ -157,10 +163,10 @@ class PackedEntriesCodec(Codec):
         entries.reader = self._read_entries
 
     def encode(self, msg: Any) -> bytes:
-        if msg.committed_offset != -1:
+        if msg.committed_offset != -1 or msg.range_index != -1:
             # A primary's forward (one per secondary per frame): the generic layout, which
-            # also writes the third slot. The fast reader sees its longer vtable and leaves it
-            # to the generic reader.
+            # also writes the later slots. The fast reader sees its longer vtable and leaves
+            # it to the generic reader.
             return super().encode(msg)
         try:
             entries = msg.append_requests

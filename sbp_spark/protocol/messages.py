@@ -361,6 +361,9 @@ class AppendRequest(Message):
     # Set only on a primary's forward to its secondaries: every replica holds every record of
     # the range below this offset (-1: a client's append, or nothing known).
     committed_offset: int = -1
+    # Set only on a primary's forwards and cap notices: the range they belong to; a secondary
+    # applies them to no other (-1: a client's append).
+    range_index: int = -1
 
 
 @dataclass(slots=True)

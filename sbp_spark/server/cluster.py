@@ -9,7 +9,9 @@ loopback ports. It is what tests, demos and ``sbp server`` use::
 ``ProcessCluster`` runs ``sbp pd`` and ``sbp range-server`` as child processes, so a test can
 kill one with SIGKILL and start it again on the same data directory. With ``pd_nodes=N`` it
 runs a PD cluster instead of one PD: a local etcd (``etcd_members`` members, or an etcd given
-by its endpoints) and N ``sbp pd --etcd`` nodes that elect their leader there.
+by its endpoints) and N ``sbp pd --etcd`` nodes that elect their leader there. Each role may
+run on a host of its own (a ``Placement``: the address it listens on and a command prefix that
+starts it there, such as ``ip netns exec NS`` for a network namespace).
 
 Layout of a cluster's data directory: ``pd/`` (the PD's SQLite metadata), or ``etcd/`` (the
 local etcd members' data), and ``rs-<i>/`` for range server ``i``. A range server keeps its
@@ -27,7 +29,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -268,17 +271,29 @@ class EmbeddedCluster:
 # -- child processes ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one server process runs: the address it listens on (and advertises), and the
+    command prefix that starts it there (``("ip", "netns", "exec", "ns1")`` runs it in a
+    network namespace; empty: this host). The prefix must exec the command in place, so the
+    child's pid stays the server's and signals reach it."""
+
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+
 class ServerProcess:
     """One ``sbp`` server command running as a child process.
 
     Started with ``--ready-file``; ``info`` is what the child wrote there once it served.
-    Output goes to ``log_path``.
+    Output goes to ``log_path``. ``prefix`` goes before the command (see ``Placement``).
     """
 
     def __init__(self, args: Sequence[str], ready_file: Path, log_path: Path,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "sbp_spark.cli", *args, "--ready-file",
+                 env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
+        self.command = [*args]
+        self.args = [*prefix, sys.executable, "-m", "sbp_spark.cli", *args, "--ready-file",
                      str(ready_file)]
         self.ready_file = Path(ready_file)
         self.log_path = Path(log_path)
@@ -289,7 +304,7 @@ class ServerProcess:
                                      stdin=subprocess.DEVNULL, env=env)
         self.info: dict[str, Any] = {}
         try:
-            _wait_for(self._ready, start_timeout_s, f"{' '.join(args[:1])} to be ready "
+            _wait_for(self._ready, start_timeout_s, f"{' '.join(self.command[:1])} to be ready "
                       f"(log: {self.log_path})")
         except BaseException:
             self.kill()
@@ -298,7 +313,7 @@ class ServerProcess:
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
             raise RuntimeError(
-                f"{' '.join(self.args[3:])} exited with status {self.proc.returncode}; "
+                f"{' '.join(self.command)} exited with status {self.proc.returncode}; "
                 f"its log:\n{self.log_tail()}")
         try:
             self.info = json.loads(self.ready_file.read_text())
@@ -357,10 +372,14 @@ class ProcessCluster:
 
     ``pd_nodes=N`` (N >= 1) runs N PD nodes over etcd instead of one PD on SQLite: the etcd at
     ``etcd_endpoints``, or else a local one of ``etcd_members`` members (``etcd``, a
-    ``LocalEtcd``). Node ``i`` is ``pd-<i>``, node 0 on ``pd_port``, the others on free ports
-(each keeps its port across restarts);
-    ``pd_address`` lists every node (comma-separated), which is what range servers and
-    clients are given; ``kill_pd_node(i)`` and ``start_pd_node(i)`` kill and restart one.
+    ``LocalEtcd``, on ``host``). Node ``i`` is ``pd-<i>``, node 0 on ``pd_port``, the others on
+    free ports (each keeps its port across restarts); ``pd_address`` lists every node
+    (comma-separated), which is what range servers and clients are given; ``kill_pd_node(i)``
+    and ``start_pd_node(i)`` kill and restart one.
+
+    ``placements`` puts roles on hosts of their own: ``{"pd": Placement(...), "rs-0": ...}``
+    (``role_name`` spells the keys: ``pd``, ``pd-<i>`` for PD nodes, ``rs-<i>``); a role
+    without one runs here and listens on ``host``.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
@@ -368,7 +387,8 @@ class ProcessCluster:
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
                  env: dict[str, str] | None = None, tls: TlsConfig | None = None,
                  pd_nodes: int = 0, etcd_members: int = 1,
-                 etcd_endpoints: Sequence[str] = ()) -> None:
+                 etcd_endpoints: Sequence[str] = (),
+                 placements: Mapping[str, Placement] | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
@@ -376,8 +396,15 @@ class ProcessCluster:
         if not isinstance(pd_nodes, int) or pd_nodes < 0:
             raise ValueError(f"pd_nodes={pd_nodes!r} must be an integer >= 0 (0: one PD on "
                              "SQLite)")
+        known = {"pd", *(self.role_name(i) for i in range(range_servers)),
+                 *(self.pd_node_name(i) for i in range(pd_nodes))}
+        unknown = sorted(set(placements or {}) - known)
+        if unknown:
+            raise ValueError(f"placements name roles this cluster does not have: {unknown} "
+                             f"(roles: {', '.join(sorted(known))})")
         self.data_dir = Path(data_dir)
         self.host = host
+        self.placements: dict[str, Placement] = dict(placements or {})
         self.fsync = _fsync_policy(fsync)
         self.start_timeout_s = start_timeout_s
         self.env = env
@@ -431,6 +458,24 @@ class ProcessCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @staticmethod
+    def role_name(index: int | None) -> str:
+        """The key of a range server (or, index None, the lone PD) in ``placements``:
+        ``"rs-<index>"``, ``"pd"``."""
+        return "pd" if index is None else f"rs-{index}"
+
+    @staticmethod
+    def pd_node_name(index: int) -> str:
+        """The name of PD node ``index``, also its key in ``placements``: ``"pd-<index>"``."""
+        return f"pd-{index}"
+
+    def _node_address(self, i: int) -> str:
+        return f"{self.placement(self.pd_node_name(i)).host}:{self._node_ports[i]}"
+
+    def placement(self, role: str) -> Placement:
+        """Where ``role`` runs (``role_name``): its own placement, else ``host`` here."""
+        return self.placements.get(role) or Placement(self.host)
+
     # -- the PD -----------------------------------------------------------------------------
 
     @property
@@ -440,11 +485,11 @@ class ProcessCluster:
         if self.pd_nodes:
             if not all(self._node_ports):
                 raise RuntimeError("the cluster's PD nodes have not been started")
-            return ",".join(f"{self.host}:{p}" for p in self._node_ports)
+            return ",".join(self._node_address(i) for i in range(len(self._node_ports)))
         if self.pd is not None:
             return str(self.pd.info["pd"])
         if self._pd_port:
-            return f"{self.host}:{self._pd_port}"
+            return f"{self.placement('pd').host}:{self._pd_port}"
         raise RuntimeError("the cluster's PD has not been started")
 
     @property
@@ -458,11 +503,12 @@ class ProcessCluster:
             raise RuntimeError("this cluster runs PD nodes: use start_pd_node(i)")
         if self.pd is not None and self.pd.running:
             raise RuntimeError("the PD is already running")
+        where = self.placement("pd")
         self.pd = ServerProcess(
-            ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", self.host,
+            ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", where.host,
              "--port", str(self._pd_port), "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s,
-            env=self.env)
+            env=self.env, prefix=where.prefix)
         self._pd_port = int(str(self.pd.info["pd"]).rsplit(":", 1)[1])
         return self.pd
 
@@ -492,12 +538,13 @@ class ProcessCluster:
         node = self.pd_nodes[i]
         if node is not None and node.running:
             raise RuntimeError(f"PD node {i} is already running")
-        name = f"pd-{i}"
+        name = self.pd_node_name(i)
+        where = self.placement(name)
         proc = ServerProcess(
             ["pd", "--etcd", ",".join(self._etcd_endpoints), "--name", name,
-             "--host", self.host, "--port", str(self._node_ports[i]), *self._tls_args()],
+             "--host", where.host, "--port", str(self._node_ports[i]), *self._tls_args()],
             self.data_dir / f"{name}.ready", self.data_dir / f"{name}.log",
-            self.start_timeout_s, env=self.env)
+            self.start_timeout_s, env=self.env, prefix=where.prefix)
         self._node_ports[i] = int(str(proc.info["pd"]).rsplit(":", 1)[1])
         self.pd_nodes[i] = proc
         return proc
@@ -507,8 +554,8 @@ class ProcessCluster:
         leads (a node is ready once it serves, a little before it has joined)."""
         from sbp_spark.protocol.messages import DescribePdClusterRequest, DescribePdClusterResponse
 
-        wanted = {f"{self.host}:{port}" for port, node in zip(self._node_ports, self.pd_nodes,
-                                                               strict=True) if node is not None}
+        wanted = {self._node_address(i) for i, node in enumerate(self.pd_nodes)
+                  if node is not None}
 
         def formed() -> bool:
             try:
@@ -543,8 +590,8 @@ class ProcessCluster:
 
     def pd_node_index(self, address: str) -> int:
         """Which node serves at ``address`` (IndexError when none does)."""
-        for i, port in enumerate(self._node_ports):
-            if address == f"{self.host}:{port}":
+        for i in range(len(self._node_ports)):
+            if address == self._node_address(i):
                 return i
         raise IndexError(f"no PD node of this cluster serves at {address}")
 
@@ -578,12 +625,13 @@ class ProcessCluster:
         return proc
 
     def _launch_range_server(self, i: int, port: int) -> ServerProcess:
+        where = self.placement(self.role_name(i))
         return ServerProcess(
             ["range-server", "--pd", self.pd_address, "--data-dir",
-             str(self.range_server_dir(i)), "--host", self.host, "--port", str(port),
+             str(self.range_server_dir(i)), "--host", where.host, "--port", str(port),
              "--fsync", self.fsync.value, *self._tls_args()],
             self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
-            self.start_timeout_s, env=self.env)
+            self.start_timeout_s, env=self.env, prefix=where.prefix)
 
     def kill_range_server(self, i: int) -> None:
         """SIGKILL range server ``i``."""

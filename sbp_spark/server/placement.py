@@ -33,8 +33,14 @@ class Liveness:
     ``timeout_s``.
 
     Only heartbeats received by this process count, so after a PD restart no server is live
-    until it heartbeats again. ``expire()`` reports servers that just went silent, once each,
-    which is the hook for failover (sealing their ranges elsewhere).
+    until it heartbeats again. ``expire()`` reports servers that went silent, once each, which
+    is the hook for failover (sealing their ranges elsewhere). Silence alone is not enough
+    there: a PD cut off from the network hears nobody, and must not take every server for
+    dead and fail their ranges over the moment the network heals. So a server is reported
+    only when it was silent for ``timeout_s`` *while the PD kept hearing other servers*:
+    another server's heartbeat arrived more than ``timeout_s`` after its last one, and after
+    a stretch in which the PD heard nobody for ``timeout_s`` (it was the one cut off, or every
+    server was down), every server gets ``timeout_s`` from the first heartbeat to speak up.
     """
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -45,11 +51,17 @@ class Liveness:
         self._lock = threading.Lock()
         self._servers: dict[int, ServerState] = {}
         self._dead: set[int] = set()
+        self._heard: float | None = None  # the newest heartbeat from any server
+        # Since when heartbeats kept arriving without a gap longer than the timeout.
+        self._contact_since = 0.0
 
     def beat(self, server_id: int, advertise_addr: str) -> bool:
         """Record a heartbeat. True when the server was not live before (new or returning)."""
         now = self._clock()
         with self._lock:
+            if self._heard is None or now - self._heard > self.timeout_s:
+                self._contact_since = now
+            self._heard = now
             prev = self._servers.get(server_id)
             returning = prev is None or server_id in self._dead or \
                 now - prev.last_seen > self.timeout_s
@@ -64,10 +76,13 @@ class Liveness:
             self._dead.discard(server_id)
 
     def clear(self) -> None:
-        """Forget every server (a PD taking or leaving office starts over)."""
+        """Forget every server (a PD taking or leaving office starts over), and what it heard:
+        silence before this counts as no evidence."""
         with self._lock:
             self._servers.clear()
             self._dead.clear()
+            self._heard = None
+            self._contact_since = 0.0
 
     def is_live(self, server_id: int) -> bool:
         now = self._clock()
@@ -90,11 +105,14 @@ class Liveness:
             return None if st is None else st.advertise_addr
 
     def expire(self) -> list[ServerState]:
-        """Servers whose heartbeats stopped since the last call (each reported once)."""
-        now = self._clock()
+        """Servers found silent since the last call (each reported once): silent for the
+        timeout while other servers were heard (see the class doc)."""
         with self._lock:
-            gone = [s for s in self._servers.values()
-                    if s.server_id not in self._dead and now - s.last_seen > self.timeout_s]
+            heard = self._heard
+            if heard is None:
+                return []
+            gone = [s for s in self._servers.values() if s.server_id not in self._dead
+                    and heard - max(s.last_seen, self._contact_since) > self.timeout_s]
             self._dead.update(s.server_id for s in gone)
             return sorted(gone, key=lambda s: s.server_id)
 

@@ -532,18 +532,40 @@ class RangeServerHandler(RequestHandler):
 
     # -- APPEND ----------------------------------------------------------------------------
 
-    def _open_range_for(self, stream_id: int, header: BatchHeader) -> tuple[RangeLog, bool]:
+    def _open_range_for(self, stream_id: int, header: BatchHeader, range_index: int = -1
+                        ) -> tuple[RangeLog, bool]:
         """The open range an entry goes to, and whether it is a replicated write (a batch
-        from the range's primary, which already carries its base offset)."""
+        from the range's primary, which already carries its base offset). ``range_index``
+        >= 0: a primary's forward of that range, taken only into that range, as a secondary
+        of it (a stale forward from a primary the PD has replaced must not land in the
+        range that followed, even where its offsets would continue it)."""
         ranges = self.storage.stream_ranges(stream_id)
         if not ranges:
             raise RangeNotFoundError(f"stream {stream_id} has no range on this server")
         last = ranges[-1]
         if last.deleted:
             raise StreamNotFoundError(f"stream {stream_id} was deleted")
+        if range_index >= 0 and range_index != last.range_index:
+            if range_index < last.range_index:
+                raise RangeSealedError(
+                    f"range {stream_id}/{range_index} is sealed here: range "
+                    f"{last.range_index} follows it")
+            raise RangeNotFoundError(
+                f"range {stream_id}/{range_index} is not on server {self.server.server_id} "
+                f"(its newest is range {last.range_index})")
         if last.sealed:
             raise RangeSealedError(
                 f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
+        if range_index >= 0:
+            if header.base_offset < 0 or self.server.is_primary(last) \
+                    or not self.server.is_replica(last):
+                raise InvalidRequestError(
+                    f"range {stream_id}/{range_index}: a forward (range_index set) must carry "
+                    f"stored batches (base_offset >= 0) to a secondary of the range; server "
+                    f"{self.server.server_id} is "
+                    f"{'its primary' if self.server.is_primary(last) else 'no secondary'}"
+                    f" and the batch's base_offset is {header.base_offset}")
+            return last, True
         if self.server.is_primary(last):
             return last, False
         if header.base_offset >= 0 and self.server.is_replica(last):
@@ -589,7 +611,7 @@ class RangeServerHandler(RequestHandler):
             pos += e.batch_length
             try:
                 header = self._check_batch(e.stream_id, e.batch_length, view)
-                rlog, replicated = self._open_range_for(e.stream_id, header)
+                rlog, replicated = self._open_range_for(e.stream_id, header, req.range_index)
             except ServerError as exc:
                 results[i] = AppendResult(e.stream_id, e.request_index, -1, 0, _status(exc))
                 continue
@@ -680,7 +702,7 @@ class RangeServerHandler(RequestHandler):
         results = []
         for e in entries:
             try:
-                rlog = self._noticed_range(e.stream_id)
+                rlog = self._noticed_range(e.stream_id, req.range_index)
             except ServerError as exc:
                 results.append(AppendResult(e.stream_id, e.request_index, -1, 0, _status(exc)))
                 continue
@@ -689,9 +711,10 @@ class RangeServerHandler(RequestHandler):
             results.append(AppendResult(e.stream_id, e.request_index, rlog.written_offset, now))
         ctx.reply(AppendResponse(append_responses=results))
 
-    def _noticed_range(self, stream_id: int) -> RangeLog:
-        """The open range a cap notice entry for ``stream_id`` names; INVALID_REQUEST saying
-        why when this server is not a secondary of one."""
+    def _noticed_range(self, stream_id: int, range_index: int = -1) -> RangeLog:
+        """The open range a cap notice entry for ``stream_id`` names (``range_index``, when
+        the notice says); INVALID_REQUEST saying why when this server is not a secondary of
+        it."""
         me = self.server.server_id
         ranges = self.storage.stream_ranges(stream_id) if stream_id >= 0 else []
         last = ranges[-1] if ranges else None
@@ -701,6 +724,9 @@ class RangeServerHandler(RequestHandler):
             why = f"server {me} holds no range of stream {stream_id}"
         elif last.deleted:
             why = f"stream {stream_id} was deleted"
+        elif range_index >= 0 and range_index != last.range_index:
+            why = (f"the notice is for range {stream_id}/{range_index}, and the newest range "
+                   f"of the stream here is {last.range_index}")
         elif last.sealed:
             why = (f"range {stream_id}/{last.range_index} is sealed at {last.end_offset} "
                    f"(a sealed range has no read cap)")

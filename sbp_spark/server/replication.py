@@ -4,7 +4,9 @@ The primary of a range stores a client's batches, then forwards them, exactly as
 offsets already assigned), to every secondary as an ordinary APPEND frame. A secondary accepts
 an APPEND whose batches carry base offsets only for a range it is a secondary of, and only if
 those offsets continue its log exactly; a client's batches (base_offset -1) sent to a secondary
-are refused with NOT_PRIMARY.
+are refused with NOT_PRIMARY. Every forward names its range (``AppendRequest.range_index``),
+and a secondary takes it into no other: a primary cut off from the PD may go on forwarding
+batches of a range the PD has already ended, at offsets where the next range begins.
 
 Order: the local append and the forward are done under one lock per range, and each secondary
 gets its frames over one connection, which it reads and applies in order, so a secondary's log
@@ -65,6 +67,10 @@ log = logging.getLogger(__name__)
 
 # A secondary must store a forwarded frame within this time, or the entries fail.
 DEFAULT_REPLICATION_TIMEOUT_S = 30.0
+# A client's append that asks for less (its timeout_ms) waits at most that long for the
+# secondaries, but never less than this: a forward that fails seals the range for every
+# writer, so one impatient client must not seal ranges over a busy moment.
+MIN_FORWARD_TIMEOUT_S = 1.0
 
 
 # How long a secondary may take to answer a cap notice.
@@ -123,7 +129,8 @@ class Replicator:
         secondary and wait for their answers: each one's stored end of the range, or why
         there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
-                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)])
+                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)],
+                                range_index=rlog.range_index)
         if committed >= 0:
             rlog.cap.note_sent(committed)
         sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
@@ -167,7 +174,11 @@ class Replicator:
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
-        let their readers see that far."""
+        let their readers see that far. A secondary has the append's ``timeout_ms`` to answer
+        (within ``MIN_FORWARD_TIMEOUT_S`` and the replication timeout): past it the writer
+        has stopped waiting anyway, and a secondary that went silent (a link that drops
+        everything) fails the append then, so the range is sealed and writers move on,
+        instead of all of them waiting the whole replication timeout."""
         entries = []
         payload: list = []
         for i, pieces in enumerate(stored):
@@ -178,7 +189,11 @@ class Replicator:
         if committed >= 0:
             rlog.cap.note_sent(committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
-                                committed_offset=committed)
+                                committed_offset=committed, range_index=rlog.range_index)
+        wait_s = None  # the pool's: the replication timeout
+        if timeout_ms > 0:
+            wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
+                         self.pool.config.request_timeout_s)
         out = []
         for replica in self.secondaries(rlog):
             if not replica.advertise_addr:
@@ -188,7 +203,7 @@ class Replicator:
             try:
                 conn = self.pool.get(replica.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
-                                    lambda sid: request_frame(sid, request, payload))
+                                    lambda sid: request_frame(sid, request, payload), wait_s)
                 out.append(Forward(replica, stream))
             except SbpError as exc:
                 out.append(Forward(replica, None, exc))

@@ -743,6 +743,21 @@ def test_append_request_with_committed_offset_round_trips_both_ways(committed, n
     assert AppendRequest.from_flatbuffers(theirs) == req  # and flatc's builder's bytes read back
 
 
+@pytest.mark.parametrize("committed", [-1, 0, 77])
+@pytest.mark.parametrize("range_index", [0, 5, 2**31 - 1])
+def test_append_request_naming_its_range_round_trips_both_ways(committed, range_index):
+    # A primary's forward names the range its batches belong to (with or without a cap).
+    req = AppendRequest(2_000, [AppendEntry(5, 0, 100), AppendEntry(5, 1, 50)],
+                        committed_offset=committed, range_index=range_index)
+    ours = req.to_flatbuffers()
+    assert AppendRequest.from_flatbuffers(ours) == req
+    assert gen_read(AppendRequest, ours) == req
+    assert AppendRequest.from_flatbuffers(gen_write(req)) == req
+    # A client's append names none, and keeps the packed two-slot layout.
+    assert AppendRequest.from_flatbuffers(
+        AppendRequest(2_000, req.append_requests).to_flatbuffers()).range_index == -1
+
+
 def test_append_request_committed_offset_out_of_range_names_the_field():
     with pytest.raises(ValueError, match="AppendRequest.committed_offset"):
         AppendRequest(0, [], committed_offset=2**63).to_flatbuffers()
@@ -795,6 +810,21 @@ def test_struct_entries_that_look_a_little_like_offsets_are_read_as_structs():
         for data in (msg.to_flatbuffers(), _flatbuf.Codec.encode(AppendRequest._CODEC, msg),
                      gen_write(msg)):
             assert AppendRequest.from_flatbuffers(data) == msg
+
+
+def test_no_one_entry_append_is_taken_for_a_table_vector():
+    # Found by integration/bench/slow_links.py: a client appending 1 MiB batches (one per
+    # frame) to stream 8 had batch 32 refused, its struct taken for an offset to a table
+    # whose vtable had no field. With one entry, only the entry's own words can look like an
+    # offset and a vtable: sweep every small stream id and request index.
+    for stream_id in range(0, 64):
+        for request_index in range(0, 160):
+            for batch_length in (0, 28, 1 << 20, (1 << 20) + 6, 16 * 1024 * 1024):
+                msg = AppendRequest(30_000, [AppendEntry(stream_id, request_index,
+                                                         batch_length)])
+                for data in (msg.to_flatbuffers(),
+                             _flatbuf.Codec.encode(AppendRequest._CODEC, msg)):
+                    assert AppendRequest.from_flatbuffers(data) == msg
 
 
 def test_table_entries_behind_the_packed_layouts_head_are_refused_too():

@@ -19,11 +19,11 @@ from sbp_spark.server.range_server import RangeServer
 
 
 def sync_range(server: RangeServer, stream_id: int, replicas: list[RangeReplica],
-               end_offset: int = -1) -> None:
-    """Tell ``server`` that range 0 of ``stream_id`` has ``replicas`` (and ends at
-    ``end_offset``, -1: open)."""
+               end_offset: int = -1, range_index: int = 0, start_offset: int = 0) -> None:
+    """Tell ``server`` that range ``range_index`` of ``stream_id`` (from ``start_offset``) has
+    ``replicas`` (and ends at ``end_offset``, -1: open)."""
     request = SyncRangesRequest(stream_ranges=[StreamRanges(stream_id, [
-        Range(stream_id, 0, 0, 0, end_offset, replicas)])])
+        Range(stream_id, range_index, start_offset, start_offset, end_offset, replicas)])])
     with Connection(server.advertise_addr) as conn:
         response, _ = conn.call(request)
     assert response.sync_responses[0].status.ok
@@ -36,9 +36,11 @@ def send_append(server: RangeServer, request: AppendRequest,
     return response
 
 
-def forward_of(stream_id: int, first: int, count: int, committed: int
+def forward_of(stream_id: int, first: int, count: int, committed: int, range_index: int = -1
                ) -> tuple[AppendRequest, list[bytes]]:
-    """A primary's forward: ``count`` one-record batches at ``first`` with ``committed``."""
+    """A primary's forward: ``count`` one-record batches at ``first`` with ``committed``, of
+    range ``range_index`` (-1: not named, as primaries did before forwards named it)."""
     batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
-    return AppendRequest(timeout_ms=5000, committed_offset=committed, append_requests=[
-        AppendEntry(stream_id, i, len(b)) for i, b in enumerate(batches)]), batches
+    return AppendRequest(timeout_ms=5000, committed_offset=committed, range_index=range_index,
+                         append_requests=[AppendEntry(stream_id, i, len(b))
+                                          for i, b in enumerate(batches)]), batches

@@ -264,6 +264,8 @@ def test_liveness_timeout_and_expiry():
     live.beat(2, "b:1")
     clock.now += 2
     assert live.is_live(2) and not live.is_live(1)
+    assert live.expire() == []  # nobody was heard since 1 went silent for the timeout
+    live.beat(2, "b:1")
     assert [s.server_id for s in live.expire()] == [1]
     assert live.expire() == []  # reported once
     assert live.beat(1, "a:3") is True  # back again
@@ -271,6 +273,29 @@ def test_liveness_timeout_and_expiry():
     assert [s.server_id for s in live.live()] == [1]
     with pytest.raises(ValueError):
         Liveness(0)
+
+
+def test_liveness_blames_nobody_while_it_hears_nobody():
+    # The PD cut off from every server: silence everywhere is no evidence against any of them.
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    for sid in (1, 2, 3):
+        live.beat(sid, f"s:{sid}")
+    clock.now += 30
+    assert live.live() == [] and live.expire() == []
+    # The network heals: each server gets one timeout from the first heartbeat to be heard.
+    live.beat(1, "s:1")
+    clock.now += 2
+    live.beat(2, "s:2")
+    clock.now += 0.9
+    live.beat(1, "s:1")
+    assert live.expire() == []  # 3 is silent, but only 2.9 s since the PD hears again
+    live.beat(3, "s:3")
+    for _ in range(2):
+        clock.now += 1.75
+        live.beat(1, "s:1")
+    # 2 and 3 fell silent again while 1 was heard: now that is evidence.
+    assert [s.server_id for s in live.expire()] == [2, 3]
 
 
 def test_create_with_explicit_id(store):

@@ -18,6 +18,8 @@ from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, Sb
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
+    AppendEntry,
+    AppendRequest,
     FetchEntry,
     RangeReplica,
     RangeServer,
@@ -125,6 +127,54 @@ def test_a_refused_forward_does_not_raise_the_cap(secondary):
         [refused] = forward(srv, 5, 1, committed=2)
         assert refused.status.code == ErrorCode.REPLICATION_FAILED
         assert next_offset(rs) == 0 and offsets(rs) == []
+
+
+def test_a_forward_of_an_ended_range_never_lands_in_the_next_one(secondary):
+    # Found by the partition case "primary cut off from the PD": the cut-off primary went on
+    # forwarding range 0 after the PD had ended it and opened range 1 here, at the offset
+    # where range 0 ended. Its batch continued range 1's log exactly and was stored there;
+    # the new primary's own batch at that offset was then refused, and the replicas of range
+    # 1 held different records at the same offsets.
+    srv, replicas = secondary
+    assert all(r.status.ok for r in send_append(srv, *forward_of(
+        STREAM, 0, 2, committed=0, range_index=0)).append_responses)
+    sync(srv, replicas, end_offset=2)  # the PD ended range 0 at 2 ...
+    new_primary = RangeReplica(RangeServer(3, "127.0.0.1:3"), True)
+    sync_range(srv, STREAM, [new_primary, RangeReplica(RangeServer(2, srv.advertise_addr),
+                                                       False)],
+               range_index=1, start_offset=2)  # ... and opened range 1 with server 2 in it
+    [stale] = send_append(srv, *forward_of(STREAM, 2, 1, committed=2,
+                                           range_index=0)).append_responses
+    assert stale.status.code == ErrorCode.RANGE_SEALED
+    assert "range 1 follows it" in stale.status.message
+    assert srv.storage.get_range(STREAM, 1).written_offset == 2  # nothing landed
+    [ahead] = send_append(srv, *forward_of(STREAM, 2, 1, committed=2,
+                                           range_index=2)).append_responses
+    assert ahead.status.code == ErrorCode.RANGE_NOT_FOUND
+    [fresh] = send_append(srv, *forward_of(STREAM, 2, 1, committed=2,
+                                           range_index=1)).append_responses
+    assert fresh.status.ok and fresh.base_offset == 2
+    # A notice for the ended range does not touch the next one.
+    notice = AppendRequest(timeout_ms=5000, committed_offset=3, range_index=0,
+                           append_requests=[AppendEntry(STREAM, 0, 0)])
+    [answer] = send_append(srv, notice).append_responses
+    assert answer.status.code == ErrorCode.INVALID_REQUEST
+    assert "for range 4/0" in answer.status.message
+    assert srv.storage.get_range(STREAM, 1).read_cap == 2
+
+
+def test_a_forward_naming_its_range_is_refused_by_that_range_s_primary(tmp_path):
+    srv = start(tmp_path / "p", 2)
+    try:
+        sync(srv, [RangeReplica(RangeServer(2, srv.advertise_addr), True),
+                   RangeReplica(RangeServer(3, "127.0.0.1:3"), False)])
+        [result] = send_append(srv, *forward_of(STREAM, 0, 1, committed=0,
+                                                range_index=0)).append_responses
+        assert result.status.code == ErrorCode.INVALID_REQUEST
+        assert "server 2 is its primary" in result.status.message
+        assert srv.storage.get_range(STREAM, 0).written_offset == 0
+    finally:
+        srv.stop()
 
 
 def test_committed_offset_below_minus_one_is_an_invalid_request(secondary):

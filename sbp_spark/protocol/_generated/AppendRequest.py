@@ -62,8 +62,15 @@ class AppendRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
+    # AppendRequest
+    def RangeIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
 def AppendRequestStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     AppendRequestStart(builder)
@@ -91,6 +98,12 @@ def AppendRequestAddCommittedOffset(builder, committedOffset):
 
 def AddCommittedOffset(builder, committedOffset):
     AppendRequestAddCommittedOffset(builder, committedOffset)
+
+def AppendRequestAddRangeIndex(builder, rangeIndex):
+    builder.PrependInt32Slot(3, rangeIndex, -1)
+
+def AddRangeIndex(builder, rangeIndex):
+    AppendRequestAddRangeIndex(builder, rangeIndex)
 
 def AppendRequestEnd(builder):
     return builder.EndObject()
