@@ -242,7 +242,8 @@ class PlacementDriver:
 
     def _took_office(self) -> None:
         # Heartbeats went to the old leader until now: start liveness afresh, and give every
-        # server one liveness timeout to find this node before failing it over.
+        # server one liveness timeout (from when the first reaches this node) to find it
+        # before failing it over.
         self.liveness.clear()
         self.calls.forget_owed()
         self.failover.took_office()

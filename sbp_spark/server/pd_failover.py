@@ -1,11 +1,12 @@
 """The PD's failover duty: notice range servers that went silent and fail their ranges over.
 
 ``Failover`` runs the liveness sweep on its own thread, while this PD leads: servers whose
-heartbeats stopped (and, one liveness timeout after this PD took office, registered servers
-that never heartbeated to it) are owed a failover; every sweep fails over the open ranges of
-the servers owed one that are still not live. A lone PD takes office when it starts; a node of
-a PD cluster when it is elected, so range servers whose heartbeats went to the old leader get
-one liveness timeout to find the new one before they count as gone. The metadata and the
+heartbeats stopped (and registered servers that never heartbeated to this PD, once it has
+heard the others for one liveness timeout since it took office) are owed a failover; every
+sweep fails over the open ranges of the servers owed one that are still not live. A lone PD
+takes office when it starts; a node of a PD cluster when it is elected, so range servers whose
+heartbeats went to the old leader get one liveness timeout, counted from when the first of
+them reached this node, to find it before they count as gone. The metadata and the
 calls to range servers are the ``PlacementDriver``'s (``pd.store``, ``pd.calls``).
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from sbp_spark.protocol import messages as m
@@ -34,21 +34,20 @@ class Failover:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # monotonic time this PD took office; None while it does not lead
-        self._office: float | None = None
+        self._in_office = False  # this PD leads (it took office and has not left)
         self._checked_absent = False
 
     def took_office(self) -> None:
         """This PD leads from now on: start the grace period, forget older debts."""
         with self._lock:
             self._owed.clear()
-            self._office, self._checked_absent = time.monotonic(), False
+            self._in_office, self._checked_absent = True, False
 
     def left_office(self) -> None:
         """This PD no longer leads: sweep nothing until it leads again."""
         with self._lock:
             self._owed.clear()
-            self._office = None
+            self._in_office = False
 
     def start(self) -> None:
         """Start the sweep thread (a lone PD leads from now on)."""
@@ -68,21 +67,23 @@ class Failover:
         """Every third of a liveness timeout: notice servers that went silent, fail them over."""
         interval = max(0.05, self.pd.config.heartbeat_timeout_s / 3)
         while not self._stop.wait(interval):
-            if self._office is not None and self.pd.is_leader():
+            if self._in_office and self.pd.is_leader():
                 self.sweep_once()
 
     def sweep_once(self) -> None:
         """One sweep: servers whose heartbeats stopped are owed a failover, and so are, once
-        one liveness timeout has passed since this PD took office, registered servers that
-        never heartbeated to it; then every failover owed is tried."""
+        this PD has heard other servers for one liveness timeout since it took office,
+        registered servers that never heartbeated to it; then every failover owed is tried."""
         timeout = self.pd.config.heartbeat_timeout_s
         for gone in self.pd.liveness.expire():
             log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
                         gone.server_id, gone.advertise_addr, timeout)
             self.owe(gone.server_id)
-        office = self._office
-        if not self._checked_absent and office is not None and \
-                time.monotonic() - office > timeout:
+        # Servers that heartbeated to the old leader find the new one at their own pace (a
+        # call to the old leader, cut off, may hang for its whole timeout first), so an absent
+        # server counts as gone only once the PD has heard others for a full timeout.
+        if not self._checked_absent and self._in_office and \
+                self.pd.liveness.in_contact_for() > timeout:
             self._checked_absent = True
             for server in self.pd.store.list_servers():
                 if server.registered and not self.pd.liveness.is_live(server.server_id):

@@ -84,6 +84,15 @@ class Liveness:
             self._heard = None
             self._contact_since = 0.0
 
+    def in_contact_for(self) -> float:
+        """Seconds since heartbeats began arriving without a gap longer than the timeout
+        (0 while the PD hears nobody): how long every server has had to reach it."""
+        now = self._clock()
+        with self._lock:
+            if self._heard is None or now - self._heard > self.timeout_s:
+                return 0.0
+            return now - self._contact_since
+
     def is_live(self, server_id: int) -> bool:
         now = self._clock()
         with self._lock:

@@ -8,6 +8,7 @@ the end offset the PD picks can be checked exactly. The last test runs real rang
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,8 +19,11 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import PdConfig, PlacementDriver
+from sbp_spark.server.pd_failover import Failover
+from sbp_spark.server.placement import Liveness
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
+from .test_pd_store import FakeClock
 
 # Liveness timeout of the test PD: short for speed, long enough that a loaded machine does not
 # make a beating server look dead.
@@ -177,6 +181,55 @@ def test_servers_silent_since_a_pd_restart_are_failed_over(tmp_path):
     finally:
         for rs in servers:
             rs.stop()
+
+
+class RecordingFailover(Failover):
+    """The sweep's decisions, without a store of ranges to act on: who is failed over."""
+
+    def __init__(self, pd) -> None:
+        super().__init__(pd)
+        self.failed_over: list[int] = []
+
+    def fail_over_server(self, server_id: int) -> bool:
+        self.failed_over.append(server_id)
+        return True
+
+
+def test_servers_slow_to_find_a_new_pd_are_not_failed_over():
+    """After a PD takes office, servers reach it at their own pace (a call to the old leader,
+    cut off, may hang for its whole timeout first). A server that never heartbeats to the new
+    PD is gone only once the others were heard for a full timeout, not one timeout after the
+    PD took office."""
+    clock = FakeClock()
+    registered = [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True)
+                  for sid in (1, 2, 3)]
+    pd = SimpleNamespace(config=SimpleNamespace(heartbeat_timeout_s=3.0),
+                         liveness=Liveness(3.0, clock=clock),
+                         store=SimpleNamespace(list_servers=lambda: registered))
+    failover = RecordingFailover(pd)
+    failover.took_office()
+    clock.now += 2.7  # servers 1 and 3 find the new leader first
+    for sid in (1, 3):
+        pd.liveness.beat(sid, f"s:{sid}")
+    clock.now += 0.5  # one timeout after taking office, but not after the first heartbeat
+    failover.sweep_once()
+    pd.liveness.beat(2, "s:2")  # 2 arrives
+    for _ in range(4):
+        clock.now += 1.0
+        for sid in (1, 2, 3):
+            pd.liveness.beat(sid, f"s:{sid}")
+        failover.sweep_once()
+    assert failover.failed_over == []
+    # One that never arrives is gone once the others were heard for the timeout.
+    late = RecordingFailover(pd)
+    late.took_office()
+    pd.liveness.clear()
+    for _ in range(5):
+        clock.now += 1.0
+        for sid in (1, 3):
+            pd.liveness.beat(sid, f"s:{sid}")
+        late.sweep_once()
+    assert late.failed_over == [2]
 
 
 def test_writer_carries_on_after_its_primary_dies(tmp_path):

@@ -298,6 +298,26 @@ def test_liveness_blames_nobody_while_it_hears_nobody():
     assert [s.server_id for s in live.expire()] == [2, 3]
 
 
+def test_liveness_counts_contact_from_the_first_heartbeat():
+    # A PD taking office hears nobody at first; the grace for servers that have not found it
+    # yet runs from the first heartbeat, and a silence longer than the timeout restarts it.
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    clock.now += 10
+    assert live.in_contact_for() == 0.0
+    live.beat(1, "s:1")
+    clock.now += 2
+    live.beat(1, "s:1")
+    assert live.in_contact_for() == pytest.approx(2.0)
+    clock.now += 3.5
+    assert live.in_contact_for() == 0.0  # nobody heard for longer than the timeout
+    live.beat(1, "s:1")
+    clock.now += 1
+    assert live.in_contact_for() == pytest.approx(1.0)
+    live.clear()
+    assert live.in_contact_for() == 0.0
+
+
 def test_create_with_explicit_id(store):
     s, _ = store.create_stream(1, -1, [1], stream_id=40)
     assert s.stream_id == 40
