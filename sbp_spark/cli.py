@@ -116,7 +116,7 @@ def _add_tls_args(parser: argparse.ArgumentParser) -> None:
 
 def _tls_of(args: argparse.Namespace):
     """The server TLS settings of the command line (None without --tls-cert/--tls-key)."""
-    from sbp_spark.client.tls import TlsConfig
+    from sbp_spark.transport.tls import TlsConfig
 
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_ca is not None:

@@ -30,8 +30,8 @@ from typing import Any
 
 from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.connection import Connection
-from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
+from sbp_spark.transport.tls import TlsConfig
 
 from .net import NetConfig
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES

@@ -75,7 +75,6 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import Any, ClassVar, NamedTuple
 
-from ..client.tls import TlsConfig, TlsSocket
 from ..protocol import messages
 from ..protocol.buffers import ReceiveBuffers
 from ..protocol.constants import KNOWN_OPCODES, MAX_FRAME_LENGTH, Flags, Opcode, opcode_name
@@ -94,6 +93,8 @@ from ..protocol.frame import (
     encode_frame,
     frame_prefix,
 )
+from ..transport.sockets import send_buffers
+from ..transport.tls import TlsConfig, TlsSocket
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,6 @@ Buffer = bytes | bytearray | memoryview
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
 # measured the fastest and steadiest on loopback.
 RECV_PIECE = 256 * 1024
-# Linux accepts at most this many buffers in one sendmsg call (IOV_MAX).
-_IOV_MAX = 1024
 # Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
 # than let one noisy client starve the process of threads and memory.
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -362,34 +361,17 @@ class Connection:
                 self._state.notify_all()
 
     def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
-        iov: list[memoryview] = []
+        iov: list[Buffer] = []
         for part in parts:
             if isinstance(part, FileRegion):
                 if iov:
-                    self._sendmsg_all(iov)
+                    send_buffers(self.sock, iov)
                     iov = []
                 self._sendfile_all(part)
             else:
-                view = memoryview(part).cast("B")
-                if view.nbytes:
-                    iov.append(view)
+                iov.append(part)
         if iov:
-            self._sendmsg_all(iov)
-
-    def _sendmsg_all(self, iov: list[memoryview]) -> None:
-        sock = self.sock
-        i = 0
-        while i < len(iov):
-            sent = sock.sendmsg(iov[i:i + _IOV_MAX])
-            # Skip the buffers sent whole; keep the unsent tail of a partly sent one.
-            while sent and i < len(iov):
-                n = iov[i].nbytes
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    iov[i] = iov[i][sent:]
-                    sent = 0
+            send_buffers(self.sock, iov)
 
     def _sendfile_all(self, region: FileRegion) -> None:
         if self.tls:  # the kernel cannot encrypt: read and encrypt here

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from ..client.config import ClientConfig
 from ..client.connection import ResponseStream
 from ..client.pool import ConnectionPool
-from ..client.tls import TlsConfig
 from ..protocol.constants import Opcode
 from ..protocol.errors import ReplicationFailedError, SbpError
 from ..protocol.messages import (
@@ -59,6 +58,7 @@ from ..protocol.messages import (
     decode_response,
     request_frame,
 )
+from ..transport.tls import TlsConfig
 from .storage import RangeLog, Replica
 
 log = logging.getLogger(__name__)
