@@ -33,11 +33,12 @@ from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.transport.tls import TlsConfig
 
+from .durability import FsyncPolicy
 from .net import NetConfig
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
 from .range_server import RangeServer, RangeServerConfig
-from .storage import FsyncPolicy, StorageConfig
+from .storage import StorageConfig
 
 log = logging.getLogger(__name__)
 

@@ -71,10 +71,11 @@ from ..protocol.messages import RangeServer as RangeServerInfo
 from ..protocol.records import BatchHeader, parse_header
 from .fetch import DEFAULT_FETCH_FRAME_BYTES, FetchServer
 from .net import FrameServer, NetConfig, RequestContext, RequestHandler, Route, Runs
+from .range_log import RangeLog, Replica
 from .read_cap import CapState
 from .replication import Replicator
 from .segment import atomic_write
-from .storage import RangeLog, Replica, Storage, StorageConfig
+from .storage import Storage, StorageConfig
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from ..protocol.messages import (
     request_frame,
 )
 from ..transport.tls import TlsConfig
-from .storage import RangeLog, Replica
+from .range_log import RangeLog, Replica
 
 log = logging.getLogger(__name__)
 
