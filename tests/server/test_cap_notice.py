@@ -26,8 +26,9 @@ from sbp_spark.protocol.messages import (
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
-from sbp_spark.server.range_server import DelayedCalls, RangeServerConfig
+from sbp_spark.server.cap_notices import DelayedCalls
 from sbp_spark.server.range_server import RangeServer as Server
+from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
 from tests.server.secondary import forward_of, send_append, sync_range
@@ -191,7 +192,7 @@ def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_pat
         for s in (s2, s3):
             poll(lambda s=s: offsets(s) == [0, 1, 2], f"secondary {s.server_id}'s readers")
         assert rlog.read_cap == 3  # not 5: records 3-4 are on the primary alone
-        poll(lambda: not primary._cap_prober.is_alive(), "the probe thread to finish")
+        poll(lambda: not primary.cap_notices.prober.is_alive(), "the probe thread to finish")
     finally:
         for s in (primary, s2, s3):
             s.stop()
