@@ -7,8 +7,9 @@ same FlatBuffers format as ``_flatbuf`` (tests check both against flatc's genera
 and builders), with layouts fixed in advance so a whole header is one ``struct`` call:
 
 - ``PackedEntriesCodec`` (``AppendRequest``): the entries are a vector of 16-byte structs,
-  packed in one go. Only a request without ``committed_offset`` (every client append) has
-  this layout; a forward that sets it is written and read by the generic code. Entries sent
+  packed in one go. Only a request without ``committed_offset`` and ``cap_notice`` (every
+  client append) has this layout; a primary's forward or cap notice is written and read by
+  the generic code. Entries sent
   as tables instead of structs are recognised and refused, naming the problem.
 - ``RowsCodec`` (``AppendResponse``, ``FetchResponse``, ``FetchRequest``): the root table,
   then a vector of offsets, then the item tables at a fixed stride, every scalar written
@@ -140,8 +141,9 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
 
 
 class PackedEntriesCodec(Codec):
-    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset): client appends
-    as one packed struct; the table-instead-of-struct mistake refused by name."""
+    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset, cap_notice):
+    client appends as one packed struct; the table-instead-of-struct mistake refused by
+    name."""
 
     def link(self, codecs: dict[str, Codec]) -> None:
         entries = self.fields[1]
@@ -149,7 +151,7 @@ class PackedEntriesCodec(Codec):
             raise AssertionError(f"{self.name}.{entries.name} is not the 16-byte struct vector "
                                  "this codec packs")
         if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
-                                               "committed_offset"]:
+                                               "committed_offset", "cap_notice"]:
             raise AssertionError(f"{self.name} is not the table this codec packs")
         self._entry_cls = entries.sub.cls
         self._entry_unpack = entries.sub.struct.iter_unpack
@@ -157,10 +159,10 @@ class PackedEntriesCodec(Codec):
         entries.reader = self._read_entries
 
     def encode(self, msg: Any) -> bytes:
-        if msg.committed_offset != -1:
-            # A primary's forward (one per secondary per frame): the generic layout, which
-            # also writes the third slot. The fast reader sees its longer vtable and leaves it
-            # to the generic reader.
+        if msg.committed_offset != -1 or msg.cap_notice is not None:
+            # A primary's forward or cap notice (one per secondary): the generic layout, which
+            # also writes the later slots. The fast reader sees its longer vtable and leaves
+            # it to the generic reader.
             return super().encode(msg)
         try:
             entries = msg.append_requests

@@ -191,12 +191,6 @@ class PendingAppend:
         self.ctx.reply(self.replies.response())
 
 
-def _is_cap_notice(req: AppendRequest, payload: memoryview) -> bool:
-    entries = req.append_requests
-    return bool(entries) and payload.nbytes == 0 and req.committed_offset >= -1 and all(
-        e.batch_length == 0 for e in entries)
-
-
 def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:
     """Why the request as a whole is malformed, or None."""
     entries = req.append_requests
@@ -218,8 +212,8 @@ class AppendPath:
 
     def serve(self, ctx: RequestContext, req: AppendRequest) -> None:
         payload = memoryview(ctx.payload)
-        if _is_cap_notice(req, payload):
-            ctx.reply(self.server.cap_notices.answer(req))
+        if req.cap_notice is not None:
+            ctx.reply(self.server.cap_notices.answer(req.cap_notice, req, payload.nbytes))
             return
         entries = req.append_requests
         metrics = self.server.metrics
@@ -278,6 +272,10 @@ class AppendPath:
     def _check_batch(self, stream_id: int, batch_length: int, view: memoryview) -> BatchHeader:
         if stream_id < 0:
             raise InvalidRequestError(f"stream_id {stream_id} must be >= 0")
+        if batch_length == 0:
+            raise InvalidRequestError(
+                f"stream {stream_id}: an entry of batch_length 0 holds no record batch (a read "
+                f"cap notice is an APPEND with cap_notice set and no entries)")
         limit = self.server.config.max_batch_bytes
         if batch_length > limit:
             raise PayloadTooLargeError(

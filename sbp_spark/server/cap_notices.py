@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..protocol.errors import InvalidRequestError, ServerError
-from ..protocol.messages import AppendRequest, AppendResponse, AppendResult, Status
+from ..protocol.errors import ErrorCode, InvalidRequestError, ServerError
+from ..protocol.messages import AppendRequest, AppendResponse, AppendResult, RangeId, Status
 from .range_log import RangeLog
 from .read_cap import CapState
 
@@ -191,51 +191,46 @@ class CapNotices:
 
     # -- the secondary's side ---------------------------------------------------------------
 
-    def answer(self, req: AppendRequest) -> AppendResponse:
-        """A cap notice from a range's primary: raise the read cap to ``committed_offset``
-        (when set, and the entries name one stream) and answer each entry with the stored end
-        of the stream's open range here."""
-        entries = req.append_requests
-        committed = req.committed_offset
-        if len({e.stream_id for e in entries}) != 1:
-            committed = -1  # one offset cannot name the ends of several ranges
+    def answer(self, rid: RangeId, req: AppendRequest, payload_bytes: int) -> AppendResponse:
+        """A cap notice (``req``, whose ``cap_notice`` is ``rid``) from the primary of that
+        range: raise its read cap to ``committed_offset`` (unless -1) and answer with the
+        range's stored end here."""
+        if req.append_requests or payload_bytes:
+            status = Status(ErrorCode.INVALID_REQUEST,
+                            f"a read cap notice (cap_notice set, for range {rid.stream_id}/"
+                            f"{rid.range_index}) carries no entries and no payload; this one "
+                            f"has {len(req.append_requests)} entries and {payload_bytes} bytes")
+            return AppendResponse(status=status)
         now = time.time_ns() // 1_000_000
-        results = []
-        for e in entries:
-            try:
-                rlog = self._noticed_range(e.stream_id)
-            except ServerError as exc:
-                results.append(AppendResult(e.stream_id, e.request_index, -1, 0,
-                                            Status.from_error(exc)))
-                continue
-            if committed >= 0:
-                rlog.cap.learn(committed, rlog.written_offset)
-            results.append(AppendResult(e.stream_id, e.request_index, rlog.written_offset, now))
-        return AppendResponse(append_responses=results)
+        try:
+            rlog = self._noticed_range(rid.stream_id, rid.range_index)
+        except ServerError as exc:
+            return AppendResponse(append_responses=[
+                AppendResult(rid.stream_id, 0, -1, 0, Status.from_error(exc))])
+        if req.committed_offset >= 0:
+            rlog.cap.learn(req.committed_offset, rlog.written_offset)
+        return AppendResponse(append_responses=[
+            AppendResult(rid.stream_id, 0, rlog.written_offset, now)])
 
-    def _noticed_range(self, stream_id: int) -> RangeLog:
-        """The open range a cap notice entry for ``stream_id`` names; INVALID_REQUEST saying
-        why when this server is not a secondary of one."""
+    def _noticed_range(self, stream_id: int, range_index: int) -> RangeLog:
+        """The range a cap notice names; INVALID_REQUEST saying why when this server is not a
+        secondary of it, or it is not open here."""
         server = self.server
         me = server.server_id
-        ranges = server.storage.stream_ranges(stream_id) if stream_id >= 0 else []
-        last = ranges[-1] if ranges else None
-        if stream_id < 0:
-            why = f"stream_id {stream_id} must be >= 0"
-        elif last is None:
-            why = f"server {me} holds no range of stream {stream_id}"
-        elif last.deleted:
+        name = f"range {stream_id}/{range_index}"
+        rlog = server.storage.get_range(stream_id, range_index)
+        if stream_id < 0 or range_index < 0:
+            why = "stream_id and range_index must be >= 0"
+        elif rlog is None:
+            why = f"server {me} holds no such range"
+        elif rlog.deleted:
             why = f"stream {stream_id} was deleted"
-        elif last.sealed:
-            why = (f"range {stream_id}/{last.range_index} is sealed at {last.end_offset} "
-                   f"(a sealed range has no read cap)")
-        elif server.is_primary(last):
-            why = (f"server {me} is the primary of range {stream_id}/{last.range_index}, "
-                   f"and only a secondary takes notices")
-        elif not server.is_replica(last):
-            why = f"server {me} holds no replica of range {stream_id}/{last.range_index}"
+        elif rlog.sealed:
+            why = f"it is sealed at {rlog.end_offset} (a sealed range has no read cap)"
+        elif server.is_primary(rlog):
+            why = f"server {me} is its primary, and only a secondary takes notices"
+        elif not server.is_replica(rlog):
+            why = f"server {me} holds no replica of it"
         else:
-            return last
-        raise InvalidRequestError(
-            f"stream {stream_id}: a 0-byte entry holds no record batch; with an empty payload "
-            f"it is a read cap notice from a range's primary to its secondaries, but {why}")
+            return rlog
+        raise InvalidRequestError(f"read cap notice for {name}: {why}")

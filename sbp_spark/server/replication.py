@@ -22,10 +22,10 @@ the cap as the secondaries store appends. Every forward carries the primary's ca
 than what is durable on the primary itself) as ``committed_offset``, and a secondary that
 stored the forward raises its own cap to it.
 
-Cap notices close the two gaps forwards leave. A notice is an APPEND with an empty payload
-whose entries are all zero-length (each names a stream: its open range on the receiver) and
-whose ``committed_offset`` is the primary's cap, or -1 to only ask. A secondary raises its cap
-as for a forward and answers each entry with its stored end of the range as ``base_offset``.
+Cap notices close the two gaps forwards leave. A notice is an APPEND whose ``cap_notice``
+names the range, with no entries and no payload, and whose ``committed_offset`` is the
+primary's cap, or -1 to only ask. A secondary raises its cap as for a forward and answers
+with its stored end of the range as the one result's ``base_offset``.
 * When the last pending append of a range settles (the range went quiet), the primary sends
   its new cap in a notice, so the secondaries' readers see the end of a burst without waiting
   for the next append. Under load the next forward carries the cap instead.
@@ -54,6 +54,7 @@ from ..protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
+    RangeId,
     SystemError,
     decode_response,
     request_frame,
@@ -123,7 +124,7 @@ class Replicator:
         secondary and wait for their answers: each one's stored end of the range, or why
         there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
-                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)])
+                                cap_notice=RangeId(rlog.stream_id, rlog.range_index))
         if committed >= 0:
             rlog.cap.note_sent(committed)
         sent: list[tuple[Replica, ResponseStream | None, str | None]] = []

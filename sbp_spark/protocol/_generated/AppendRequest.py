@@ -62,8 +62,19 @@ class AppendRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
+    # AppendRequest
+    def CapNotice(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            from .RangeId import RangeId
+            obj = RangeId()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def AppendRequestStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     AppendRequestStart(builder)
@@ -91,6 +102,12 @@ def AppendRequestAddCommittedOffset(builder, committedOffset):
 
 def AddCommittedOffset(builder, committedOffset):
     AppendRequestAddCommittedOffset(builder, committedOffset)
+
+def AppendRequestAddCapNotice(builder, capNotice):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(capNotice), 0)
+
+def AddCapNotice(builder, capNotice):
+    AppendRequestAddCapNotice(builder, capNotice)
 
 def AppendRequestEnd(builder):
     return builder.EndObject()

@@ -22,6 +22,7 @@ TABLES = {
         ('timeout_ms', 0, 'int', 0, False),
         ('append_requests', 1, '[AppendEntry]', None, False),
         ('committed_offset', 2, 'long', -1, False),
+        ('cap_notice', 3, 'RangeId', None, False),
     ),
     'AppendResponse': (
         ('throttle_time_ms', 0, 'int', 0, False),
