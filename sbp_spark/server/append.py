@@ -168,7 +168,7 @@ class PendingAppend:
         if not self.parts:
             self.finish()
             return
-        # Durability is signalled by the fsync thread and replication is awaited on the
+        # Durability is signalled by the flush thread and replication is awaited on the
         # worker pool; the answer always leaves from the pool.
         self.ctx.defer()
         self._left = len(self.parts)
@@ -226,6 +226,15 @@ class AppendPath:
                 AppendResult(e.stream_id, e.request_index, -1, 0, status) for e in entries]))
             return
         pending = PendingAppend(self.server, ctx, entries)
+        with self.storage.durability.storing():
+            self._store_all(req, ctx, pending, payload)
+        pending.run()
+
+    def _store_all(self, req: AppendRequest, ctx: RequestContext, pending: PendingAppend,
+                   payload: memoryview) -> None:
+        """Check, group and store every entry of ``req``; the parts to wait for go into
+        ``pending``."""
+        entries = req.append_requests
         groups = self._group(entries, payload, pending.replies)
         # A forward from a primary says how far every replica holds its (one) range: once its
         # batches are stored here, readers of this secondary may see that far.
@@ -241,11 +250,10 @@ class AppendPath:
             except ServerError as exc:
                 pending.replies.refuse(group.indexes, Status.from_error(exc))
                 continue
-            metrics.touch(group.rlog)
+            self.server.metrics.touch(group.rlog)
             for i, base in zip(group.indexes, bases, strict=True):
                 pending.replies.stored(i, base, now)
             pending.parts += parts
-        pending.run()
 
     # -- checking and grouping the entries ---------------------------------------------------
 

@@ -1,17 +1,24 @@
-"""Group commit: the thread that fsyncs the range logs and releases what waits for durability.
+"""Group commit: the thread that flushes (fsyncs) the range logs and releases what waits for
+durability.
 
 Appends write to the page cache and mark their range *dirty*; acknowledgements wait here until
-the range's ``next_offset`` (what is durable, see ``RangeLog.sync``) reaches their end. Policies
-(``FsyncPolicy``):
+the range's ``next_offset`` (what is durable, see ``RangeLog.sync``) reaches their end. A
+*flush* fsyncs every dirty range (several side by side); appends written while a flush runs
+go into the next one, so one fsync serves every append that waited for it. When a flush
+starts is the policy (``FsyncPolicy``):
 
-* ``always``: a round starts as soon as a range is dirty; appends arriving during a round's
-  fsyncs share the next round (group commit), so throughput does not collapse.
-* ``interval``: rounds start at most once per ``fsync_interval_ms``; acknowledgements wait for
-  the round after their append.
-* ``never``: no rounds at all; appends are acknowledged once in the page cache (their range
+* ``group`` (the default): as soon as something is dirty and no flush runs, unless appends are
+  being stored at that moment (a burst is arriving); then it waits for the burst to be
+  stored, but never longer than ``fsync_interval_ms`` after the first write it will make
+  durable. One writer waiting for each acknowledgement gets a flush per append, as soon as
+  its append is written; many busy writers share flushes the way ``interval`` makes them.
+* ``always``: as soon as something is dirty and no flush runs, whatever arrives.
+* ``interval``: at most one flush per ``fsync_interval_ms``, counted from the start of the
+  previous one: the fewest fsyncs, and every acknowledgement waits for the next tick.
+* ``never``: no flushes at all; appends are acknowledged once in the page cache (their range
   moves ``next_offset`` itself).
 
-One round fsyncs every dirty range; several dirty ranges are fsynced side by side.
+Under every policy but ``never`` an append is acknowledged only once it is durable.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..protocol.errors import SbpError, StorageFullError
@@ -31,39 +39,57 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Group-commit period of the ``interval`` policy: a small added append latency for
-# one fsync per period instead of one per append.
+# The longest a write waits for its flush to start under ``group`` while a burst is being
+# stored, and the flush period of ``interval``: a small added latency for fewer fsyncs.
 DEFAULT_FSYNC_INTERVAL_MS = 10
-# Ranges fsynced at the same time in one group-commit round.
+# Ranges fsynced at the same time in one flush.
 _SYNC_THREADS = 8
 
 Waiter = Callable[[BaseException | None], None]
 
 
 class FsyncPolicy(str, enum.Enum):
+    """When appends are made durable (see the module's description)."""
+
+    GROUP = "group"
     ALWAYS = "always"
     INTERVAL = "interval"
     NEVER = "never"
 
 
-class GroupCommit:
-    """The fsync thread of one storage, and the callbacks waiting for data to be durable.
+# One line per policy for help texts (``sbp server --help``) and error messages.
+POLICY_HELP = {
+    FsyncPolicy.GROUP: "flush as soon as a write is stored and no flush runs; while a burst of "
+                       "appends is being stored, gather it for at most the fsync interval",
+    FsyncPolicy.ALWAYS: "flush as soon as a write is stored and no flush runs",
+    FsyncPolicy.INTERVAL: "flush at most once per fsync interval",
+    FsyncPolicy.NEVER: "never fsync: acknowledge once in the page cache",
+}
 
-    ``on_synced(count)`` is called after each fsync of a range that succeeded (statistics);
-    ``after_round()`` after each round's waiters were released (work kept off their path).
+
+class GroupCommit:
+    """The flush thread of one storage, and the callbacks waiting for data to be durable.
+
+    ``on_synced()`` is called after each fsync of a range that succeeded (statistics);
+    ``after_round()`` after each flush's waiters were released (work kept off their path).
     """
 
     def __init__(self, policy: FsyncPolicy, interval_ms: int,
                  on_synced: Callable[[], None] = lambda: None,
                  after_round: Callable[[], None] = lambda: None) -> None:
         self.policy = policy
-        self.interval_ms = interval_ms
+        self.interval_s = interval_ms / 1000.0
         self._on_synced = on_synced
         self._after_round = after_round
         self._dirty: dict[int, RangeLog] = {}  # id(range) -> range with unsynced writes
+        self._first_dirty = 0.0  # monotonic time the first of them was marked
         self._waiters: list[tuple[RangeLog, int, Waiter]] = []
+        self._storing = 0  # appends being stored right now (``storing()``)
+        self._woken = False  # the flush thread was told of what is dirty now
         self._cond = threading.Condition()
         self._closed = False
+        self._last_flush = -self.interval_s  # monotonic start of the previous flush
+        self.flushes = 0
         self._thread: threading.Thread | None = None
         if policy is not FsyncPolicy.NEVER:
             self._thread = threading.Thread(target=self._loop, name="sbp-fsync", daemon=True)
@@ -75,12 +101,37 @@ class GroupCommit:
         """``rlog`` has written bytes that are not durable yet."""
         with self._cond:
             if not self._dirty:
-                self._cond.notify()
+                self._first_dirty = time.monotonic()
+                if not self._storing:  # else the append's own ``storing`` wakes it, at its end
+                    self._wake()
             self._dirty[id(rlog)] = rlog
+
+    def _wake(self) -> None:
+        self._woken = True
+        self._cond.notify()
+
+    @contextmanager
+    def storing(self) -> Iterator[None]:
+        """Bracket the storing of one append: under ``group`` a flush that could start waits
+        (at most the interval) until no append is being stored, so a burst shares it."""
+        if self.policy is not FsyncPolicy.GROUP:
+            yield
+            return
+        with self._cond:
+            self._storing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._storing -= 1
+                # The flush thread learns of new dirty data at the end of the first append
+                # that wrote it, and is woken again once nothing more is being stored.
+                if self._dirty and (not self._storing or not self._woken):
+                    self._wake()
 
     def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
         """Call ``callback(None)`` once ``rlog.next_offset >= target`` (now, if already true),
-        or ``callback(error)`` if the data cannot be made durable. Callbacks run on the fsync
+        or ``callback(error)`` if the data cannot be made durable. Callbacks run on the flush
         thread: they must not block."""
         with self._cond:
             if rlog.next_offset < target and rlog.failure is None and not self._closed:
@@ -124,7 +175,7 @@ class GroupCommit:
                 log.exception("durability callback failed")
 
     def close(self) -> None:
-        """Sync what is dirty, fail what still waits, and stop the thread."""
+        """Flush what is dirty, fail what still waits, and stop the thread."""
         with self._cond:
             if self._closed:
                 return
@@ -133,54 +184,74 @@ class GroupCommit:
         if self._thread is not None:
             self._thread.join()
 
-    # -- the fsync thread --------------------------------------------------------------------
+    # -- the flush thread --------------------------------------------------------------------
 
     def _failure(self, rlog: RangeLog) -> BaseException:
         if self._closed:
             return StorageFullError("storage closed before the data was synced")
         return StorageFullError(rlog.failure or "data could not be synced")
 
-    def _sync_one(self, rlog: RangeLog) -> None:
-        try:
-            rlog.sync()
-            self._on_synced()
-        except (OSError, SbpError) as exc:
-            log.error("fsync of %s failed: %s", rlog, exc)
+    def _flush_at(self) -> float:
+        """When the flush of what is dirty may start (monotonic). Call holding the lock."""
+        if self.policy is FsyncPolicy.INTERVAL:
+            # Counted from the previous flush's start, not its end: at most one flush per
+            # interval without adding the fsync's own duration to every acknowledgement.
+            return self._last_flush + self.interval_s
+        if self.policy is FsyncPolicy.GROUP and self._storing:
+            # A burst is being stored: wait for it (``storing`` wakes us), within the bound.
+            return self._first_dirty + self.interval_s
+        return 0.0
+
+    def _next_batch(self) -> list[RangeLog] | None:
+        """Wait until a flush may start; the ranges it flushes (None: closed, all flushed)."""
+        with self._cond:
+            while not self._dirty and not self._closed:
+                self._cond.wait()
+            while not self._closed:
+                wait = self._flush_at() - time.monotonic()
+                if wait <= 0:
+                    break
+                self._cond.wait(wait)
+            if not self._dirty:
+                return None
+            dirty = list(self._dirty.values())
+            self._dirty.clear()
+            self._woken = False
+            return dirty
+
+    def _sync_all(self, ranges: list[RangeLog]) -> None:
+        for rlog in ranges:
+            try:
+                rlog.sync()
+                self._on_synced()
+            except (OSError, SbpError) as exc:
+                log.error("fsync of %s failed: %s", rlog, exc)
+
+    def _flush(self, dirty: list[RangeLog], pool: ThreadPoolExecutor | None
+               ) -> ThreadPoolExecutor | None:
+        """fsync every range of ``dirty``; returns the helper threads (started on first use)."""
+        if len(dirty) == 1:
+            self._sync_all(dirty)
+            return pool
+        # Many active ranges: their fsyncs run side by side (the file system commits them in
+        # one journal transaction), in as many shares as there are threads, this one taking
+        # the first: one hand-off per helper thread, not per range.
+        if pool is None:
+            pool = ThreadPoolExecutor(_SYNC_THREADS - 1, thread_name_prefix="sbp-fsync")
+        shares = [dirty[i::_SYNC_THREADS] for i in range(min(_SYNC_THREADS, len(dirty)))]
+        helpers = [pool.submit(self._sync_all, share) for share in shares[1:]]
+        self._sync_all(shares[0])
+        for helper in helpers:
+            helper.result()
+        return pool
 
     def _loop(self) -> None:
-        interval = self.interval_ms / 1000.0
-        always = self.policy is FsyncPolicy.ALWAYS
-        # Started with the second range that needs an fsync in one round.
         pool: ThreadPoolExecutor | None = None
-        last_round = -interval  # monotonic start of the previous round
         try:
-            while True:
-                with self._cond:
-                    while not self._dirty and not self._closed:
-                        self._cond.wait()
-                    if not self._dirty:
-                        break  # closed and nothing left to sync
-                    if not always and not self._closed:
-                        # Group commit: appends until one interval after the previous round
-                        # began share this fsync. Counting from its start, not its end, keeps
-                        # rounds at most one per interval without adding the fsync's own
-                        # duration to every acknowledgement's wait.
-                        wait = last_round + interval - time.monotonic()
-                        if wait > 0:
-                            self._cond.wait_for(lambda: self._closed, timeout=wait)
-                    dirty = list(self._dirty.values())
-                    self._dirty.clear()
-                last_round = time.monotonic()
-                # Under "always", appends that arrive during these fsyncs wait for the next
-                # round, which starts at once: one fsync per round, not per append.
-                if len(dirty) == 1:
-                    self._sync_one(dirty[0])
-                else:
-                    # Many active ranges: their fsyncs run side by side (the file system can
-                    # commit them in one journal transaction), not one after another.
-                    if pool is None:
-                        pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="sbp-fsync")
-                    list(pool.map(self._sync_one, dirty))
+            while (dirty := self._next_batch()) is not None:
+                self._last_flush = time.monotonic()
+                self.flushes += 1
+                pool = self._flush(dirty, pool)
                 self.release_waiters()
                 self._after_round()  # after the answers: not on their critical path
         finally:

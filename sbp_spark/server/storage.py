@@ -42,7 +42,7 @@ _RANGES_DIR = "ranges"
 class StorageConfig:
     """How a :class:`Storage` writes and syncs."""
 
-    fsync: FsyncPolicy | str = FsyncPolicy.INTERVAL
+    fsync: FsyncPolicy | str = FsyncPolicy.GROUP
     fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
