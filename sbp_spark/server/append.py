@@ -33,7 +33,7 @@ from ..protocol.errors import (
 )
 from ..protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
 from ..protocol.records import BatchHeader, parse_header
-from .net import RequestContext
+from .net import ConnectionClosed, RequestContext
 from .range_log import RangeLog
 from .replication import Forward
 
@@ -169,26 +169,40 @@ class PendingAppend:
             self.finish()
             return
         # Durability is signalled by the flush thread and replication is awaited on the
-        # worker pool; the answer always leaves from the pool.
+        # worker pool; the last part answers (see ``part_done``).
         self.ctx.defer()
         self._left = len(self.parts)
         for part in self.parts:
             part.start(self)
 
     def part_done(self, part: Part, exc: BaseException | None) -> None:
+        """``part`` is done (``exc``: it failed); the last part answers. Called on the flush
+        thread or a worker, which must not block on a client: the answer leaves at once when
+        the socket has room, else from the worker pool."""
         if exc is not None:
             self.replies.refuse(part.indexes, status_of(exc))
         with self._lock:
             self._left -= 1
             last = self._left == 0
-        if last:
-            self.server.net.submit(self.finish)
+        if not last:
+            return
+        response = self._response()
+        try:
+            sent = self.ctx.try_reply(response)
+        except ConnectionClosed:
+            self.ctx._abandon()
+            return
+        if not sent:
+            self.server.net.submit(self.ctx.reply, response)
 
     def finish(self) -> None:
+        self.ctx.reply(self._response())
+
+    def _response(self) -> AppendResponse:
         metrics = self.server.metrics
         metrics.failed_appends += self.replies.failures
         metrics.append_latency_s += time.monotonic() - self.started
-        self.ctx.reply(self.replies.response())
+        return self.replies.response()
 
 
 def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:

@@ -64,6 +64,7 @@ import functools
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -105,6 +106,8 @@ Buffer = bytes | bytearray | memoryview
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
 # measured the fastest and steadiest on loopback.
 RECV_PIECE = 256 * 1024
+# The largest answer ``Connection.try_send`` sends without a thread that may wait.
+_TRY_SEND_BYTES = 16 * 1024
 # Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
 # than let one noisy client starve the process of threads and memory.
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -219,11 +222,14 @@ class Runs(enum.Enum):
 
 class Route(NamedTuple):
     """How a role serves one opcode: the request table, the name of the handler method that
-    serves it, and where that runs."""
+    serves it, and where that runs. ``inline_bytes`` (``Runs.ORDERED`` only): frames up to
+    this size run on the reader itself when the handler thread has nothing left to serve (for
+    requests that are quick and never wait long: no hand-off between threads)."""
 
     request: type[messages.Message]
     method: str
     runs: Runs = Runs.READER
+    inline_bytes: int = 0
 
 
 # Opcodes a role answers whether or not it serves them: GOAWAY is a notice, never answered.
@@ -246,6 +252,8 @@ class RequestHandler(abc.ABC):
     #: Subset of ``opcodes`` that run, in arrival order, on one handler thread per connection
     #: (so the reader keeps receiving while a request is served).
     ordered_opcodes: frozenset[int] = frozenset()
+    #: Ordered opcodes whose frames up to this many bytes the reader may serve itself.
+    inline_bytes: ClassVar[dict[int, int]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -255,6 +263,8 @@ class RequestHandler(abc.ABC):
             cls.long_opcodes = frozenset(op for op, r in routes.items() if r.runs is Runs.POOL)
             cls.ordered_opcodes = frozenset(
                 op for op, r in routes.items() if r.runs is Runs.ORDERED)
+            cls.inline_bytes = {op: r.inline_bytes for op, r in routes.items()
+                                if r.runs is Runs.ORDERED and r.inline_bytes}
 
     def route(self, ctx: RequestContext) -> tuple[type[messages.Message], Any]:
         """The request table of ``ctx``'s opcode and the bound method serving it."""
@@ -308,6 +318,10 @@ class Connection:
         # Requests for the ordered handler thread (started on first use); None ends it.
         self._ordered: SimpleQueue[tuple[RequestContext, Callable] | None] = SimpleQueue()
         self._ordered_thread: threading.Thread | None = None
+        # Requests given to that thread (counted by the reader) and served by it (counted by
+        # it): equal when it has nothing left, and the reader may serve the next one itself.
+        self._ordered_given = 0
+        self._ordered_served = 0
         self.tls = False  # sock became a TlsSocket after the handshake
 
     def __repr__(self) -> str:
@@ -359,6 +373,32 @@ class Connection:
             with self._state:
                 self._outgoing -= size
                 self._state.notify_all()
+
+    def try_send(self, parts: Sequence[Buffer]) -> bool:
+        """Send one small frame now if that cannot block: no other sender holds or waits for
+        the socket, and the socket has room. False, having sent nothing, when it could block
+        (then ``send`` it from a thread that may wait). Raises ``ConnectionClosed``."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+        if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
+            return False
+        try:
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+            # Writable means room for at least a third of the send buffer: a small frame fits.
+            if not select.select((), (self.sock,), (), 0)[1]:
+                return False
+            try:
+                self._send_parts(parts)
+            except OSError as exc:
+                self._abort(f"send failed: {exc}")
+                raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+        finally:
+            self._send_lock.release()
+        self.last_activity = time.monotonic()
+        self.server.stats.bytes_out += size
+        return True
 
     def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
         iov: list[Buffer] = []
@@ -450,13 +490,22 @@ class Connection:
 
     # -- the ordered handler thread --------------------------------------------------------
 
-    def _run_ordered(self, ctx: RequestContext, fn: Callable[[RequestContext], None]) -> None:
-        """Queue ``fn(ctx)`` for this connection's handler thread (started on first use)."""
+    def _run_ordered(self, ctx: RequestContext, fn: Callable[[RequestContext], None],
+                     inline_bytes: int = 0) -> None:
+        """Run ``fn(ctx)`` after every ordered request before it: right here on the reader when
+        the handler thread has served all it was given and the frame is at most
+        ``inline_bytes`` (no hand-off between threads: what a writer waiting for each answer
+        needs), else on the connection's handler thread (started on first use), so the
+        reader receives the next frame meanwhile."""
+        if ctx._nbytes <= inline_bytes and self._ordered_given == self._ordered_served:
+            self.server._run(ctx, fn)
+            return
         if self._ordered_thread is None:
             t = threading.Thread(target=self._ordered_loop,
                                  name=f"{self.config.name}-conn{self.id}-handler", daemon=True)
             self._ordered_thread = t
             t.start()
+        self._ordered_given += 1
         self._ordered.put((ctx, fn))
 
     def _ordered_loop(self) -> None:
@@ -465,8 +514,9 @@ class Connection:
             ctx, fn = item
             if self._closed:
                 ctx._abandon()
-                continue
-            server._run(ctx, fn)
+            else:
+                server._run(ctx, fn)
+            self._ordered_served += 1
 
     def _stop_ordered(self, timeout: float) -> None:
         """End the handler thread once it served (or dropped) what was queued."""
@@ -557,6 +607,16 @@ class RequestContext:
         self.conn.send(parts)
         if end:
             self._finish()
+
+    def try_reply(self, msg: object) -> bool:
+        """Answer with ``msg`` (a one-frame response with no payload) if that cannot block;
+        False, having sent nothing, otherwise (see ``Connection.try_send``)."""
+        if self._done:
+            raise RuntimeError(f"request {self.stream_id} was already answered with END")
+        if not self.conn.try_send(messages.response_frame(self.stream_id, msg)):
+            return False
+        self._finish()
+        return True
 
     def reply(self, msg: object, payload: Buffer | Sequence[Buffer] = b"",
               end: bool = True) -> None:
@@ -932,7 +992,8 @@ class FrameServer:
             except RuntimeError:  # pool shut down under us
                 self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
         elif opcode in self.handler.ordered_opcodes:
-            conn._run_ordered(ctx, self.handler.handle)
+            conn._run_ordered(ctx, self.handler.handle,
+                              self.handler.inline_bytes.get(opcode, 0))
         else:
             self._run(ctx, self.handler.handle)
 

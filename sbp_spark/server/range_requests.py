@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# APPEND frames up to this size (header and payload) are served on the connection's reader
+# when its handler thread is idle: storing a small append costs less than handing it to
+# another thread, which was most of a lone writer's round trip. Larger frames still go to the
+# handler thread, so the reader receives the next one while they are stored.
+INLINE_APPEND_BYTES = 64 * 1024
+
 
 def range_view(rlog: RangeLog, stopped: bool = False) -> Range:
     """The wire form of a local range; next_offset is how far readers may see here.
@@ -89,9 +95,10 @@ class RangeServerHandler(RequestHandler):
     role = "range server"
     # FETCH long-polls and streams; SEAL, SYNC, DELETE and TRIM fsync metadata or data. The
     # rest run in arrival order on the connection's handler thread: the reader receives and
-    # checksums the next APPEND frame while the previous one is stored and answered.
+    # checksums the next APPEND frame while the previous one is stored and answered. A small
+    # APPEND with nothing queued before it is stored by the reader itself.
     routes = {
-        Opcode.APPEND: Route(AppendRequest, "_append", Runs.ORDERED),
+        Opcode.APPEND: Route(AppendRequest, "_append", Runs.ORDERED, INLINE_APPEND_BYTES),
         Opcode.FETCH: Route(FetchRequest, "_fetch", Runs.POOL),
         Opcode.SEAL_RANGES: Route(SealRangesRequest, "_seal", Runs.POOL),
         Opcode.SYNC_RANGES: Route(SyncRangesRequest, "_sync", Runs.POOL),
