@@ -7,11 +7,14 @@ the range's ``next_offset`` (what is durable, see ``RangeLog.sync``) reaches the
 go into the next one, so one fsync serves every append that waited for it. When a flush
 starts is the policy (``FsyncPolicy``):
 
-* ``group`` (the default): as soon as something is dirty and no flush runs, unless appends are
-  being stored at that moment (a burst is arriving); then it waits for the burst to be
-  stored, but never longer than ``fsync_interval_ms`` after the first write it will make
-  durable. One writer waiting for each acknowledgement gets a flush per append, as soon as
-  its append is written; many busy writers share flushes the way ``interval`` makes them.
+* ``group`` (the default): as soon as something is dirty and no flush runs, unless more is on
+  its way: appends being stored at that moment (a burst), or the writers the previous flush
+  acknowledged, who are likely to come right back (it waits until as many appends were
+  stored since that flush began as it acknowledged, at most as long as it took). Never
+  later than ``fsync_interval_ms`` after the first write it will make durable. One writer
+  waiting for each acknowledgement gets a flush as soon as its append is stored; many busy
+  writers share flushes, each fsync covering more of them (fsyncs side by side also share
+  the file system's journal commit, so they cost less CPU each).
 * ``always``: as soon as something is dirty and no flush runs, whatever arrives.
 * ``interval``: at most one flush per ``fsync_interval_ms``, counted from the start of the
   previous one: the fewest fsyncs, and every acknowledgement waits for the next tick.
@@ -59,8 +62,10 @@ class FsyncPolicy(str, enum.Enum):
 
 # One line per policy for help texts (``sbp server --help``) and error messages.
 POLICY_HELP = {
-    FsyncPolicy.GROUP: "flush as soon as a write is stored and no flush runs; while a burst of "
-                       "appends is being stored, gather it for at most the fsync interval",
+    FsyncPolicy.GROUP: "flush as soon as a write is stored and no flush runs, unless more "
+                       "appends are on their way (a burst being stored, the writers the last "
+                       "flush answered coming back): then gather them, for at most the fsync "
+                       "interval",
     FsyncPolicy.ALWAYS: "flush as soon as a write is stored and no flush runs",
     FsyncPolicy.INTERVAL: "flush at most once per fsync interval",
     FsyncPolicy.NEVER: "never fsync: acknowledge once in the page cache",
@@ -86,6 +91,13 @@ class GroupCommit:
         self._waiters: list[tuple[RangeLog, int, Waiter]] = []
         self._storing = 0  # appends being stored right now (``storing()``)
         self._woken = False  # the flush thread was told of what is dirty now
+        # ``group``: how many appends the previous flush acknowledged (their writers are likely
+        # to come back with the next), how many were stored since it started, and when it
+        # ended and how long it took.
+        self._answered = 0
+        self._returned = 0
+        self._last_end = 0.0
+        self._last_took = 0.0
         self._cond = threading.Condition()
         self._closed = False
         self._last_flush = -self.interval_s  # monotonic start of the previous flush
@@ -124,9 +136,11 @@ class GroupCommit:
         finally:
             with self._cond:
                 self._storing -= 1
+                self._returned += 1
                 # The flush thread learns of new dirty data at the end of the first append
-                # that wrote it, and is woken again once nothing more is being stored.
-                if self._dirty and (not self._storing or not self._woken):
+                # that wrote it, and is woken again once it may start (``_flush_at``).
+                if self._dirty and (not self._woken or (
+                        not self._storing and self._returned >= self._answered)):
                     self._wake()
 
     def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
@@ -154,9 +168,9 @@ class GroupCommit:
         if result[0] is not None:
             raise result[0]
 
-    def release_waiters(self, final: bool = False) -> None:
+    def release_waiters(self, final: bool = False) -> int:
         """Call back every waiter whose data is durable now (or, failed or ``final``, never
-        will be)."""
+        will be); the number called back as durable."""
         ready: list[tuple[Waiter, BaseException | None]] = []
         with self._cond:
             keep = []
@@ -173,6 +187,7 @@ class GroupCommit:
                 cb(exc)
             except Exception:
                 log.exception("durability callback failed")
+        return sum(1 for _, exc in ready if exc is None)
 
     def close(self) -> None:
         """Flush what is dirty, fail what still waits, and stop the thread."""
@@ -197,9 +212,16 @@ class GroupCommit:
             # Counted from the previous flush's start, not its end: at most one flush per
             # interval without adding the fsync's own duration to every acknowledgement.
             return self._last_flush + self.interval_s
-        if self.policy is FsyncPolicy.GROUP and self._storing:
+        if self.policy is not FsyncPolicy.GROUP:
+            return 0.0
+        bound = self._first_dirty + self.interval_s
+        if self._storing:
             # A burst is being stored: wait for it (``storing`` wakes us), within the bound.
-            return self._first_dirty + self.interval_s
+            return bound
+        if self._returned < self._answered:
+            # The writers the previous flush answered are coming back with their next appends:
+            # give them as long as that flush took (a lone writer is back at once).
+            return min(bound, self._last_end + self._last_took)
         return 0.0
 
     def _next_batch(self) -> list[RangeLog] | None:
@@ -217,6 +239,7 @@ class GroupCommit:
             dirty = list(self._dirty.values())
             self._dirty.clear()
             self._woken = False
+            self._returned = 0
             return dirty
 
     def _sync_all(self, ranges: list[RangeLog]) -> None:
@@ -249,10 +272,14 @@ class GroupCommit:
         pool: ThreadPoolExecutor | None = None
         try:
             while (dirty := self._next_batch()) is not None:
-                self._last_flush = time.monotonic()
+                start = self._last_flush = time.monotonic()
                 self.flushes += 1
                 pool = self._flush(dirty, pool)
-                self.release_waiters()
+                answered = self.release_waiters()
+                with self._cond:
+                    self._answered = answered
+                    self._last_end = time.monotonic()
+                    self._last_took = self._last_end - start
                 self._after_round()  # after the answers: not on their critical path
         finally:
             if pool is not None:

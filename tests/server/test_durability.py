@@ -102,3 +102,33 @@ def test_an_append_is_acknowledged_only_after_its_fsync_returned(tmp_path, monke
         release.set()
         assert acked.wait(10)
         assert rlog.next_offset == 1
+
+
+def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypatch):
+    # Flushes take 0.2 s here: two writers answered by one flush come back one after the
+    # other, and the next flush waits for the second (at most as long as a flush takes)
+    # instead of covering the first alone.
+    real = segment_mod.Segment.fsync
+
+    def slow_fsync(self):
+        threading.Event().wait(0.2)
+        real(self)
+
+    monkeypatch.setattr(segment_mod.Segment, "fsync", slow_fsync)
+    with _storage(tmp_path, "group") as s:
+        ranges = [s.create_range(i, 0, 0) for i in (1, 2)]
+
+        def append(rlog, body: bytes) -> threading.Event:
+            with s.durability.storing():
+                _, target = rlog.append(_batch(body))
+            event = threading.Event()
+            s.when_durable(rlog, target, lambda exc: event.set())
+            return event
+
+        with s.durability.storing():  # one burst: one flush answers both writers
+            first = [append(rlog, b"first") for rlog in ranges]
+        assert all(e.wait(10) for e in first)
+        before = s.durability.flushes
+        second = [append(rlog, b"second") for rlog in ranges]  # back one after the other
+        assert all(e.wait(10) for e in second)
+        assert s.durability.flushes == before + 1
