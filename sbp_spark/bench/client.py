@@ -65,7 +65,8 @@ def _opaque_batches(count: int) -> list[list]:
     return [encode_batch(body) for _ in range(count)]
 
 
-def _records_batch(records: int, size: int):
+def random_records_batch(records: int, size: int):
+    """A payload=records Arrow batch of ``records`` random values of ``size`` bytes each."""
     import pyarrow as pa
 
     from sbp_spark.protocol.records import make_records_batch
@@ -173,7 +174,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     from sbp_spark.protocol.records import encode_arrow_batch
 
     # Encoded once: Arrow encoding is the connector's cost, this figure is the client's.
-    encoded = encode_arrow_batch(_records_batch(per_batch, cfg.record_size))
+    encoded = encode_arrow_batch(random_records_batch(per_batch, cfg.record_size))
     rec_append, rec_fetch = [], []
     for _ in range(cfg.client_runs):
         stream_id = adapters.create_stream(ctx)

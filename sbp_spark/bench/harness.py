@@ -26,9 +26,11 @@ from .timing import Progress
 SECTIONS: dict[str, str] = {
     "codec": "sbp_spark.bench.codec",
     "client": "sbp_spark.bench.client",
+    "latency": "sbp_spark.bench.latency",
     "memory": "sbp_spark.bench.concurrency",
     "planning": "sbp_spark.bench.time_planning",
     "spark": "sbp_spark.bench.spark_batch",
+    "scaling": "sbp_spark.bench.scaling",
     "streaming": "sbp_spark.bench.streaming",
 }
 
@@ -78,6 +80,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--quick 1M)")
     parser.add_argument("--planning-ranges", type=int,
                         help="ranges of that stream (default 1000, --quick 100)")
+    parser.add_argument("--latency-seconds", type=float,
+                        help="seconds one writer appends under each fsync policy (default 6, "
+                             "--quick 3)")
+    parser.add_argument("--scaling-seconds", type=float,
+                        help="seconds of APPEND load per count of active streams (default 4, "
+                             "--quick 2)")
+    parser.add_argument("--scaling-rows", type=int,
+                        help="rows of the Spark reads spread over 1-64 ranges (default 2M, "
+                             "--quick 1M; a multiple of 8192 x 64)")
     parser.add_argument("--fsync", help="fsync policy for the bench cluster (default: the "
                                         "cluster's own default)")
     parser.add_argument("--workdir", type=Path,
@@ -91,10 +102,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"choose from {', '.join(SECTIONS)}")
     args.sections = sections
     for name in ("rows", "runs", "client_mib", "clients", "planning_records",
-                 "planning_ranges"):
+                 "planning_ranges", "scaling_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    for name in ("latency_seconds", "scaling_seconds"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
     if args.stream_seconds is not None and args.stream_seconds <= STREAM_WARMUP_S:
         parser.error(f"--stream-seconds {args.stream_seconds}: must be above the "
                      f"{STREAM_WARMUP_S:g} s whose latencies are dropped as warm-up")
@@ -117,6 +132,12 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         config.planning_records = args.planning_records
     if args.planning_ranges is not None:
         config.planning_ranges = args.planning_ranges
+    if args.latency_seconds is not None:
+        config.latency_seconds = args.latency_seconds
+    if args.scaling_seconds is not None:
+        config.scaling_seconds = args.scaling_seconds
+    if args.scaling_rows is not None:
+        config.scaling_read_rows = args.scaling_rows
     config.fsync = args.fsync
     return config
 

@@ -61,7 +61,7 @@ def aggregate(df) -> tuple[int, int]:
     return int(row["n"]), int(row["bytes"] or 0)
 
 
-def _check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
+def check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
     n, nbytes = got
     if n != rows or nbytes != rows * record_size:
         raise RuntimeError(f"{what} returned {n} rows / {nbytes} value bytes, expected "
@@ -147,7 +147,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     server_peaks: list[float] = []
 
     def checked(what: str, df_fn) -> Callable[[], None]:
-        return lambda: _check_rows(what, aggregate(df_fn()), rows, size)
+        return lambda: check_rows(what, aggregate(df_fn()), rows, size)
 
     def sbp_read_measured() -> None:
         # Sparse samples: the kernel's peak (VmHWM) catches what happens between them, and a
