@@ -116,28 +116,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# Options that set a BenchConfig field as given: option -> field.
+_SETTINGS = {"rows": "spark_rows", "runs": "spark_runs", "clients": "concurrent_clients",
+             "stream_seconds": "stream_seconds", "planning_records": "planning_records",
+             "planning_ranges": "planning_ranges", "latency_seconds": "latency_seconds",
+             "scaling_seconds": "scaling_seconds", "scaling_rows": "scaling_read_rows"}
+
+
 def build_config(args: argparse.Namespace) -> BenchConfig:
     config = BenchConfig.quick_run() if args.quick else BenchConfig.full()
-    if args.rows is not None:
-        config.spark_rows = args.rows
-    if args.runs is not None:
-        config.spark_runs = args.runs
+    for option, setting in _SETTINGS.items():
+        value = getattr(args, option)
+        if value is not None:
+            setattr(config, setting, value)
     if args.client_mib is not None:
         config.client_bytes = args.client_mib * 1024 * 1024
-    if args.clients is not None:
-        config.concurrent_clients = args.clients
-    if args.stream_seconds is not None:
-        config.stream_seconds = args.stream_seconds
-    if args.planning_records is not None:
-        config.planning_records = args.planning_records
-    if args.planning_ranges is not None:
-        config.planning_ranges = args.planning_ranges
-    if args.latency_seconds is not None:
-        config.latency_seconds = args.latency_seconds
-    if args.scaling_seconds is not None:
-        config.scaling_seconds = args.scaling_seconds
-    if args.scaling_rows is not None:
-        config.scaling_read_rows = args.scaling_rows
     config.fsync = args.fsync
     return config
 

@@ -357,18 +357,11 @@ class Connection:
             self._outgoing += size
         try:
             with self._send_lock:
-                if self._closed:
-                    raise ConnectionClosed(f"connection to {self.peer_str} is closed")
                 self._send_started = time.monotonic()
                 try:
-                    self._send_parts(parts)
-                except OSError as exc:
-                    self._abort(f"send failed: {exc}")
-                    raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+                    self._write(parts, size)
                 finally:
                     self._send_started = None
-            self.last_activity = time.monotonic()
-            self.server.stats.bytes_out += size
         finally:
             with self._state:
                 self._outgoing -= size
@@ -384,21 +377,26 @@ class Connection:
         if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
             return False
         try:
-            if self._closed:
-                raise ConnectionClosed(f"connection to {self.peer_str} is closed")
             # Writable means room for at least a third of the send buffer: a small frame fits.
-            if not select.select((), (self.sock,), (), 0)[1]:
+            if not self._closed and not select.select((), (self.sock,), (), 0)[1]:
                 return False
-            try:
-                self._send_parts(parts)
-            except OSError as exc:
-                self._abort(f"send failed: {exc}")
-                raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+            self._write(parts, size)
         finally:
             self._send_lock.release()
+        return True
+
+    def _write(self, parts: Sequence[Buffer | FileRegion], size: int) -> None:
+        """Send ``parts`` (``size`` bytes) holding the send lock; a failure closes the
+        connection (``ConnectionClosed``)."""
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+        try:
+            self._send_parts(parts)
+        except OSError as exc:
+            self._abort(f"send failed: {exc}")
+            raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
         self.last_activity = time.monotonic()
         self.server.stats.bytes_out += size
-        return True
 
     def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
         iov: list[Buffer] = []
