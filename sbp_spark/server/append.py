@@ -192,6 +192,9 @@ class PendingAppend:
         except ConnectionClosed:
             self.ctx._abandon()
             return
+        except Exception:  # the answer must leave all the same: from a worker, then
+            log.exception("answering an append at once failed; answering from a worker")
+            sent = False
         if not sent:
             self.server.net.submit(self.ctx.reply, response)
 

@@ -377,8 +377,7 @@ class Connection:
         if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
             return False
         try:
-            # Writable means room for at least a third of the send buffer: a small frame fits.
-            if not self._closed and not select.select((), (self.sock,), (), 0)[1]:
+            if not self._closed and not _writable(self.sock):
                 return False
             self._write(parts, size)
         finally:
@@ -658,6 +657,14 @@ class RequestContext:
     def _abandon(self) -> None:
         """The connection died: stop counting this request as in flight."""
         self._finish()
+
+
+def _writable(sock: socket.socket | TlsSocket) -> bool:
+    """Whether ``sock`` has room to send: at least a third of its send buffer (a small frame
+    fits). poll, not select: a server holds more than select's 1,024 descriptors."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 def _frame_flags(parts: Sequence[Buffer | FileRegion]) -> int:

@@ -220,6 +220,23 @@ def test_try_reply_answers_only_when_it_cannot_block(server, handler):
         assert frame.is_end and decode_response(frame).throttle_time_ms == 7
 
 
+def test_try_reply_works_on_descriptors_past_1024(server, handler):
+    # A range server holds a file per segment: its sockets' descriptors pass select()'s
+    # limit, and an answer must still leave (it used to raise, and the request hung).
+    null = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(null) for _ in range(1100)]
+    try:
+        with RawPeer(server.address) as peer:
+            sid = _ask(peer, b"keep")
+            wait_until(lambda: getattr(handler, "kept", None) is not None, "the request")
+            assert handler.kept.conn.sock.fileno() >= 1024
+            assert handler.kept.try_reply(DescribeRangesResponse(throttle_time_ms=3))
+            assert peer.next_frame(sid).is_end
+    finally:
+        for fd in [null, *held]:
+            os.close(fd)
+
+
 def test_file_regions_are_sent_inside_a_frame(server, handler, tmp_path):
     path = tmp_path / "blob"
     path.write_bytes(b"0123456789" * 50_000)
