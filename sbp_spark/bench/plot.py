@@ -61,14 +61,14 @@ def _latency(ax: Any, rows: list[Figure]) -> None:
     ax.set_title("one writer, 1 KiB batches: p50 and p99 (gray: floor beside it)", fontsize=9)
 
 
-def _curve(ax: Any, rows: list[Figure], key: str, title: str, ylabel: str) -> None:
+def _curve(ax: Any, rows: list[Figure], key: str, title: str, ylabel: str, label: str,
+           ceiling_label: str) -> None:
     """Value and ceiling against ``extra[key]``."""
     rows = sorted(rows, key=lambda f: f.extra[key])
     xs = [f.extra[key] for f in rows]
-    ax.plot(xs, [f.value for f in rows], "o-", color="tab:blue", label=rows[0].name.split(
-        ", ")[-1] if key == "streams" else "sbp")
+    ax.plot(xs, [f.value for f in rows], "o-", color="tab:blue", label=label)
     if any(f.ceiling for f in rows):
-        ax.plot(xs, [f.ceiling for f in rows], "s--", color="gray", label=rows[0].ceiling_name)
+        ax.plot(xs, [f.ceiling for f in rows], "s--", color="gray", label=ceiling_label)
     for f in rows:
         if f.passed is not None:
             ax.plot([f.extra[key]], [f.value], "o", color=_COLORS[f.passed], markersize=9)
@@ -115,14 +115,15 @@ def plot(figures: list[Figure], path: Path, title: str = "sbp bench") -> None:
             ax.set_title(title, fontsize=10)
         elif kind == "latency":
             _latency(ax, rows)
-        elif kind == "rate":
-            _curve(ax, rows, "streams", "APPEND of 1 KiB batches, one in flight per stream",
-                   "batches/s")
-        elif kind == "cpu":
-            _curve(ax, rows, "streams", "server CPU per batch", "us per batch")
+        elif kind in ("rate", "cpu"):
+            policy = rows[0].name.rsplit(", ", 1)[-1]
+            title, unit = (("APPEND of 1 KiB batches, one in flight per stream", "batches/s")
+                           if kind == "rate" else ("server CPU per batch", "us per batch"))
+            _curve(ax, rows, "streams", title, unit, policy, rows[0].ceiling_name)
             ax.set_xlabel("active streams", fontsize=8)
         else:
-            _curve(ax, rows, "ranges", "Spark read + agg of the same rows", "MB/s")
+            _curve(ax, rows, "ranges", "Spark read + agg of the same rows", "MB/s", "sbp",
+                   "Arrow ceiling, as many partitions")
             ax.set_xlabel("ranges read at once", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
