@@ -2,9 +2,10 @@
 
 APPEND: for 1, 8, 64 and 256 streams, a closed-loop load (``append_load.AppendLoad``: every
 stream keeps one APPEND of one 1 KiB batch in flight, over up to 64 connections) runs against
-the bench cluster, and beside it, in turns, against a server process with fsync ``interval``:
-the policy that shares fsyncs best under load, as the baseline. Figures: acknowledged
-batches/s, and the server process's CPU time (user + system, from /proc) per batch.
+a fresh server process with the bench's fsync policy, and beside it, in turns, against one
+with fsync ``interval``: the policy that shares fsyncs best under load, as the baseline.
+Figures: acknowledged batches/s, and the server process's CPU time (user + system, from
+/proc) per batch.
 
 Spark read: the same rows (100-byte values in 8,192-row Arrow batches) stored in a stream of
 1, 4, 16 and 64 ranges, read with the Spark batch section's query (one partition per range),
@@ -66,20 +67,21 @@ def append_figures(ctx: BenchContext) -> list[Figure]:
     cfg = ctx.config
     policy = cfg.fsync or _default_policy()
     batch = batch_bytes(os.urandom(SMALL_BYTES - 28))
-    servers = {policy: ctx.server}
-    baseline = None
-    if policy != BASELINE_POLICY:
-        ctx.progress(SECTION, f"starting a server process with fsync {BASELINE_POLICY}")
-        baseline = ServerProcess(ctx.workdir / "scaling-baseline",
-                                 log_path=ctx.workdir / "scaling-baseline.log",
-                                 fsync=BASELINE_POLICY).start()
-        servers[BASELINE_POLICY] = baseline
+    # A fresh server per policy, both started here: the bench cluster has taken every
+    # earlier section's writes (and its page-cache budget is full), the baseline would not.
+    servers: dict[str, ServerProcess] = {}
     figures = []
     try:
-        for n in cfg.scaling_streams:
+        for name in dict.fromkeys((policy, BASELINE_POLICY)):
+            ctx.progress(SECTION, f"starting a server process with fsync {name}")
+            servers[name] = ServerProcess(ctx.workdir / f"scaling-{name}",
+                                          log_path=ctx.workdir / f"scaling-{name}.log",
+                                          fsync=name).start()
+        for i, n in enumerate(cfg.scaling_streams):
             got = {}
-            for name, server in servers.items():
-                rate, cpu_us, errors = _load(server, _streams(server, n), batch,
+            # Alternate which policy goes first, so neither always follows the other.
+            for name in list(servers)[::-1 if i % 2 else 1]:
+                rate, cpu_us, errors = _load(servers[name], _streams(servers[name], n), batch,
                                              cfg.scaling_seconds)
                 if errors:
                     raise RuntimeError(f"{n} streams, fsync {name}: {errors[0]}")
@@ -88,8 +90,8 @@ def append_figures(ctx: BenchContext) -> list[Figure]:
                                       f"{cpu_us:.0f} us of server CPU per batch")
             figures += _append_figures(n, policy, got)
     finally:
-        if baseline is not None:
-            baseline.stop()
+        for server in servers.values():
+            server.stop()
     return figures
 
 
