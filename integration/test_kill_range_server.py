@@ -73,7 +73,7 @@ class Writer(threading.Thread):
             time.sleep(0.01)
 
 
-@pytest.mark.parametrize("fsync", ["interval", "always"])
+@pytest.mark.parametrize("fsync", ["group", "interval", "always"])
 def test_kill_range_server_under_load(tmp_path, fsync):
     with ProcessCluster(tmp_path, range_servers=1, fsync=fsync) as cluster, \
             ConnectionPool(CONFIG) as pool:

@@ -43,7 +43,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 # The PD's port when none is given, so `sbp streams ...` finds a local `sbp server` unasked.
 DEFAULT_PD_PORT = 2378
-FSYNC_CHOICES = ("always", "interval", "never")
+FSYNC_CHOICES = ("group", "always", "interval", "never")
 
 
 # -- argument types -----------------------------------------------------------------------------
@@ -82,9 +82,18 @@ def _add_listen_args(parser: argparse.ArgumentParser, what: str, port: int = 0) 
 
 
 def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
-                        help="when range servers flush data to disk before acknowledging: "
-                             "every append, every few milliseconds (default), or never")
+    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
+
+    policies = "; ".join(f"{policy.value}: {text}" for policy, text in POLICY_HELP.items())
+    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
+                        help="when range servers make appends durable (fsync); every policy "
+                             "but never acknowledges an append only once it is on disk. "
+                             f"{policies} (default group)")
+    parser.add_argument("--fsync-interval-ms", type=_int_in(1), metavar="MS",
+                        default=DEFAULT_FSYNC_INTERVAL_MS,
+                        help="the fsync interval: under group, the longest a write waits for "
+                             "its flush while a burst is stored; under interval, the flush "
+                             f"period (default {DEFAULT_FSYNC_INTERVAL_MS})")
 
 
 def _add_page_cache_arg(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +122,7 @@ def _add_tls_args(parser: argparse.ArgumentParser) -> None:
 
 def _tls_of(args: argparse.Namespace):
     """The server TLS settings of the command line (None without --tls-cert/--tls-key)."""
-    from sbp_spark.client.tls import TlsConfig
+    from sbp_spark.transport.tls import TlsConfig
 
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_ca is not None:
@@ -191,7 +200,8 @@ def server_command(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args.data_dir)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
-                              pd_port=args.port, fsync=args.fsync, tls=_tls_of(args),
+                              pd_port=args.port, fsync=args.fsync,
+                              fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
                               page_cache_bytes=args.page_cache_mib << 20)
     with _StopSignals() as stop:
         cluster.start()
@@ -273,7 +283,7 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
     parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
                         help="address clients should use, if not the listening one")
-    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="interval",
+    parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
                         help="'never' skips the disk sync of metadata commits (default: sync)")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
@@ -359,7 +369,8 @@ def range_server_command(args: argparse.Namespace) -> int:
     rs = RangeServer(RangeServerConfig(
         data_dir=str(data_dir), host=args.host, port=args.port,
         advertise_addr=args.advertise_addr, pd_addresses=parse_pd_addresses(args.pd),
-        storage=StorageConfig(fsync=args.fsync, page_cache_bytes=args.page_cache_mib << 20),
+        storage=StorageConfig(fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
+                              page_cache_bytes=args.page_cache_mib << 20),
         net=NetConfig(name="range-server", tls=_tls_of(args))))
     announced = False
 

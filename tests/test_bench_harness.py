@@ -20,6 +20,7 @@ from sbp_spark.bench.report import (
     AT_LEAST,
     AT_LEAST_RATIO,
     AT_MOST,
+    AT_MOST_RATIO,
     Figure,
     Target,
     format_table,
@@ -49,6 +50,11 @@ def test_targets_compare_ratio_or_value():
     assert p99.passed is False
     assert parquet.ratio == pytest.approx(0.5) and parquet.passed is None
     assert missing.passed is None and missing.ratio is None
+    at_most = Target(AT_MOST_RATIO, 1.0)
+    assert at_most.describe("us") == "<= 1x" and Target(AT_LEAST_RATIO, 0.7).describe("") == (
+        ">= 0.7x")
+    assert Figure("s", "cpu", "us", 90.0, 100.0, target=at_most).passed is True
+    assert Figure("s", "cpu", "us", 110.0, 100.0, target=at_most).passed is False
 
 
 def test_table_has_one_row_per_figure_with_verdicts():
@@ -239,3 +245,89 @@ def test_spark_and_streaming_sections_measure_every_figure(tmp_path):
     write = next(f for n, f in by_name.items() if n.startswith("write sbp"))
     assert write["ceiling_name"] == "Arrow-writer ceiling" and write["ceiling"] > 0
     assert any(n.startswith("append-to-sink latency p99") for n in by_name)
+
+
+def _tiny_context(tmp_path, **settings):
+    from sbp_spark.bench.context import BenchConfig, BenchContext
+    from sbp_spark.bench.timing import Progress
+
+    config = BenchConfig.quick_run()
+    for name, value in settings.items():
+        setattr(config, name, value)
+    return BenchContext(config, tmp_path, Progress(open(os.devnull, "w")))
+
+
+def test_latency_section_times_every_policy_next_to_its_floor(tmp_path):
+    from sbp_spark.bench import latency
+
+    ctx = _tiny_context(tmp_path, latency_seconds=0.4, latency_rounds=2)
+    try:
+        figures = latency.run(ctx)
+    finally:
+        ctx.close()
+    policies = [f.extra["policy"] for f in figures if f.extra["stat"] == "p50"]
+    assert policies == ["group", "always", "interval", "never"]  # the default first
+    for f in figures:
+        assert f.value > 0, f
+        if f.unit == "ms":
+            assert f.ceiling > 0 and f.ceiling_name
+    by_name = {f.name: f for f in figures}
+    assert by_name["one writer, 1 KiB batches, fsync group: p50"].target is not None
+    assert by_name["one writer, 1 KiB batches, fsync never: p50"].ceiling_name == (
+        "1 KiB round trip, plain TCP")
+
+
+def test_scaling_section_loads_the_default_policy_beside_interval(tmp_path):
+    from sbp_spark.bench import scaling
+
+    ctx = _tiny_context(tmp_path, scaling_seconds=0.3, scaling_streams=(1, 64))
+    try:
+        figures = scaling.append_figures(ctx)
+    finally:
+        ctx.close()
+    assert [(f.unit, f.extra["streams"]) for f in figures] == [
+        ("batches/s", 1), ("us", 1), ("batches/s", 64), ("us", 64)]
+    for f in figures:
+        assert f.value > 0 and f.ceiling > 0, f
+        assert f.ceiling_name == "fsync interval, same load"
+    assert [f.target is not None for f in figures] == [False, False, True, True]
+
+
+def test_append_load_keeps_one_append_in_flight_per_stream(tmp_path):
+    from sbp_spark.bench.append_load import AppendLoad, cpu_seconds
+    from sbp_spark.client import SbpClient
+    from sbp_spark.protocol.records import batch_bytes
+    from sbp_spark.server import EmbeddedCluster
+
+    with EmbeddedCluster(tmp_path, fsync="never") as cluster:
+        client = SbpClient(cluster.pd_address)
+        streams = [s.stream_id for s in client.create_streams(3)]
+        with AppendLoad(cluster.range_server_addresses[0], streams, batch_bytes(b"x" * 100),
+                        connections=2) as load:
+            result = load.run(0.3, keep_latencies=True)
+        assert result.acks > 3 and not result.errors
+        assert len(result.latencies_s) == result.acks
+        # Every acknowledged append is in its stream, one batch each.
+        assert sum(len(list(client.read(s))) for s in streams) == result.acks
+    assert cpu_seconds(os.getpid()) > 0
+
+
+def test_plot_draws_the_latency_and_scaling_panels(tmp_path):
+    pytest.importorskip("matplotlib")
+    from sbp_spark.bench.plot import plot
+
+    figures = _figures()
+    for policy in ("group", "never"):
+        for stat, value in (("p50", 0.5), ("p99", 2.0)):
+            figures.append(Figure("latency", f"{policy} {stat}", "ms", value, 0.2, "floor",
+                                  extra={"policy": policy, "stat": stat}))
+    for n in (1, 8, 64):
+        figures.append(Figure("scaling", f"rate {n}, fsync group", "batches/s", 100.0 * n,
+                              90.0 * n, "fsync interval", extra={"streams": n}))
+        figures.append(Figure("scaling", f"cpu {n}", "us", 100.0, 110.0, "fsync interval",
+                              extra={"streams": n}))
+        figures.append(Figure("scaling", f"read {n}", "MB/s", 200.0 / n, 210.0 / n, "Arrow",
+                              extra={"ranges": n}))
+    path = tmp_path / "chart.png"
+    plot(figures, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,6 @@
-"""Layers import only downward: protocol <- client <- server, spark <- bench <- commands <- cli
-(docs/ARCHITECTURE.md), and the Spark layer never builds wire messages: it asks the client."""
+"""Layers import only downward: protocol <- transport <- client <- server, spark <- bench <-
+commands <- cli (docs/ARCHITECTURE.md), and the Spark layer never builds wire messages: it asks
+the client."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sbp_spark"
 # For each layer, the sbp_spark layers it may import (besides itself).
 ALLOWED = {
     "protocol": set(),
-    "client": {"protocol"},
-    "server": {"protocol", "client"},
-    "spark": {"protocol", "client"},
-    "bench": {"protocol", "client", "server", "spark"},
-    "commands": {"protocol", "client", "server", "spark", "bench"},
-    "cli": {"protocol", "client", "server", "spark", "bench", "commands"},
+    "transport": {"protocol"},
+    "client": {"protocol", "transport"},
+    "server": {"protocol", "transport", "client"},
+    "spark": {"protocol", "transport", "client"},
+    "bench": {"protocol", "transport", "client", "server", "spark"},
+    "commands": {"protocol", "transport", "client", "server", "spark", "bench"},
+    "cli": {"protocol", "transport", "client", "server", "spark", "bench", "commands"},
 }
 # Layers that are single modules at the package's top (the command-line entry points).
 MODULE_LAYERS = {"cli": ["cli.py", "demo.py"]}
 FORBIDDEN_THIRD_PARTY = {
     "protocol": {"socket", "threading", "pyspark", "selectors", "asyncio"},
+    "transport": {"pyspark"},
     "client": {"pyspark"},
     "server": {"pyspark"},
 }

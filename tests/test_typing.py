@@ -1,7 +1,6 @@
 """mypy passes on the package, with the settings in pyproject.toml ([tool.mypy]).
 
-Marked ``typing`` and deselected by default (addopts) until every part of the package
-passes; ``python -m pytest -m typing tests/test_typing.py`` runs it.
+Part of the default run; ``python -m pytest -m typing`` runs it alone.
 """
 
 from __future__ import annotations

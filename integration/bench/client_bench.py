@@ -7,7 +7,7 @@ This script adds batches/s with one 100-byte record per batch, where the client'
 batch, not the bytes, is the limit.
 
 Usage: ``python integration/bench/client_bench.py [--mib 512] [--runs 3]
-[--small-batches 20000] [--fsync never|interval|always] [--json FILE]``.
+[--small-batches 20000] [--fsync never|group|interval|always] [--json FILE]``.
 Exit code 1 if a figure could not be measured (missed targets show in the table).
 """
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed APPEND/FETCH runs (default: sbp bench's, 3)")
     parser.add_argument("--small-batches", type=int, default=20_000,
                         help="one-record batches for the per-batch figures")
-    parser.add_argument("--fsync", choices=("never", "interval", "always"), default=None,
+    parser.add_argument("--fsync", choices=("never", "group", "interval", "always"), default=None,
                         help="the cluster's fsync policy (default: the cluster's default)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)

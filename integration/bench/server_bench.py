@@ -4,7 +4,7 @@ The range server runs in a child process (as in production, it does not share th
 the client); the client side is the project's ``Connection`` driving raw APPEND and FETCH
 frames, so the figures are the server's, not the connector's.
 
-Measured, for each fsync policy (``never``, ``interval``, ``always``):
+Measured, for each fsync policy (``never``, ``group``, ``interval``, ``always``):
 
 * APPEND and FETCH MB/s with 1 MiB batches (8 per frame, 4 frames in flight; one streamed FETCH
   for the whole range);
@@ -15,7 +15,7 @@ disk, made durable the way that policy acknowledges (``sbp bench``'s definition;
 beat it); and the server's resident memory (RSS) while 64 clients append and long-poll at once.
 
 Usage: ``python integration/bench/server_bench.py [--mib 256] [--records 1000000]
-[--clients 64] [--seconds 5] [--policies never,interval,always] [--repeats 3]
+[--clients 64] [--seconds 5] [--policies never,group,interval,always] [--repeats 3]
 [--data-root DIR] [--json FILE]``.
 """
 
@@ -244,7 +244,7 @@ def _peak_memory(pid: int, idle: dict[str, int], seconds: float) -> dict[str, in
     return peak
 
 
-def bench_rss(clients: int, seconds: float, fsync: str = "interval") -> dict:
+def bench_rss(clients: int, seconds: float, fsync: str = "group") -> dict:
     """Server RSS while ``clients`` connections each append 64 KiB batches and a reader per
     client long-polls its stream."""
     batch = batch_bytes(os.urandom(64 * 1024 - 28))
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="100-byte records appended/fetched per policy")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--policies", default="never,interval,always")
+    ap.add_argument("--policies", default="never,group,interval,always")
     ap.add_argument("--repeats", type=int, default=3, help="runs per policy (median shown)")
     ap.add_argument("--data-root", help="parent of the data directories (e.g. /dev/shm)")
     ap.add_argument("--json", help="also write the results to this file")

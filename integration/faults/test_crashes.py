@@ -67,6 +67,44 @@ def test_kill_range_server_during_writes(tmp_path, figures):
 
 @pytest.mark.timeout(180)
 @pytest.mark.fault_case(
+    "range server killed right after acknowledgements (group commit)",
+    "fsync group (the default): one writer appends one batch per call and the range server "
+    "gets kill -9 right after every 25th acknowledgement, 4 times, while 2 writers append 8 "
+    "batches per call; restart on its data",
+    "every acknowledged batch intact at its offset, the last one before each kill included; "
+    "no holes, no corrupt batch; next append continues at the recovered end")
+def test_kill_right_after_acknowledgements_under_group_commit(tmp_path, figures):
+    with ProcessCluster(tmp_path, range_servers=1, fsync="group") as cluster, \
+            ConnectionPool(RIDE_OUT) as pool:
+        client = SbpClient(cluster.pd_address, RIDE_OUT, pool)
+        first, *others = [s.stream_id for s in client.create_streams(3)]
+        acked: dict[int, bytes | int] = {}
+        last_before_kill = []
+        writer = client.open_stream(first)
+        seq = 0
+        with Writers(client, others) as writers:
+            for _ in range(4):
+                for _ in range(25):
+                    seq += 1
+                    body = make_body(first, seq)
+                    [appended] = writer.append([batch_bytes(body)])
+                    acked[appended.base_offset] = body
+                cluster.kill_range_server(0)  # nothing between the acknowledgement and this
+                last_before_kill.append(appended.base_offset)
+                cluster.start_range_server(0)
+            writers.wait_for_more(1)
+        checks = [check_stream(client, first, acked)]
+        checks += [check_stream(client, w.stream_id, w.acked) for w in writers]
+        _assert_clean(checks, figures, len(acked) + sum(len(w.acked) for w in writers))
+        figures["kills right after an acknowledgement"] = len(last_before_kill)
+        for w, c in zip([None, *writers], checks, strict=True):
+            sid = first if w is None else w.stream_id
+            [appended] = client.open_stream(sid).append([batch_bytes(b"after")])
+            assert appended.base_offset == c.end
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.fault_case(
     "range server killed during batch reads (R=1)",
     "kill -9 of the range server while a reader reads a 40 MB stream end to end in a loop; "
     "restart on the same port",

@@ -7,7 +7,7 @@ whose code has not landed is reported as not available instead of failing or bei
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -97,3 +97,25 @@ def register_connector(spark) -> None:
         import pyspark_sbp
 
         spark.dataSource.register(pyspark_sbp.DefaultSource)
+
+
+def append_in_ranges(ctx: BenchContext, stream_id: int, batch: Callable[[int], Any], count: int,
+                     ranges: int, per_call: int,
+                     after_range: Callable[[int], None] | None = None) -> None:
+    """Append ``batch(0)`` ... ``batch(count - 1)`` to ``stream_id``, ``count // ranges``
+    batches per range, ``per_call`` batches per append call; the PD seals each range once it
+    is full and opens the next. ``after_range(batches so far)`` is called after each range."""
+    per_range = max(1, count // ranges)
+    with bench_client(ctx) as client:
+        writer = client.open_stream(stream_id)
+        made = 0
+        while made < count:
+            in_range = min(per_range, count - made)
+            for first in range(0, in_range, per_call):
+                n = min(per_call, in_range - first)
+                writer.append([batch(made + first + i) for i in range(n)])
+            made += in_range
+            if made < count:
+                client.seal_range(stream_id)
+            if after_range is not None:
+                after_range(made)

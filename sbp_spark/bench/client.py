@@ -46,7 +46,8 @@ def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
 def storage_durability(fsync: str | None) -> tuple[int, str]:
     """The fsync interval (ms, ``NO_FSYNC`` or 0 for back to back) under which the bench
     cluster acknowledges an APPEND, and the storage ceiling's name for it."""
-    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+    from sbp_spark.server.durability import FsyncPolicy
+    from sbp_spark.server.storage import StorageConfig
 
     storage = StorageConfig() if fsync is None else StorageConfig(fsync=fsync)
     if storage.fsync is FsyncPolicy.NEVER:
@@ -64,7 +65,8 @@ def _opaque_batches(count: int) -> list[list]:
     return [encode_batch(body) for _ in range(count)]
 
 
-def _records_batch(records: int, size: int):
+def random_records_batch(records: int, size: int):
+    """A payload=records Arrow batch of ``records`` random values of ``size`` bytes each."""
     import pyarrow as pa
 
     from sbp_spark.protocol.records import make_records_batch
@@ -182,7 +184,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     from sbp_spark.protocol.records import encode_arrow_batch
 
     # Encoded once: Arrow encoding is the connector's cost, this figure is the client's.
-    encoded = encode_arrow_batch(_records_batch(per_batch, cfg.record_size))
+    encoded = encode_arrow_batch(random_records_batch(per_batch, cfg.record_size))
     rec_append, rec_fetch = [], []
     for _ in range(cfg.client_runs):
         stream_id = adapters.create_stream(ctx)

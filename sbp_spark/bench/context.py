@@ -52,6 +52,15 @@ class BenchConfig:
     planning_records: int = 10_000_000
     planning_ranges: int = 1_000
     planning_runs: int = 5
+    # Latency: seconds one writer appends under each fsync policy, in this many rounds.
+    latency_seconds: float = 6.0
+    latency_rounds: int = 3
+    # Scaling: seconds of load per count of active streams, and the counts.
+    scaling_seconds: float = 4.0
+    scaling_streams: tuple[int, ...] = (1, 8, 64, 256)
+    # Spark reads of the same rows spread over this many ranges, and the rows.
+    scaling_ranges: tuple[int, ...] = (1, 4, 16, 64)
+    scaling_read_rows: int = 1 << 21
     # fsync policy handed to the cluster; None keeps the cluster's default.
     fsync: str | None = None
 
@@ -64,7 +73,9 @@ class BenchConfig:
         return cls(quick=True, spark_rows=2_000_000, spark_runs=2,
                    client_bytes=128 * 1024 * 1024, client_runs=2,
                    stream_seconds=8.0, stream_backlog=300_000, concurrent_seconds=2.0,
-                   planning_records=1_000_000, planning_ranges=100, planning_runs=3)
+                   planning_records=1_000_000, planning_ranges=100, planning_runs=3,
+                   latency_seconds=3.0, latency_rounds=2, scaling_seconds=2.0,
+                   scaling_read_rows=1 << 20)
 
 
 class BenchContext:

@@ -26,9 +26,11 @@ from .timing import Progress
 SECTIONS: dict[str, str] = {
     "codec": "sbp_spark.bench.codec",
     "client": "sbp_spark.bench.client",
+    "latency": "sbp_spark.bench.latency",
     "memory": "sbp_spark.bench.concurrency",
     "planning": "sbp_spark.bench.time_planning",
     "spark": "sbp_spark.bench.spark_batch",
+    "scaling": "sbp_spark.bench.scaling",
     "streaming": "sbp_spark.bench.streaming",
 }
 
@@ -78,6 +80,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--quick 1M)")
     parser.add_argument("--planning-ranges", type=int,
                         help="ranges of that stream (default 1000, --quick 100)")
+    parser.add_argument("--latency-seconds", type=float,
+                        help="seconds one writer appends under each fsync policy (default 6, "
+                             "--quick 3)")
+    parser.add_argument("--scaling-seconds", type=float,
+                        help="seconds of APPEND load per count of active streams (default 4, "
+                             "--quick 2)")
+    parser.add_argument("--scaling-rows", type=int,
+                        help="rows of the Spark reads spread over 1-64 ranges (default 2M, "
+                             "--quick 1M; a multiple of 8192 x 64)")
     parser.add_argument("--fsync", help="fsync policy for the bench cluster (default: the "
                                         "cluster's own default)")
     parser.add_argument("--workdir", type=Path,
@@ -91,32 +102,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"choose from {', '.join(SECTIONS)}")
     args.sections = sections
     for name in ("rows", "runs", "client_mib", "clients", "planning_records",
-                 "planning_ranges"):
+                 "planning_ranges", "scaling_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    for name in ("latency_seconds", "scaling_seconds"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be > 0")
     if args.stream_seconds is not None and args.stream_seconds <= STREAM_WARMUP_S:
         parser.error(f"--stream-seconds {args.stream_seconds}: must be above the "
                      f"{STREAM_WARMUP_S:g} s whose latencies are dropped as warm-up")
     return args
 
 
+# Options that set a BenchConfig field as given: option -> field.
+_SETTINGS = {"rows": "spark_rows", "runs": "spark_runs", "clients": "concurrent_clients",
+             "stream_seconds": "stream_seconds", "planning_records": "planning_records",
+             "planning_ranges": "planning_ranges", "latency_seconds": "latency_seconds",
+             "scaling_seconds": "scaling_seconds", "scaling_rows": "scaling_read_rows"}
+
+
 def build_config(args: argparse.Namespace) -> BenchConfig:
     config = BenchConfig.quick_run() if args.quick else BenchConfig.full()
-    if args.rows is not None:
-        config.spark_rows = args.rows
-    if args.runs is not None:
-        config.spark_runs = args.runs
+    for option, setting in _SETTINGS.items():
+        value = getattr(args, option)
+        if value is not None:
+            setattr(config, setting, value)
     if args.client_mib is not None:
         config.client_bytes = args.client_mib * 1024 * 1024
-    if args.clients is not None:
-        config.concurrent_clients = args.clients
-    if args.stream_seconds is not None:
-        config.stream_seconds = args.stream_seconds
-    if args.planning_records is not None:
-        config.planning_records = args.planning_records
-    if args.planning_ranges is not None:
-        config.planning_ranges = args.planning_ranges
     config.fsync = args.fsync
     return config
 

@@ -13,6 +13,12 @@ calls while a second thread fsyncs the file at that interval (the way a range se
 group commit does), fsyncs once more at the end, deletes the file and answers the seconds it
 took as a big-endian double: the storage ceiling of an APPEND acknowledged under the same
 durability, in the server process.
+``P``: the u64 is a count of round trips: that many times the client sends ``SMALL_BYTES``
+bytes and the server answers one byte once it has them (the floor of one small request's round
+trip between the two processes).
+``S``: the u64 is a count: the server appends ``SMALL_BYTES`` bytes to a new file and fsyncs
+it, that many times, and answers the median and 99th percentile time of one such durable
+append as two big-endian doubles (the floor of a small APPEND acknowledged durably).
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ RECV_CHUNK = 256 * 1024
 _REQUEST = struct.Struct(">cQ")
 _SECONDS = struct.Struct(">d")
 _INTERVAL = struct.Struct(">i")
+_TWO_SECONDS = struct.Struct(">dd")
 NO_FSYNC = -1
+# The size of one small request (the latency figures' batch).
+SMALL_BYTES = 1024
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -97,6 +106,26 @@ def file_append_seconds(directory: str, total: int, chunk: bytes,
         os.unlink(path)
 
 
+def durable_small_appends(directory: str, count: int) -> tuple[float, float]:
+    """Median and 99th percentile seconds of appending ``SMALL_BYTES`` to a file in
+    ``directory`` and fsyncing it, over ``count`` appends; the file is removed."""
+    from .timing import percentile
+
+    fd, path = tempfile.mkstemp(prefix="bench-fsync-", dir=directory)
+    data = os.urandom(SMALL_BYTES)
+    times = []
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            os.write(fd, data)
+            os.fsync(fd)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return percentile(times, 50), percentile(times, 99)
+
+
 class LoopbackServer:
     """The server half; runs in the server process (threads, one per connection).
 
@@ -142,6 +171,13 @@ class LoopbackServer:
                         (interval,) = _INTERVAL.unpack(_recv_exact(conn, _INTERVAL.size))
                         conn.sendall(_SECONDS.pack(file_append_seconds(self._directory, total,
                                                                 self._chunk, interval)))
+                    elif op == b"P":
+                        for _ in range(total):
+                            _recv_exact(conn, SMALL_BYTES)
+                            conn.sendall(b"k")
+                    elif op == b"S":
+                        conn.sendall(_TWO_SECONDS.pack(
+                            *durable_small_appends(self._directory, total)))
                     else:
                         return
             except OSError:
@@ -183,6 +219,26 @@ class LoopbackClient:
         every ``fsync_interval_ms`` (``NO_FSYNC``: page cache only) and once at the end."""
         self._sock.sendall(_REQUEST.pack(b"F", total) + _INTERVAL.pack(fsync_interval_ms))
         return _SECONDS.unpack(_recv_exact(self._sock, _SECONDS.size))[0]
+
+    def round_trips(self, count: int) -> list[float]:
+        """Seconds of each of ``count`` round trips of a ``SMALL_BYTES`` message and a one
+        byte answer."""
+        data = os.urandom(SMALL_BYTES)
+        self._sock.sendall(_REQUEST.pack(b"P", count))
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            self._sock.sendall(data)
+            if _recv_exact(self._sock, 1) != b"k":
+                raise ConnectionError("loopback server answered a round trip unexpectedly")
+            times.append(time.perf_counter() - start)
+        return times
+
+    def durable_small_appends(self, count: int) -> tuple[float, float]:
+        """Median and 99th percentile seconds of a ``SMALL_BYTES`` append fsynced in the server
+        process (``count`` of them)."""
+        self._sock.sendall(_REQUEST.pack(b"S", count))
+        return _TWO_SECONDS.unpack(_recv_exact(self._sock, _TWO_SECONDS.size))
 
     def close(self) -> None:
         self._sock.close()

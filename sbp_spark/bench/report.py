@@ -12,14 +12,17 @@ from typing import Any
 
 # Comparison kinds a target can express.
 AT_LEAST_RATIO = "ratio>="
+AT_MOST_RATIO = "ratio<="
 AT_LEAST = ">="
 AT_MOST = "<="
-_TARGET_KINDS = (AT_LEAST_RATIO, AT_LEAST, AT_MOST)
+_TARGET_KINDS = (AT_LEAST_RATIO, AT_MOST_RATIO, AT_LEAST, AT_MOST)
+_RATIO_KINDS = (AT_LEAST_RATIO, AT_MOST_RATIO)
 
 
 @dataclass(frozen=True)
 class Target:
-    """What a figure must reach: ``ratio>= 0.7`` (of its ceiling), ``>= 10000`` or ``<= 1.0``."""
+    """What a figure must reach: ``ratio>= 0.7`` (of its ceiling), ``ratio<= 1.0``,
+    ``>= 10000`` or ``<= 1.0``."""
 
     kind: str
     threshold: float
@@ -29,16 +32,16 @@ class Target:
             raise ValueError(f"target kind {self.kind!r} is not one of {', '.join(_TARGET_KINDS)}")
 
     def describe(self, unit: str) -> str:
-        if self.kind == AT_LEAST_RATIO:
-            return f">= {self.threshold:g}x"
+        if self.kind in _RATIO_KINDS:
+            return f"{self.kind[len('ratio'):]} {self.threshold:g}x"
         return f"{self.kind} {_number(self.threshold)} {unit}".rstrip()
 
     def check(self, value: float | None, ratio: float | None) -> bool | None:
         """True/False, or None when the figure needed for the comparison is missing."""
-        measured = ratio if self.kind == AT_LEAST_RATIO else value
+        measured = ratio if self.kind in _RATIO_KINDS else value
         if measured is None:
             return None
-        if self.kind == AT_MOST:
+        if self.kind in (AT_MOST, AT_MOST_RATIO):
             return measured <= self.threshold
         return measured >= self.threshold
 

@@ -86,6 +86,10 @@ class ServerProcess:
         return pd
 
     @property
+    def range_server_addresses(self) -> list[str]:
+        return list(self.info.get("range_servers") or [])
+
+    @property
     def loopback(self) -> str:
         return self.info["loopback"]
 

@@ -78,7 +78,7 @@ def aggregate(df, *summed: str) -> tuple[int, int]:
     return int(row["rows"]), int(row["bytes"] or 0)
 
 
-def _check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
+def check_rows(what: str, got: tuple[int, int], rows: int, record_size: int) -> None:
     n, nbytes = got
     if n != rows or nbytes != rows * record_size:
         raise RuntimeError(f"{what} returned {n} rows / {nbytes} value bytes, expected "
@@ -134,7 +134,7 @@ class _Bench:
 
     def checked(self, what: str, df_fn: Callable[[], Any], *summed: str) -> Callable[[], None]:
         """The read query on ``df_fn()``, failing unless it returns every row."""
-        return lambda: _check_rows(what, aggregate(df_fn(), *summed), self.rows, self.size)
+        return lambda: check_rows(what, aggregate(df_fn(), *summed), self.rows, self.size)
 
 
 @dataclass

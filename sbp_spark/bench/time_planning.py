@@ -38,20 +38,15 @@ def _build(ctx: BenchContext, records: int, ranges: int) -> tuple[int, int]:
     batches = records // PLANNING_BATCH_RECORDS
     per_range = max(1, batches // ranges)
     stream_id = adapters.create_stream(ctx)
-    with adapters.bench_client(ctx) as client:
-        writer = client.open_stream(stream_id)
-        made = 0
-        while made < batches:
-            in_range = min(per_range, batches - made)
-            for first in range(0, in_range, APPEND_CALL_BATCHES):
-                count = min(APPEND_CALL_BATCHES, in_range - first)
-                writer.append([encode_batch(body, PLANNING_BATCH_RECORDS, T0_MS + made + first + i,
-                                            BodyFormat.ARROW) for i in range(count)])
-            made += in_range
-            if made < batches:
-                client.seal_range(stream_id)
-            if made % (per_range * 100) == 0:
-                ctx.progress(SECTION, f"built {made * PLANNING_BATCH_RECORDS:,} records")
+
+    def progress(made: int) -> None:
+        if made % (per_range * 100) == 0:
+            ctx.progress(SECTION, f"built {made * PLANNING_BATCH_RECORDS:,} records")
+
+    adapters.append_in_ranges(
+        ctx, stream_id, lambda i: encode_batch(body, PLANNING_BATCH_RECORDS, T0_MS + i,
+                                                BodyFormat.ARROW),
+        batches, ranges, APPEND_CALL_BATCHES, progress)
     return stream_id, batches
 
 

@@ -1,6 +1,7 @@
 """Blocking SBP client: connections, the connection pool, retries, and the PD, range-server and
 stream-level APIs. No Spark here."""
 
+from ..transport.tls import TlsConfig
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .connection import Connection, ResponseStream, parse_address
 from .heartbeat import Heartbeat
@@ -9,7 +10,6 @@ from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .retry import Retrier, call_with_retries, is_retriable
 from .stream import ResendCheck, SbpClient, StreamWriter, known_range
-from .tls import TlsConfig
 from .types import Appended, FetchedBatch, ItemResult, Replica
 
 __all__ = [

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
-from .tls import TlsConfig
+from ..transport.tls import TlsConfig
 
 # Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch).
 # The client queues an answer's frames as fast as the socket delivers them, so this is also what
@@ -56,7 +56,7 @@ class ClientConfig:
     append_frame_bytes: int = DEFAULT_APPEND_FRAME_BYTES
     # timeout_ms sent in request headers that carry one (server-side processing bound).
     server_timeout_ms: int = 30_000
-    # TLS (see client/tls.py): verify servers against tls_ca_file (else the system's trust
+    # TLS (see transport/tls.py): verify servers against tls_ca_file (else the system's trust
     # store) and, for servers that require client certificates, present tls_cert_file and
     # tls_key_file (PEM).
     tls: bool = False

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
-import os
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -43,10 +40,11 @@ from sbp_spark.protocol.errors import (
     WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
+from sbp_spark.transport.sockets import send_buffers, set_kernel_timeouts
+from sbp_spark.transport.tls import TlsConfig, TlsSocket, wrap_client
 
 from .config import ClientConfig
 from .heartbeat import Heartbeat
-from .tls import TlsConfig, TlsSocket, wrap_client
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +60,6 @@ _END = int(Flags.END)
 _SYSTEM_ERROR = int(Flags.SYSTEM_ERROR)
 _RESPONSE_END = _RESPONSE | _END
 _LAST_FRAME = _END | _SYSTEM_ERROR
-
-
-def _iov_max() -> int:
-    try:
-        value = os.sysconf("SC_IOV_MAX")
-    except (AttributeError, ValueError, OSError):
-        value = -1
-    # sendmsg refuses more buffers than IOV_MAX in one call; 16 is the POSIX minimum.
-    return value if value > 0 else 16
-
-
-_IOV_MAX = _iov_max()
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -94,44 +80,6 @@ def parse_address(address: str) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise ValueError(f"server address {address!r}: port {port} is not in 1..65535")
     return host, port
-
-
-def _nbytes(buf: Buffer) -> int:
-    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
-
-
-def _timeval(seconds: float) -> bytes:
-    if not math.isfinite(seconds):
-        return struct.pack("@ll", 0, 0)  # no limit
-    seconds = max(seconds, 1e-6)  # 0 would mean no limit
-    whole = int(seconds)
-    return struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
-
-
-def set_kernel_timeouts(sock: socket.socket, receive_s: float, send_s: float) -> None:
-    """Make ``sock`` blocking, with its waits bounded by the kernel (SO_RCVTIMEO and
-    SO_SNDTIMEO) instead of Python's socket timeout, which polls before every call: that poll
-    cost about 7% of the reader's CPU on a FETCH stream. A wait that runs out raises
-    ``BlockingIOError``; a send that made some progress returns what it sent."""
-    sock.settimeout(None)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(receive_s))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(send_s))
-
-
-def send_buffers(sock: socket.socket, buffers: Sequence[Buffer]) -> None:
-    """Write every buffer with ``sendmsg``, resuming after partial sends, without joining them."""
-    bufs = [b for b in buffers if _nbytes(b)]
-    i, count = 0, len(bufs)
-    while i < count:
-        sent = sock.sendmsg(bufs[i:i + _IOV_MAX])
-        while sent:
-            size = _nbytes(bufs[i])
-            if sent >= size:
-                sent -= size
-                i += 1
-            else:
-                bufs[i] = memoryview(bufs[i]).cast("B")[sent:]
-                sent = 0
 
 
 def system_error_of(frame: Frame) -> ServerError:
@@ -256,18 +204,19 @@ class Connection:
             if tls is None:
                 set_kernel_timeouts(sock, receive_s=self.config.idle_timeout_s,
                                     send_s=self.config.request_timeout_s)
-                self._rsock = sock.dup()
+                self._rsock: socket.socket | TlsSocket = sock.dup()
             else:  # the handshake reads through the twin, with Python's timeouts
                 sock.settimeout(self.config.request_timeout_s)
-                self._rsock = sock.dup()
-                self._rsock.settimeout(self.config.idle_timeout_s)
+                twin = sock.dup()
+                twin.settimeout(self.config.idle_timeout_s)
+                self._rsock = twin
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
-        if tls is not None:
-            sock = self._start_tls(sock, tls, host)
-            self._rsock = sock  # one TLS state: the reader decrypts through the same object
         self._sock: socket.socket | TlsSocket = sock
+        if tls is not None:
+            self._sock = self._start_tls(sock, twin, tls, host)
+            self._rsock = self._sock  # one TLS state: the reader decrypts through the same one
         self._decoder = FrameDecoder(MAX_FRAME_LENGTH, allocate=ReceiveBuffers())
         # Guards _pending inserts, _next_id and the state below. Reentrant: a ResponseStream
         # dropped (and finalized) while this thread holds it releases its slot through it.
@@ -285,11 +234,11 @@ class Connection:
             target=self._read_loop, name=f"sbp-reader-{address}", daemon=True)
         self._reader.start()
 
-    def _start_tls(self, sock: socket.socket, tls: TlsConfig, host: str) -> TlsSocket:
+    def _start_tls(self, sock: socket.socket, twin: socket.socket, tls: TlsConfig,
+                   host: str) -> TlsSocket:
         """Run the TLS handshake over the connected socket (and its reading twin)."""
         try:
-            return wrap_client(sock, tls, host, self.config.connect_timeout_s,
-                               reader=self._rsock)
+            return wrap_client(sock, tls, host, self.config.connect_timeout_s, reader=twin)
         except TimeoutError:
             error: SbpError = ConnectTimeoutError(
                 f"TLS handshake with {self.address} timed out after "

@@ -7,10 +7,10 @@ same FlatBuffers format as ``_flatbuf`` (tests check both against flatc's genera
 and builders), with layouts fixed in advance so a whole header is one ``struct`` call:
 
 - ``PackedEntriesCodec`` (``AppendRequest``): the entries are a vector of 16-byte structs,
-  packed in one go. Only a request without ``committed_offset`` and ``range_index`` (every
-  client append) has this layout; a forward that sets them is written and read by the
-  generic code. Entries sent
-  as tables instead of structs are recognised and refused, naming the problem.
+  packed in one go. Only a request without ``committed_offset``, ``range_index`` and
+  ``cap_notice`` (every client append) has this layout; a primary's forward or cap notice is
+  written and read by the generic code. Entries sent as tables instead of structs are
+  recognised and refused, naming the problem.
 - ``RowsCodec`` (``AppendResponse``, ``FetchResponse``, ``FetchRequest``): the root table,
   then a vector of offsets, then the item tables at a fixed stride, every scalar written
   (defaults too) so all items share one vtable. Every status is written (the schemas mark it
@@ -145,7 +145,8 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
 
 
 class PackedEntriesCodec(Codec):
-    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset, range_index):
+    """``AppendRequest`` (timeout_ms, [AppendEntry] structs, committed_offset, range_index,
+    cap_notice):
     client appends as one packed struct; the table-instead-of-struct mistake refused by
     name."""
 
@@ -155,7 +156,8 @@ class PackedEntriesCodec(Codec):
             raise AssertionError(f"{self.name}.{entries.name} is not the 16-byte struct vector "
                                  "this codec packs")
         if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
-                                               "committed_offset", "range_index"]:
+                                               "committed_offset", "range_index",
+                                               "cap_notice"]:
             raise AssertionError(f"{self.name} is not the table this codec packs")
         self._entry_cls = entries.sub.cls
         self._entry_unpack = entries.sub.struct.iter_unpack
@@ -163,8 +165,8 @@ class PackedEntriesCodec(Codec):
         entries.reader = self._read_entries
 
     def encode(self, msg: Any) -> bytes:
-        if msg.committed_offset != -1 or msg.range_index != -1:
-            # A primary's forward (one per secondary per frame): the generic layout, which
+        if msg.committed_offset != -1 or msg.range_index != -1 or msg.cap_notice is not None:
+            # A primary's forward or cap notice (one per secondary): the generic layout, which
             # also writes the later slots. The fast reader sees its longer vtable and leaves
             # it to the generic reader.
             return super().encode(msg)

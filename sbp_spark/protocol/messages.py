@@ -358,12 +358,15 @@ class AppendRequest(Message):
 
     timeout_ms: int = 0
     append_requests: list[AppendEntry] = field(default_factory=list)
-    # Set only on a primary's forward to its secondaries: every replica holds every record of
-    # the range below this offset (-1: a client's append, or nothing known).
+    # Set only by a range's primary (forwards, cap notices): every replica holds every record
+    # of the range below this offset (-1: a client's append, or nothing known).
     committed_offset: int = -1
-    # Set only on a primary's forwards and cap notices: the range they belong to; a secondary
-    # applies them to no other (-1: a client's append).
+    # Set only on a primary's forwards: the range they belong to; a secondary applies them to
+    # no other (-1: a client's append).
     range_index: int = -1
+    # Set only on a read cap notice from a range's primary to a secondary: the range it is
+    # about (then there are no entries and no payload; see schemas/data.fbs).
+    cap_notice: RangeId | None = None
 
 
 @dataclass(slots=True)

@@ -36,15 +36,16 @@ from typing import Any
 
 from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.connection import Connection
-from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import SbpError
+from sbp_spark.transport.tls import TlsConfig
 
+from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy
 from .etcd_process import LocalEtcd
 from .net import NetConfig
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
 from .range_server import RangeServer, RangeServerConfig
-from .storage import FsyncPolicy, StorageConfig
+from .storage import StorageConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,10 @@ def _fsync_policy(fsync: FsyncPolicy | str | bool) -> FsyncPolicy:
 class EmbeddedCluster:
     """A PD and ``range_servers`` range servers running in this process.
 
-    ``fsync`` is the range servers' policy (``"always"``, ``"interval"``, ``"never"``, or a
-    bool); the PD syncs its metadata commits unless it is ``"never"``. ``pd_port`` fixes the
+    ``fsync`` is the range servers' policy (``"group"``, ``"always"``, ``"interval"``,
+    ``"never"``, or a bool: ``always``/``never``; see ``durability.py``) and
+    ``fsync_interval_ms`` its interval; the PD syncs its metadata commits unless it is
+    ``"never"``. ``pd_port`` fixes the
     PD's port (0 = any free port). Range servers take free ports; after a restart each one
     tries its previous port first. ``tls`` puts every port behind TLS (mutual TLS when it
     names a CA file); the servers then call each other with its certificate.
@@ -112,11 +115,12 @@ class EmbeddedCluster:
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
-                 fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL, pd_port: int = 0,
+                 fsync: FsyncPolicy | str | bool = FsyncPolicy.GROUP, pd_port: int = 0,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  tls: TlsConfig | None = None,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
+                 fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if heartbeat_interval_s <= 0:
@@ -129,7 +133,8 @@ class EmbeddedCluster:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
         self.tls = tls
-        self.storage = StorageConfig(fsync=self.fsync, page_cache_bytes=page_cache_bytes)
+        self.storage = StorageConfig(fsync=self.fsync, fsync_interval_ms=fsync_interval_ms,
+                                     page_cache_bytes=page_cache_bytes)
         self._pd_port = pd_port
         self._count = range_servers
         self._ports: list[int] = [0] * range_servers
@@ -383,7 +388,7 @@ class ProcessCluster:
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
-                 fsync: FsyncPolicy | str | bool = FsyncPolicy.INTERVAL,
+                 fsync: FsyncPolicy | str | bool = FsyncPolicy.GROUP,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S, pd_port: int = 0,
                  env: dict[str, str] | None = None, tls: TlsConfig | None = None,
                  pd_nodes: int = 0, etcd_members: int = 1,

@@ -31,8 +31,9 @@ from ..protocol.errors import (
 from ..protocol.frame import crc32
 from ..protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
 from .net import FileRegion, RequestContext
+from .range_log import RangeLog, ReadChunk
 from .segment import CorruptDataError, StoredBatch, crc32_combine
-from .storage import RangeLog, ReadChunk, Storage
+from .storage import Storage
 
 log = logging.getLogger(__name__)
 

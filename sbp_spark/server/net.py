@@ -64,8 +64,10 @@ import functools
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -75,7 +77,6 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import Any, ClassVar, NamedTuple
 
-from ..client.tls import TlsConfig, TlsSocket
 from ..protocol import messages
 from ..protocol.buffers import ReceiveBuffers
 from ..protocol.constants import KNOWN_OPCODES, MAX_FRAME_LENGTH, Flags, Opcode, opcode_name
@@ -94,6 +95,8 @@ from ..protocol.frame import (
     encode_frame,
     frame_prefix,
 )
+from ..transport.sockets import send_buffers
+from ..transport.tls import TlsConfig, TlsSocket
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +107,8 @@ Buffer = bytes | bytearray | memoryview
 # Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
 # measured the fastest and steadiest on loopback.
 RECV_PIECE = 256 * 1024
-# Linux accepts at most this many buffers in one sendmsg call (IOV_MAX).
-_IOV_MAX = 1024
+# The largest answer ``Connection.try_send`` sends without a thread that may wait.
+_TRY_SEND_BYTES = 16 * 1024
 # Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
 # than let one noisy client starve the process of threads and memory.
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -220,11 +223,14 @@ class Runs(enum.Enum):
 
 class Route(NamedTuple):
     """How a role serves one opcode: the request table, the name of the handler method that
-    serves it, and where that runs."""
+    serves it, and where that runs. ``inline_bytes`` (``Runs.ORDERED`` only): frames up to
+    this size run on the reader itself when the handler thread has nothing left to serve (for
+    requests that are quick and never wait long: no hand-off between threads)."""
 
     request: type[messages.Message]
     method: str
     runs: Runs = Runs.READER
+    inline_bytes: int = 0
 
 
 # Opcodes a role answers whether or not it serves them: GOAWAY is a notice, never answered.
@@ -247,6 +253,8 @@ class RequestHandler(abc.ABC):
     #: Subset of ``opcodes`` that run, in arrival order, on one handler thread per connection
     #: (so the reader keeps receiving while a request is served).
     ordered_opcodes: frozenset[int] = frozenset()
+    #: Ordered opcodes whose frames up to this many bytes the reader may serve itself.
+    inline_bytes: ClassVar[dict[int, int]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -256,6 +264,8 @@ class RequestHandler(abc.ABC):
             cls.long_opcodes = frozenset(op for op, r in routes.items() if r.runs is Runs.POOL)
             cls.ordered_opcodes = frozenset(
                 op for op, r in routes.items() if r.runs is Runs.ORDERED)
+            cls.inline_bytes = {op: r.inline_bytes for op, r in routes.items()
+                                if r.runs is Runs.ORDERED and r.inline_bytes}
 
     def route(self, ctx: RequestContext) -> tuple[type[messages.Message], Any]:
         """The request table of ``ctx``'s opcode and the bound method serving it."""
@@ -290,7 +300,7 @@ class Connection:
 
     def __init__(self, server: FrameServer, sock: socket.socket, peer: tuple) -> None:
         self.server = server
-        self.sock = sock
+        self.sock: socket.socket | TlsSocket = sock
         self.peer = peer
         self.id = next(self._ids)
         self.config = server.config
@@ -309,6 +319,10 @@ class Connection:
         # Requests for the ordered handler thread (started on first use); None ends it.
         self._ordered: SimpleQueue[tuple[RequestContext, Callable] | None] = SimpleQueue()
         self._ordered_thread: threading.Thread | None = None
+        # Requests given to that thread (counted by the reader) and served by it (counted by
+        # it): equal when it has nothing left, and the reader may serve the next one itself.
+        self._ordered_given = 0
+        self._ordered_served = 0
         self.tls = False  # sock became a TlsSocket after the handshake
 
     def __repr__(self) -> str:
@@ -344,55 +358,61 @@ class Connection:
             self._outgoing += size
         try:
             with self._send_lock:
-                if self._closed:
-                    raise ConnectionClosed(f"connection to {self.peer_str} is closed")
                 self._send_started = time.monotonic()
                 try:
-                    self._send_parts(parts)
-                except OSError as exc:
-                    self._abort(f"send failed: {exc}")
-                    raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+                    self._write(parts, size)
                 finally:
                     self._send_started = None
-            self.last_activity = time.monotonic()
-            self.server.stats.bytes_out += size
         finally:
             with self._state:
                 self._outgoing -= size
                 self._state.notify_all()
 
+    def try_send(self, parts: Sequence[Buffer]) -> bool:
+        """Send one small frame now if that cannot block: no other sender holds or waits for
+        the socket, and the socket has room. False, having sent nothing, when it could block
+        (then ``send`` it from a thread that may wait). Raises ``ConnectionClosed``."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+        if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
+            return False
+        try:
+            if not self._closed and not _writable(self.sock):
+                return False
+            self._write(parts, size)
+        finally:
+            self._send_lock.release()
+        return True
+
+    def _write(self, parts: Sequence[Buffer | FileRegion], size: int) -> None:
+        """Send ``parts`` (``size`` bytes) holding the send lock; a failure closes the
+        connection (``ConnectionClosed``)."""
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+        try:
+            self._send_parts(parts)
+        except OSError as exc:
+            self._abort(f"send failed: {exc}")
+            raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+        self.last_activity = time.monotonic()
+        self.server.stats.bytes_out += size
+
     def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
-        iov: list[memoryview] = []
+        iov: list[Buffer] = []
         for part in parts:
             if isinstance(part, FileRegion):
                 if iov:
-                    self._sendmsg_all(iov)
+                    send_buffers(self.sock, iov)
                     iov = []
                 self._sendfile_all(part)
             else:
-                view = memoryview(part).cast("B")
-                if view.nbytes:
-                    iov.append(view)
+                iov.append(part)
         if iov:
-            self._sendmsg_all(iov)
-
-    def _sendmsg_all(self, iov: list[memoryview]) -> None:
-        sock = self.sock
-        i = 0
-        while i < len(iov):
-            sent = sock.sendmsg(iov[i:i + _IOV_MAX])
-            # Skip the buffers sent whole; keep the unsent tail of a partly sent one.
-            while sent and i < len(iov):
-                n = iov[i].nbytes
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    iov[i] = iov[i][sent:]
-                    sent = 0
+            send_buffers(self.sock, iov)
 
     def _sendfile_all(self, region: FileRegion) -> None:
-        if self.tls:  # the kernel cannot encrypt: read and encrypt here
+        if isinstance(self.sock, TlsSocket):  # the kernel cannot encrypt: read, encrypt here
             self.sock.sendfile_region(region.fd, region.offset, region.length)
             return
         out = self.sock.fileno()
@@ -468,13 +488,22 @@ class Connection:
 
     # -- the ordered handler thread --------------------------------------------------------
 
-    def _run_ordered(self, ctx: RequestContext, fn: Callable[[RequestContext], None]) -> None:
-        """Queue ``fn(ctx)`` for this connection's handler thread (started on first use)."""
+    def _run_ordered(self, ctx: RequestContext, fn: Callable[[RequestContext], None],
+                     inline_bytes: int = 0) -> None:
+        """Run ``fn(ctx)`` after every ordered request before it: right here on the reader when
+        the handler thread has served all it was given and the frame is at most
+        ``inline_bytes`` (no hand-off between threads: what a writer waiting for each answer
+        needs), else on the connection's handler thread (started on first use), so the
+        reader receives the next frame meanwhile."""
+        if ctx._nbytes <= inline_bytes and self._ordered_given == self._ordered_served:
+            self.server._run(ctx, fn)
+            return
         if self._ordered_thread is None:
             t = threading.Thread(target=self._ordered_loop,
                                  name=f"{self.config.name}-conn{self.id}-handler", daemon=True)
             self._ordered_thread = t
             t.start()
+        self._ordered_given += 1
         self._ordered.put((ctx, fn))
 
     def _ordered_loop(self) -> None:
@@ -483,8 +512,9 @@ class Connection:
             ctx, fn = item
             if self._closed:
                 ctx._abandon()
-                continue
-            server._run(ctx, fn)
+            else:
+                server._run(ctx, fn)
+            self._ordered_served += 1
 
     def _stop_ordered(self, timeout: float) -> None:
         """End the handler thread once it served (or dropped) what was queued."""
@@ -576,7 +606,17 @@ class RequestContext:
         if end:
             self._finish()
 
-    def reply(self, msg: object, payload: Buffer | Sequence[Buffer] = b"",
+    def try_reply(self, msg: messages.Message) -> bool:
+        """Answer with ``msg`` (a one-frame response with no payload) if that cannot block;
+        False, having sent nothing, otherwise (see ``Connection.try_send``)."""
+        if self._done:
+            raise RuntimeError(f"request {self.stream_id} was already answered with END")
+        if not self.conn.try_send(messages.response_frame(self.stream_id, msg)):
+            return False
+        self._finish()
+        return True
+
+    def reply(self, msg: messages.Message, payload: Buffer | Sequence[Buffer] = b"",
               end: bool = True) -> None:
         """Answer with a typed response header (a ``messages`` response class)."""
         self.send(messages.response_frame(self.stream_id, msg, payload, end=end))
@@ -620,6 +660,14 @@ class RequestContext:
         self._finish()
 
 
+def _writable(sock: socket.socket | TlsSocket) -> bool:
+    """Whether ``sock`` has room to send: at least a third of its send buffer (a small frame
+    fits). poll, not select: a server holds more than select's 1,024 descriptors."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
+
+
 def _frame_flags(parts: Sequence[Buffer | FileRegion]) -> int:
     first = parts[0] if parts else b""
     if isinstance(first, FileRegion) or memoryview(first).nbytes < 8:
@@ -643,7 +691,8 @@ class FrameServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._tls_context = None  # ssl.SSLContext when config.tls is set (built by start())
+        # Set when config.tls is (built by start()).
+        self._tls_context: ssl.SSLContext | None = None
         self._inflight_bytes = 0
         self._budget = threading.Condition()
 
@@ -818,10 +867,11 @@ class FrameServer:
                     log.debug("%r idle for %.0f s: closing", conn, now - conn.last_activity)
                     conn.close("idle timeout")
 
-    def _start_tls(self, conn: Connection) -> bool:
+    def _start_tls(self, conn: Connection, context: ssl.SSLContext) -> bool:
         """TLS handshake with a new peer (on its reader thread, so a slow one holds up no one
         else); False when it failed and the connection is to be dropped."""
-        tls = TlsSocket(conn.sock, self._tls_context, server_side=True)
+        assert isinstance(conn.sock, socket.socket), "TLS starts once, over the TCP socket"
+        tls = TlsSocket(conn.sock, context, server_side=True)
         try:
             tls.handshake()
         except OSError as exc:  # TlsError, ssl.SSLError, timeout, reset
@@ -839,7 +889,7 @@ class FrameServer:
         receiving = 0  # bytes of a partly received frame, charged to the server's budget
         expected = 0  # its whole size, when its length prefix came at the start of a read
         try:
-            if self._tls_context is not None and not self._start_tls(conn):
+            if self._tls_context is not None and not self._start_tls(conn, self._tls_context):
                 return
             sock = conn.sock
             while True:
@@ -870,14 +920,7 @@ class FrameServer:
                     break
                 # Decoded frames are charged by their contexts; what is still partial here.
                 partial = decoder.buffered
-                while (event := decoder.next_event()) is not None:
-                    # One read may bring many frames: the limit holds per request.
-                    conn._wait_below_inflight_limit()
-                    if conn.closed:
-                        break
-                    self._dispatch(conn, event)
-                    if conn._draining:
-                        break
+                self._dispatch_decoded(conn, decoder)
                 if partial == 0:
                     expected = 0
                 charge = max(partial, expected) if partial else 0
@@ -889,20 +932,35 @@ class FrameServer:
             log.exception("%r reader failed", conn)
         finally:
             self._charge_bytes(-receiving)
-            conn._abort("reader finished")
-            with conn._send_lock:
-                with contextlib.suppress(OSError):
-                    conn.sock.close()
-            # The connection is closed: the handler thread drops what is still queued.
-            conn._stop_ordered(self.config.shutdown_timeout_s)
-            for ctx in conn._unfinished():
-                ctx._abandon()
-            with self._lock:
-                self._connections.pop(conn.id, None)
-            try:
-                self.handler.connection_closed(conn)
-            except Exception:
-                log.exception("handler.connection_closed failed")
+            self._reader_finished(conn)
+
+    def _dispatch_decoded(self, conn: Connection, decoder: FrameDecoder) -> None:
+        """Dispatch every frame the decoder holds (one read may bring many), each once the
+        connection is below its in-flight limit; stop early when it closes or drains."""
+        while (event := decoder.next_event()) is not None:
+            conn._wait_below_inflight_limit()
+            if conn.closed:
+                return
+            self._dispatch(conn, event)
+            if conn._draining:
+                return
+
+    def _reader_finished(self, conn: Connection) -> None:
+        """The connection's reader stopped: close it, drop what is still queued for its
+        handler thread, abandon unanswered requests and tell the handler."""
+        conn._abort("reader finished")
+        with conn._send_lock:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        conn._stop_ordered(self.config.shutdown_timeout_s)
+        for ctx in conn._unfinished():
+            ctx._abandon()
+        with self._lock:
+            self._connections.pop(conn.id, None)
+        try:
+            self.handler.connection_closed(conn)
+        except Exception:
+            log.exception("handler.connection_closed failed")
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -950,7 +1008,8 @@ class FrameServer:
             except RuntimeError:  # pool shut down under us
                 self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
         elif opcode in self.handler.ordered_opcodes:
-            conn._run_ordered(ctx, self.handler.handle)
+            conn._run_ordered(ctx, self.handler.handle,
+                              self.handler.inline_bytes.get(opcode, 0))
         else:
             self._run(ctx, self.handler.handle)
 

@@ -14,7 +14,7 @@ read from disk, as it would be after any eviction. Dropped pages return to the k
 lists, and the next appends reuse them.
 
 Only durable bytes can be dropped (the kernel keeps dirty pages whatever it is told), so the
-budget applies to the ``always`` and ``interval`` fsync policies; under ``never`` the kernel
+budget applies to every fsync policy but ``never``; under ``never`` the kernel
 alone decides.
 """
 

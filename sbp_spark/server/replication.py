@@ -24,10 +24,10 @@ the cap as the secondaries store appends. Every forward carries the primary's ca
 than what is durable on the primary itself) as ``committed_offset``, and a secondary that
 stored the forward raises its own cap to it.
 
-Cap notices close the two gaps forwards leave. A notice is an APPEND with an empty payload
-whose entries are all zero-length (each names a stream: its open range on the receiver) and
-whose ``committed_offset`` is the primary's cap, or -1 to only ask. A secondary raises its cap
-as for a forward and answers each entry with its stored end of the range as ``base_offset``.
+Cap notices close the two gaps forwards leave. A notice is an APPEND whose ``cap_notice``
+names the range, with no entries and no payload, and whose ``committed_offset`` is the
+primary's cap, or -1 to only ask. A secondary raises its cap as for a forward and answers
+with its stored end of the range as the one result's ``base_offset``.
 * When the last pending append of a range settles (the range went quiet), the primary sends
   its new cap in a notice, so the secondaries' readers see the end of a burst without waiting
   for the next append. Under load the next forward carries the cap instead.
@@ -50,18 +50,18 @@ from dataclasses import dataclass
 from ..client.config import ClientConfig
 from ..client.connection import ResponseStream
 from ..client.pool import ConnectionPool
-from ..client.tls import TlsConfig
 from ..protocol.constants import Opcode
 from ..protocol.errors import ReplicationFailedError, SbpError
 from ..protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
-    SystemError,
+    RangeId,
     decode_response,
     request_frame,
 )
-from .storage import RangeLog, Replica
+from ..transport.tls import TlsConfig
+from .range_log import RangeLog, Replica
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,7 @@ class Replicator:
         secondary and wait for their answers: each one's stored end of the range, or why
         there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
-                                append_requests=[AppendEntry(rlog.stream_id, 0, 0)],
-                                range_index=rlog.range_index)
+                                cap_notice=RangeId(rlog.stream_id, rlog.range_index))
         if committed >= 0:
             rlog.cap.note_sent(committed)
         sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
@@ -146,24 +145,18 @@ class Replicator:
             except SbpError as exc:
                 sent.append((replica, None, repr(exc)))
         out = []
-        for replica, stream, problem in sent:
+        for replica, answers, problem in sent:
             stored = None
-            if stream is not None:
-                try:
-                    with stream as frames:
-                        msg = decode_response(next(frames))
-                except (SbpError, StopIteration) as exc:
-                    msg = exc
-                if not isinstance(msg, AppendResponse):
-                    problem = repr(msg)
-                elif not msg.status.ok:
-                    problem = msg.status.message
-                elif len(msg.append_responses) != 1:
-                    problem = f"{len(msg.append_responses)} results for one notice entry"
-                elif not msg.append_responses[0].status.ok:
-                    problem = msg.append_responses[0].status.message
+            if answers is not None:
+                answer = _answer_of(answers)
+                if isinstance(answer, str):
+                    problem = answer
+                elif len(answer.append_responses) != 1:
+                    problem = f"{len(answer.append_responses)} results for one notice"
+                elif not answer.append_responses[0].status.ok:
+                    problem = answer.append_responses[0].status.message
                 else:
-                    stored = msg.append_responses[0].base_offset
+                    stored = answer.append_responses[0].base_offset
             out.append(NoticeAnswer(replica, stored, problem))
         return out
 
@@ -215,22 +208,29 @@ class Replicator:
         problems = []
         for fw in forwards:
             where = f"secondary {fw.replica.server_id} ({fw.replica.advertise_addr})"
-            if fw.error is not None:
+            if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
                 continue
-            try:
-                with fw.stream as stream:
-                    msg = decode_response(next(stream))
-            except (SbpError, StopIteration) as exc:
-                problems.append(f"{where}: {exc!r}")
+            answer = _answer_of(fw.stream)
+            if isinstance(answer, str):
+                problems.append(f"{where}: {answer}")
                 continue
-            if isinstance(msg, SystemError) or not isinstance(msg, AppendResponse):
-                problems.append(f"{where}: {msg}")
-                continue
-            if not msg.status.ok:
-                problems.append(f"{where}: {msg.status.message}")
-                continue
-            failed = [r.status for r in msg.append_responses if not r.status.ok]
+            failed = [r.status for r in answer.append_responses if not r.status.ok]
             if failed:
                 problems.append(f"{where}: {failed[0].message}")
         return "; ".join(problems) if problems else None
+
+
+def _answer_of(answers: ResponseStream) -> AppendResponse | str:
+    """A secondary's answer to one APPEND (forward or notice), or why there is none: no
+    frame, an error frame, or a refusal of the whole request."""
+    try:
+        with answers as frames:
+            msg = decode_response(next(frames))
+    except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    if not isinstance(msg, AppendResponse):
+        return str(msg)  # a SYSTEM_ERROR says what went wrong
+    if not msg.status.ok:
+        return msg.status.message
+    return msg

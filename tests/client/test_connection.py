@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool
-from sbp_spark.client.connection import parse_address, send_buffers
+from sbp_spark.client.connection import parse_address
 from sbp_spark.protocol.constants import Flags, Opcode
 from sbp_spark.protocol.errors import (
     ChecksumError,
@@ -20,6 +20,7 @@ from sbp_spark.protocol.errors import (
     WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import encode_frame
+from sbp_spark.transport.sockets import send_buffers
 from tests.polling import wait_until
 
 from .fakes import RESPONSE_END, FakeServer, Peer, echo_handler

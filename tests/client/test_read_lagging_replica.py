@@ -55,7 +55,7 @@ def _silence_cap_notices(cluster: EmbeddedCluster) -> None:
     append behind (what they know when the primary dies before its notice leaves)."""
     for rs in cluster.range_servers:
         if rs is not None:
-            rs.send_cap_notice = lambda rlog: None
+            rs.cap_notices.send = lambda rlog: None
 
 
 def _replicated_range(client: SbpClient, n: int):

@@ -42,6 +42,7 @@ from sbp_spark.protocol.messages import (
     PlacementDriverCluster,
     PlacementDriverNode,
     Range,
+    RangeId,
     RangeOwner,
     RangeReplica,
     RangeServer,
@@ -604,14 +605,19 @@ def _one_frame(buffers):
     return decode_frame(b"".join(bytes(b) for b in buffers))
 
 
-def test_cap_notice_forward_with_empty_payload_round_trips():
-    # A primary's read cap notice: zero-length entries, no payload, committed_offset set (or
-    # -1 when it only asks a secondary how far it stored the range).
+def test_cap_notice_round_trips_with_its_range_and_no_payload():
+    # A primary's read cap notice: cap_notice names the range, no entries, no payload,
+    # committed_offset set (or -1 when it only asks a secondary how far it stored the range).
     for committed in (12345678901, 0, -1):
-        req = AppendRequest(10_000, [AppendEntry(7, 0, 0)], committed_offset=committed)
+        req = AppendRequest(10_000, committed_offset=committed, cap_notice=RangeId(7, 3))
         frame = _one_frame(request_frame(3, req))
         assert (frame.opcode, frame.flags, frame.stream_id) == (Opcode.APPEND, 0, 3)
         assert decode_request(frame) == req and bytes(frame.payload) == b""
+        data = req.to_flatbuffers()
+        assert gen_read(AppendRequest, data) == req  # flatc's reader sees the range
+        assert AppendRequest.from_flatbuffers(gen_write(req)) == req
+    assert AppendRequest.from_flatbuffers(
+        AppendRequest(5, [AppendEntry(7, 0, 9)]).to_flatbuffers()).cap_notice is None
     answer = AppendResponse(append_responses=[AppendResult(7, 0, 42, 1)])
     frame = _one_frame(response_frame(3, answer))
     assert decode_response(frame) == answer

@@ -1,10 +1,10 @@
 """Read cap notices between the replicas of an open range (issue 9).
 
-A cap notice is an APPEND with zero-length entries and no payload that a primary sends its
-secondaries: once a range goes quiet it carries the new cap (so a secondary's readers see the
-end of a burst without another append), and after a restart the primary asks with it how far
-every secondary stored the range (so acknowledged records become readable again without an
-append). Anything but a secondary of the stream's open range refuses notices.
+A cap notice is an APPEND whose ``cap_notice`` names a range, with no entries and no payload,
+that a primary sends its secondaries: once a range goes quiet it carries the new cap (so a
+secondary's readers see the end of a burst without another append), and after a restart the
+primary asks with it how far every secondary stored the range (so acknowledged records become
+readable again without an append). Anything but a secondary of that open range refuses it.
 """
 
 from __future__ import annotations
@@ -16,18 +16,24 @@ import time
 import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
+from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResult,
+    Range,
+    RangeId,
     RangeReplica,
     RangeServer,
+    StreamRanges,
+    SyncRangesRequest,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
-from sbp_spark.server.range_server import DelayedCalls, RangeServerConfig
+from sbp_spark.server.cap_notices import DelayedCalls
 from sbp_spark.server.range_server import RangeServer as Server
+from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
 from tests.server.secondary import forward_of, send_append, sync_range
@@ -65,10 +71,13 @@ def forward(server: Server, first: int, count: int, committed: int) -> list[Appe
     return call(server, *forward_of(STREAM, first, count, committed))
 
 
-def notice(server: Server, committed: int, *streams: int) -> list[AppendResult]:
-    entries = [AppendEntry(s, i, 0) for i, s in enumerate(streams or (STREAM,))]
-    return call(server, AppendRequest(timeout_ms=5000, committed_offset=committed,
-                                      append_requests=entries))
+def notice(server: Server, committed: int, stream_id: int = STREAM, range_index: int = 0
+           ) -> AppendResult:
+    """Send ``server`` a cap notice for one range; its one result."""
+    [result] = call(server, AppendRequest(timeout_ms=5000, committed_offset=committed,
+                                          cap_notice=RangeId(stream_id, range_index)))
+    assert result.stream_id == stream_id and result.request_index == 0
+    return result
 
 
 def offsets(server: Server, start_at: int = 0) -> list[int]:
@@ -102,34 +111,64 @@ def secondary(tmp_path):
 def test_secondary_answers_a_notice_with_its_stored_end_and_raises_its_cap(secondary):
     assert offsets(secondary) == [0]
     # Only asked: the stored end (not the readable one), and the cap stays.
-    [asked] = notice(secondary, -1)
+    asked = notice(secondary, -1)
     assert asked.status.ok and (asked.stream_id, asked.base_offset) == (STREAM, 4)
     assert offsets(secondary) == [0]
-    [told] = notice(secondary, 3)
+    told = notice(secondary, 3)
     assert told.status.ok and told.base_offset == 4
     assert offsets(secondary) == [0, 1, 2]
     # Never above what is stored here, never lowered.
-    assert notice(secondary, 99)[0].base_offset == 4
+    assert notice(secondary, 99).base_offset == 4
     assert offsets(secondary) == [0, 1, 2, 3]
-    assert notice(secondary, 2)[0].status.ok
+    assert notice(secondary, 2).status.ok
     assert offsets(secondary) == [0, 1, 2, 3]
 
 
-def test_notice_entries_are_refused_clearly_where_they_mean_nothing(secondary):
-    # Streams with no range here, or an invalid id: INVALID_REQUEST naming why, per entry;
-    # the entries for one stream each do not let the cap name several ranges.
-    results = notice(secondary, 4, 99, STREAM, -3)
-    assert [r.status.code for r in results] == [
-        ErrorCode.INVALID_REQUEST, 0, ErrorCode.INVALID_REQUEST]
-    assert "holds no range of stream 99" in results[0].status.message
-    assert "cap notice" in results[0].status.message
-    assert "stream_id -3 must be >= 0" in results[2].status.message
-    assert results[1].base_offset == 4 and offsets(secondary) == [0]
+def test_notices_are_refused_clearly_where_they_mean_nothing(secondary):
+    # A range not held here, or invalid ids: INVALID_REQUEST naming the range and why.
+    for (sid, index), why in {(99, 0): "server 2 holds no such range",
+                              (STREAM, 1): "server 2 holds no such range",
+                              (-3, 0): "stream_id and range_index must be >= 0"}.items():
+        refused = notice(secondary, 4, sid, index)
+        assert refused.status.code == ErrorCode.INVALID_REQUEST and refused.base_offset == -1
+        assert f"read cap notice for range {sid}/{index}: {why}" in refused.status.message
+    assert offsets(secondary) == [0]
+    # A notice with entries or a payload is malformed as a whole.
+    bad = send_append(secondary, AppendRequest(
+        timeout_ms=5000, committed_offset=4, cap_notice=RangeId(STREAM, 0),
+        append_requests=[AppendEntry(STREAM, 0, 5)]), [b"12345"])
+    assert bad.status.code == ErrorCode.INVALID_REQUEST and not bad.append_responses
+    assert "carries no entries and no payload" in bad.status.message
+    assert offsets(secondary) == [0]
     # A sealed range has no cap to raise.
     sync(secondary, replicas_of(None, secondary), end_offset=4)
-    [sealed] = notice(secondary, 4)
+    sealed = notice(secondary, 4)
     assert sealed.status.code == ErrorCode.INVALID_REQUEST
     assert "sealed at 4" in sealed.status.message
+
+
+def test_a_notice_raises_the_cap_of_the_range_it_names(secondary):
+    # Range 1 of the stream arrives while range 0 is still open here (its seal has not come
+    # yet): a notice for range 0 must not move range 1, nor the other way round.
+    later = Range(STREAM, 1, 4, 0, -1, replicas_of(None, secondary))
+    with Connection(secondary.advertise_addr) as conn:
+        response, _ = conn.call(SyncRangesRequest(stream_ranges=[StreamRanges(STREAM, [later])]))
+    assert response.sync_responses[0].status.ok
+    range0, range1 = (secondary.storage.get_range(STREAM, i) for i in (0, 1))
+    assert notice(secondary, 3, STREAM, 0).base_offset == 4
+    assert (range0.read_cap, range1.read_cap) == (3, 4)
+    assert notice(secondary, -1, STREAM, 1).base_offset == 4  # range 1's own stored end
+    assert (range0.read_cap, range1.read_cap) == (3, 4)
+
+
+def test_zero_length_entries_without_cap_notice_are_not_notices(secondary):
+    # What notices looked like before they had their own field: entries of batch_length 0
+    # and no payload. Each is refused as an entry that holds no batch; the cap stays.
+    [result] = call(secondary, AppendRequest(timeout_ms=5000, committed_offset=4,
+                                             append_requests=[AppendEntry(STREAM, 0, 0)]))
+    assert result.status.code == ErrorCode.INVALID_REQUEST
+    assert "batch_length 0 holds no record batch" in result.status.message
+    assert offsets(secondary) == [0]
 
 
 def test_notices_and_zero_length_client_entries_are_refused_by_a_primary(tmp_path):
@@ -137,9 +176,9 @@ def test_notices_and_zero_length_client_entries_are_refused_by_a_primary(tmp_pat
     try:
         sync(srv, replicas_of(srv))
         for committed in (-1, 0, 5):
-            [refused] = notice(srv, committed)
+            refused = notice(srv, committed)
             assert refused.status.code == ErrorCode.INVALID_REQUEST
-            assert "server 1 is the primary of range 6/0" in refused.status.message
+            assert "range 6/0: server 1 is its primary" in refused.status.message
             assert refused.base_offset == -1
         # A client's append with a zero-length entry beside a real batch: the batch is
         # stored, the empty entry refused as before notices existed.
@@ -191,7 +230,7 @@ def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_pat
         for s in (s2, s3):
             poll(lambda s=s: offsets(s) == [0, 1, 2], f"secondary {s.server_id}'s readers")
         assert rlog.read_cap == 3  # not 5: records 3-4 are on the primary alone
-        poll(lambda: not primary._cap_prober.is_alive(), "the probe thread to finish")
+        poll(lambda: not primary.cap_notices.prober.is_alive(), "the probe thread to finish")
     finally:
         for s in (primary, s2, s3):
             s.stop()

@@ -81,6 +81,10 @@ class Scripted(RequestHandler):
             ctx.defer()
             threading.Timer(0.05, lambda: ctx.reply(DescribeRangesResponse())).start()
             return
+        if action == b"keep":  # answered by the test, through self.kept
+            ctx.defer()
+            self.kept = ctx
+            return
         if action == b"file":
             region = self.region
             data = os.pread(region.fd, region.length, region.offset)
@@ -199,6 +203,38 @@ def test_deferred_answer_from_another_thread(server):
     with RawPeer(server.address) as peer:
         msg, _ = peer.call(DescribeRangesRequest(), b"defer")
         assert isinstance(msg, DescribeRangesResponse)
+
+
+def test_try_reply_answers_only_when_it_cannot_block(server, handler):
+    with RawPeer(server.address) as peer:
+        sid = _ask(peer, b"keep")
+        wait_until(lambda: getattr(handler, "kept", None) is not None, "the request to arrive")
+        ctx = handler.kept
+        # Another sender holds the socket: nothing is sent, the request stays open.
+        with ctx.conn._send_lock:
+            assert not ctx.try_reply(DescribeRangesResponse(throttle_time_ms=7))
+        assert not ctx.done
+        assert ctx.try_reply(DescribeRangesResponse(throttle_time_ms=7))
+        assert ctx.done
+        frame = peer.next_frame(sid)
+        assert frame.is_end and decode_response(frame).throttle_time_ms == 7
+
+
+def test_try_reply_works_on_descriptors_past_1024(server, handler):
+    # A range server holds a file per segment: its sockets' descriptors pass select()'s
+    # limit, and an answer must still leave (it used to raise, and the request hung).
+    null = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(null) for _ in range(1100)]
+    try:
+        with RawPeer(server.address) as peer:
+            sid = _ask(peer, b"keep")
+            wait_until(lambda: getattr(handler, "kept", None) is not None, "the request")
+            assert handler.kept.conn.sock.fileno() >= 1024
+            assert handler.kept.try_reply(DescribeRangesResponse(throttle_time_ms=3))
+            assert peer.next_frame(sid).is_end
+    finally:
+        for fd in [null, *held]:
+            os.close(fd)
 
 
 def test_file_regions_are_sent_inside_a_frame(server, handler, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.messages import DescribeRangesRequest, DescribeRangesResponse, PingRequest
-from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler, Route, Runs
 from tests.polling import wait_until
 
 from .wire import RawPeer
@@ -33,7 +33,7 @@ class Ordered(RequestHandler):
     def handle(self, ctx) -> None:
         self.threads.add(threading.current_thread().name)
         payload = bytes(ctx.payload)
-        if payload == b"block":
+        if payload.startswith(b"block"):
             self.blocked.set()
             self.release.wait(30)
         self.seen.append((ctx.stream_id, hashlib.sha256(payload).hexdigest()))
@@ -95,3 +95,34 @@ def test_closing_the_connection_ends_the_handler_thread(ordered):
     wait_until(lambda: not any(
         t.name.startswith("sbp-conn") and t.name.endswith("-handler") and t.is_alive()
         for t in threading.enumerate()), "the connection's handler thread to end")
+
+
+class Inline(Ordered):
+    """The same, declared by a route whose frames up to 1,000 bytes may run on the reader."""
+
+    routes = {DESCRIBE: Route(DescribeRangesRequest, "handle", Runs.ORDERED, 1_000)}
+
+
+def test_small_ordered_requests_run_on_the_reader_while_the_handler_thread_is_idle():
+    handler = Inline()
+    server = FrameServer(handler, NetConfig()).start()
+    try:
+        with RawPeer(server.address) as peer:
+            for payload in (b"small", b"x" * 2_000, b"small again"):
+                peer.call(DescribeRangesRequest(), payload)
+            assert len(handler.threads) == 2  # the reader, and the handler for the large one
+            # Something is queued before it (a blocked request): a small one waits its turn
+            # on the handler thread, so the order holds.
+            first = peer.request(DescribeRangesRequest(), b"block" + b"." * 2_000)
+            assert handler.blocked.wait(10)
+            small = peer.request(DescribeRangesRequest(), b"tiny")
+            ping = peer.request(PingRequest(), b"still reading")
+            assert peer.next_frame(ping).payload == b"still reading"
+            handler.release.set()
+            assert peer.next_frame(first).is_end and peer.next_frame(small).is_end
+        threads = sorted(handler.threads)
+        assert sum(name.endswith("-handler") for name in threads) == 1, threads
+        assert [sid for sid, _ in handler.seen][-2:] == [first, small]
+    finally:
+        handler.release.set()
+        server.stop()

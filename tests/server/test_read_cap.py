@@ -18,9 +18,9 @@ from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, Sb
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
-    AppendEntry,
     AppendRequest,
     FetchEntry,
+    RangeId,
     RangeReplica,
     RangeServer,
 )
@@ -155,11 +155,11 @@ def test_a_forward_of_an_ended_range_never_lands_in_the_next_one(secondary):
                                            range_index=1)).append_responses
     assert fresh.status.ok and fresh.base_offset == 2
     # A notice for the ended range does not touch the next one.
-    notice = AppendRequest(timeout_ms=5000, committed_offset=3, range_index=0,
-                           append_requests=[AppendEntry(STREAM, 0, 0)])
+    notice = AppendRequest(timeout_ms=5000, committed_offset=3,
+                           cap_notice=RangeId(STREAM, 0))
     [answer] = send_append(srv, notice).append_responses
     assert answer.status.code == ErrorCode.INVALID_REQUEST
-    assert "for range 4/0" in answer.status.message
+    assert "for range 4/0: it is sealed" in answer.status.message
     assert srv.storage.get_range(STREAM, 1).read_cap == 2
 
 

@@ -19,13 +19,10 @@ from sbp_spark.protocol.errors import (
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
 from sbp_spark.server import segment as segment_mod
-from sbp_spark.server.storage import (
-    CorruptDataError,
-    FsyncPolicy,
-    Replica,
-    Storage,
-    StorageConfig,
-)
+from sbp_spark.server.durability import FsyncPolicy
+from sbp_spark.server.range_log import Replica
+from sbp_spark.server.segment import CorruptDataError
+from sbp_spark.server.storage import Storage, StorageConfig
 
 # No background fsync during a test unless the test asks for it.
 _MANUAL = StorageConfig(fsync="interval", fsync_interval_ms=3_600_000)
@@ -119,7 +116,7 @@ def test_uncommitted_batches_are_invisible_until_synced(store):
     store.when_durable(rlog, target, called.append)
     assert called == []
     rlog.sync()
-    store._release_waiters()
+    store.durability.release_waiters()
     assert called == [None]
     assert len(_read_all(rlog)) == 1
 

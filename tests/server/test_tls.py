@@ -13,11 +13,11 @@ import threading
 import pytest
 
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
-from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from sbp_spark.transport.tls import TlsConfig
 
 from ..certs import Certs, make_certs
 

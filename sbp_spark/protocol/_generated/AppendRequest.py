@@ -69,8 +69,19 @@ class AppendRequest(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return -1
 
+    # AppendRequest
+    def CapNotice(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            from .RangeId import RangeId
+            obj = RangeId()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def AppendRequestStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     AppendRequestStart(builder)
@@ -104,6 +115,12 @@ def AppendRequestAddRangeIndex(builder, rangeIndex):
 
 def AddRangeIndex(builder, rangeIndex):
     AppendRequestAddRangeIndex(builder, rangeIndex)
+
+def AppendRequestAddCapNotice(builder, capNotice):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(capNotice), 0)
+
+def AddCapNotice(builder, capNotice):
+    AppendRequestAddCapNotice(builder, capNotice)
 
 def AppendRequestEnd(builder):
     return builder.EndObject()

@@ -23,6 +23,7 @@ TABLES = {
         ('append_requests', 1, '[AppendEntry]', None, False),
         ('committed_offset', 2, 'long', -1, False),
         ('range_index', 3, 'int', -1, False),
+        ('cap_notice', 4, 'RangeId', None, False),
     ),
     'AppendResponse': (
         ('throttle_time_ms', 0, 'int', 0, False),

@@ -1,0 +1,412 @@
+"""The APPEND path of a range server: a client's batches on a range's primary, and the batches
+a primary forwards to its secondaries (replication.py).
+
+One APPEND becomes a ``PendingAppend``: its entries are checked and grouped by the range they
+go to (``RangeBatches``), each group is stored, and the answer (``AppendReplies``, one
+``AppendResult`` per entry) leaves once every *part* the groups started is done: the local
+fsync (``LocalDurability``, under the storage's fsync policy) and, on a primary of a
+replicated range, the secondaries' answers (``Replication``). A part that fails turns the
+results of its entries into errors; the others keep their base offsets.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..protocol.errors import (
+    BatchFormatError,
+    ErrorCode,
+    InvalidRequestError,
+    NotPrimaryError,
+    PayloadTooLargeError,
+    RangeNotFoundError,
+    RangeSealedError,
+    ReplicationFailedError,
+    ServerError,
+    StreamNotFoundError,
+)
+from ..protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
+from ..protocol.records import BatchHeader, parse_header
+from .net import ConnectionClosed, RequestContext
+from .range_log import RangeLog
+from .replication import Forward
+
+if TYPE_CHECKING:
+    from .range_server import RangeServer
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def status_of(exc: BaseException) -> Status:
+    """The status an entry gets for ``exc`` (an I/O error means the disk would not take it)."""
+    if isinstance(exc, ServerError):
+        return Status.from_error(exc)
+    return Status(ErrorCode.STORAGE_FULL, str(exc))
+
+
+class AppendReplies:
+    """The answer to one APPEND: one ``AppendResult`` per entry, in entry order."""
+
+    __slots__ = ("entries", "results")
+
+    def __init__(self, entries: Sequence[AppendEntry]) -> None:
+        self.entries = entries
+        self.results: list[AppendResult | None] = [None] * len(entries)
+
+    def stored(self, index: int, base_offset: int, now_ms: int) -> None:
+        e = self.entries[index]
+        self.results[index] = AppendResult(e.stream_id, e.request_index, base_offset, now_ms)
+
+    def refuse(self, indexes: Sequence[int], status: Status) -> None:
+        """The entries at ``indexes`` were not stored, or not made durable or replicated."""
+        for i in indexes:
+            e = self.entries[i]
+            self.results[i] = AppendResult(e.stream_id, e.request_index, -1, 0, status)
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for r in self.results if r is None or r.status.code)
+
+    def response(self) -> AppendResponse:
+        results = [r for r in self.results if r is not None]
+        if len(results) != len(self.results):
+            raise AssertionError("an APPEND answered before every entry had its result")
+        return AppendResponse(append_responses=results)
+
+
+@dataclass
+class RangeBatches:
+    """The entries of one APPEND that go to one range, in arrival order: a client's batches,
+    or (``replicated``) a primary's forward, whose batches carry their base offsets."""
+
+    rlog: RangeLog
+    replicated: bool
+    indexes: list[int] = field(default_factory=list)
+    batches: list[tuple[BatchHeader, memoryview]] = field(default_factory=list)
+
+
+class Part(abc.ABC):
+    """Something an APPEND waits for before it is answered, for the entries at ``indexes``."""
+
+    def __init__(self, rlog: RangeLog, indexes: list[int]) -> None:
+        self.rlog = rlog
+        self.indexes = indexes
+
+    @abc.abstractmethod
+    def start(self, pending: PendingAppend) -> None:
+        """Begin; call ``pending.part_done(self, error)`` once done (never blocking)."""
+
+
+class LocalDurability(Part):
+    """The stored batches become durable here under the fsync policy (range up to ``target``)."""
+
+    def __init__(self, rlog: RangeLog, indexes: list[int], target: int) -> None:
+        super().__init__(rlog, indexes)
+        self.target = target
+
+    def start(self, pending: PendingAppend) -> None:
+        # Called back on the fsync thread.
+        pending.server.storage.when_durable(
+            self.rlog, self.target, lambda exc: pending.part_done(self, exc))
+
+
+class Replication(Part):
+    """Every secondary stores the forwarded batches (``start`` to ``end`` of the range)."""
+
+    def __init__(self, rlog: RangeLog, indexes: list[int], forwards: list[Forward],
+                 start: int, end: int) -> None:
+        super().__init__(rlog, indexes)
+        self.forwards = forwards
+        self.begin = start
+        self.end = end
+
+    def start(self, pending: PendingAppend) -> None:
+        pending.server.net.submit(self._await, pending)  # waits on the worker pool
+
+    def _await(self, pending: PendingAppend) -> None:
+        server, rlog = pending.server, self.rlog
+        problem = server.replicator.wait(self.forwards)
+        if problem is None:
+            rlog.cap.release(self.begin, self.end)
+            server.cap_notices.settled(rlog, self.end)
+            pending.part_done(self, None)
+            return
+        log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",
+                    rlog.stream_id, rlog.range_index, problem)
+        try:
+            rlog.seal()
+        except (OSError, ServerError) as exc:
+            log.error("sealing range %d/%d after a replication failure failed: %s",
+                      rlog.stream_id, rlog.range_index, exc)
+        rlog.cap.release(self.begin, None)
+        pending.part_done(self, ReplicationFailedError(
+            f"not stored on every replica: {problem}"))
+
+
+class PendingAppend:
+    """One APPEND from its arrival to its answer: the replies, and the parts still running."""
+
+    def __init__(self, server: RangeServer, ctx: RequestContext, entries: Sequence[AppendEntry]
+                 ) -> None:
+        self.server = server
+        self.ctx = ctx
+        self.started = time.monotonic()
+        self.replies = AppendReplies(entries)
+        self.parts: list[Part] = []
+        self._left = 0
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """Answer now if nothing is pending, else once every part is done."""
+        if not self.parts:
+            self.finish()
+            return
+        # Durability is signalled by the flush thread and replication is awaited on the
+        # worker pool; the last part answers (see ``part_done``).
+        self.ctx.defer()
+        self._left = len(self.parts)
+        for part in self.parts:
+            part.start(self)
+
+    def part_done(self, part: Part, exc: BaseException | None) -> None:
+        """``part`` is done (``exc``: it failed); the last part answers. Called on the flush
+        thread or a worker, which must not block on a client: the answer leaves at once when
+        the socket has room, else from the worker pool."""
+        if exc is not None:
+            self.replies.refuse(part.indexes, status_of(exc))
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if not last:
+            return
+        response = self._response()
+        try:
+            sent = self.ctx.try_reply(response)
+        except ConnectionClosed:
+            self.ctx._abandon()
+            return
+        except Exception:  # the answer must leave all the same: from a worker, then
+            log.exception("answering an append at once failed; answering from a worker")
+            sent = False
+        if not sent:
+            self.server.net.submit(self.ctx.reply, response)
+
+    def finish(self) -> None:
+        self.ctx.reply(self._response())
+
+    def _response(self) -> AppendResponse:
+        metrics = self.server.metrics
+        metrics.failed_appends += self.replies.failures
+        metrics.append_latency_s += time.monotonic() - self.started
+        return self.replies.response()
+
+
+def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:
+    """Why the request as a whole is malformed, or None."""
+    entries = req.append_requests
+    total = sum(e.batch_length for e in entries)
+    if any(e.batch_length < 0 for e in entries) or total != payload.nbytes:
+        return (f"the entries' batch_length values add up to {total} bytes but the payload "
+                f"holds {payload.nbytes}")
+    if req.committed_offset < -1:
+        return f"committed_offset {req.committed_offset} must be >= 0, or -1 when not set"
+    return None
+
+
+class AppendPath:
+    """Serves APPEND for one range server."""
+
+    def __init__(self, server: RangeServer) -> None:
+        self.server = server
+        self.storage = server.storage
+
+    def serve(self, ctx: RequestContext, req: AppendRequest) -> None:
+        payload = memoryview(ctx.payload)
+        if req.cap_notice is not None:
+            ctx.reply(self.server.cap_notices.answer(req.cap_notice, req, payload.nbytes))
+            return
+        entries = req.append_requests
+        metrics = self.server.metrics
+        metrics.appends += len(entries)
+        problem = _frame_problem(req, payload)
+        if problem is not None:
+            status = Status(ErrorCode.INVALID_REQUEST, problem)
+            metrics.failed_appends += len(entries)
+            ctx.reply(AppendResponse(status=status, append_responses=[
+                AppendResult(e.stream_id, e.request_index, -1, 0, status) for e in entries]))
+            return
+        pending = PendingAppend(self.server, ctx, entries)
+        with self.storage.durability.storing():
+            self._store_all(req, ctx, pending, payload)
+        pending.run()
+
+    def _store_all(self, req: AppendRequest, ctx: RequestContext, pending: PendingAppend,
+                   payload: memoryview) -> None:
+        """Check, group and store every entry of ``req``; the parts to wait for go into
+        ``pending``."""
+        entries = req.append_requests
+        groups = self._group(entries, payload, pending.replies, req.range_index)
+        # A forward from a primary says how far every replica holds its (one) range: once its
+        # batches are stored here, readers of this secondary may see that far.
+        committed = req.committed_offset
+        if committed >= 0 and sum(1 for g in groups if g.replicated) != 1:
+            committed = -1  # not one range: the offset names none of them
+        # A frame of one batch: its payload checksum, checked on arrival, is the batch's.
+        crcs = [ctx.frame.payload_crc] if len(entries) == 1 else None
+        now = _now_ms()
+        for group in groups:
+            try:
+                bases, parts = self._store(group, now, committed, crcs, req.timeout_ms)
+            except ServerError as exc:
+                pending.replies.refuse(group.indexes, Status.from_error(exc))
+                continue
+            self.server.metrics.touch(group.rlog)
+            for i, base in zip(group.indexes, bases, strict=True):
+                pending.replies.stored(i, base, now)
+            pending.parts += parts
+
+    # -- checking and grouping the entries ---------------------------------------------------
+
+    def _group(self, entries: Sequence[AppendEntry], payload: memoryview,
+               replies: AppendReplies, range_index: int) -> list[RangeBatches]:
+        """The entries' batches grouped by the range (and kind of write) they go to, in arrival
+        order; entries that cannot be stored get their refusal in ``replies``. ``range_index``
+        >= 0: a primary's forward of that one range."""
+        groups: dict[tuple[int, bool], RangeBatches] = {}
+        pos = 0
+        for i, e in enumerate(entries):
+            view = payload[pos:pos + e.batch_length]
+            pos += e.batch_length
+            try:
+                header = self._check_batch(e.stream_id, e.batch_length, view)
+                rlog, replicated = self._open_range_for(e.stream_id, header, range_index)
+            except ServerError as exc:
+                replies.refuse([i], Status.from_error(exc))
+                continue
+            group = groups.setdefault((id(rlog), replicated), RangeBatches(rlog, replicated))
+            group.indexes.append(i)
+            group.batches.append((header, view))
+        return list(groups.values())
+
+    def _check_batch(self, stream_id: int, batch_length: int, view: memoryview) -> BatchHeader:
+        if stream_id < 0:
+            raise InvalidRequestError(f"stream_id {stream_id} must be >= 0")
+        if batch_length == 0:
+            raise InvalidRequestError(
+                f"stream {stream_id}: an entry of batch_length 0 holds no record batch (a read "
+                f"cap notice is an APPEND with cap_notice set and no entries)")
+        limit = self.server.config.max_batch_bytes
+        if batch_length > limit:
+            raise PayloadTooLargeError(
+                f"batch of {batch_length} bytes for stream {stream_id} exceeds the "
+                f"{limit}-byte batch limit")
+        try:
+            header = parse_header(view)
+        except BatchFormatError as exc:
+            raise InvalidRequestError(f"stream {stream_id}: {exc}") from exc
+        if header.batch_length != batch_length:
+            raise InvalidRequestError(
+                f"stream {stream_id}: entry batch_length {batch_length} but the batch "
+                f"envelope says {header.batch_length} bytes")
+        return header
+
+    def _open_range_for(self, stream_id: int, header: BatchHeader, range_index: int = -1
+                        ) -> tuple[RangeLog, bool]:
+        """The open range an entry goes to, and whether it is a replicated write (a batch
+        from the range's primary, which already carries its base offset). ``range_index``
+        >= 0: a primary's forward of that range (see ``_forwarded_range``)."""
+        server = self.server
+        ranges = self.storage.stream_ranges(stream_id)
+        if not ranges:
+            raise RangeNotFoundError(f"stream {stream_id} has no range on this server")
+        last = ranges[-1]
+        if last.deleted:
+            raise StreamNotFoundError(f"stream {stream_id} was deleted")
+        if range_index >= 0:
+            return self._forwarded_range(last, range_index, header), True
+        if last.sealed:
+            raise RangeSealedError(
+                f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
+        if server.is_primary(last):
+            return last, False
+        if header.base_offset >= 0 and server.is_replica(last):
+            return last, True
+        primary = next((r for r in last.replicas if r.is_primary), None)
+        where = f" (primary: {primary.advertise_addr})" if primary else ""
+        raise NotPrimaryError(
+            f"server {server.server_id} is not the primary of range "
+            f"{stream_id}/{last.range_index}{where}")
+
+    def _forwarded_range(self, last: RangeLog, range_index: int, header: BatchHeader
+                         ) -> RangeLog:
+        """A forward of range ``range_index`` goes into that range only, as a secondary of
+        it: a stale forward from a primary the PD has replaced must not land in the range
+        that followed, even where its offsets would continue it. ``last`` is the stream's
+        newest range here."""
+        server, stream_id = self.server, last.stream_id
+        if range_index < last.range_index:
+            raise RangeSealedError(
+                f"range {stream_id}/{range_index} is sealed here: range {last.range_index} "
+                f"follows it")
+        if range_index > last.range_index:
+            raise RangeNotFoundError(
+                f"range {stream_id}/{range_index} is not on server {server.server_id} (its "
+                f"newest is range {last.range_index})")
+        if last.sealed:
+            raise RangeSealedError(
+                f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
+        if header.base_offset < 0 or server.is_primary(last) or not server.is_replica(last):
+            raise InvalidRequestError(
+                f"range {stream_id}/{range_index}: a forward (range_index set) must carry "
+                f"stored batches (base_offset >= 0) to a secondary of the range; server "
+                f"{server.server_id} is "
+                f"{'its primary' if server.is_primary(last) else 'no secondary'} and the "
+                f"batch's base_offset is {header.base_offset}")
+        return last
+
+    # -- storing -----------------------------------------------------------------------------
+
+    def _store(self, group: RangeBatches, now: int, committed: int,
+               crcs: list[int | None] | None, timeout_ms: int) -> tuple[list[int], list[Part]]:
+        """Store one group's batches; returns their base offsets and the parts to wait for."""
+        rlog = group.rlog
+        parts: list[Part] = []
+        if group.replicated or not self.server.replicator.secondaries(rlog):
+            bases, target = rlog.append(group.batches, now, replicated=group.replicated,
+                                        crcs=crcs)
+            if group.replicated and committed >= 0:
+                rlog.cap.learn(committed, rlog.written_offset)
+        else:
+            bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
+            parts.append(replication)
+        if rlog.next_offset < target:
+            parts.insert(0, LocalDurability(rlog, group.indexes, target))
+        return bases, parts
+
+    def _store_and_forward(self, group: RangeBatches, now: int, crcs: list[int | None] | None,
+                           timeout_ms: int) -> tuple[list[int], int, Replication]:
+        """On the primary of a replicated range: store the batches and forward them, as
+        stored, to every secondary, in one order for all (see replication.py)."""
+        rlog, replicator = group.rlog, self.server.replicator
+        stored: list = []
+        with replicator.order_lock(rlog):
+            # Readers wait for the secondaries (see replication.py).
+            start = rlog.written_offset
+            rlog.cap.hold(start)
+            try:
+                bases, target = rlog.append(group.batches, now, stored=stored, crcs=crcs)
+            except BaseException:
+                rlog.cap.release(start, None)
+                raise
+            forwards = replicator.send(rlog, stored, timeout_ms)
+        return bases, target, Replication(rlog, group.indexes, forwards, start, target)

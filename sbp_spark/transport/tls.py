@@ -1,0 +1,339 @@
+"""TLS for SBP connections, shared by the client and the servers.
+
+``TlsConfig`` names the certificate files and builds the ``ssl.SSLContext`` of either side.
+``TlsSocket`` runs TLS over an already connected blocking socket and offers the calls the
+client and the server core make on a plain one (``recv_into``, ``sendmsg``, ``send``,
+``shutdown``, ``close``...), so they need no second code path.
+
+Why not ``ssl.SSLSocket``: OpenSSL does not allow one connection object to be used by two
+threads at once, and SBP connections are full duplex (one thread reads while others send).
+``TlsSocket`` keeps the TLS state in an ``ssl.SSLObject`` over memory buffers, changes it only
+under a lock, and does the socket I/O outside that lock, so a reader blocked in ``recv`` never
+holds up a sender. A second lock keeps the encrypted records in order on the wire.
+
+Mutual TLS: a server given a CA file requires every peer to present a certificate signed by it;
+clients verify the server's certificate (against the CA file, else the system's trust store)
+and its name (the host of the address they connect to).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import select
+import socket
+import ssl
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+Buffer = bytes | bytearray | memoryview
+
+# Plaintext encrypted per round of sendmsg: bounds the ciphertext held in memory for one send
+# (a 16 MiB frame is not encrypted in one piece) while keeping the round count small.
+ENCRYPT_PIECE = 256 * 1024
+# Ciphertext read from the socket at once.
+RECV_PIECE = 256 * 1024
+# How long a failed send waits for the reader to decrypt the alert that explains it.
+_ALERT_WAIT_S = 0.5
+# Longest a TLS handshake may take before the connection is given up.
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class TlsError(ConnectionError):
+    """The TLS handshake failed (bad or missing certificate, wrong name, not TLS...)."""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Certificate files of one side of a TLS connection (PEM).
+
+    A server needs ``cert_file`` and ``key_file``; with ``ca_file`` it requires client
+    certificates signed by that CA (mutual TLS). A client verifies servers against
+    ``ca_file`` (else the system's trust store) and presents ``cert_file``/``key_file`` when
+    given (needed by servers with mutual TLS).
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).is_file():
+                raise ValueError(f"TLS {name.replace('_', ' ')} {value!r} is not a readable file")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("TLS needs both a certificate file and its key file, or neither")
+
+    def server_context(self) -> ssl.SSLContext:
+        """The context of a server: its certificate, and client verification under mTLS."""
+        if self.cert_file is None or self.key_file is None:
+            raise ValueError("a TLS server needs a certificate file and a key file")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.ca_file is not None:
+            ctx.load_verify_locations(cafile=self.ca_file)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        """The context of a client: server verification, and its own certificate if any."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies certificate and host name
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.ca_file is not None:
+            ctx.load_verify_locations(cafile=self.ca_file)
+        else:
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if self.cert_file is not None and self.key_file is not None:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+
+class TlsSocket:
+    """A TLS connection over a connected blocking socket; one reading thread, many senders.
+
+    ``reader`` is the socket object the reading thread receives on (a ``dup`` of ``sock`` with
+    its own timeout, say); it defaults to ``sock``. Call ``handshake()`` before anything else.
+    """
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_side: bool,
+                 server_hostname: str | None = None, reader: socket.socket | None = None
+                 ) -> None:
+        self.raw = sock
+        self.raw_reader = reader if reader is not None else sock
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=server_side,
+                                     server_hostname=server_hostname)
+        self._state = threading.Lock()  # guards _tls and both memory buffers
+        self._wire = threading.Lock()  # held while encrypted bytes leave: keeps their order
+        # Why the peer ended the session (an alert the reader decrypted), for the senders'
+        # errors: with TLS 1.3 a server refuses a client certificate only after the handshake.
+        self._ended_by: str | None = None
+        self._ended = threading.Event()  # the reader saw the session end (alert or EOF)
+        self._eof = False
+
+    # -- handshake -------------------------------------------------------------------------
+
+    def handshake(self, timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S) -> None:
+        """Run the TLS handshake; raises ``TlsError`` (or ``TimeoutError``) on failure."""
+        before = self.raw_reader.gettimeout()
+        self.raw_reader.settimeout(timeout_s)
+        try:
+            while True:
+                with self._state:
+                    try:
+                        self._tls.do_handshake()
+                        done = True
+                    except ssl.SSLWantReadError:
+                        done = False
+                    except ssl.SSLError as exc:
+                        out = self._outgoing.read()
+                        self._send_quietly(out)  # the alert tells the peer why
+                        raise TlsError(_describe(exc)) from exc
+                    out = self._outgoing.read()
+                if out:
+                    self.raw.sendall(out)
+                if done:
+                    return
+                data = self.raw_reader.recv(RECV_PIECE)
+                if not data:
+                    raise TlsError("the peer closed the connection during the handshake (it "
+                                   "refused this side's certificate, or does not speak TLS)")
+                with self._state:
+                    self._incoming.write(data)
+        finally:
+            self.raw_reader.settimeout(before)
+
+    def _send_quietly(self, data: bytes) -> None:
+        if data:
+            try:
+                self.raw.send(data, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # the connection fails anyway: the alert was a courtesy
+
+    @property
+    def version(self) -> str | None:
+        return self._tls.version()
+
+    def getpeercert(self) -> dict | None:
+        """The peer's verified certificate (a dict), if it presented one."""
+        return self._tls.getpeercert()
+
+    # -- receiving (one thread) ------------------------------------------------------------
+
+    def recv_into(self, buffer: memoryview | bytearray, nbytes: int = 0) -> int:
+        """Decrypt into ``buffer`` (up to ``nbytes``); 0 at the end of the connection."""
+        view = memoryview(buffer).cast("B")
+        want = nbytes or view.nbytes
+        while True:
+            got = 0
+            with self._state:
+                try:
+                    while got < want:
+                        # With a buffer, read() returns the count (typeshed says bytes).
+                        n = cast(int, self._tls.read(want - got, view[got:want]))
+                        if n == 0:
+                            break
+                        got += n
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:  # the peer's close_notify
+                    self._eof = True
+                    self._ended.set()
+                except ssl.SSLError as exc:
+                    self._ended_by = _describe(exc)
+                    self._ended.set()
+                    raise
+                pending = self._outgoing.pending
+            if pending:
+                self._flush_if_free()  # e.g. an answer to a key update
+            if got or self._eof:
+                return got
+            data = self.raw_reader.recv(RECV_PIECE)
+            if not data:
+                self._ended.set()
+                return 0
+            with self._state:
+                self._incoming.write(data)
+
+    def _flush_if_free(self) -> None:
+        # The reader must never wait behind a sender that is blocked on a full socket: if a
+        # sender holds the wire, it (or the next one) sends these bytes after its own.
+        if self._wire.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._wire.release()
+
+    # -- sending (any thread) --------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Send what is encrypted but not yet sent; call holding ``_wire``."""
+        with self._state:
+            data = self._outgoing.read()
+        if not data:
+            return
+        try:
+            self.raw.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The peer closed, most likely right after an alert saying why (a refused client
+            # certificate): give the reader a moment to decrypt it, and report that instead.
+            if self._ended.wait(_ALERT_WAIT_S) and self._ended_by is not None:
+                raise TlsError(f"the peer ended the TLS session: {self._ended_by}") from exc
+            raise
+
+    def _encrypt(self, data: Buffer) -> None:
+        try:
+            with self._state:
+                self._tls.write(data)
+        except ssl.SSLError as exc:
+            if self._ended_by is not None:
+                raise TlsError(f"the peer ended the TLS session: {self._ended_by}") from exc
+            raise
+
+    def sendmsg(self, buffers: Sequence[Buffer], *_ancillary: object) -> int:
+        """Encrypt and send every buffer (all of it, blocking); returns the bytes taken."""
+        total = 0
+        with self._wire:
+            piece = 0
+            for buf in buffers:
+                view = memoryview(buf).cast("B")
+                for start in range(0, view.nbytes, ENCRYPT_PIECE):
+                    chunk = view[start:start + ENCRYPT_PIECE]
+                    self._encrypt(chunk)
+                    piece += chunk.nbytes
+                    total += chunk.nbytes
+                    if piece >= ENCRYPT_PIECE:
+                        self._drain()
+                        piece = 0
+            self._drain()
+        return total
+
+    def sendall(self, data: Buffer) -> None:
+        self.sendmsg([data])
+
+    def send(self, data: Buffer, flags: int = 0) -> int:
+        """Send ``data`` whole. With MSG_DONTWAIT, raise ``BlockingIOError`` instead of waiting
+        when another thread is sending or the socket has no room: once encrypted, bytes must
+        go out (the next record depends on them), so the check comes first."""
+        if not flags & socket.MSG_DONTWAIT:
+            return self.sendmsg([data])
+        if not self._wire.acquire(blocking=False):
+            raise BlockingIOError("another thread is sending on this TLS connection")
+        try:
+            poller = select.poll()
+            poller.register(self.raw.fileno(), select.POLLOUT)
+            if not poller.poll(0):
+                raise BlockingIOError("the socket's send buffer is full")
+            self._encrypt(data)
+            self._drain()
+        finally:
+            self._wire.release()
+        return memoryview(data).nbytes
+
+    def sendfile_region(self, fd: int, offset: int, length: int) -> None:
+        """Send ``length`` bytes of the open file ``fd`` from ``offset`` (read, encrypted:
+        the kernel's sendfile cannot encrypt)."""
+        while length > 0:
+            chunk = os.pread(fd, min(length, ENCRYPT_PIECE), offset)
+            if not chunk:
+                raise OSError(f"file ended {length} bytes before the region's end")
+            self.sendmsg([chunk])
+            offset += len(chunk)
+            length -= len(chunk)
+
+    # -- the socket calls the rest of the code makes ---------------------------------------
+
+    def shutdown(self, how: int) -> None:
+        self.raw.shutdown(how)
+
+    def close(self) -> None:
+        self.raw.close()
+        if self.raw_reader is not self.raw:
+            self.raw_reader.close()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.raw.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self.raw.gettimeout()
+
+    def setsockopt(self, *args) -> None:
+        self.raw.setsockopt(*args)
+
+    def getpeername(self):
+        return self.raw.getpeername()
+
+    def getsockname(self):
+        return self.raw.getsockname()
+
+
+def _describe(exc: ssl.SSLError) -> str:
+    """Why a handshake failed, in words (the certificate check says what did not match)."""
+    reason = (exc.reason or str(exc)).replace("_", " ").lower()
+    detail = getattr(exc, "verify_message", None)
+    return f"{reason}: {detail}" if detail else reason
+
+
+@functools.lru_cache(maxsize=32)
+def client_context(config: TlsConfig) -> ssl.SSLContext:
+    """The client context of ``config``, built once per process (it reads files)."""
+    return config.client_context()
+
+
+def wrap_client(sock: socket.socket, config: TlsConfig, host: str, timeout_s: float,
+                reader: socket.socket | None = None) -> TlsSocket:
+    """TLS over a socket connected to ``host`` (whose name the server's certificate must
+    carry); returns once the handshake is done. Raises ``TlsError`` or ``OSError``."""
+    tls = TlsSocket(sock, client_context(config), server_side=False, server_hostname=host,
+                    reader=reader)
+    tls.handshake(timeout_s)
+    return tls
