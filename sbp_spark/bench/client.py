@@ -17,7 +17,9 @@ from .report import AT_LEAST_RATIO, Figure, Target, unavailable
 from .timing import MB, MIB
 
 SECTION = "client"
-APPEND_TARGET = Target(AT_LEAST_RATIO, 0.35)
+# Issue 18: 1 MiB APPENDs against the disk's own durable append, measured beside them. (The
+# loopback push, which the disk itself cannot reach here, stays as a figure without a target.)
+APPEND_TARGET = Target(AT_LEAST_RATIO, 0.7)
 FETCH_TARGET = Target(AT_LEAST_RATIO, 0.5)
 BATCH_BYTES = MIB
 # Batches handed to one StreamWriter.append call: enough to keep its frames in flight.
@@ -128,11 +130,10 @@ def run(ctx: BenchContext) -> list[Figure]:
         sends, receives = loopback_ceilings(ctx)
         push = cfg.client_bytes / MB / statistics.median(sends)
         pull = cfg.client_bytes / MB / statistics.median(receives)
-        return [unavailable(SECTION, names[0], "MB/s", reason, APPEND_TARGET, push,
-                            "loopback push"),
+        return [unavailable(SECTION, names[0], "MB/s", reason, None, push, "loopback push"),
                 unavailable(SECTION, names[1], "MB/s", reason, FETCH_TARGET, pull,
                             "loopback pull"),
-                unavailable(SECTION, names[2], "MB/s", reason),
+                unavailable(SECTION, names[2], "MB/s", reason, APPEND_TARGET),
                 unavailable(SECTION, names[3], "records/s", reason),
                 unavailable(SECTION, names[4], "records/s", reason)]
 
@@ -201,13 +202,12 @@ def run(ctx: BenchContext) -> list[Figure]:
 
     return [
         Figure(SECTION, names[0], "MB/s", mb / statistics.median(append_times), push,
-               "loopback push", APPEND_TARGET,
-               extra={"times_s": append_times, "ceiling_times_s": sends}),
+               "loopback push", extra={"times_s": append_times, "ceiling_times_s": sends}),
         Figure(SECTION, names[1], "MB/s", mb / statistics.median(fetch_times), pull,
                "loopback pull", FETCH_TARGET,
                extra={"times_s": fetch_times, "ceiling_times_s": receives}),
         Figure(SECTION, names[2], "MB/s", mb / statistics.median(append_times), disk,
-               storage_ceiling, extra={"ceiling_times_s": files}),
+               storage_ceiling, APPEND_TARGET, extra={"ceiling_times_s": files}),
         Figure(SECTION, names[3], "records/s", records_total / statistics.median(rec_append),
                extra={"times_s": rec_append, "records": records_total}),
         Figure(SECTION, names[4], "records/s", records_total / statistics.median(rec_fetch),
