@@ -323,7 +323,6 @@ class Connection:
         # it): equal when it has nothing left, and the reader may serve the next one itself.
         self._ordered_given = 0
         self._ordered_served = 0
-        self.tls = False  # sock became a TlsSocket after the handshake
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer_str}>"
@@ -880,7 +879,7 @@ class FrameServer:
                      exc)
             return False
         with conn._send_lock:
-            conn.sock, conn.tls = tls, True
+            conn.sock = tls
         return True
 
     def _read_loop(self, conn: Connection) -> None:
