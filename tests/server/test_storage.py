@@ -406,6 +406,74 @@ def test_seal_stops_appends_and_survives_restart(tmp_path):
             rlog.append([_batch(b"c")])
 
 
+@pytest.fixture
+def held_write(monkeypatch):
+    """Segment writes that stop after their bytes are in, until ``release`` is set."""
+    entered, release = threading.Event(), threading.Event()
+    real = segment_mod.Segment.write
+
+    def write(self, pieces, records, max_time):
+        real(self, pieces, records, max_time)
+        entered.set()
+        assert release.wait(10)
+
+    monkeypatch.setattr(segment_mod.Segment, "write", write)
+    yield entered, release
+    release.set()
+
+
+def test_reads_and_fsyncs_go_on_while_an_append_writes(tmp_path, held_write):
+    """An append holds only the range's append lock while its bytes go in: a reader and the
+    flush need not wait for it, and they see none of it before it ends."""
+    entered, release = held_write
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        release.set()
+        rlog.append([_batch(b"first")])
+        rlog.sync()
+        release.clear()
+        entered.clear()
+        writer = threading.Thread(target=rlog.append, args=([_batch(b"second")],))
+        writer.start()
+        assert entered.wait(10)
+        done = threading.Event()
+
+        def read_and_sync():
+            assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"first"]
+            rlog.sync()
+            assert rlog.next_offset == 1  # the write under way is not committed by it
+            done.set()
+
+        threading.Thread(target=read_and_sync).start()
+        assert done.wait(10), "a read or fsync waited for an append to finish writing"
+        release.set()
+        writer.join(10)
+        rlog.sync()
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"first", b"second"]
+
+
+def test_a_seal_waits_for_the_append_being_written_and_ends_after_it(tmp_path, held_write):
+    """A seal never falls in the middle of an append: the one being written is in the
+    range (and acknowledged once durable); the next is refused."""
+    entered, release = held_write
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        writer = threading.Thread(target=rlog.append, args=([_batch(b"a"), _batch(b"b")],))
+        writer.start()
+        assert entered.wait(10)
+        sealed: list[int] = []
+        sealer = threading.Thread(target=lambda: sealed.append(rlog.seal()))
+        sealer.start()
+        sealer.join(0.3)
+        assert sealer.is_alive() and not sealed  # held off by the write under way
+        release.set()
+        writer.join(10)
+        sealer.join(10)
+        assert sealed == [2] and rlog.next_offset == 2
+        with pytest.raises(RangeSealedError):
+            rlog.append([_batch(b"c")])
+
+
 def test_deleted_stream_rejects_writes(store):
     rlog = store.create_range(5, 0, 0)
     assert store.delete_stream(5)
