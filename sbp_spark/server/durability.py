@@ -11,10 +11,13 @@ starts is the policy (``FsyncPolicy``):
   its way: appends being stored at that moment (a burst), or the writers the previous flush
   acknowledged, who are likely to come right back (it waits until as many appends were
   stored since that flush began as it acknowledged, at most as long as it took). Never
-  later than ``fsync_interval_ms`` after the first write it will make durable. One writer
-  waiting for each acknowledgement gets a flush as soon as its append is stored; many busy
-  writers share flushes, each fsync covering more of them (fsyncs side by side also share
-  the file system's journal commit, so they cost less CPU each).
+  later than ``fsync_interval_ms`` after the first write it will make durable, and not at
+  all once ``GROUP_FLUSH_BYTES`` are dirty: waiting saves an fsync's fixed cost, which is
+  small next to writing that much, while the acknowledgements of a pipelined writer's large
+  appends would wait for nothing. One writer waiting for each acknowledgement gets a flush
+  as soon as its append is stored; many busy writers share flushes, each fsync covering
+  more of them (fsyncs side by side also share the file system's journal commit, so they
+  cost less CPU each).
 * ``always``: as soon as something is dirty and no flush runs, whatever arrives.
 * ``interval``: at most one flush per ``fsync_interval_ms``, counted from the start of the
   previous one: the fewest fsyncs, and every acknowledgement waits for the next tick.
@@ -45,6 +48,10 @@ log = logging.getLogger(__name__)
 # The longest a write waits for its flush to start under ``group`` while a burst is being
 # stored, and the flush period of ``interval``: a small added latency for fewer fsyncs.
 DEFAULT_FSYNC_INTERVAL_MS = 10
+# Under ``group``, a flush starts at once when this much is dirty, whatever else may be coming.
+# Measured with one writer keeping 32 APPENDs of 1 MiB in flight: waiting for the burst to
+# end left the flush thread idle 38% of the time while the writer's window sat full.
+GROUP_FLUSH_BYTES = 4 * 1024 * 1024
 # Ranges fsynced at the same time in one flush.
 _SYNC_THREADS = 8
 
@@ -88,6 +95,7 @@ class GroupCommit:
         self._after_round = after_round
         self._dirty: dict[int, RangeLog] = {}  # id(range) -> range with unsynced writes
         self._first_dirty = 0.0  # monotonic time the first of them was marked
+        self._dirty_bytes = 0  # bytes written since the last flush took what was dirty
         self._waiters: list[tuple[RangeLog, int, Waiter]] = []
         self._storing = 0  # appends being stored right now (``storing()``)
         self._woken = False  # the flush thread was told of what is dirty now
@@ -109,14 +117,15 @@ class GroupCommit:
 
     # -- what appends and acknowledgements call ----------------------------------------------
 
-    def mark_dirty(self, rlog: RangeLog) -> None:
-        """``rlog`` has written bytes that are not durable yet."""
+    def mark_dirty(self, rlog: RangeLog, nbytes: int) -> None:
+        """``rlog`` has written ``nbytes`` more that are not durable yet."""
         with self._cond:
             if not self._dirty:
                 self._first_dirty = time.monotonic()
                 if not self._storing:  # else the append's own ``storing`` wakes it, at its end
                     self._wake()
             self._dirty[id(rlog)] = rlog
+            self._dirty_bytes += nbytes
 
     def _wake(self) -> None:
         self._woken = True
@@ -139,8 +148,9 @@ class GroupCommit:
                 self._returned += 1
                 # The flush thread learns of new dirty data at the end of the first append
                 # that wrote it, and is woken again once it may start (``_flush_at``).
-                if self._dirty and (not self._woken or (
-                        not self._storing and self._returned >= self._answered)):
+                if self._dirty and (not self._woken or self._dirty_bytes >= GROUP_FLUSH_BYTES
+                                    or (not self._storing
+                                        and self._returned >= self._answered)):
                     self._wake()
 
     def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
@@ -212,7 +222,7 @@ class GroupCommit:
             # Counted from the previous flush's start, not its end: at most one flush per
             # interval without adding the fsync's own duration to every acknowledgement.
             return self._last_flush + self.interval_s
-        if self.policy is not FsyncPolicy.GROUP:
+        if self.policy is not FsyncPolicy.GROUP or self._dirty_bytes >= GROUP_FLUSH_BYTES:
             return 0.0
         bound = self._first_dirty + self.interval_s
         if self._storing:
@@ -238,6 +248,7 @@ class GroupCommit:
                 return None
             dirty = list(self._dirty.values())
             self._dirty.clear()
+            self._dirty_bytes = 0
             self._woken = False
             self._returned = 0
             return dirty

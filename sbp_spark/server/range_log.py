@@ -357,7 +357,7 @@ class RangeLog:
         if never:
             self.storage.notify_data()
         else:
-            self.storage.durability.mark_dirty(self)
+            self.storage.durability.mark_dirty(self, pos - records[0][2])
         return bases, offset
 
     def _active_for(self, nbytes: int) -> Segment:

@@ -132,3 +132,24 @@ def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypat
         second = [append(rlog, b"second") for rlog in ranges]  # back one after the other
         assert all(e.wait(10) for e in second)
         assert s.durability.flushes == before + 1
+
+
+def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, monkeypatch):
+    """A burst still being stored holds the flush back, but not past GROUP_FLUSH_BYTES: the
+    acknowledgements of large appends do not wait for the burst (or the interval) to end."""
+    from sbp_spark.server import durability
+
+    monkeypatch.setattr(durability, "GROUP_FLUSH_BYTES", 64 * 1024)
+    with _storage(tmp_path, "group") as s:  # an interval of an hour
+        rlog = s.create_range(1, 0, 0)
+        durable = threading.Event()
+        with s.durability.storing():  # the burst goes on for the whole test
+            _, small = rlog.append(_batch(b"small"))
+            s.when_durable(rlog, small, lambda exc: durable.set())
+            stays_true(lambda: not durable.is_set(), "a small append waiting for the burst",
+                       0.3)
+            with s.durability.storing():
+                _, target = rlog.append(_batch(bytes(64 * 1024)))
+            s.wait_durable(rlog, target, timeout=10)
+            assert durable.is_set() and rlog.next_offset == 2
+
