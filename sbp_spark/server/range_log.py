@@ -346,6 +346,9 @@ class RangeLog:
             # the committed offset, and a segment's size moves only once its bytes are in).
             seg.write(pieces, records, now_ms)
             never = self.storage.config.fsync is FsyncPolicy.NEVER
+            if not never:
+                # An fsync will come for these bytes: let the disk start on them now.
+                seg.start_writeback()
             with self.lock:
                 self._written = offset
                 if seg not in self._unsynced:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from ..protocol.errors import SbpError, StorageFullError
 from ..protocol.frame import crc32
+from .writeback import WRITE_BEHIND_BYTES, start_writeback
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Segment:
         self._deleted = False
         self._ref_lock = threading.Lock()
         self.synced_size = 0  # bytes known to be on disk (fsynced)
+        self._writeback_from = 0  # bytes below this were handed to the disk (writeback.py)
         # Bytes whose CRCs were checked by this process: written from memory, scanned at
         # recovery, or verified on a read. Reads below it need no second pass over the data.
         self.verified_size = 0
@@ -172,6 +174,14 @@ class Segment:
                 self._last_indexed_pos = pos
             self.end_offset = base + count
         self.max_time = max(self.max_time, max_time)
+
+    def start_writeback(self, min_bytes: int = WRITE_BEHIND_BYTES) -> None:
+        """Have the disk start on the bytes written since the last call, once there are at
+        least ``min_bytes`` of them (write-behind, see writeback.py)."""
+        size = self.size
+        if size - self._writeback_from >= min_bytes:
+            start_writeback(self.fd, self._writeback_from, size - self._writeback_from)
+            self._writeback_from = size
 
     def fsync(self) -> None:
         """Make everything written before the call durable: the data and the file's size

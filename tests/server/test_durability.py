@@ -153,3 +153,48 @@ def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, mon
             s.wait_durable(rlog, target, timeout=10)
             assert durable.is_set() and rlog.next_offset == 2
 
+
+def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_path,
+                                                                          monkeypatch):
+    """Write-behind (writeback.py): once a segment holds WRITE_BEHIND_BYTES not yet handed to
+    the disk, the append that crossed it hands them over, from where the last hand-over
+    ended; under ``never`` nothing is handed over (no fsync will follow)."""
+    from sbp_spark.server import writeback
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(segment_mod, "start_writeback",
+                        lambda fd, offset, length: calls.append((offset, length)) or True)
+    threshold = writeback.WRITE_BEHIND_BYTES
+    with _storage(tmp_path, "group") as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append(_batch(b"small"))
+        assert calls == []
+        rlog.append(_batch(bytes(threshold)))
+        seg = rlog.segments[-1]
+        assert calls == [(0, seg.size)]
+        rlog.append(_batch(b"small again"))
+        assert len(calls) == 1
+        rlog.append(_batch(bytes(threshold)))
+        assert calls[1] == (calls[0][1], seg.size - calls[0][1])
+    calls.clear()
+    with Storage(str(tmp_path / "never"), StorageConfig(fsync="never")) as s:
+        s.create_range(1, 0, 0).append(_batch(bytes(threshold)))
+    assert calls == []
+
+
+def test_start_writeback_on_a_real_file(tmp_path):
+    import os
+
+    from sbp_spark.server import writeback
+
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, bytes(1 << 20))
+        assert writeback.start_writeback(fd, 0, 1 << 20) is writeback.available()
+        assert writeback.start_writeback(fd, 0, 0) is False  # nothing to hand over
+    finally:
+        os.close(fd)
+    # A closed descriptor: the advice fails quietly (the next fsync is what counts).
+    assert writeback.start_writeback(fd, 0, 1 << 20) is False
+    assert path.read_bytes() == bytes(1 << 20)
