@@ -17,8 +17,8 @@ from .timing import MB, MIB, rate
 
 SECTION = "codec"
 ENTRIES = 16
-# The decoder is fed as a socket fills it: recv_into its buffer in pieces this big (as the
-# server's readers do, server/net.py RECV_PIECE).
+# The decoder is fed as a socket fills it: recv_into its buffer in pieces this big (what one
+# read of a busy loopback socket brings; the server's readers ask for up to RECV_PIECE).
 FEED_PIECE = 256 * 1024
 
 HEADER_TARGET = Target(AT_LEAST, 10_000)

@@ -104,9 +104,10 @@ _U32 = struct.Struct(">I")
 
 Buffer = bytes | bytearray | memoryview
 
-# Reads go into the decoder's buffer in pieces of this size: 256 KiB reads into a reused buffer
-# measured the fastest and steadiest on loopback.
-RECV_PIECE = 256 * 1024
+# Reads go into the decoder's buffer in pieces of at most this size. A frame's body is read
+# straight into its own buffer, so a larger piece only means fewer calls for large frames:
+# 1 MiB APPENDs went 4-6% faster with 1 MiB pieces than with 256 KiB ones (alternating runs).
+RECV_PIECE = 1024 * 1024
 # The largest answer ``Connection.try_send`` sends without a thread that may wait.
 _TRY_SEND_BYTES = 16 * 1024
 # Each connection costs a reader thread and its buffers; beyond this we refuse new peers rather
