@@ -72,7 +72,7 @@ POLICY_HELP = {
     FsyncPolicy.GROUP: "flush as soon as a write is stored and no flush runs, unless more "
                        "appends are on their way (a burst being stored, the writers the last "
                        "flush answered coming back): then gather them, for at most the fsync "
-                       "interval",
+                       f"interval and until {GROUP_FLUSH_BYTES >> 20} MiB wait",
     FsyncPolicy.ALWAYS: "flush as soon as a write is stored and no flush runs",
     FsyncPolicy.INTERVAL: "flush at most once per fsync interval",
     FsyncPolicy.NEVER: "never fsync: acknowledge once in the page cache",

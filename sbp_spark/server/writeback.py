@@ -16,7 +16,6 @@ where the call does not exist (not Linux, no libc) nothing is done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
 from collections.abc import Callable
@@ -35,7 +34,8 @@ def _load() -> Callable[[int, int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The process's own symbols, libc's among them (no library search, no subprocess).
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.sync_file_range
     except (OSError, AttributeError):
         return None
