@@ -7,9 +7,11 @@ this module speaks that directly instead of depending on a gRPC stack.
 
 ``EtcdClient`` takes every client endpoint of the etcd cluster and sticks to one until it fails
 (a refused connection, a timeout, or a member that answers it has no raft leader), then moves
-on to the next, so a dead etcd member costs one failed attempt. It is safe to use from many
-threads: each thread keeps its own keep-alive HTTP connection per endpoint. A request that
-reached no member raises ``EtcdUnavailable``.
+on to the next, so a dead etcd member costs one failed attempt. When every member failed that
+way it goes round them again, after a short pause, for up to ``retry_s``: killing the etcd
+leader makes the survivors elect another, and until they have, every member refuses. It is
+safe to use from many threads: each thread keeps its own keep-alive HTTP connection per
+endpoint. A request that reached no member raises ``EtcdUnavailable``.
 
 A request retried on another member after its answer was lost may have been applied once
 already; callers make their writes transactions whose compares fail on a replay.
@@ -22,6 +24,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +34,11 @@ log = logging.getLogger(__name__)
 # etcd's client port when an endpoint names none.
 DEFAULT_ETCD_PORT = 2379
 DEFAULT_TIMEOUT_S = 2.0
+# How long a request keeps going round the members while each fails in a way that passes (an
+# election after the etcd leader died takes one to two election timeouts, 1 s each by default).
+DEFAULT_RETRY_S = 4.0
+# Pause between two rounds, doubling up to the second value.
+_ROUND_PAUSE_S = (0.05, 0.5)
 # gRPC status codes (the gateway's "code" field) that say this member cannot serve now, so
 # another member may: UNAVAILABLE (no leader, stopping), DEADLINE_EXCEEDED (request timed out
 # inside raft).
@@ -212,11 +220,15 @@ class EtcdClient:
     """Requests to an etcd cluster through any of its client ``endpoints`` (``host:port``)."""
 
     def __init__(self, endpoints: str | Sequence[str],
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retry_s: float = DEFAULT_RETRY_S) -> None:
         if timeout_s <= 0:
             raise ValueError(f"etcd timeout_s={timeout_s!r} must be > 0")
+        if retry_s < 0:
+            raise ValueError(f"etcd retry_s={retry_s!r} must be >= 0")
         self.endpoints = parse_endpoints(endpoints)
         self.timeout_s = timeout_s
+        self.retry_s = retry_s
         self._current = 0
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -267,14 +279,35 @@ class EtcdClient:
     def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None
              ) -> dict[str, Any]:
         """POST ``body`` to ``path`` (``/v3/...``) on the current member, moving to the next
-        member on a failure that another member may not have; the decoded answer."""
+        member on a failure that another member may not have; the decoded answer.
+
+        ``timeout_s`` bounds each attempt and, when given, the whole request too (what a lease
+        keep-alive needs); without it the request goes round the members again for up to
+        ``retry_s`` while each failed in a way that passes."""
         if self._closed:
             raise EtcdError("the etcd client is closed")
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        budget = self.retry_s if timeout_s is None else timeout_s
         payload = json.dumps(body).encode()
+        deadline = time.monotonic() + budget
+        pause = _ROUND_PAUSE_S[0]
+        problems: list[str] = []
+        while True:
+            answer = self._round(path, payload, timeout, problems)
+            if answer is not None:
+                return answer
+            if self._closed or time.monotonic() + pause >= deadline:
+                raise EtcdUnavailable(f"no etcd member answered {path}: {'; '.join(problems)}")
+            time.sleep(pause)
+            pause = min(pause * 2, _ROUND_PAUSE_S[1])
+            problems.append("again")
+
+    def _round(self, path: str, payload: bytes, timeout: float, problems: list[str]
+               ) -> dict[str, Any] | None:
+        """One try on each member, from the current one; the answer, or None when every
+        member failed in a way another try may not (each failure added to ``problems``)."""
         with self._lock:
             start = self._current
-        problems: list[str] = []
         for i in range(len(self.endpoints)):
             index = (start + i) % len(self.endpoints)
             endpoint = self.endpoints[index]
@@ -294,7 +327,7 @@ class EtcdClient:
                 problems.append(f"{endpoint}: {message}")
                 continue
             raise EtcdError(f"etcd at {endpoint} refused {path}: {message}")
-        raise EtcdUnavailable(f"no etcd member answered {path}: {'; '.join(problems)}")
+        return None
 
     def close(self) -> None:
         """Close every connection (idempotent)."""

@@ -115,7 +115,7 @@ class LocalEtcd:
 
     def _wait_serving(self, i: int) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        client = EtcdClient([self.endpoints[i]], timeout_s=1.0)
+        client = EtcdClient([self.endpoints[i]], timeout_s=1.0, retry_s=0)  # retries here
         try:
             while True:
                 proc = self._procs[i]
