@@ -355,12 +355,13 @@ class RangeLog:
                     self._unsynced.append(seg)
                 if never:
                     self._committed = offset
-        self.storage.stats.bytes_written += pos - records[0][2]
-        self.storage.page_cache.wrote(seg, records[0][2], pos)
+        start = records[0][2]
+        self.storage.stats.bytes_written += pos - start
+        self.storage.page_cache.wrote(seg, start, pos)
         if never:
             self.storage.notify_data()
         else:
-            self.storage.durability.mark_dirty(self, pos - records[0][2])
+            self.storage.durability.mark_dirty(self, pos - start)
         return bases, offset
 
     def _active_for(self, nbytes: int) -> Segment:
