@@ -154,6 +154,10 @@ def test_codec_and_client_run_end_to_end(tmp_path, capsys):
     # The storage ceiling is durable the way the bench cluster (default policy) acknowledges.
     assert storage["ceiling_name"] == "file append, fsync every 10 ms"
     assert storage["ceiling"] > 0
+    # Measured on both sides of every APPEND run; each round stands next to the faster.
+    around = storage["extra"]["ceiling_before_after_s"]
+    assert around and all(len(pair) == 2 and min(pair) > 0 for pair in around)
+    assert storage["extra"]["ceiling_times_s"] == [min(pair) for pair in around]
     assert doc["machine"]["nproc"] == os.cpu_count()
     assert "| figure" in captured.out and "1 MiB frame encode+decode" in captured.out
     assert "codec: starting" in captured.err  # progress goes to stderr, one line per step
