@@ -191,6 +191,18 @@ def test_client_bench_script_adds_the_per_batch_figures(tmp_path, capsys):
     assert code == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "splice"), reason="os.splice needs Linux and Python >= 3.10")
+def test_receive_paths_script_compares_every_path_with_the_copy(tmp_path, capsys):
+    from integration.bench import receive_paths
+
+    assert receive_paths.main(["--mib", "4", "--rounds", "1", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = {line.split()[0]: line for line in lines if line.endswith("x copy")}
+    assert set(summary) == set(receive_paths.VARIANTS)
+    assert summary["copy"].split()[-2] == "1.00x"
+    assert list(tmp_path.iterdir()) == []  # every scratch file removed
+
+
 def test_storage_ceiling_follows_the_cluster_fsync_policy(tmp_path):
     assert storage_durability(None) == (10, "file append, fsync every 10 ms")
     assert storage_durability("interval") == (10, "file append, fsync every 10 ms")

@@ -33,6 +33,7 @@ import os
 import queue
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -146,13 +147,16 @@ def run_once(variant: str, total: int, directory: str) -> float:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        pid = os.fork()
-        if pid == 0:  # the sender
-            try:
-                send(listener.getsockname()[1], total)
-            finally:
-                os._exit(0)
-        sock, _ = listener.accept()
+        sender = subprocess.Popen([sys.executable, __file__, "--send",
+                                   str(listener.getsockname()[1]), str(total)])
+        listener.settimeout(60)
+        try:
+            sock, _ = listener.accept()
+        except BaseException:
+            sender.kill()
+            sender.wait()
+            raise
+        sock.settimeout(None)
     fd, path = tempfile.mkstemp(prefix="receive-paths-", dir=directory)
     done = threading.Event()
 
@@ -175,7 +179,8 @@ def run_once(variant: str, total: int, directory: str) -> float:
         if syncer.is_alive():
             syncer.join()
         sock.close()
-        os.waitpid(pid, 0)
+        if sender.wait(timeout=60) != 0:
+            raise RuntimeError(f"the sender process exited with {sender.returncode}")
         os.close(fd)
         os.unlink(path)
     return total / 1e6 / seconds
@@ -187,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="runs of each variant (default 4)")
     parser.add_argument("--dir", default=tempfile.gettempdir(),
                         help="where the scratch files go (the disk under test)")
+    parser.add_argument("--send", nargs=2, type=int, metavar=("PORT", "BYTES"),
+                        help=argparse.SUPPRESS)  # the sending process's own entry
     args = parser.parse_args(argv)
+    if args.send:
+        send(*args.send)
+        return 0
     if not hasattr(os, "splice"):
         print("os.splice is not available here (Linux, Python >= 3.10)", file=sys.stderr)
         return 2
