@@ -276,6 +276,7 @@ class PlacementDriver:
                       stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]:
         """Create a stream with range 0 open on the least loaded live servers."""
         _check_stream_settings(replica_nums, retention_period_ms)
+        self._await_live(replica_nums)
         with self.placement_lock:
             servers = self._choose(replica_nums)
             stream, rng = self.store.create_stream(
@@ -379,6 +380,7 @@ class PlacementDriver:
                 return self._open_next(stream_id, timeout_s)
             end_offset = self.calls.seal_on_servers(last, timeout_s)
             stream = self.store.get_stream(stream_id)
+            self._await_live(stream.replica_nums)
             with self.placement_lock:
                 servers: list[int] | None = None
                 try:
@@ -421,6 +423,7 @@ class PlacementDriver:
 
     def _open_next(self, stream_id: int, timeout_s: float | None) -> RangeMeta:
         stream = self.store.get_stream(stream_id)
+        self._await_live(stream.replica_nums)
         with self.placement_lock:
             servers = self._choose(stream.replica_nums)
             new = self.store.open_next_range(stream_id, servers)
@@ -499,6 +502,16 @@ class PlacementDriver:
             lock = self._stream_locks[stream_id]
         with lock:
             yield
+
+    def _await_live(self, count: int) -> None:
+        """Before placing ``count`` replicas: a PD that just started or took office has not
+        heard yet from every server that is alive (their heartbeats went elsewhere, or not yet
+        anywhere); the registered servers it has not heard from get the rest of one liveness
+        timeout to find it (``Liveness.wait_for_live``). ``_choose`` decides after that."""
+        if len(self.liveness.live()) >= count:
+            return
+        known = [s.server_id for s in self.store.list_servers() if s.registered]
+        self.liveness.wait_for_live(count, known)
 
     def _choose(self, count: int) -> list[int]:
         live = [s.server_id for s in self.liveness.live()]

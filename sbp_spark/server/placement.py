@@ -41,6 +41,10 @@ class Liveness:
     another server's heartbeat arrived more than ``timeout_s`` after its last one, and after
     a stretch in which the PD heard nobody for ``timeout_s`` (it was the one cut off, or every
     server was down), every server gets ``timeout_s`` from the first heartbeat to speak up.
+
+    The same goes for placement: a view younger than ``timeout_s`` (a PD that just started or
+    took office) may not have heard yet from servers that are alive; ``wait_for_live`` gives
+    them the rest of that time before a placement counts them out.
     """
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -51,6 +55,9 @@ class Liveness:
         self._lock = threading.Lock()
         self._servers: dict[int, ServerState] = {}
         self._dead: set[int] = set()
+        self._left: set[int] = set()  # servers that said goodbye since the view began
+        self._changed = threading.Condition(self._lock)  # a heartbeat arrived
+        self._since = clock()  # when this view began: creation or the last ``clear()``
         self._heard: float | None = None  # the newest heartbeat from any server
         # Since when heartbeats kept arriving without a gap longer than the timeout.
         self._contact_since = 0.0
@@ -67,6 +74,8 @@ class Liveness:
                 now - prev.last_seen > self.timeout_s
             self._servers[server_id] = ServerState(server_id, advertise_addr, now)
             self._dead.discard(server_id)
+            self._left.discard(server_id)
+            self._changed.notify_all()
             return returning
 
     def forget(self, server_id: int) -> None:
@@ -74,6 +83,7 @@ class Liveness:
         with self._lock:
             self._servers.pop(server_id, None)
             self._dead.discard(server_id)
+            self._left.add(server_id)
 
     def clear(self) -> None:
         """Forget every server (a PD taking or leaving office starts over), and what it heard:
@@ -81,8 +91,31 @@ class Liveness:
         with self._lock:
             self._servers.clear()
             self._dead.clear()
+            self._left.clear()
             self._heard = None
             self._contact_since = 0.0
+            self._since = self._clock()
+
+    def wait_for_live(self, count: int, known: Iterable[int]) -> bool:
+        """Whether ``count`` servers are live, after waiting, while this view is younger than
+        the timeout, for those of the ``known`` servers (ids the PD issued) it has not heard
+        from yet: they may be alive and still looking for this PD. No wait when they could not
+        make up ``count`` even then (a server that said goodbye or went silent in this view
+        is not waited for), and none once the view is ``timeout_s`` old."""
+        known = set(known)
+        with self._lock:
+            # The wait is bounded on the real clock: the liveness clock may be a test's.
+            deadline = time.monotonic() + (self._since + self.timeout_s - self._clock())
+            while True:
+                now = self._clock()
+                live = sum(1 for s in self._servers.values()
+                           if now - s.last_seen <= self.timeout_s)
+                unheard = sum(1 for sid in known
+                              if sid not in self._servers and sid not in self._left)
+                left = deadline - time.monotonic()
+                if live >= count or live + unheard < count or left <= 0:
+                    return live >= count
+                self._changed.wait(left)
 
     def in_contact_for(self) -> float:
         """Seconds since heartbeats began arriving without a gap longer than the timeout

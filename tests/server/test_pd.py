@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -206,6 +207,23 @@ def test_create_without_live_servers(conn):
     [res] = create(conn, m.Stream())
     assert res.status.code == ErrorCode.NOT_ENOUGH_SERVERS
     assert "only 0 range servers are live" in res.status.message
+
+
+def test_a_pd_that_just_took_office_waits_for_its_servers_before_placing(conn, servers, pd):
+    # Heartbeats went to the previous leader: this PD has heard from no server yet, and
+    # must not answer NOT_ENOUGH_SERVERS for servers that are alive and about to find it.
+    pd.liveness.clear()
+    with Connection(pd.address) as other:
+        later = threading.Timer(0.3, beat, (other, servers[1]))
+        later.start()
+        start = time.monotonic()
+        [res] = create(conn, m.Stream())
+        waited = time.monotonic() - start
+        later.join()
+    assert res.status.ok, res.status.message
+    assert [r.servers[0].server.server_id for r in list_ranges(conn, res.stream.stream_id)] == \
+        [servers[1].server_id]
+    assert waited >= 0.2
 
 
 def test_create_with_explicit_id(conn, servers):

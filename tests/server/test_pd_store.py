@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -316,6 +317,46 @@ def test_liveness_counts_contact_from_the_first_heartbeat():
     assert live.in_contact_for() == pytest.approx(1.0)
     live.clear()
     assert live.in_contact_for() == 0.0
+
+
+def test_a_young_view_waits_for_known_servers_it_has_not_heard():
+    # A PD that just started or took office has heard from nobody yet: a placement waits for
+    # the servers it issued ids to, for the rest of one timeout, not for anyone else.
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    beats = threading.Timer(0.05, lambda: (live.beat(1, "s:1"), live.beat(2, "s:2")))
+    beats.start()
+    start = time.monotonic()
+    assert live.wait_for_live(2, known=[1, 2, 3]) is True
+    assert time.monotonic() - start < 2.0
+    beats.join()
+    # Two known servers cannot make three: no wait.
+    start = time.monotonic()
+    assert live.wait_for_live(3, known=[1, 2]) is False
+    # Heard and then gone in this view (said goodbye, or silent): not waited for either.
+    live.forget(2)
+    assert live.wait_for_live(2, known=[1, 2]) is False
+    clock.now += 3.5
+    live.beat(1, "s:1")
+    assert live.wait_for_live(2, known=[1, 2]) is False
+    assert time.monotonic() - start < 0.5
+    # An old view waits for nobody; clearing it (taking office) starts a new one that does.
+    clock.now += 10
+    live.clear()
+    later = threading.Timer(0.05, live.beat, (2, "s:2"))
+    later.start()
+    assert live.wait_for_live(1, known=[2]) is True
+    later.join()
+
+
+def test_a_young_view_waits_no_longer_than_the_timeout():
+    live = Liveness(0.3)
+    start = time.monotonic()
+    assert live.wait_for_live(1, known=[7]) is False  # 7 never heartbeats
+    assert 0.2 <= time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert live.wait_for_live(1, known=[7]) is False  # the view is old now: no wait
+    assert time.monotonic() - start < 0.1
 
 
 def test_create_with_explicit_id(store):
