@@ -11,7 +11,11 @@ server around it, so the kernel paths alone are compared:
 * ``splice-pread``: ``splice`` socket -> pipe on the receiving thread, pipe -> file on the
   second thread, then ``preadv`` the bytes back and CRC-32 them;
 * ``splice-mmap``: as above, the CRC-32 taken over an ``mmap`` of the written range;
-* ``splice-unchecked``: as above with no CRC at all (the floor; not a valid server).
+* ``splice-unchecked``: as above with no CRC at all (the floor; not a valid server);
+* ``recv-mmap``: ``recv_into`` a shared mapping of the file itself, so the bytes cross one
+  kernel copy (socket to page cache), CRC-32 them there; each MiB's pages are made writable
+  in one call first (``MADV_POPULATE_WRITE``, where the kernel has it) instead of a fault
+  per 4 KiB page.
 
 Every variant hands each MiB to the disk with ``sync_file_range`` as it goes and fsyncs
 back to back on a third thread, as the range server does under ``group``; the sender is a
@@ -19,7 +23,8 @@ separate process doing plain ``sendall`` of 1 MiB buffers. Variants run alternat
 file each run; the report is each variant's median MB/s and its ratio to ``copy``.
 
 Measured here (2026-11-24, 2 vCPUs, 512 MiB per run, 4 rounds): no splice variant that checks
-the CRC beats ``copy`` (see integration/bench/RESULTS.md). Linux only (``os.splice``).
+the CRC beats ``copy``; receiving into a mapping of the file ran at about half of ``copy``
+(2026-11-25; see integration/bench/RESULTS.md). Linux only (``os.splice``).
 
 Usage: ``python integration/bench/receive_paths.py [--mib 512] [--rounds 4] [--dir DIR]``.
 """
@@ -46,7 +51,9 @@ MIB = 1024 * 1024
 # Buffers (or pipes) between the receiving thread and the storing one.
 SLOTS = 8
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-VARIANTS = ("copy", "splice-pread", "splice-mmap", "splice-unchecked")
+VARIANTS = ("copy", "splice-pread", "splice-mmap", "splice-unchecked", "recv-mmap")
+# linux/mman.h (5.14+): populate the range's pages writable, as write faults would.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def send(port: int, total: int) -> None:
@@ -115,6 +122,9 @@ def receive_into_file(variant: str, sock: socket.socket, fd: int, total: int) ->
 
         _pipeline(receive, store, [bytearray(MIB) for _ in range(SLOTS)], chunks)
         return
+    if variant == "recv-mmap":
+        _receive_into_mapping(sock, fd, total)
+        return
     check = variant.split("-", 1)[1]
     readback = bytearray(MIB)
     pipes = [os.pipe() for _ in range(SLOTS)]
@@ -140,6 +150,31 @@ def receive_into_file(variant: str, sock: socket.socket, fd: int, total: int) ->
         for r, w in pipes:
             os.close(r)
             os.close(w)
+
+
+def _receive_into_mapping(sock: socket.socket, fd: int, total: int) -> None:
+    """``recv_into`` the file's own pages through a shared mapping and CRC them there; the
+    second thread only starts each MiB's write-behind."""
+    os.ftruncate(fd, total)
+    positions = iter(range(0, total, MIB))
+    populate = True
+    with mmap.mmap(fd, total, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mapped:
+        def receive(_slot: int) -> None:
+            nonlocal populate
+            pos = next(positions)
+            if populate:
+                try:
+                    mapped.madvise(MADV_POPULATE_WRITE, pos, MIB)
+                except OSError:  # an older kernel: the first touch of each page faults
+                    populate = False
+            with memoryview(mapped)[pos:pos + MIB] as chunk:
+                _recv_exact(sock, chunk)
+                crc32(chunk)
+
+        def store(_slot: int, pos: int) -> None:
+            start_writeback(fd, pos, MIB)
+
+        _pipeline(receive, store, list(range(SLOTS)), total // MIB)
 
 
 def run_once(variant: str, total: int, directory: str) -> float:
