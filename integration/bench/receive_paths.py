@@ -23,8 +23,8 @@ separate process doing plain ``sendall`` of 1 MiB buffers. Variants run alternat
 file each run; the report is each variant's median MB/s and its ratio to ``copy``.
 
 Measured here (2026-11-24, 2 vCPUs, 512 MiB per run, 4 rounds): no splice variant that checks
-the CRC beats ``copy``; receiving into a mapping of the file ran at a quarter to a half of ``copy``
-(2026-11-25; see integration/bench/RESULTS.md). Linux only (``os.splice``).
+the CRC beats ``copy``; receiving into a mapping of the file ran at a quarter to a half of
+``copy`` (2026-11-25; see integration/bench/RESULTS.md). Linux only (``os.splice``).
 
 Usage: ``python integration/bench/receive_paths.py [--mib 512] [--rounds 4] [--dir DIR]``.
 """
