@@ -107,9 +107,7 @@ class Liveness:
             # The wait is bounded on the real clock: the liveness clock may be a test's.
             deadline = time.monotonic() + (self._since + self.timeout_s - self._clock())
             while True:
-                now = self._clock()
-                live = sum(1 for s in self._servers.values()
-                           if now - s.last_seen <= self.timeout_s)
+                live = len(self._live_locked(self._clock()))
                 unheard = sum(1 for sid in known
                               if sid not in self._servers and sid not in self._left)
                 left = deadline - time.monotonic()
@@ -130,15 +128,21 @@ class Liveness:
         now = self._clock()
         with self._lock:
             st = self._servers.get(server_id)
-            return st is not None and now - st.last_seen <= self.timeout_s
+            return st is not None and self._fresh(st, now)
 
     def live(self) -> list[ServerState]:
         """Live servers in id order."""
         now = self._clock()
         with self._lock:
-            return sorted((s for s in self._servers.values()
-                           if now - s.last_seen <= self.timeout_s),
-                          key=lambda s: s.server_id)
+            return sorted(self._live_locked(now), key=lambda s: s.server_id)
+
+    def _fresh(self, st: ServerState, now: float) -> bool:
+        """Whether ``st`` was heard within the timeout: what live means."""
+        return now - st.last_seen <= self.timeout_s
+
+    def _live_locked(self, now: float) -> list[ServerState]:
+        """The live servers (caller holds ``_lock``)."""
+        return [s for s in self._servers.values() if self._fresh(s, now)]
 
     def address(self, server_id: int) -> str | None:
         """The address the server announced last (live or not), if it ever heartbeated."""
