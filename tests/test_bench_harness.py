@@ -260,6 +260,11 @@ def test_spark_and_streaming_sections_measure_every_figure(tmp_path):
     assert read["ceiling_name"] == "Arrow ceiling" and read["ceiling"] > 0
     write = next(f for n, f in by_name.items() if n.startswith("write sbp"))
     assert write["ceiling_name"] == "Arrow-writer ceiling" and write["ceiling"] > 0
+    # Every sbp write, the warm-ups too, keeps the server CPU it cost: the record that shows
+    # whether the timed writes were warm.
+    extra = write["extra"]
+    assert extra["warmups"] == 1 and len(extra["times_s"]) == 1
+    assert len(extra["server_cpu_s"]) == 2 and all(s > 0 for s in extra["server_cpu_s"])
     assert any(n.startswith("append-to-sink latency p99") for n in by_name)
 
 

@@ -34,6 +34,9 @@ class BenchConfig:
     # Spark batch: rows of ``record_size`` value bytes, timed runs per query (after a warm-up).
     spark_rows: int
     spark_runs: int
+    # Untimed write rounds before the timed ones: the connector's writes take three to settle
+    # (the server's and the JVM's CPU per write falls for the first three; see spark_batch).
+    spark_write_warmups: int = 3
     record_size: int = 100
     spark_partitions: int = 4
     # Client: bytes moved per timed run, runs per figure.
@@ -70,7 +73,7 @@ class BenchConfig:
 
     @classmethod
     def quick_run(cls) -> BenchConfig:
-        return cls(quick=True, spark_rows=2_000_000, spark_runs=2,
+        return cls(quick=True, spark_rows=2_000_000, spark_runs=2, spark_write_warmups=1,
                    client_bytes=128 * 1024 * 1024, client_runs=2,
                    stream_seconds=8.0, stream_backlog=300_000, concurrent_seconds=2.0,
                    planning_records=1_000_000, planning_ranges=100, planning_runs=3,

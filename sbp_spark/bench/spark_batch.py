@@ -2,6 +2,13 @@
 aggregation, each next to the Arrow ceiling (prebuilt batches in, dropped batches out) and to
 Spark's own parquet write and read of the same rows. Warm runs, interleaved, median of several.
 
+Writes get ``spark_write_warmups`` untimed rounds (three in a full run): measured, the
+connector's first writes after the section starts cost the server two to three times the CPU of
+later ones (it is still taking fresh memory for its page cache, or coming back to pages freed
+while it was idle) and the JVM a fifth more, and the writes settle by the fourth. The server's
+CPU seconds of every write run are kept with the figure (``server_cpu_s``), so a run shows
+whether its timed writes were warm.
+
 Two more reads measure payload=arrow schema resolution: one stream holding the rows plus an int
 and a float column, read once with the stored types and once as bigint and double, so that
 every stored batch needs two casts; each next to the ceiling of its own read schema.
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import adapters
+from .append_load import cpu_seconds
 from .context import BenchContext
 from .procmem import PeakSampler, pyspark_workers
 from .report import AT_LEAST_RATIO, Figure, Target, unavailable
@@ -127,10 +135,13 @@ class _Bench:
         """The Arrow ceiling read shaped like a read of ``schema``."""
         return ceiling_read(self.spark, self.rows, self.size, self.parts, schema)
 
-    def rounds(self) -> Iterator[tuple[int, str, bool]]:
-        """(n, progress tag, whether the times count): a warm-up, then the timed runs."""
-        for n in range(self.runs + 1):
-            yield n, (f"run {n}/{self.runs}" if n else "warm-up"), n > 0
+    def rounds(self, warmups: int = 1) -> Iterator[tuple[int, str, bool]]:
+        """(n, progress tag, whether the times count) for n = 0, 1, ...: ``warmups`` untimed
+        rounds, then the timed runs."""
+        for n in range(warmups):
+            yield n, ("warm-up" if warmups == 1 else f"warm-up {n + 1}/{warmups}"), False
+        for run in range(1, self.runs + 1):
+            yield warmups + run - 1, f"run {run}/{self.runs}", True
 
     def checked(self, what: str, df_fn: Callable[[], Any], *summed: str) -> Callable[[], None]:
         """The read query on ``df_fn()``, failing unless it returns every row."""
@@ -144,6 +155,8 @@ class _Writes:
     parquet: _Timed
     streams: list[int]  # one sbp stream per write run
     parquet_path: str  # the files the last parquet write run left
+    # The server's CPU seconds in each sbp write, warm-ups included (None: not measurable).
+    server_cpu_s: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -194,24 +207,41 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
     ctx = bench.ctx
     pq_dir = ctx.workdir / "parquet"
     writes = _Writes(_Timed("Arrow-writer ceiling"), _Timed("sbp write"),
-                     _Timed("parquet write"), [], str(pq_dir / f"write-{bench.runs}"))
+                     _Timed("parquet write"), [],
+                     str(pq_dir / f"write-{ctx.config.spark_write_warmups + bench.runs - 1}"))
 
     def sbp_write() -> None:
         stream_id = adapters.create_stream(ctx)
-        (source.write.format("sbp").option("pd", ctx.server.pd)
-         .option("stream", str(stream_id)).mode("append").save())
+        before = _server_cpu(ctx)
+        try:
+            (source.write.format("sbp").option("pd", ctx.server.pd)
+             .option("stream", str(stream_id)).mode("append").save())
+        finally:
+            after = _server_cpu(ctx)
+            used = None if before is None or after is None else round(after - before, 3)
+            writes.server_cpu_s.append(used)
+            if used is not None:
+                ctx.progress(SECTION, f"that sbp write used {used:.2f} s of server CPU")
         writes.streams.append(stream_id)
 
     def parquet_write(n: int) -> Callable[[], None]:
         return lambda: source.write.mode("overwrite").parquet(str(pq_dir / f"write-{n}"))
 
-    for n, tag, record in bench.rounds():
+    for n, tag, record in bench.rounds(ctx.config.spark_write_warmups):
         _time(writes.ceiling, lambda: source.write.format(NAME).mode("append").save(), ctx,
               tag, record)
         if bench.sbp_reason is None:
             _time(writes.sbp, sbp_write, ctx, tag, record)
         _time(writes.parquet, parquet_write(n), ctx, tag, record)
     return writes
+
+
+def _server_cpu(ctx: BenchContext) -> float | None:
+    """The bench server's CPU seconds so far, or None where /proc cannot say."""
+    try:
+        return cpu_seconds(ctx.server.pid)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _sbp_read_df(bench: _Bench, writes: _Writes, timed: _Timed) -> Any:
@@ -325,6 +355,9 @@ def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
                figure(f"write parquet ({label})", writes.parquet, writes.ceiling, None),
                figure(f"read sbp + agg ({label})", reads.sbp, reads.ceiling, READ_TARGET,
                       sbp_reason)]
+    if writes.sbp.times:
+        figures[0].extra["server_cpu_s"] = writes.server_cpu_s
+        figures[0].extra["warmups"] = bench.ctx.config.spark_write_warmups
     if reads.sbp_df is not None and reads.sbp.times:
         figures[-1].extra["sbp_read_partitions"] = reads.sbp_df.rdd.getNumPartitions()
     figures.append(figure(f"read parquet + agg ({label})", reads.parquet, reads.ceiling, None))
