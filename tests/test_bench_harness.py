@@ -301,7 +301,7 @@ def test_latency_section_times_every_policy_next_to_its_floor(tmp_path):
 def test_scaling_section_loads_the_default_policy_beside_interval(tmp_path):
     from sbp_spark.bench import scaling
 
-    ctx = _tiny_context(tmp_path, scaling_seconds=0.3, scaling_streams=(1, 64))
+    ctx = _tiny_context(tmp_path, scaling_seconds=0.3, scaling_streams=(1, 64), scaling_rounds=2)
     try:
         figures = scaling.append_figures(ctx)
     finally:
@@ -311,6 +311,11 @@ def test_scaling_section_loads_the_default_policy_beside_interval(tmp_path):
     for f in figures:
         assert f.value > 0 and f.ceiling > 0, f
         assert f.ceiling_name == "fsync interval, same load"
+        # Two loads per policy (A B B A), each kept beside the figure they add up to.
+        assert len(f.extra["rates"]) == 2 and len(f.extra["baseline_rates"]) == 2, f
+        assert min(f.extra["rates"]) > 0
+    rate = figures[2]
+    assert min(rate.extra["rates"]) <= rate.value <= max(rate.extra["rates"])
     assert [f.target is not None for f in figures] == [False, False, True, True]
 
 

@@ -58,8 +58,9 @@ class BenchConfig:
     # Latency: seconds one writer appends under each fsync policy, in this many rounds.
     latency_seconds: float = 6.0
     latency_rounds: int = 3
-    # Scaling: seconds of load per count of active streams, and the counts.
+    # Scaling: seconds of each load per count of active streams, loads per policy, the counts.
     scaling_seconds: float = 4.0
+    scaling_rounds: int = 2
     scaling_streams: tuple[int, ...] = (1, 8, 64, 256)
     # Spark reads of the same rows spread over this many ranges, and the rows.
     scaling_ranges: tuple[int, ...] = (1, 4, 16, 64)
@@ -77,7 +78,7 @@ class BenchConfig:
                    client_bytes=128 * 1024 * 1024, client_runs=2,
                    stream_seconds=8.0, stream_backlog=300_000, concurrent_seconds=2.0,
                    planning_records=1_000_000, planning_ranges=100, planning_runs=3,
-                   latency_seconds=3.0, latency_rounds=2, scaling_seconds=2.0,
+                   latency_seconds=3.0, latency_rounds=2, scaling_seconds=2.0, scaling_rounds=1,
                    scaling_read_rows=1 << 20)
 
 

@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"comma list of sections to run (default: all of "
                              f"{','.join(SECTIONS)})")
     parser.add_argument("--rows", type=int, help="Spark batch rows (default 4M, --quick 2M)")
-    parser.add_argument("--runs", type=int, help="timed runs per Spark query (after warm-up rounds)")
+    parser.add_argument("--runs", type=int,
+                        help="timed runs per Spark query (after warm-up rounds)")
     parser.add_argument("--client-mib", type=int, help="MiB moved per timed client run")
     parser.add_argument("--clients", type=int,
                         help="concurrent clients in the server memory figure (default 64)")

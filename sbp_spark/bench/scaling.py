@@ -5,7 +5,9 @@ stream keeps one APPEND of one 1 KiB batch in flight, over up to 64 connections)
 a fresh server process with the bench's fsync policy, and beside it, in turns, against one
 with fsync ``interval``: the policy that shares fsyncs best under load, as the baseline.
 Figures: acknowledged batches/s, and the server process's CPU time (user + system, from
-/proc) per batch.
+/proc) per batch, over ``scaling_rounds`` loads per policy and count (two in a full run), the
+order of the two policies swapped from one load to the next (A B B A), so that neither always
+runs second and one slow load cannot decide a figure alone.
 
 Spark read: the same rows (100-byte values in 8,192-row Arrow batches) stored in a stream of
 1, 4, 16 and 64 ranges, read with the Spark batch section's query (one partition per range),
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 
 from . import adapters
 from .append_load import AppendLoad, cpu_seconds
@@ -42,16 +45,41 @@ APPEND_CALL_BATCHES = 16
 MAX_READ_RUNS = 3
 
 
-def _load(server: ServerProcess, streams: list[int], batch: bytes, seconds: float
-          ) -> tuple[float, float, list[str]]:
-    """Batches/s and server CPU microseconds per batch of the load on ``streams``."""
+@dataclass
+class _Loads:
+    """What the loads of one policy at one stream count added up to."""
+
+    acks: int = 0
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+    rates: list[float] = field(default_factory=list)  # batches/s of each load
+
+    @property
+    def rate(self) -> float:
+        return self.acks / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu_s / max(self.acks, 1) * 1e6
+
+
+def _load(server: ServerProcess, streams: list[int], batch: bytes, seconds: float,
+          into: _Loads) -> tuple[float, float]:
+    """Runs the load on ``streams`` and adds it to ``into``; returns its batches/s and server
+    CPU microseconds per batch."""
     with AppendLoad(server.range_server_addresses[0], streams, batch,
                     connections=min(MAX_CONNECTIONS, len(streams))) as load:
         load.run(WARMUP_S)
         before = cpu_seconds(server.pid)
         result = load.run(seconds)
         used = cpu_seconds(server.pid) - before
-    return result.acks_per_s, used / max(result.acks, 1) * 1e6, result.errors
+    if result.errors:
+        raise RuntimeError(result.errors[0])
+    into.acks += result.acks
+    into.seconds += result.seconds
+    into.cpu_s += used
+    into.rates.append(round(result.acks_per_s, 1))
+    return result.acks_per_s, used / max(result.acks, 1) * 1e6
 
 
 def _streams(server: ServerProcess, count: int) -> list[int]:
@@ -77,17 +105,21 @@ def append_figures(ctx: BenchContext) -> list[Figure]:
             servers[name] = ServerProcess(ctx.workdir / f"scaling-{name}",
                                           log_path=ctx.workdir / f"scaling-{name}.log",
                                           fsync=name).start()
-        for i, n in enumerate(cfg.scaling_streams):
-            got = {}
-            # Alternate which policy goes first, so neither always follows the other.
-            for name in list(servers)[::-1 if i % 2 else 1]:
-                rate, cpu_us, errors = _load(servers[name], _streams(servers[name], n), batch,
-                                             cfg.scaling_seconds)
-                if errors:
-                    raise RuntimeError(f"{n} streams, fsync {name}: {errors[0]}")
-                got[name] = (rate, cpu_us)
-                ctx.progress(SECTION, f"{n} streams, fsync {name}: {rate:,.0f} batches/s, "
-                                      f"{cpu_us:.0f} us of server CPU per batch")
+        turn = 0
+        for n in cfg.scaling_streams:
+            got = {name: _Loads() for name in servers}
+            for _ in range(cfg.scaling_rounds):
+                # Swap which policy goes first at every round (A B B A ...), so neither always
+                # follows the other.
+                for name in list(servers)[::-1 if turn % 2 else 1]:
+                    try:
+                        rate, cpu_us = _load(servers[name], _streams(servers[name], n), batch,
+                                             cfg.scaling_seconds, got[name])
+                    except RuntimeError as exc:
+                        raise RuntimeError(f"{n} streams, fsync {name}: {exc}") from exc
+                    ctx.progress(SECTION, f"{n} streams, fsync {name}: {rate:,.0f} batches/s, "
+                                          f"{cpu_us:.0f} us of server CPU per batch")
+                turn += 1
             figures += _append_figures(n, policy, got)
     finally:
         for server in servers.values():
@@ -102,17 +134,21 @@ def _default_policy() -> str:
     return FsyncPolicy(StorageConfig().fsync).value
 
 
-def _append_figures(n: int, policy: str, got: dict[str, tuple[float, float]]) -> list[Figure]:
-    rate, cpu_us = got[policy]
-    base_rate, base_cpu = got.get(BASELINE_POLICY, (None, None))
+def _append_figures(n: int, policy: str, got: dict[str, _Loads]) -> list[Figure]:
+    mine = got[policy]
+    base = got.get(BASELINE_POLICY)
     base_name = f"fsync {BASELINE_POLICY}, same load"
     targeted = n >= TARGET_FROM_STREAMS and policy != BASELINE_POLICY
     label = f"{n} active streams, fsync {policy}"
+    extra = {"streams": n, "rates": mine.rates,
+             "baseline_rates": None if base is None else base.rates}
     return [
-        Figure(SECTION, f"APPEND 1 KiB batches/s, {label}", "batches/s", rate, base_rate,
-               base_name, THROUGHPUT_TARGET if targeted else None, extra={"streams": n}),
-        Figure(SECTION, f"server CPU per batch, {label}", "us", cpu_us, base_cpu, base_name,
-               CPU_TARGET if targeted else None, extra={"streams": n}),
+        Figure(SECTION, f"APPEND 1 KiB batches/s, {label}", "batches/s", mine.rate,
+               None if base is None else base.rate, base_name,
+               THROUGHPUT_TARGET if targeted else None, extra=dict(extra)),
+        Figure(SECTION, f"server CPU per batch, {label}", "us", mine.cpu_us,
+               None if base is None else base.cpu_us, base_name,
+               CPU_TARGET if targeted else None, extra=dict(extra)),
     ]
 
 
