@@ -1,11 +1,14 @@
 """One TCP connection to one SBP server, shared by many concurrent requests.
 
-Requests are numbered by stream_id (docs/wire.md, Framing). Any thread may send; one reader
-thread per connection decodes incoming frames and sorts them into a queue per outstanding
-stream_id. A response is consumed as a ``ResponseStream``: an iterator of frames that ends at
-the END frame, raises ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it
-is exhausted, closed or failed. The first socket failure fails every outstanding request with one
-``TransportError`` naming the server's address.
+Requests are numbered by stream_id (docs/wire.md, Framing). Any thread may send. Incoming frames
+are decoded and sorted into a queue per outstanding stream_id by whichever thread holds the
+connection's read turn (read_turn.py): a thread waiting for an answer reads the socket itself
+when nobody else does, and a background thread reads only once no caller has waited for a while
+(answers nobody waits for yet, GOAWAY, PING, the end of the connection). A response is consumed
+as a ``ResponseStream``: an iterator of frames that ends at the END frame, raises
+``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it is exhausted, closed or
+failed. The first socket failure fails every outstanding request with one ``TransportError``
+naming the server's address.
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ from sbp_spark.protocol.errors import (
     WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
-from sbp_spark.transport.sockets import send_buffers, set_kernel_timeouts
+from sbp_spark.transport.sockets import send_buffers, set_kernel_timeouts, set_receive_timeout
 from sbp_spark.transport.tls import TlsConfig, TlsSocket, wrap_client
 
 from .config import ClientConfig
 from .heartbeat import Heartbeat
+from .read_turn import YOUR_TURN, ReadTurn
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,10 @@ log = logging.getLogger(__name__)
 # recv, 1 MiB pieces halve the calls (and the sender's wake-ups) of 256 KiB ones and still fit
 # the CPU cache for the running checksum: FETCH +10-15% in alternating runs, 4 MiB no better.
 BODY_RECEIVE_PIECE = 1024 * 1024
+# Callers leave the socket to the background reader once none has waited for an answer for
+# this long: short next to a caller's pauses between requests, so a busy caller reads its own
+# answers, and long next to nothing a peer waits for (see read_turn.py).
+QUIET_S = 0.05
 
 Buffer = bytes | bytearray | memoryview
 
@@ -91,6 +99,15 @@ def system_error_of(frame: Frame) -> ServerError:
     except ProtocolError as exc:
         return ServerError(f"SYSTEM_ERROR frame with an unreadable header: {exc}")
     return ServerError.for_status(status.code, status.message, bytes(status.detail))
+
+
+def _first_item(queue: SimpleQueue) -> Any:
+    """The oldest item of ``queue`` that is not an offer of the read turn left over from
+    an earlier wait; raises ``Empty`` when there is none."""
+    item = queue.get_nowait()
+    while item is YOUR_TURN:
+        item = queue.get_nowait()
+    return item
 
 
 class _Failure:
@@ -138,7 +155,7 @@ class ResponseStream:
         if self._done:
             raise StopIteration
         try:
-            item = self._queue.get(timeout=self.timeout)
+            item = self.connection._next_item(self._queue, self.timeout)
         except Empty:
             self.close()
             raise ReadTimeoutError(
@@ -198,9 +215,14 @@ class Connection:
         except OSError as exc:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
         tls = self.config.tls_settings()
+        # The socket object reads go through and how long one may wait: the reading socket's
+        # kernel timeout (SO_RCVTIMEO), or with TLS its twin's Python timeout. Whoever holds
+        # the read turn sets what it needs (``_wait_at_most``).
+        self._receive_timeout = self.config.idle_timeout_s
+        self._tls_twin: socket.socket | None = None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # The reader and the writer each get a socket object over the same connection.
+            # Reads and writes each get a socket object over the same connection.
             if tls is None:
                 set_kernel_timeouts(sock, receive_s=self.config.idle_timeout_s,
                                     send_s=self.config.request_timeout_s)
@@ -209,7 +231,7 @@ class Connection:
                 sock.settimeout(self.config.request_timeout_s)
                 twin = sock.dup()
                 twin.settimeout(self.config.idle_timeout_s)
-                self._rsock = twin
+                self._rsock = self._tls_twin = twin
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot set up the connection to {address}: {exc}") from exc
@@ -230,8 +252,9 @@ class Connection:
         self._goaway = False
         self._throttled_until = 0.0
         self._last_active = time.monotonic()
+        self._turn = ReadTurn(self._lock, QUIET_S)
         self._reader = threading.Thread(
-            target=self._read_loop, name=f"sbp-reader-{address}", daemon=True)
+            target=self._background_reads, name=f"sbp-reader-{address}", daemon=True)
         self._reader.start()
 
     def _start_tls(self, sock: socket.socket, twin: socket.socket, tls: TlsConfig,
@@ -452,22 +475,23 @@ class Connection:
             self._pending.clear()
         for queue in waiting:
             queue.put(_Failure(error))
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Wake whoever reads or waits to read; the background thread closes the sockets once
+        nobody reads any more."""
+        self._turn.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
-            pass  # already closed or never fully connected: nothing left to shut down
-        if threading.current_thread() is not self._reader and not self._reader.is_alive():
-            self._close_sockets()
+            pass  # already closed, or the peer closed first: nothing left to shut down
 
     def _close_quietly(self) -> None:
         with self._lock:
             if self._closed or self._pending:
                 return
             self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # the peer may have closed first
+        self._shut_down()
 
     def _close_sockets(self) -> None:
         with self._send_lock:
@@ -493,31 +517,99 @@ class Connection:
             self._closed = True
             return True
 
-    def _read_loop(self) -> None:
-        sock, decoder = self._rsock, self._decoder
+    # -- reading (whoever holds the read turn, see read_turn.py) ---------------------------
+
+    def _next_item(self, queue: SimpleQueue, timeout: float) -> Any:
+        """The next item for the request whose queue is ``queue``: read it off the socket when
+        nobody else is reading, else wait for it (or for the turn). Raises ``Empty`` when
+        nothing came within ``timeout`` seconds."""
+        try:
+            return _first_item(queue)
+        except Empty:
+            pass
+        deadline = time.monotonic() + timeout
+        turn = self._turn
+        turn.enter()
         try:
             while True:
-                buf = decoder.get_buffer()
-                if buf.nbytes > BODY_RECEIVE_PIECE:
-                    buf = buf[:BODY_RECEIVE_PIECE]
-                try:
-                    n = sock.recv_into(buf)
-                except (TimeoutError, BlockingIOError):
-                    if self._idle_expired():
-                        log.debug("closing idle connection to %s", self.address)
-                        return
+                if turn.take_or_wait(queue):
+                    try:
+                        self._read_until(queue, timeout, deadline)
+                    finally:
+                        turn.put_down()
+                    try:
+                        return _first_item(queue)
+                    except Empty:
+                        if time.monotonic() >= deadline:
+                            raise
                     continue
-                if n == 0:
-                    self._fail(TransportError(
-                        f"connection to {self.address} was closed by the server"
-                        + (" after GOAWAY" if self._goaway else "")))
-                    return
-                self._last_active = time.monotonic()
-                decoder.buffer_updated(n)
+                if self._closed and queue.empty():
+                    self._put_failure(queue)
+                try:
+                    item = queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                finally:
+                    turn.stop_waiting(queue)
+                if item is not YOUR_TURN:
+                    return item
+        finally:
+            turn.leave()
+
+    def _read_until(self, queue: SimpleQueue, timeout: float, deadline: float) -> None:
+        """Holding the read turn: read and dispatch until ``queue`` has an item or
+        ``deadline`` passes. A closed connection puts its failure there."""
+        while queue.empty():  # (a stale offer of the turn in it costs one more round)
+            if self._closed:
+                self._put_failure(queue)
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wait_at_most(min(timeout, left))
+            try:
+                self._receive()
+            except (TimeoutError, BlockingIOError):
+                continue
+
+    def _put_failure(self, queue: SimpleQueue) -> None:
+        queue.put(_Failure(self._error or TransportError(
+            f"connection to {self.address} is closed")))
+
+    def _wait_at_most(self, seconds: float) -> None:
+        """Bound one read's wait by about ``seconds``: the bound set before is kept unless it
+        is a tenth longer or half shorter (a setsockopt per request would cost more than the
+        exact bound is worth)."""
+        current = self._receive_timeout
+        if 0.5 * seconds <= current <= 1.1 * seconds:
+            return
+        self._receive_timeout = seconds
+        if self._tls_twin is not None:
+            self._tls_twin.settimeout(seconds)
+        else:
+            set_receive_timeout(self._rsock, seconds)  # type: ignore[arg-type]
+
+    def _receive(self) -> None:
+        """Holding the read turn: one read, and dispatch of every frame it completed. Timeouts
+        propagate; any other failure fails the connection (and the request, through its
+        queue)."""
+        decoder = self._decoder
+        try:
+            buf = decoder.get_buffer()
+            if buf.nbytes > BODY_RECEIVE_PIECE:
+                buf = buf[:BODY_RECEIVE_PIECE]
+            n = self._rsock.recv_into(buf)
+            if n == 0:
+                self._fail(TransportError(
+                    f"connection to {self.address} was closed by the server"
+                    + (" after GOAWAY" if self._goaway else "")))
+                return
+            self._last_active = time.monotonic()
+            decoder.buffer_updated(n)
+            event = decoder.next_event()
+            while event is not None:
+                self._dispatch(event)
                 event = decoder.next_event()
-                while event is not None:
-                    self._dispatch(event)
-                    event = decoder.next_event()
+        except (TimeoutError, BlockingIOError):
+            raise
         except FrameError as exc:
             self._fail(TransportError(f"lost framing on the connection to {self.address}: {exc}"))
         except OSError as exc:
@@ -525,11 +617,31 @@ class Connection:
                 self._fail(TransportError(f"connection to {self.address} failed: {exc}"))
         except BaseException as exc:
             self._fail(TransportError(
-                f"reader of the connection to {self.address} stopped: {exc!r}"))
+                f"reading the connection to {self.address} stopped: {exc!r}"))
             raise
+
+    def _background_reads(self) -> None:
+        """The connection's own thread: reads while no caller waits for an answer (after a
+        quiet spell), closes an idle connection, and closes the sockets at the end."""
+        turn = self._turn
+        try:
+            while not self._closed and turn.take_when_quiet():
+                try:
+                    self._wait_at_most(self.config.idle_timeout_s)
+                    while not self._closed and not turn.callers:
+                        try:
+                            self._receive()
+                        except (TimeoutError, BlockingIOError):
+                            if self._idle_expired():
+                                log.debug("closing idle connection to %s", self.address)
+                                self._shut_down()
+                finally:
+                    turn.put_down()
         finally:
             if not self._closed:
                 self._fail(TransportError(f"connection to {self.address} stopped reading"))
+            turn.close()
+            turn.take_for_good()  # nobody reads any more: the descriptors can go
             self._close_sockets()
 
     def _dispatch(self, event: Any) -> None:

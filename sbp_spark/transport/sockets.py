@@ -66,5 +66,11 @@ def set_kernel_timeouts(sock: socket.socket, receive_s: float, send_s: float) ->
     cost about 7% of the reader's CPU on a FETCH stream. A wait that runs out raises
     ``BlockingIOError``; a send that made some progress returns what it sent."""
     sock.settimeout(None)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(receive_s))
+    set_receive_timeout(sock, receive_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(send_s))
+
+
+def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """Bound a blocking receive on ``sock`` to ``seconds`` (SO_RCVTIMEO, see
+    ``set_kernel_timeouts``)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))

@@ -107,6 +107,130 @@ def test_interleaved_streaming_responses_keep_their_order():
         assert conn.outstanding == 0
 
 
+def _record_readers(conn: Connection) -> list[tuple[int, str]]:
+    """(stream_id, name of the thread that read it) of every frame ``conn`` dispatches."""
+    seen: list[tuple[int, str]] = []
+    dispatch = conn._dispatch
+
+    def recording(event):
+        seen.append((event.stream_id, threading.current_thread().name))
+        dispatch(event)
+
+    conn._dispatch = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_waiting_caller_reads_its_own_answers(echo_server):
+    # One thread asking and waiting, again and again: it reads every answer itself, so no
+    # other thread has to be woken to hand them over (see client/read_turn.py).
+    with Connection(echo_server.address, FAST) as conn:
+        seen = _record_readers(conn)
+        for i in range(200):
+            (frame,) = list(conn.request(OP, b"", b"%d" % i))
+            assert bytes(frame.payload) == b"%d" % i
+        me = threading.current_thread().name
+        assert len(seen) == 200 and {name for _, name in seen} == {me}
+
+
+def test_answers_nobody_waits_for_are_read_in_the_background():
+    # Each answer is as large as its request and the server writes it before reading the
+    # next one: a writer that keeps sending without reading would leave the server blocked on
+    # a full socket, and itself blocked behind it, if nothing read the answers meanwhile.
+    def big_echo(peer: Peer) -> None:
+        while (frame := peer.read_frame()) is not None:
+            peer.reply(frame, b"", bytes(frame.payload))
+
+    payload = b"p" * (1 << 20)
+    with FakeServer(big_echo) as server, Connection(server.address, FAST) as conn:
+        seen = _record_readers(conn)
+        streams = [conn.request(OP, b"", payload) for _ in range(48)]
+        assert all([bytes(f.payload) for f in s] == [payload] for s in streams)
+        assert conn.outstanding == 0
+        assert any(name.startswith("sbp-reader-") for _, name in seen)
+        assert not server.errors
+
+
+def test_many_threads_share_one_connection(echo_server):
+    with Connection(echo_server.address, FAST) as conn:
+        failures: list[BaseException] = []
+
+        def ask(worker: int) -> None:
+            try:
+                for i in range(300):
+                    data = b"%d-%d" % (worker, i)
+                    (frame,) = list(conn.request(OP, b"", data))
+                    assert bytes(frame.payload) == data
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=ask, args=(w,)) for w in range(8)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not failures and not any(t.is_alive() for t in threads)
+        assert time.monotonic() - began < 30
+        assert conn.outstanding == 0
+
+
+def test_the_read_turn_passes_on_when_its_holder_has_its_answer():
+    # Two callers wait; the one reading gets its answer first and leaves, and the other
+    # must go on reading for its own (answered half a second later), not wait out its timeout.
+    def staggered(peer: Peer) -> None:
+        first, second = peer.read_frame(), peer.read_frame()
+        peer.reply(first, b"", b"one")
+        time.sleep(0.5)
+        peer.reply(second, b"", b"two")
+        echo_handler(peer)
+
+    config = ClientConfig(connect_timeout_s=2, request_timeout_s=20)
+    with FakeServer(staggered) as server, Connection(server.address, config) as conn:
+        s1, s2 = conn.request(OP, b"", b"1"), conn.request(OP, b"", b"2")
+        got: dict[str, tuple[bytes, float]] = {}
+        began = time.monotonic()
+
+        def consume(name, stream):
+            got[name] = (bytes(next(stream).payload), time.monotonic() - began)
+
+        threads = [threading.Thread(target=consume, args=a) for a in (("1", s1), ("2", s2))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert got["1"][0] == b"one" and got["2"][0] == b"two"
+        assert got["2"][1] < 5, "the second caller waited out its timeout for the turn"
+        assert not server.errors
+
+
+def test_a_caller_times_out_while_another_holds_the_read_turn():
+    release = threading.Event()
+
+    def hold(peer: Peer) -> None:
+        first, second = peer.read_frame(), peer.read_frame()
+        release.wait(5)
+        peer.reply(first, b"", b"late")
+        peer.reply(second, b"", b"dropped")
+        echo_handler(peer)
+
+    config = ClientConfig(connect_timeout_s=2, request_timeout_s=10)
+    with FakeServer(hold) as server, Connection(server.address, config) as conn:
+        slow = conn.request(OP, b"", b"a")
+        reader = threading.Thread(target=lambda: got.append(bytes(next(slow).payload)))
+        got: list[bytes] = []
+        reader.start()
+        wait_until(lambda: conn._turn._reading)
+        hurried = conn.request(OP, b"", b"b", timeout=0.3)
+        began = time.monotonic()
+        with pytest.raises(ReadTimeoutError, match="within 0.3s"):
+            next(hurried)
+        assert time.monotonic() - began < 3
+        release.set()
+        reader.join(10)
+        assert got == [b"late"]
+        assert [bytes(f.payload) for f in conn.request(OP, b"", b"c")] == [b"c"]
+
+
 def test_server_dying_mid_response_fails_every_waiter():
     got = threading.Event()
 
