@@ -378,11 +378,36 @@ class Connection:
         if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
             return False
         try:
-            if not self._closed and not _writable(self.sock):
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer_str} is closed")
+            if isinstance(self.sock, TlsSocket):  # it encrypts and sends whole: ask first
+                if not _writable(self.sock):
+                    return False
+                self._write(parts, size)
+            elif not self._write_now(parts, size):
                 return False
-            self._write(parts, size)
         finally:
             self._send_lock.release()
+        return True
+
+    def _write_now(self, parts: Sequence[Buffer], size: int) -> bool:
+        """Send a small frame with one non-blocking ``sendmsg`` holding the send lock: False,
+        having sent nothing, when the socket has no room (one system call, where asking
+        ``poll`` first took two). The rest of a frame the socket took only part of is sent
+        blocking: a frame is never left half sent."""
+        sock = self.sock
+        assert isinstance(sock, socket.socket)
+        try:
+            sent = sock.sendmsg(parts, (), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self._abort(f"send failed: {exc}")
+            raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
+        self.last_activity = time.monotonic()
+        self.server.stats.bytes_out += sent
+        if sent < size:
+            self._write([memoryview(b"".join(parts))[sent:]], size - sent)
         return True
 
     def _write(self, parts: Sequence[Buffer | FileRegion], size: int) -> None:

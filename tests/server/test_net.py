@@ -220,6 +220,36 @@ def test_try_reply_answers_only_when_it_cannot_block(server, handler):
         assert frame.is_end and decode_response(frame).throttle_time_ms == 7
 
 
+def test_try_reply_sends_nothing_while_the_socket_has_no_room(server, handler):
+    # A peer that stops reading fills the server's socket: the flush thread's answers must
+    # not wait on it (nor leave half a frame behind); the answer leaves once there is room.
+    with RawPeer(server.address) as peer:
+        peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        sid = _ask(peer, b"keep")
+        wait_until(lambda: getattr(handler, "kept", None) is not None, "the request to arrive")
+        ctx = handler.kept
+        sock = ctx.conn.sock
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        filler = frame_bytes(Opcode.DESCRIBE_RANGES, Flags.RESPONSE | Flags.END, sid + 100,
+                             DescribeRangesResponse().to_flatbuffers())
+        sent = 0
+        with ctx.conn._send_lock:  # whole frames only, as any sender writes them
+            while True:
+                try:
+                    sent += sock.send(filler, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+        assert sent % len(filler) == 0
+        assert not ctx.try_reply(DescribeRangesResponse(throttle_time_ms=7))
+        assert not ctx.done
+        assert len(peer.response(sid + 100)) == 1  # the peer reads again: room comes back
+        wait_until(lambda: ctx.try_reply(DescribeRangesResponse(throttle_time_ms=7)),
+                   "the answer to leave")
+        frame = peer.next_frame(sid)
+        assert frame.is_end and decode_response(frame).throttle_time_ms == 7
+        assert all(f.stream_id == sid + 100 for f in peer.frames)
+
+
 def test_try_reply_works_on_descriptors_past_1024(server, handler):
     # A range server holds a file per segment: its sockets' descriptors pass select()'s
     # limit, and an answer must still leave (it used to raise, and the request hung).
