@@ -101,6 +101,7 @@ from ..transport.tls import TlsConfig, TlsSocket
 log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
+_END = int(Flags.END)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -407,7 +408,11 @@ class Connection:
         self.last_activity = time.monotonic()
         self.server.stats.bytes_out += sent
         if sent < size:
-            self._write([memoryview(b"".join(parts))[sent:]], size - sent)
+            self._send_started = time.monotonic()
+            try:
+                self._write([memoryview(b"".join(parts))[sent:]], size - sent)
+            finally:
+                self._send_started = None
         return True
 
     def _write(self, parts: Sequence[Buffer | FileRegion], size: int) -> None:
@@ -497,6 +502,8 @@ class Connection:
 
     def _wait_below_inflight_limit(self) -> None:
         limit = self.config.max_inflight_per_connection
+        if self._inflight < limit:  # the common case, without the lock: only this reader
+            return                  # adds requests, so the count can only have gone down
         with self._state:
             while self._inflight >= limit and not self._closed:
                 self._state.wait(0.5)
@@ -622,12 +629,16 @@ class RequestContext:
 
         The frame's own flags tell whether it ends the request.
         """
-        end = _frame_flags(parts) & Flags.END
+        end = _frame_flags(parts) & _END
         if self.conn.closed:
             raise ConnectionClosed(f"connection to {self.conn.peer_str} is closed")
         if self._done:
             raise RuntimeError(f"request {self.stream_id} was already answered with END")
-        self.conn.send(parts)
+        # A small answer with the socket free leaves in one non-blocking call (most answers);
+        # anything else queues for the socket with the per-connection byte bound.
+        buffers = [p for p in parts if not isinstance(p, FileRegion)]
+        if len(buffers) < len(parts) or not self.conn.try_send(buffers):
+            self.conn.send(parts)
         if end:
             self._finish()
 
