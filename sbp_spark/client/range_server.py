@@ -14,6 +14,7 @@ from sbp_spark.protocol.errors import (
     SbpError,
     ServerError,
 )
+from sbp_spark.protocol.frame import encode_frame
 from sbp_spark.protocol.messages import (
     AppendEntry,
     AppendRequest,
@@ -210,7 +211,7 @@ class RangeServerClient:
                 f"APPEND header of {len(header)} bytes is over the {planned} bytes planned")
         return conn.start(
             Opcode.APPEND,
-            lambda sid: request_frame(sid, msg, payload),
+            lambda sid: encode_frame(Opcode.APPEND, 0, sid, header, payload),
             self.config.request_timeout_s + timeout_ms / 1000.0)
 
     def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],

@@ -734,18 +734,22 @@ RESPONSES: dict[int, type[Message]] = {
 
 # ---- frames ------------------------------------------------------------------------------
 
+# Plain ints: an operation on the IntFlag members builds a new member each time.
+_RESPONSE = int(Flags.RESPONSE)
+_RESPONSE_END = int(Flags.RESPONSE | Flags.END)
+
 
 def request_frame(stream_id: int, msg: Message, payload: Buffer | Sequence[Buffer] = b""
                   ) -> list[Buffer]:
     """A request frame for ``msg`` as buffers for ``socket.sendmsg``."""
-    return encode_frame(msg.OPCODE, Flags.NONE, stream_id, msg.to_flatbuffers(), payload)
+    return encode_frame(msg.OPCODE, 0, stream_id, msg.to_flatbuffers(), payload)
 
 
 def response_frame(stream_id: int, msg: Message, payload: Buffer | Sequence[Buffer] = b"",
                    end: bool = True) -> list[Buffer]:
     """A response frame for ``msg``; ``end=False`` for all but the last frame of a sequence."""
-    flags = Flags.RESPONSE | Flags.END if end else Flags.RESPONSE
-    return encode_frame(msg.OPCODE, flags, stream_id, msg.to_flatbuffers(), payload)
+    return encode_frame(msg.OPCODE, _RESPONSE_END if end else _RESPONSE, stream_id,
+                        msg.to_flatbuffers(), payload)
 
 
 def system_error_frame(stream_id: int, opcode: int, status: Status) -> list[Buffer]:
