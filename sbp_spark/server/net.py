@@ -97,11 +97,14 @@ from ..protocol.frame import (
 )
 from ..transport.sockets import send_buffers
 from ..transport.tls import TlsConfig, TlsSocket
+from .conditions import WaitedCondition
 
 log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
 _END = int(Flags.END)
+# As an int: ``int & Flags.X`` runs enum's Python ``__rand__`` on every frame.
+_RESPONSE = int(Flags.RESPONSE)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -307,7 +310,7 @@ class Connection:
         self.id = next(self._ids)
         self.config = server.config
         self._send_lock = threading.Lock()
-        self._state = threading.Condition()  # guards the fields below
+        self._state = WaitedCondition()  # guards the fields below
         self._inflight = 0
         # Requests not yet answered (only these keep their frames, and so their memory, alive).
         self._open: set[RequestContext] = set()
@@ -730,7 +733,7 @@ class FrameServer:
         # Set when config.tls is (built by start()).
         self._tls_context: ssl.SSLContext | None = None
         self._inflight_bytes = 0
-        self._budget = threading.Condition()
+        self._budget = WaitedCondition()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -1003,7 +1006,7 @@ class FrameServer:
     def _dispatch(self, conn: Connection, event: Frame | InvalidFrame) -> None:
         if isinstance(event, InvalidFrame):
             self.stats.invalid_frames += 1
-            if event.flags & Flags.RESPONSE or event.opcode not in _ANSWERED_OPCODES:
+            if event.flags & _RESPONSE or event.opcode not in _ANSWERED_OPCODES:
                 log.debug("%r: dropped invalid frame %s", conn, event)
                 return
             code = (ErrorCode.CHECKSUM_MISMATCH if isinstance(event.error, ChecksumError)
@@ -1012,7 +1015,7 @@ class FrameServer:
             self._answer_error(ctx, code, str(event.error))
             return
         frame = event
-        if frame.flags & Flags.RESPONSE:
+        if frame.flags & _RESPONSE:
             log.debug("%r: ignored response frame opcode=%#06x stream_id=%d", conn,
                       frame.opcode, frame.stream_id)
             return

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..protocol.errors import InvalidRequestError
+from .conditions import WaitedCondition
 from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy, GroupCommit, Waiter
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCacheBudget
 from .range_log import META_FILE, RangeLog, Replica
@@ -101,7 +102,7 @@ class Storage:
         self._create_lock = threading.Lock()
         self._data_version = 0
         # Woken whenever readable data, seals or deletions change: long-poll fetches wait on it.
-        self.data_changed = threading.Condition()
+        self.data_changed = WaitedCondition()
         self._closed = False
         # Only durable data can leave the page cache: no bound when nothing is fsynced.
         self.page_cache = PageCacheBudget(
