@@ -103,8 +103,6 @@ log = logging.getLogger(__name__)
 
 _U32 = struct.Struct(">I")
 _END = int(Flags.END)
-# As an int: ``int & Flags.X`` runs enum's Python ``__rand__`` on every frame.
-_RESPONSE = int(Flags.RESPONSE)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -1006,7 +1004,7 @@ class FrameServer:
     def _dispatch(self, conn: Connection, event: Frame | InvalidFrame) -> None:
         if isinstance(event, InvalidFrame):
             self.stats.invalid_frames += 1
-            if event.flags & _RESPONSE or event.opcode not in _ANSWERED_OPCODES:
+            if event.flags & Flags.RESPONSE or event.opcode not in _ANSWERED_OPCODES:
                 log.debug("%r: dropped invalid frame %s", conn, event)
                 return
             code = (ErrorCode.CHECKSUM_MISMATCH if isinstance(event.error, ChecksumError)
@@ -1015,7 +1013,7 @@ class FrameServer:
             self._answer_error(ctx, code, str(event.error))
             return
         frame = event
-        if frame.flags & _RESPONSE:
+        if frame.is_response:  # an int test (``int & Flags.X`` runs enum's Python code)
             log.debug("%r: ignored response frame opcode=%#06x stream_id=%d", conn,
                       frame.opcode, frame.stream_id)
             return

@@ -173,8 +173,9 @@ class RangeServer:
         """Whether appends for ``rlog`` belong here (a range with no replica list is local)."""
         if not rlog.replicas:
             return True
+        me = self.server_id
         for r in rlog.replicas:  # a loop, not any(): this runs for every append
-            if r.is_primary and r.server_id == self.server_id:
+            if r.is_primary and r.server_id == me:
                 return True
         return False
 
