@@ -38,12 +38,12 @@ import os
 import queue
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from sbp_spark.bench.loopback import accept_process
 from sbp_spark.protocol.frame import crc32
 from sbp_spark.server.writeback import start_writeback
 
@@ -179,19 +179,8 @@ def _receive_into_mapping(sock: socket.socket, fd: int, total: int) -> None:
 
 def run_once(variant: str, total: int, directory: str) -> float:
     """MB/s of one run: from the first byte to everything fsynced."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        sender = subprocess.Popen([sys.executable, __file__, "--send",
-                                   str(listener.getsockname()[1]), str(total)])
-        listener.settimeout(60)
-        try:
-            sock, _ = listener.accept()
-        except BaseException:
-            sender.kill()
-            sender.wait()
-            raise
-        sock.settimeout(None)
+    sock, sender = accept_process(
+        lambda port: [sys.executable, __file__, "--send", str(port), str(total)])
     fd, path = tempfile.mkstemp(prefix="receive-paths-", dir=directory)
     done = threading.Event()
 

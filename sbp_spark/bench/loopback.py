@@ -26,9 +26,11 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 SEND_CHUNK = 1024 * 1024
 RECV_CHUNK = 256 * 1024
@@ -104,6 +106,25 @@ def file_append_seconds(directory: str, total: int, chunk: bytes,
             syncer.join()
         os.close(fd)
         os.unlink(path)
+
+
+def accept_process(argv_for_port: Callable[[int], list[str]],
+                   timeout: float = 60.0) -> tuple[socket.socket, subprocess.Popen]:
+    """Start the process ``argv_for_port(port)`` and accept its one connection to ``port``
+    (a fresh listener on 127.0.0.1); the process is killed if it never connects."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        process = subprocess.Popen(argv_for_port(listener.getsockname()[1]))
+        listener.settimeout(timeout)
+        try:
+            sock, _ = listener.accept()
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    sock.settimeout(None)
+    return sock, process
 
 
 def durable_small_appends(directory: str, count: int) -> tuple[float, float]:
