@@ -357,3 +357,26 @@ def test_plot_draws_the_latency_and_scaling_panels(tmp_path):
     path = tmp_path / "chart.png"
     plot(figures, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_append_pipeline_script_reports_every_variant_next_to_the_ceiling(tmp_path, capsys):
+    from integration.bench import append_pipeline
+
+    assert append_pipeline.main(["--mib", "8", "--rounds", "1", "--call-mib", "4",
+                                 "--python-us", "10", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rounds = [line for line in lines if line.startswith("round 1 ")]
+    assert [line.split()[2] for line in rounds] == list(append_pipeline.VARIANTS)
+    summary = {line.split()[0]: line for line in lines if line.endswith("x ceiling")}
+    assert set(summary) == set(append_pipeline.VARIANTS)
+    for line in summary.values():
+        assert float(line.split()[1].replace(",", "")) > 0  # MB/s of a run that finished
+    assert list(tmp_path.iterdir()) == []  # every scratch file removed
+
+
+def test_append_pipeline_script_refuses_a_window_of_nothing(capsys):
+    from integration.bench import append_pipeline
+
+    with pytest.raises(SystemExit):
+        append_pipeline.main(["--window-mib", "0"])
+    assert "--window-mib" in capsys.readouterr().err
