@@ -248,6 +248,10 @@ class AppendPath:
         pending = PendingAppend(self.server, ctx, entries)
         with self.storage.durability.storing():
             self._store_all(req, ctx, pending, payload)
+        # The batches are in the page cache now (what a forward to secondaries still sends, it
+        # holds itself): the frame's buffer may take the next frame while this one waits.
+        del payload
+        ctx.release_frame()
         pending.run()
 
     def _store_all(self, req: AppendRequest, ctx: RequestContext, pending: PendingAppend,

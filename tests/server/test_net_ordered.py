@@ -126,3 +126,51 @@ def test_small_ordered_requests_run_on_the_reader_while_the_handler_thread_is_id
     finally:
         handler.release.set()
         server.stop()
+
+
+def test_the_reader_stays_at_most_the_ordered_limit_ahead_of_a_stuck_handler_thread():
+    handler = Ordered()
+    limit = 1 << 20
+    server = FrameServer(handler, NetConfig(max_ordered_ahead_bytes=limit)).start()
+    try:
+        payloads = [bytes([i]) * 300_000 for i in range(8)]
+        with RawPeer(server.address) as peer:
+            first = peer.request(DescribeRangesRequest(), b"block")
+            assert handler.blocked.wait(10)
+            sids = [peer.request(DescribeRangesRequest(), p) for p in payloads]
+            (conn,) = server.connections()
+            # Past the limit the reader waits: the rest stays in the socket, not in buffers.
+            wait_until(lambda: conn._ordered_bytes >= limit, "the reader to reach the limit")
+            handed = conn._ordered_given
+            assert handed < 1 + len(payloads)
+            assert conn._ordered_bytes < limit + 300_000 + 1_000  # one frame past it at most
+            handler.release.set()
+            for sid in [first, *sids]:
+                assert peer.next_frame(sid).is_end
+        expected = [hashlib.sha256(p).hexdigest() for p in payloads]
+        assert [digest for _, digest in handler.seen[1:]] == expected  # all of them, in order
+        assert conn._ordered_bytes == 0
+    finally:
+        handler.release.set()
+        server.stop()
+
+
+def test_the_ordered_limit_must_be_positive():
+    with pytest.raises(ValueError, match="max_ordered_ahead_bytes"):
+        NetConfig(max_ordered_ahead_bytes=0)
+
+
+def test_a_released_frame_frees_the_buffer_it_was_received_into():
+    from sbp_spark.protocol.frame import Frame
+    from sbp_spark.server.net import RequestContext
+
+    body = bytearray(b"h" * 16 + b"p" * 1000)
+    view = memoryview(body)
+    ctx = RequestContext(Frame(int(DESCRIBE), 0, 7, view[:16], view[16:], payload_crc=99), None)
+    del view
+    with pytest.raises(BufferError):  # the frame's views pin it: no reuse yet
+        body += b"x"
+    ctx.release_frame()
+    body += b"x"  # nothing refers to it any more: the reader may receive into it again
+    assert (ctx.stream_id, ctx.opcode, ctx.frame.payload_crc) == (7, int(DESCRIBE), 99)
+    assert len(ctx.frame.header) == len(ctx.frame.payload) == 0
