@@ -99,12 +99,14 @@ class GroupCommit:
     """The flush thread of one storage, and the callbacks waiting for data to be durable.
 
     ``on_synced()`` is called after each fsync of a range that succeeded (statistics);
-    ``after_round()`` after each flush's waiters were released (work kept off their path).
+    ``after_round(ranges)`` after each flush's waiters were released, with the ranges it
+    flushed (work kept off their path).
     """
 
     def __init__(self, policy: FsyncPolicy, interval_ms: int,
                  on_synced: Callable[[], None] = lambda: None,
-                 after_round: Callable[[], object] = lambda: None) -> None:
+                 after_round: Callable[[list[RangeLog]], object] = lambda ranges: None
+                 ) -> None:
         self.policy = policy
         self.interval_s = interval_ms / 1000.0
         self._on_synced = on_synced
@@ -308,7 +310,7 @@ class GroupCommit:
                     self._answered = answered
                     self._last_end = time.monotonic()
                     self._last_took = self._last_end - start
-                self._after_round()  # after the answers: not on their critical path
+                self._after_round(dirty)  # after the answers: not on their critical path
         finally:
             if pool is not None:
                 pool.shutdown()

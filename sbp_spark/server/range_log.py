@@ -150,6 +150,10 @@ class RangeLog:
         self.cap = self._restored_cap(meta.get("end_final", True))
         # Segments with bytes not yet fsynced: the active one and any just rolled.
         self._unsynced: list[Segment] = []
+        # A segment was created since the last sync() without its directory entry synced.
+        self._dir_unsynced = False
+        # Full, durable segments whose index is to be written (write_due_indexes).
+        self._index_due: list[Segment] = []
 
     @classmethod
     def create(cls, storage: Storage, directory: str, meta: dict) -> RangeLog:
@@ -372,12 +376,19 @@ class RangeLog:
                 # No fsync will come to write its index (see sync()): write it now.
                 seg.write_index()
                 seg.index_written = True
-            seg = self._new_segment(self._written)
+            # The new file's directory entry is made durable by the next sync(), before any
+            # byte written to it is acknowledged: not here, on the append's path. (``never``
+            # has no next sync: there it is synced now.)
+            seg = self._new_segment(self._written,
+                                    sync_dir=self.storage.config.fsync is FsyncPolicy.NEVER)
         return seg
 
-    def _new_segment(self, base_offset: int) -> Segment:
+    def _new_segment(self, base_offset: int, sync_dir: bool = True) -> Segment:
         seg = Segment(self.directory, base_offset, self.storage.config.index_interval_bytes)
-        fsync_dir(self.directory)
+        if sync_dir:
+            fsync_dir(self.directory)
+        else:
+            self._dir_unsynced = True
         self.segments.append(seg)
         return seg
 
@@ -386,7 +397,15 @@ class RangeLog:
         with self.lock:
             target = self._written
             pending = list(self._unsynced)
+            sync_dir, self._dir_unsynced = self._dir_unsynced, False
         try:
+            if sync_dir:
+                try:
+                    fsync_dir(self.directory)
+                except OSError:
+                    with self.lock:
+                        self._dir_unsynced = True
+                    raise
             for seg in pending:
                 if seg.retain():
                     try:
@@ -402,15 +421,25 @@ class RangeLog:
             self._unsynced = [s for s in self._unsynced if s.size > s.synced_size]
             for seg in self.segments[:-1]:
                 if not seg.index_written and seg.synced_size == seg.size:
-                    # Full and durable: persist its index so a restart need not scan it.
-                    try:
-                        seg.write_index()
-                    except OSError as exc:
-                        log.warning("could not write index %s: %s", seg.index_path, exc)
+                    # Full and durable: its index is persisted after this round's answers
+                    # (write_due_indexes), so a restart need not scan it.
                     seg.index_written = True
+                    self._index_due.append(seg)
             if target > self._committed:
                 self._committed = target
         self.storage.notify_data()
+
+    def write_due_indexes(self) -> None:
+        """Persist the index of each segment that sync() found full and durable (called by
+        the flush thread once the round's answers are out: an index only spares a restart
+        the scan of its segment, and is never waited for)."""
+        with self.lock:
+            due, self._index_due = self._index_due, []
+        for seg in due:
+            try:
+                seg.write_index()
+            except OSError as exc:
+                log.warning("could not write index %s: %s", seg.index_path, exc)
 
     def seal(self) -> int:
         """Stop taking appends here (fence the range) at its current end, which this returns.

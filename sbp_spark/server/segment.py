@@ -192,14 +192,17 @@ class Segment:
         self.synced_size = max(self.synced_size, size)
 
     def write_index(self) -> None:
-        """Persist the sparse index (atomically) once the segment no longer grows."""
+        """Persist the sparse index (atomically) once the segment no longer grows; nothing
+        once the segment is deleted (no index outlives its segment)."""
         head = _INDEX_HEAD.pack(_INDEX_MAGIC, self.base_offset, self.end_offset, self.size,
                                 self.max_time, len(self._index_offsets))
         body = b"".join(_INDEX_ENTRY.pack(o, p)
                         for o, p in zip(self._index_offsets, self._index_positions, strict=True))
         data = head + body
         data += _U32.pack(crc32(data))
-        atomic_write(self.index_path, data)
+        with self._ref_lock:  # delete() marks the segment under it before unlinking
+            if not self._deleted:
+                atomic_write(self.index_path, data)
 
     def load_index(self) -> bool:
         """Adopt the persisted index if it matches the file; False means: scan instead."""
@@ -371,12 +374,12 @@ class Segment:
 
     def delete(self) -> None:
         """Remove the files; the fd closes when the last reader releases it."""
-        for path in (self.path, self.index_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
         with self._ref_lock:
             self._deleted = True
             close = self._refs == 0
+        for path in (self.path, self.index_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if close:
             self._close_fd()
 

@@ -111,7 +111,7 @@ class Storage:
         self._recover()
         self.durability = GroupCommit(self.config.policy, self.config.fsync_interval_ms,
                                       on_synced=self._count_fsync,
-                                      after_round=self.page_cache.trim)
+                                      after_round=self._after_flush)
 
     # -- ranges ----------------------------------------------------------------------------
 
@@ -154,6 +154,13 @@ class Storage:
 
     def _count_fsync(self) -> None:
         self.stats.fsyncs += 1
+
+    def _after_flush(self, ranges: list[RangeLog]) -> None:
+        """After a flush's answers went out: persist the indexes of the segments it found
+        full, then keep the page cache within its budget."""
+        for rlog in ranges:
+            rlog.write_due_indexes()
+        self.page_cache.trim()
 
     def _add(self, rlog: RangeLog) -> None:
         self._ranges[(rlog.stream_id, rlog.range_index)] = rlog

@@ -18,6 +18,7 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
+from sbp_spark.server import range_log as range_log_mod
 from sbp_spark.server import segment as segment_mod
 from sbp_spark.server.durability import FsyncPolicy
 from sbp_spark.server.range_log import Replica
@@ -262,6 +263,105 @@ def test_segments_roll_and_indexes_survive_restart(tmp_path):
         for offset in (1000, 1017, 1042, 1059):  # index lookups land on the right batch
             with rlog.read(offset, 1) as chunk:
                 assert chunk.batches[0].base_offset == offset
+
+
+@pytest.fixture
+def disk_calls(monkeypatch):
+    """Every directory fsync and segment fdatasync, with the thread that made it, in order."""
+    calls: list[tuple[str, str]] = []
+    real_dir, real_data = range_log_mod.fsync_dir, segment_mod._datasync
+
+    def fsync_dir(path):
+        calls.append(("dir", threading.current_thread().name))
+        real_dir(path)
+
+    def datasync(fd):
+        calls.append(("data", threading.current_thread().name))
+        real_data(fd)
+
+    monkeypatch.setattr(range_log_mod, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(segment_mod, "_datasync", datasync)
+    return calls
+
+
+def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_answered(
+        tmp_path, disk_calls):
+    """Rolling to a new segment costs the append no directory fsync: the flush that makes
+    the new segment's bytes durable syncs the directory first, so nothing in a segment whose
+    entry could vanish in a crash is ever acknowledged."""
+    cfg = StorageConfig(fsync="always", segment_bytes=8192)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+        disk_calls.clear()
+        answered = []
+        _, target = rlog.append([_batch(b"b" * 5000)])  # does not fit: a new segment
+        assert len(_segment_files(rlog)) == 2
+        appender = threading.current_thread().name
+        assert all(thread != appender for _, thread in disk_calls)  # it synced nothing
+        s.durability.when_durable(rlog, target, lambda exc: answered.append(
+            (exc, list(disk_calls))))
+        s.wait_durable(rlog, target, timeout=10)
+        [(exc, before_answer)] = answered
+        assert exc is None
+        assert ("dir", "sbp-fsync") in before_answer
+        assert before_answer.index(("dir", "sbp-fsync")) < before_answer.index(
+            ("data", "sbp-fsync"))
+        disk_calls.clear()
+        s.wait_durable(rlog, rlog.append([_batch(b"c" * 100)])[1], timeout=10)
+        assert ("dir", "sbp-fsync") not in disk_calls  # once per new segment, not per flush
+    with Storage(str(tmp_path), cfg) as s:
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(s.get_range(1, 0))] == [
+            b"a" * 5000, b"b" * 5000, b"c" * 100]
+
+
+def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path, monkeypatch):
+    cfg = StorageConfig(fsync="always", segment_bytes=8192)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(1, 0, 0)
+        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+
+        def failing(path):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(range_log_mod, "fsync_dir", failing)
+        _, target = rlog.append([_batch(b"b" * 5000)])
+        with pytest.raises(StorageFullError, match="Input/output error"):
+            s.wait_durable(rlog, target, timeout=10)
+        assert rlog.next_offset == 1  # the batch in the new segment was never acknowledged
+        with pytest.raises(StorageFullError, match="not writable"):
+            rlog.append([_batch(b"c")])
+
+
+def test_full_segments_get_their_index_after_the_flush_answers(tmp_path):
+    """A segment found full and durable by a flush has its index written once that flush's
+    answers are out; a restart then adopts the indexes instead of scanning."""
+    cfg = StorageConfig(fsync="always", segment_bytes=8192, index_interval_bytes=1024)
+    bodies = [bytes([i]) * (300 + 11 * i) for i in range(40)]
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.create_range(3, 0, 0)
+        for body in bodies:
+            s.wait_durable(rlog, rlog.append([_batch(body)])[1], timeout=10)
+        full = rlog.segments[:-1]
+        assert len(full) >= 2
+    assert all(os.path.exists(seg.index_path) for seg in full)
+    with Storage(str(tmp_path), cfg) as s:
+        rlog = s.get_range(3, 0)
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == bodies
+        for offset in (0, 13, 27, 39):
+            with rlog.read(offset, 1) as chunk:
+                assert chunk.batches[0].base_offset == offset
+
+
+def test_no_index_is_written_for_a_deleted_segment(tmp_path):
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(1, 0, 0)
+        rlog.append([_batch(b"x" * 100)])
+        seg = rlog.segments[0]
+        seg.delete()
+        seg.write_index()  # a flush that found it full just before the delete
+        assert not os.path.exists(seg.index_path)
+        assert not os.path.exists(seg.path)
 
 
 def test_fsync_always_acknowledges_after_fsync(tmp_path):
