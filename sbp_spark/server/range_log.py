@@ -433,6 +433,8 @@ class RangeLog:
         """Persist the index of each segment that sync() found full and durable (called by
         the flush thread once the round's answers are out: an index only spares a restart
         the scan of its segment, and is never waited for)."""
+        if not self._index_due:  # the common case, read without the lock (a round may
+            return               # flush hundreds of ranges); a stale read defers to the next
         with self.lock:
             due, self._index_due = self._index_due, []
         for seg in due:
