@@ -553,12 +553,30 @@ def _map(fd: int, size: int) -> mmap.mmap | None:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
 
+# The most bytes one write call hands the kernel. Here (Linux 6.18, ext4) one pwritev of 4 MiB or
+# more into a new part of a file ran erratically at 0.2-1x the speed of the same bytes written
+# 1-2 MiB per call (a writer of 4 MiB frames alone: 617-1,121 MB/s against 1,291-1,405 with
+# calls cut at this size); 1 MiB frames never reach it.
+WRITE_CALL_BYTES = 2 * 1024 * 1024
+# The most pieces one call takes (Linux's IOV_MAX).
+_MAX_IOV = 1024
+
+
 def _pwritev_all(fd: int, pieces: list, position: int) -> None:
+    """Write ``pieces`` back to back at ``position``, at most ``WRITE_CALL_BYTES`` per call,
+    going on after short writes."""
     views = [memoryview(p).cast("B") for p in pieces]
     views = [v for v in views if v.nbytes]
     i = 0
     while i < len(views):
-        written = os.pwritev(fd, views[i:i + 1024], position)
+        call, size = [], 0
+        for view in views[i:i + _MAX_IOV]:
+            if size + view.nbytes > WRITE_CALL_BYTES:
+                call.append(view[:WRITE_CALL_BYTES - size])
+                break
+            call.append(view)
+            size += view.nbytes
+        written = os.pwritev(fd, call, position)
         if written <= 0:
             raise OSError(errno.EIO, "pwritev wrote nothing")
         position += written

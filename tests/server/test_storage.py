@@ -606,6 +606,34 @@ def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path, monkeypatch
         assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"ok", b"after"]
 
 
+def test_large_batches_are_written_in_bounded_calls_and_survive_short_writes(tmp_path,
+                                                                            monkeypatch):
+    """A batch larger than ``WRITE_CALL_BYTES`` goes to the file in calls of at most that
+    size (one large call is slow on some kernels), and a call the kernel cuts short is
+    carried on from where it stopped: the batches read back byte for byte."""
+    real = os.pwritev
+    calls: list[int] = []
+
+    def short_writes(fd, buffers, offset):
+        size = sum(memoryview(b).nbytes for b in buffers)
+        calls.append(size)
+        if len(calls) % 2:  # every other call writes only part of what it was given
+            first = memoryview(buffers[0])
+            return real(fd, [first[:max(1, first.nbytes // 3)]], offset)
+        return real(fd, buffers, offset)
+
+    bodies = [os.urandom(5 * 1024 * 1024 + 17), b"small", os.urandom(3 * 1024 * 1024)]
+    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+        rlog = s.create_range(1, 0, 0)
+        monkeypatch.setattr(segment_mod.os, "pwritev", short_writes)
+        rlog.append([_batch(b) for b in bodies])
+        monkeypatch.setattr(segment_mod.os, "pwritev", real)
+        assert calls and max(calls) <= segment_mod.WRITE_CALL_BYTES
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == bodies
+    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+        assert [b[ENVELOPE_SIZE:] for b in _read_all(s.get_range(1, 0))] == bodies
+
+
 def test_create_range_validates_and_is_idempotent(store):
     a = store.create_range(1, 0, 5)
     assert store.create_range(1, 0, 5) is a
