@@ -553,10 +553,11 @@ def _map(fd: int, size: int) -> mmap.mmap | None:
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
 
-# The most bytes one write call hands the kernel. Here (Linux 6.18, ext4) one pwritev of 4 MiB or
-# more into a new part of a file ran erratically at 0.2-1x the speed of the same bytes written
-# 1-2 MiB per call (a writer of 4 MiB frames alone: 617-1,121 MB/s against 1,291-1,405 with
-# calls cut at this size); 1 MiB frames never reach it.
+# The most bytes one write call hands the kernel. In the range server here (Linux 6.18, ext4),
+# a writer of 4 MiB APPEND frames, each stored with one pwritev, ran at 617-1,121 MB/s, and at
+# 1,291-1,405 MB/s with the calls cut at this size. A bare file shows slow runs at every call
+# size, at the larger ones more often (integration/bench/write_sizes.py). 1 MiB frames (the
+# client's default) never reach the bound.
 WRITE_CALL_BYTES = 2 * 1024 * 1024
 # The most pieces one call takes (Linux's IOV_MAX).
 _MAX_IOV = 1024
