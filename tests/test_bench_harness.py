@@ -374,6 +374,32 @@ def test_append_pipeline_script_reports_every_variant_next_to_the_ceiling(tmp_pa
     assert list(tmp_path.iterdir()) == []  # every scratch file removed
 
 
+def test_write_sizes_script_compares_each_size_with_1_mib_in_a_file_and_the_server(
+        tmp_path, capsys):
+    from integration.bench import write_sizes
+
+    assert write_sizes.main(["--mib", "4", "--rounds", "1", "--sizes", "2", "--server",
+                             "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = {tuple(line.split()[:2]): line for line in lines if line.endswith("x 1 MiB")}
+    assert set(summary) == {("file", "1"), ("file", "2"), ("server", "1"), ("server", "2")}
+    assert summary[("file", "1")].split()[-3] == "1.00x"
+    for line in summary.values():
+        assert float(line.split()[3].replace(",", "")) > 0  # MB/s of a run that finished
+    assert list(tmp_path.iterdir()) == []  # the files and the cluster's data are gone
+
+
+def test_write_sizes_script_refuses_sizes_that_do_not_divide_the_run(capsys):
+    from integration.bench import write_sizes
+
+    with pytest.raises(SystemExit):
+        write_sizes.main(["--mib", "6", "--sizes", "4"])
+    assert "not a multiple" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        write_sizes.main(["--sizes", "two"])
+    assert "--sizes" in capsys.readouterr().err
+
+
 def test_append_pipeline_script_refuses_a_window_of_nothing(capsys):
     from integration.bench import append_pipeline
 
