@@ -110,9 +110,11 @@ _append_request_struct = _Repeated(_APPEND_REQUEST_FMT, "qii")
 _ENTRIES_POS = 28  # where the vector (its length) sits in that layout
 
 
-def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
+def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int,
+                           own_tables: frozenset[int] = frozenset()) -> str | None:
     """Why the ``n``-element vector at ``pos`` holds offsets to tables rather than AppendEntry
-    structs, or None when it does not look like that.
+    structs, or None when it does not look like that. ``own_tables``: where the message's
+    own tables start (its root and the tables the root refers to), which are no entries.
 
     A table vector holds one 4-byte offset per element, each pointing past the offsets to a
     table whose vtable is valid and describes at least one and at most AppendEntry's three
@@ -120,14 +122,16 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int) -> str | None:
     pass this: an entry's first word is its stream id's low half, so a second element (the
     high half) points back into the offsets; and with one entry, the only vtables such an
     offset can reach in the packed layout describe no field (stream 8, request_index 32
-    reached the root's own vtable-shaped bytes before that was required)."""
+    reached the root's own vtable-shaped bytes before that was required), and in the generic
+    layout the only tables after the entries are the message's own (stream 24 reached the cap
+    notice's table, which has AppendEntry's shape, before those were left out)."""
     base = pos + 4
     if n == 0 or base + 4 * n > size:
         return None
     for i in range(n):
         at = base + 4 * i
         target = at + _U32.unpack_from(buf, at)[0]
-        if target < base + 4 * n or target & 3 or target + 4 > size:
+        if target < base + 4 * n or target & 3 or target + 4 > size or target in own_tables:
             return None
         vt = target - _I32.unpack_from(buf, target)[0]
         if vt < 0 or vt + 4 > size:
@@ -194,12 +198,33 @@ class PackedEntriesCodec(Codec):
 
     def _read_entries(self, buf: Any, size: int, pos: int, f: Field, state: _State) -> list:
         if pos + 4 <= size:
-            self._refuse_tables(buf, size, pos, _U32.unpack_from(buf, pos)[0])
+            self._refuse_tables(buf, size, pos, _U32.unpack_from(buf, pos)[0],
+                                self._own_tables(buf, size))
         return _read_vec_struct(buf, size, pos, f, state)
 
+    def _own_tables(self, buf: Any, size: int) -> frozenset[int]:
+        """Where the root table starts and where the tables its fields refer to start, as far
+        as the buffer holds them (the generic reader checks the rest)."""
+        root = _U32.unpack_from(buf, 0)[0]
+        if root + 4 > size:
+            return frozenset()
+        tables = {root}
+        vt = root - _I32.unpack_from(buf, root)[0]
+        if 0 <= vt and vt + 4 <= size:
+            vt_len = _VT_HEAD.unpack_from(buf, vt)[0]
+            for i, field in enumerate(self.fields):
+                slot = vt + 4 + 2 * i
+                if field.kind != TABLE or 4 + 2 * i + 2 > vt_len or slot + 2 > size:
+                    continue
+                off = _U16.unpack_from(buf, slot)[0]
+                if off and root + off + 4 <= size:
+                    tables.add(root + off + _U32.unpack_from(buf, root + off)[0])
+        return frozenset(tables)
+
     @staticmethod
-    def _refuse_tables(buf: Any, size: int, pos: int, n: int) -> None:
-        problem = entries_sent_as_tables(buf, size, pos, n)
+    def _refuse_tables(buf: Any, size: int, pos: int, n: int,
+                       own_tables: frozenset[int] = frozenset()) -> None:
+        problem = entries_sent_as_tables(buf, size, pos, n, own_tables)
         if problem is not None:
             raise HeaderError(problem)
 

@@ -833,6 +833,56 @@ def test_no_one_entry_append_is_taken_for_a_table_vector():
                     assert AppendRequest.from_flatbuffers(data) == msg
 
 
+def test_no_one_entry_forward_is_taken_for_a_table_vector():
+    # Found by hypothesis in CI: a forward (the generic layout) of one entry to stream 24 with
+    # a cap notice was refused: the entry's first word, read as an offset, reached the cap
+    # notice's table, which has an AppendEntry table's shape. The message's own tables are
+    # never entries: sweep every small stream id against forwards with and without them.
+    notices = (None, RangeId(0, 0), RangeId(7, 3), RangeId(-1, -1), RangeId(2**40, 0))
+    for stream_id in range(0, 64):
+        for request_index, batch_length in ((0, 0), (1, 28), (5, 1 << 20)):
+            for notice in notices:
+                for committed, range_index in ((0, 0), (-1, 2), (1 << 33, 7)):
+                    msg = AppendRequest(0, [AppendEntry(stream_id, request_index,
+                                                        batch_length)],
+                                        committed, range_index, notice)
+                    for data in (msg.to_flatbuffers(),
+                                 _flatbuf.Codec.encode(AppendRequest._CODEC, msg),
+                                 gen_write(msg)):
+                        assert AppendRequest.from_flatbuffers(data) == msg
+
+
+def test_table_entries_next_to_a_cap_notice_are_still_refused():
+    # A forward built with entry tables and a cap notice: leaving the message's own tables
+    # out of the check must not let real entry tables through.
+    b = flatbuffers.Builder(256)
+    tables = []
+    for stream_id, request_index, batch_length in ((7, 0, 100), (9, 1, 50)):
+        b.StartObject(3)
+        b.PrependInt64Slot(0, stream_id, -1)
+        b.PrependInt32Slot(1, request_index, 0)
+        b.PrependInt32Slot(2, batch_length, 0)
+        tables.append(b.EndObject())
+    b.StartVector(4, len(tables), 4)
+    for t in reversed(tables):
+        b.PrependUOffsetTRelative(t)
+    vec = b.EndVector()
+    b.StartObject(2)
+    b.PrependInt64Slot(0, 7, -1)
+    b.PrependInt32Slot(1, 3, -1)
+    notice = b.EndObject()
+    b.StartObject(5)
+    b.PrependInt32Slot(0, 500, 0)
+    b.PrependUOffsetTRelativeSlot(1, vec, 0)
+    b.PrependInt64Slot(2, 10, -1)
+    b.PrependInt32Slot(3, 0, -1)
+    b.PrependUOffsetTRelativeSlot(4, notice, 0)
+    b.Finish(b.EndObject())
+    with pytest.raises(HeaderError, match=r"holds 2 offset\(s\) to tables, but AppendEntry is "
+                                          r"a struct"):
+        AppendRequest.from_flatbuffers(bytes(b.Output()))
+
+
 def test_table_entries_behind_the_packed_layouts_head_are_refused_too():
     # The exact head the packed codec writes (so its fast reader looks at it), then one offset
     # to an AppendEntry table: vtable at 36, table at 48 {stream_id, request_index,
