@@ -773,9 +773,11 @@ def test_append_request_committed_offset_out_of_range_names_the_field():
 
 
 def append_request_with_table_entries(entries: list[tuple[int, int, int]],
-                                      timeout_ms: int = 500) -> bytes:
+                                      timeout_ms: int = 500,
+                                      cap_notice: tuple[int, int] | None = None) -> bytes:
     """An APPEND header as a peer reading the specification's grammar might build it: each
-    entry a table {stream_id, request_index, batch_length} instead of a struct."""
+    entry a table {stream_id, request_index, batch_length} instead of a struct; with
+    ``cap_notice`` (stream_id, range_index), a primary's forward carrying one."""
     b = flatbuffers.Builder(256)
     tables = []
     for stream_id, request_index, batch_length in entries:
@@ -788,9 +790,19 @@ def append_request_with_table_entries(entries: list[tuple[int, int, int]],
     for t in reversed(tables):
         b.PrependUOffsetTRelative(t)
     vec = b.EndVector()
-    b.StartObject(3)
+    notice = None
+    if cap_notice is not None:
+        b.StartObject(2)
+        b.PrependInt64Slot(0, cap_notice[0], -1)
+        b.PrependInt32Slot(1, cap_notice[1], -1)
+        notice = b.EndObject()
+    b.StartObject(3 if notice is None else 5)
     b.PrependInt32Slot(0, timeout_ms, 0)
     b.PrependUOffsetTRelativeSlot(1, vec, 0)
+    if notice is not None:
+        b.PrependInt64Slot(2, 10, -1)  # committed_offset
+        b.PrependInt32Slot(3, 0, -1)  # range_index
+        b.PrependUOffsetTRelativeSlot(4, notice, 0)
     b.Finish(b.EndObject())
     return bytes(b.Output())
 
@@ -855,32 +867,10 @@ def test_no_one_entry_forward_is_taken_for_a_table_vector():
 def test_table_entries_next_to_a_cap_notice_are_still_refused():
     # A forward built with entry tables and a cap notice: leaving the message's own tables
     # out of the check must not let real entry tables through.
-    b = flatbuffers.Builder(256)
-    tables = []
-    for stream_id, request_index, batch_length in ((7, 0, 100), (9, 1, 50)):
-        b.StartObject(3)
-        b.PrependInt64Slot(0, stream_id, -1)
-        b.PrependInt32Slot(1, request_index, 0)
-        b.PrependInt32Slot(2, batch_length, 0)
-        tables.append(b.EndObject())
-    b.StartVector(4, len(tables), 4)
-    for t in reversed(tables):
-        b.PrependUOffsetTRelative(t)
-    vec = b.EndVector()
-    b.StartObject(2)
-    b.PrependInt64Slot(0, 7, -1)
-    b.PrependInt32Slot(1, 3, -1)
-    notice = b.EndObject()
-    b.StartObject(5)
-    b.PrependInt32Slot(0, 500, 0)
-    b.PrependUOffsetTRelativeSlot(1, vec, 0)
-    b.PrependInt64Slot(2, 10, -1)
-    b.PrependInt32Slot(3, 0, -1)
-    b.PrependUOffsetTRelativeSlot(4, notice, 0)
-    b.Finish(b.EndObject())
+    data = append_request_with_table_entries([(7, 0, 100), (9, 1, 50)], cap_notice=(7, 3))
     with pytest.raises(HeaderError, match=r"holds 2 offset\(s\) to tables, but AppendEntry is "
                                           r"a struct"):
-        AppendRequest.from_flatbuffers(bytes(b.Output()))
+        AppendRequest.from_flatbuffers(data)
 
 
 def test_table_entries_behind_the_packed_layouts_head_are_refused_too():
