@@ -81,6 +81,19 @@ def _add_listen_args(parser: argparse.ArgumentParser, what: str, port: int = 0) 
                         help=f"port of the {what} (default {default})")
 
 
+def _add_advertise_args(parser: argparse.ArgumentParser, whole_address: bool = True) -> None:
+    """What the server tells clients to connect to, when not the listening address (needed
+    when listening on every interface, --host 0.0.0.0)."""
+    group = parser.add_mutually_exclusive_group()
+    if whole_address:
+        group.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
+                           help="address clients should use, if not the listening one (a "
+                                "port mapped elsewhere, as in containers)")
+    group.add_argument("--advertise-host", metavar="HOST",
+                       help="host name or IP clients should use with the listening port(s), "
+                            "if not the listening host; required with --host 0.0.0.0")
+
+
 def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
     from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
 
@@ -185,6 +198,7 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                              "binary), each node and range server its own process; the first "
                              "node listens on --port, the others on free ports")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
+    _add_advertise_args(parser, whole_address=False)
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)
     _add_ready_file_arg(parser)
@@ -202,14 +216,15 @@ def server_command(args: argparse.Namespace) -> int:
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
                               pd_port=args.port, fsync=args.fsync,
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
-                              page_cache_bytes=args.page_cache_mib << 20)
+                              page_cache_bytes=args.page_cache_mib << 20,
+                              advertise_host=args.advertise_host)
     with _StopSignals() as stop:
         cluster.start()
         try:
-            log.info("PD listening on %s", cluster.pd_address)
+            log.info("PD serving clients at %s", cluster.pd_address)
             for i, addr in enumerate(cluster.range_server_addresses):
-                log.info("range server %d (id %d) listening on %s", i, cluster.server_id(i),
-                         addr)
+                log.info("range server %d (id %d) serving clients at %s", i,
+                         cluster.server_id(i), addr)
             if args.ready_file is not None:
                 write_ready_file(args.ready_file, {
                     "pd": cluster.pd_address,
@@ -225,6 +240,9 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
     from sbp_spark.server.cluster import ProcessCluster, write_ready_file
 
+    if args.advertise_host is not None:
+        raise ValueError("--advertise-host is not passed on to the processes --pd-nodes starts: "
+                         "there every server listens on --host, which clients must reach")
     cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
                              tls=_tls_of(args), pd_nodes=args.pd_nodes)
@@ -281,8 +299,7 @@ def add_pd_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         help="the cluster's keys in etcd start with this, so clusters can "
                              f"share one etcd (default {DEFAULT_ETCD_PREFIX})")
     _add_listen_args(parser, "PD", DEFAULT_PD_PORT)
-    parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
-                        help="address clients should use, if not the listening one")
+    _add_advertise_args(parser)
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
                         help="'never' skips the disk sync of metadata commits (default: sync)")
     _add_ready_file_arg(parser)
@@ -311,6 +328,7 @@ def pd_command(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args.data_dir) if args.data_dir is not None else None
     pd = PlacementDriver(PdConfig(data_dir, host=args.host, port=args.port,
                                   advertise_addr=args.advertise_addr or "",
+                                  advertise_host=args.advertise_host or "",
                                   name=args.name or "pd-1", fsync=args.fsync != "never",
                                   etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
                                   net=NetConfig(tls=_tls_of(args))))
@@ -348,8 +366,7 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
                              f"and one of the two is required)")
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="where data is kept")
     _add_listen_args(parser, "range server")
-    parser.add_argument("--advertise-addr", type=address_arg, metavar="HOST:PORT",
-                        help="address clients should use, if not the listening one")
+    _add_advertise_args(parser)
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)
     _add_ready_file_arg(parser)
@@ -368,7 +385,8 @@ def range_server_command(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args.data_dir)
     rs = RangeServer(RangeServerConfig(
         data_dir=str(data_dir), host=args.host, port=args.port,
-        advertise_addr=args.advertise_addr, pd_addresses=parse_pd_addresses(args.pd),
+        advertise_addr=args.advertise_addr, advertise_host=args.advertise_host,
+        pd_addresses=parse_pd_addresses(args.pd),
         storage=StorageConfig(fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                               page_cache_bytes=args.page_cache_mib << 20),
         net=NetConfig(name="range-server", tls=_tls_of(args))))

@@ -469,3 +469,31 @@ def test_parser_builds_without_spark():
             "sys.exit('pyspark' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
     assert build_parser().prog == "sbp"
+
+
+def test_servers_listening_on_every_interface_must_be_told_what_to_advertise(capsys, tmp_path):
+    def usage_error(argv: list[str]) -> str:
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse's own checks
+            status = exc.code
+        assert status == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return err
+
+    data = str(tmp_path / "data")
+    # Refused before anything listens: 0.0.0.0 is no address a client can connect to.
+    err = usage_error(["server", "--data-dir", data, "--host", "0.0.0.0", "--port", "0"])
+    assert "sbp server: error:" in err and "listening on '0.0.0.0' (every interface)" in err
+    assert "--advertise-host" in err and "--advertise-addr" not in err  # not an option here
+    for argv in (["pd", "--data-dir", data], ["range-server", "--pd", "127.0.0.1:1",
+                                                "--data-dir", data]):
+        err = usage_error([*argv, "--host", "0.0.0.0", "--port", "0"])
+        assert "(every interface) gives clients no address" in err, err
+        err = usage_error([*argv, "--advertise-addr", "h:1", "--advertise-host", "h"])
+        assert "not allowed with argument --advertise-addr" in err, err
+    err = usage_error(["server", "--data-dir", data, "--pd-nodes", "1",
+                       "--advertise-host", "h"])
+    assert "--advertise-host is not passed on to the processes --pd-nodes starts" in err
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

@@ -66,7 +66,7 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
             proc.kill()
             proc.wait()
     text = log_path.read_text()
-    assert f"PD listening on {info['pd']}" in text
+    assert f"PD serving clients at {info['pd']}" in text
     assert "SIGTERM received" in text and "Traceback" not in text
     assert not accepts_connections(info["pd"])
 

@@ -39,6 +39,7 @@ from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.transport.tls import TlsConfig
 
+from .advertise import check_advertised
 from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy
 from .etcd_process import LocalEtcd
 from .net import NetConfig
@@ -111,7 +112,9 @@ class EmbeddedCluster:
     tries its previous port first. ``tls`` puts every port behind TLS (mutual TLS when it
     names a CA file); the servers then call each other with its certificate.
     ``page_cache_bytes`` bounds how much freshly written data each range server leaves in the
-    OS page cache (``StorageConfig.page_cache_bytes``; 0: no bound).
+    OS page cache (``StorageConfig.page_cache_bytes``; 0: no bound). ``advertise_host`` is the
+    host clients are told to use with each server's port (see advertise.py); it is required
+    when ``host`` is a wildcard such as ``0.0.0.0``.
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
@@ -120,15 +123,18 @@ class EmbeddedCluster:
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  tls: TlsConfig | None = None,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
-                 fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS) -> None:
+                 fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
+                 advertise_host: str | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
+        check_advertised(host, None, advertise_host, "embedded cluster", whole_address=False)
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s={heartbeat_interval_s!r} must be > 0")
         if not 0 <= pd_port <= 65535:
             raise ValueError(f"pd_port={pd_port!r} must be in 0..65535")
         self.data_dir = Path(data_dir)
         self.host = host
+        self.advertise_host = advertise_host or ""
         self.fsync = _fsync_policy(fsync)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
@@ -151,6 +157,7 @@ class EmbeddedCluster:
         try:
             self.pd = PlacementDriver(PdConfig(
                 self.data_dir / "pd", host=self.host, port=self._pd_port,
+                advertise_host=self.advertise_host,
                 fsync=self.fsync is not FsyncPolicy.NEVER,
                 heartbeat_timeout_s=_MISSED_HEARTBEATS * self.heartbeat_interval_s,
                 net=NetConfig(tls=self.tls))).start()
@@ -218,6 +225,7 @@ class EmbeddedCluster:
         assert self.pd is not None
         return RangeServerConfig(
             data_dir=str(self.data_dir / f"rs-{i}"), host=self.host, port=port,
+            advertise_host=self.advertise_host or None,
             pd_addresses=[self.pd.address], storage=self.storage,
             heartbeat_interval_s=self.heartbeat_interval_s,
             net=NetConfig(name="range-server", tls=self.tls))
@@ -403,6 +411,9 @@ class ProcessCluster:
                              "SQLite)")
         known = {"pd", *(self.role_name(i) for i in range(range_servers)),
                  *(self.pd_node_name(i) for i in range(pd_nodes))}
+        # Every role advertises the host it listens on: a wildcard is no address to give out.
+        for role, where in [("cluster", Placement(host)), *(placements or {}).items()]:
+            check_advertised(where.host, None, None, f"process cluster ({role})")
         unknown = sorted(set(placements or {}) - known)
         if unknown:
             raise ValueError(f"placements name roles this cluster does not have: {unknown} "

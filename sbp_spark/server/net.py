@@ -97,6 +97,7 @@ from ..protocol.frame import (
 )
 from ..transport.sockets import send_buffers
 from ..transport.tls import TlsConfig, TlsSocket
+from .advertise import format_address
 from .conditions import WaitedCondition
 
 log = logging.getLogger(__name__)
@@ -809,8 +810,7 @@ class FrameServer:
 
     @property
     def address_str(self) -> str:
-        host, port = self.address
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_address(*self.address)
 
     @property
     def stopping(self) -> bool:

@@ -73,6 +73,7 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
+from .advertise import advertised, check_advertised
 from .etcd_client import EtcdClient
 from .net import FrameServer, NetConfig
 from .pd_calls import RangeServerCalls
@@ -106,8 +107,10 @@ class PdConfig:
     data_dir: str | Path | None
     host: str = "127.0.0.1"
     port: int = 0
-    # host:port that clients should use, when it differs from the bound address (containers).
+    # host:port that clients should use, when it differs from the bound address (containers);
+    # or only the host, with the bound port (see advertise.py). Neither: the bound address.
     advertise_addr: str = ""
+    advertise_host: str = ""
     name: str = "pd-1"
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     range_server_timeout_s: float = DEFAULT_RANGE_SERVER_TIMEOUT_S
@@ -129,8 +132,8 @@ class PdConfig:
         if self.range_server_timeout_s <= 0:
             raise ValueError(
                 f"PdConfig.range_server_timeout_s={self.range_server_timeout_s!r} must be > 0")
-        if self.advertise_addr:
-            parse_address(self.advertise_addr)
+        check_advertised(self.host, self.advertise_addr, self.advertise_host,
+                         f"PD {self.name}")
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,8 @@ class PlacementDriver:
     @property
     def address(self) -> str:
         """``host:port`` that clients use (the advertised address, else the bound one)."""
-        return self.config.advertise_addr or self._server.address_str
+        return advertised(self._server.address, self.config.advertise_addr,
+                          self.config.advertise_host)
 
     @property
     def bound_address(self) -> str:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 
 from ..protocol.messages import RangeServer as RangeServerInfo
+from .advertise import advertised
 from .cap_notices import CapNotices
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
@@ -89,7 +90,8 @@ class RangeServer:
 
     @property
     def advertise_addr(self) -> str:
-        return self.config.advertise_addr or self.net.address_str
+        return advertised(self.net.address, self.config.advertise_addr,
+                          self.config.advertise_host)
 
     def info(self) -> RangeServerInfo:
         return RangeServerInfo(self.server_id, self.advertise_addr)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..protocol.constants import MAX_BATCH_BYTES
+from .advertise import check_advertised
 from .fetch import DEFAULT_FETCH_FRAME_BYTES
 from .net import NetConfig
 from .storage import StorageConfig
@@ -21,8 +22,10 @@ class RangeServerConfig:
     data_dir: str
     host: str = "127.0.0.1"
     port: int = 0
-    # host:port that clients should use; defaults to the bound address.
+    # host:port that clients should use, when it differs from the bound address (containers);
+    # or only the host, with the bound port (see advertise.py). Neither: the bound address.
     advertise_addr: str | None = None
+    advertise_host: str | None = None
     # Fixed server id (tests, standalone use). -1: the id stored in data_dir, else one
     # allocated by the PD (needs pd_addresses).
     server_id: int = -1
@@ -50,5 +53,6 @@ class RangeServerConfig:
                      "retention_check_interval_s", "cap_probe_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        check_advertised(self.host, self.advertise_addr, self.advertise_host, "range server")
         if self.server_id < -1:
             raise ValueError(f"server_id={self.server_id} must be >= 0, or -1 for automatic")
