@@ -307,8 +307,14 @@ class PartitionDecoder:
         }
         arrays = []
         for name in self._names:
-            if all(name in p.columns for p in pieces):
+            from_data = sum(name in p.columns for p in pieces)
+            if from_data == len(pieces):
                 array = _concat([p.columns[name] for p in pieces])
+            elif from_data:
+                # Filling the column with metadata would replace the values some batches hold.
+                raise SchemaMismatchError(
+                    f"stream {self.stream_id}: column '{name}' is data in some batches and "
+                    "metadata in others; give the read a schema without it")
             elif name == "stream_id":
                 array = self._constant(name, pa.scalar(self.stream_id, pa.int64()), total)
             elif name == "range_index":

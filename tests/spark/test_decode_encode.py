@@ -249,6 +249,22 @@ def test_evolved_batches_resolve_and_those_that_cannot_are_skipped_and_counted()
         decode_all(PartitionDecoder(strict, "arrow", 4, 0, 0, 4), batches[:2])
 
 
+def test_a_metadata_named_column_that_is_data_in_some_combined_batches_is_refused():
+    # The read schema's 'timestamp' is data in the second stored batch only; both are small, so
+    # they are combined into one output batch. Its rows must not silently take the first
+    # batch's metadata timestamps in place of the data they hold.
+    old = pa.record_batch({"id": pa.array([1, 2], pa.int64())})
+    new = pa.record_batch({"id": pa.array([3], pa.int64()),
+                           "timestamp": pa.array([5_000_000], pa.timestamp("us", tz="UTC"))})
+    schema = StructType([StructField("id", LongType()), StructField("timestamp", TimestampType())])
+    with pytest.raises(SchemaMismatchError, match="column 'timestamp' is data in some batches "
+                                                  "and metadata in others"):
+        decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 3), arrow_stored(old, new))
+    # each batch on its own: the data where the batch has the column, else the metadata
+    [only_new] = decode_all(PartitionDecoder(schema, "arrow", 4, 0, 2, 3), arrow_stored(old, new))
+    assert only_new.column("timestamp").to_pylist() == [dt.datetime.fromtimestamp(5, UTC)]
+
+
 def test_row_predicates_on_timestamp_and_offset():
     batches = [encode_batches(make_records_batch(pa.array([b"v"] * 10)), "none", ts)[0].buffers
                for ts in (1_000, 2_000, 3_000)]
