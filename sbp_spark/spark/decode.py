@@ -243,7 +243,9 @@ class PartitionDecoder:
         if row_ts is None:
             timestamps = pa.repeat(base_ts, take)
         else:
-            timestamps = row_ts.cast(ARROW_TIMESTAMP).fill_null(base_ts)
+            # A finer unit (another writer's ns) is cut to Spark's microseconds, as the time
+            # search cuts it to ms: a safe cast would fail on every value not whole in us.
+            timestamps = pc.cast(row_ts, ARROW_TIMESTAMP, safe=False).fill_null(base_ts)
         return _Piece(columns, _arange(first, take), timestamps, data.nbytes)
 
     def _flush_opaque(self) -> None:

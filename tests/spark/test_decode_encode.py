@@ -265,6 +265,20 @@ def test_a_metadata_named_column_that_is_data_in_some_combined_batches_is_refuse
     assert only_new.column("timestamp").to_pylist() == [dt.datetime.fromtimestamp(5, UTC)]
 
 
+def test_records_of_another_writer_with_nanosecond_timestamps_are_read():
+    # Offsets by time already accept such bodies (tests/client/test_timesearch.py); reading
+    # them must too, cutting the nanoseconds Spark's microseconds cannot hold.
+    from sbp_spark.protocol.records import PAYLOAD_RECORDS, with_payload_kind
+    stamps = pa.array([1_000_999_999, None], pa.timestamp("ns"))
+    body = with_payload_kind(pa.record_batch({"value": pa.array([b"a", b"b"]),
+                                              "timestamp": stamps}), PAYLOAD_RECORDS)
+    encoded = [encode_batches(body, "none", 7)[0].buffers]
+    out = decode_all(PartitionDecoder(records_schema(), "records", 1, 0, 0, 2), stored(encoded))
+    assert pa.Table.from_batches(out).column("timestamp").to_pylist() == [
+        dt.datetime.fromtimestamp(1, UTC) + dt.timedelta(microseconds=999),
+        dt.datetime.fromtimestamp(0.007, UTC)]
+
+
 def test_row_predicates_on_timestamp_and_offset():
     batches = [encode_batches(make_records_batch(pa.array([b"v"] * 10)), "none", ts)[0].buffers
                for ts in (1_000, 2_000, 3_000)]
