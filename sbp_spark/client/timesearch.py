@@ -60,10 +60,13 @@ def record_timestamps_ms(header: BatchHeader, batch: memoryview) -> pa.Array:
                 and "timestamp" in body.schema.names):
             column = body.column(body.schema.get_field_index("timestamp"))
             if pa.types.is_timestamp(column.type):
-                # A finer unit is cut to whole ms: comparing the cut value with a time in whole
-                # ms gives the same answer as comparing the exact one.
-                millis = pc.cast(column, _MS, safe=False).cast(pa.int64())
-                return millis.fill_null(base)
+                # Readers show ns cut to us; that value is floored to whole ms: comparing the
+                # floor with a time in whole ms gives the same answer as comparing the value
+                # itself (a cut toward zero would not before 1970: -0.5 ms is before 0 ms).
+                unit = "us" if column.type.unit == "ns" else column.type.unit
+                shown = pc.cast(column, pa.timestamp(unit), safe=False)
+                millis = pc.floor_temporal(shown, unit="millisecond").cast(_MS)
+                return millis.cast(pa.int64()).fill_null(base)
     return pa.repeat(pa.scalar(base, pa.int64()), header.record_count)
 
 

@@ -152,3 +152,17 @@ def test_other_timestamp_units_compare_exactly_in_ms(client, unit):
     client.append(sid, [encode_arrow_batch(body, 0)])
     # 1000.999999 ms is before 1001 ms; in whole seconds both records are at 1000 ms.
     assert client.offset_for_time(sid, 1_001) == {"s": None, "us": 1, "ns": 1}[unit]
+
+
+def test_finer_units_before_1970_compare_exactly_in_ms(client):
+    # -0.5 ms and -1.5 ms are before 0 ms and -1 ms: cutting them toward zero (to 0 and -1)
+    # would put them at those times.
+    body = with_payload_kind(pa.record_batch({
+        "value": pa.array([b"a", b"b"]),
+        "timestamp": pa.array([-1_500, -500], pa.timestamp("us"))}), PAYLOAD_RECORDS)
+    sid = client.create_streams(1)[0].stream_id
+    client.append(sid, [encode_arrow_batch(body, 0)])
+    assert client.offset_for_time(sid, 0) is None
+    search = search_of(client, sid)
+    assert search.first_at_or_after(-1, 0, 2).offset == 1
+    assert search.first_at_or_after(-2, 0, 2).offset == 0
