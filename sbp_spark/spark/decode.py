@@ -120,14 +120,17 @@ class PartitionDecoder:
     batch is resolved to ``schema`` by the rules of ``resolve`` (planned once per distinct
     stored schema; a batch that already has the read types passes untouched). A batch that
     cannot be resolved raises ``SchemaMismatchError``, or, when ``skipped`` is given, is
-    left out and counted there.
+    left out and counted there. Names in ``metadata_columns`` are metadata in every batch (a
+    stored column of that name is dropped): the read knows them to be (see
+    ``SbpBatchReader.metadata_columns``) and may have pushed filters on them.
     """
 
     def __init__(self, schema: StructType, payload: str, stream_id: int, range_index: int,
                  start_offset: int, end_offset: int,
                  row_predicates: Sequence[Predicate] = (),
                  target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES,
-                 skipped: SkipTally | None = None) -> None:
+                 skipped: SkipTally | None = None,
+                 metadata_columns: frozenset[str] = frozenset()) -> None:
         self.schema = schema
         self.arrow_schema = to_arrow(schema)
         self.payload = payload
@@ -146,6 +149,7 @@ class PartitionDecoder:
         self._bytes = 0
         self._opaque = _OpaqueRun()
         self.skipped = skipped
+        self.metadata_columns = metadata_columns
         self._conformers: dict[pa.Schema, _Conformer] = {}
         self._names = [f.name for f in schema.fields]
         self._types = {f.name: f.type for f in self.arrow_schema}
@@ -371,7 +375,8 @@ class _Conformer:
             # key/headers absent from this batch: filled with nulls
             self.null_columns = [(n, decoder._types[n]) for n in wanted if n not in names]
             return
-        plan = plan_schema(schema, decoder.arrow_schema, METADATA_TYPES)
+        read = [f for f in decoder.arrow_schema if f.name not in decoder.metadata_columns]
+        plan = plan_schema(schema, read, METADATA_TYPES)
         self.casts = plan.columns
         self.null_columns = plan.null_columns
         if plan.problems:

@@ -32,15 +32,17 @@ class ReadFailedError(RuntimeError):
 
 
 def read_partition(options: ReadOptions, schema: StructType, partition: SbpPartition,
-                   skipped: SkipTally | None = None) -> Iterator[pa.RecordBatch]:
+                   skipped: SkipTally | None = None,
+                   metadata_columns: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
     """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
     streaming reads). Stored batches that do not fit ``schema`` fail the read, or, when
-    ``skipped`` is given, are left out and counted there."""
+    ``skipped`` is given, are left out and counted there. ``metadata_columns`` are filled
+    from where records are stored in every batch (see ``PartitionDecoder``)."""
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
                                partition.end_offset, partition.row_predicates,
-                               skipped=skipped)
+                               skipped=skipped, metadata_columns=metadata_columns)
     position = partition.start_offset
     while position < partition.end_offset:
         try:
@@ -132,7 +134,8 @@ class SbpBatchReader(DataSourceReader):
             # With no partitions planned (nothing to read), Spark still runs one task with a
             # plain InputPartition.
             return iter(())
-        return read_partition(self.options, self.schema, partition)
+        return read_partition(self.options, self.schema, partition,
+                              metadata_columns=self.metadata_columns)
 
 
 class SbpPushdownBatchReader(SbpBatchReader):

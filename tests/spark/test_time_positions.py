@@ -158,3 +158,38 @@ def test_a_backfill_older_than_the_margin_stops_the_narrowing(pd, sbp_client):
     assert planned(pd, sid, newest) == [(0, 120)]  # the whole span: nothing dropped
     # Told the data can be that far out of order, the margin covers it just the same.
     assert planned(pd, sid, newest, maxOutOfOrderness="2h") == [(0, 120)]
+
+
+def test_timestamp_filters_on_arrow_data_whose_older_batches_have_a_timestamp_column(
+        pd, sbp_client):
+    # The older batch was copied from another stream with its 'timestamp' column (2020); the
+    # newest batch has none, so the inferred read schema's 'timestamp' is the metadata column,
+    # and the filter on it is pushed. Every row must then carry the metadata timestamp the
+    # filter was applied to, not the older batch's own column.
+    from sbp_spark.protocol.records import PAYLOAD_ARROW, with_payload_kind
+    from sbp_spark.spark.schemas import arrow_payload_schema
+
+    sid = new_stream(sbp_client)
+    copied = pa.record_batch({"id": pa.array([1, 2], pa.int64()),
+                              "timestamp": pa.array([1_577_836_800_000_000] * 2,
+                                                    pa.timestamp("us", tz="UTC"))})
+    newest = pa.record_batch({"id": pa.array([3], pa.int64())})
+    for body, base_ms in ((copied, T0), (newest, T0 + 1000)):
+        sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(body, PAYLOAD_ARROW),
+                                                   base_ms)])
+    schema = arrow_payload_schema(newest.schema)
+    assert schema.fieldNames() == ["id", "stream_id", "offset", "timestamp"]
+
+    def rows(**options: str) -> list[tuple]:
+        opts = parse_read_options({"pd": pd, "streams": str(sid), "payload": "arrow",
+                                   **options})
+        reader = SbpPushdownBatchReader(opts, schema, frozenset({"stream_id", "offset",
+                                                                 "timestamp"}))
+        assert list(reader.pushFilters([GreaterThanOrEqual(("timestamp",), at(T0))])) == []
+        return [(row["id"], row["timestamp"]) for p in reader.partitions()
+                for batch in reader.read(p) for row in batch.to_pylist()]
+
+    # the copied batch alone (2020 is not >= T0: a row shown with it breaks the filter)
+    assert rows(endingOffsets=f'{{"{sid}": 2}}') == [(1, at(T0)), (2, at(T0))]
+    # with the newest batch, combined into one output batch
+    assert rows() == [(1, at(T0)), (2, at(T0)), (3, at(T0 + 1000))]
