@@ -328,10 +328,9 @@ class PartitionDecoder:
             elif name in internal:
                 array = internal[name]
             else:
-                # Pieces disagree on whether a metadata-named column comes from the data.
                 raise SchemaMismatchError(
-                    f"stream {self.stream_id}: column '{name}' is data in some batches and "
-                    "metadata in others; give the read a schema without it")
+                    f"stream {self.stream_id}: column '{name}' of the read schema is neither "
+                    f"stored in these batches nor metadata")
             arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
