@@ -101,13 +101,21 @@ _DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_
                      "d": 86_400_000}
 
 
+# The latest time a Spark timestamp (microseconds in 64 bits) holds, in ms: no time or duration
+# option goes past it, so sums of times and margins stay within 64 bits wherever they are used.
+MAX_TIME_MS = (2**63 - 1) // 1000
+
+
 def parse_duration_ms(name: str, value: str) -> int:
     """A duration in milliseconds: plain digits (ms) or digits with ms, s, m, h or d."""
     match = re.fullmatch(r"(\d+)\s*([a-z]*)", value.strip().lower())
     unit = match.group(2) if match else None
     if not match or (unit and unit not in _DURATION_UNIT_MS):
         raise _fail(name, value, "a duration such as 500ms, 30s, 15m, 1h (plain digits = ms)")
-    return int(match.group(1)) * (_DURATION_UNIT_MS[unit] if unit else 1)
+    ms = int(match.group(1)) * (_DURATION_UNIT_MS[unit] if unit else 1)
+    if ms > MAX_TIME_MS:
+        raise _fail(name, value, f"a duration of at most {MAX_TIME_MS} ms")
+    return ms
 
 
 def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -225,19 +233,21 @@ class TimeSpec:
 
 def parse_time(name: str, value: str) -> TimeSpec:
     """One time for every stream: ms since the epoch."""
-    return TimeSpec(parse_int(name, value, 0, allowed="a time in ms since the epoch (>= 0)"))
+    return TimeSpec(parse_int(name, value, 0, MAX_TIME_MS,
+                              allowed=f"a time in ms since the epoch (0 to {MAX_TIME_MS})"))
 
 
 def parse_times(name: str, value: str, streams: tuple[int, ...] | None = None) -> TimeSpec:
     """A JSON object ``{"<stream_id>": ms}``."""
-    allowed = 'a JSON object {"<stream_id>": ms since the epoch} such as {"7": 1700000000000}'
+    allowed = ('a JSON object {"<stream_id>": ms since the epoch} such as {"7": 1700000000000} '
+               f"(times 0 to {MAX_TIME_MS})")
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError:
         raise _fail(name, value, allowed) from None
     if not isinstance(parsed, dict) or not parsed or any(
             not re.fullmatch(r"\d+", str(k)) or isinstance(v, bool) or not isinstance(v, int)
-            or v < 0 for k, v in parsed.items()):
+            or not 0 <= v <= MAX_TIME_MS for k, v in parsed.items()):
         raise _fail(name, value, allowed)
     entries = tuple(sorted((int(k), v) for k, v in parsed.items()))
     unknown = [sid for sid, _ in entries if streams is not None and sid not in streams]

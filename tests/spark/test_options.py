@@ -216,6 +216,12 @@ def test_time_positions():
     ({"startingTimestamp": "1", "startingOffsetsByTimestampStrategy": "skip"},
      "option 'startingOffsetsByTimestampStrategy' = 'skip'.*one of error, latest"),
     ({"maxOutOfOrderness": "a while"}, "option 'maxOutOfOrderness'"),
+    # Past what a Spark timestamp holds: refused here, not an overflow deep in the planning.
+    ({"startingTimestamp": str(2**63)},
+     r"expected a time in ms since the epoch \(0 to 9223372036854775\)"),
+    ({"endingOffsetsByTimestamp": f'{{"1": {2**63}}}'}, r"\(times 0 to 9223372036854775\)"),
+    ({"maxOutOfOrderness": "100000000000000d"},
+     "expected a duration of at most 9223372036854775 ms"),
 ])
 def test_bad_time_options(options, message):
     with pytest.raises(OptionError, match=message):
