@@ -367,6 +367,13 @@ class _Conformer:
                     f"{', '.join(names)})")
             wanted = [n for n in _RECORDS_BODY_COLUMNS if n in decoder._types]
             if "timestamp" in names:
+                stamp_type = schema.field("timestamp").type
+                if not pa.types.is_timestamp(stamp_type):
+                    # Casting it would guess a unit (an int64 read as us), and positions by
+                    # time would not agree: they take the batch's time for such a column.
+                    raise SchemaMismatchError(
+                        f"{where}: the payload=records batch's 'timestamp' column is "
+                        f"{stamp_type}, not an Arrow timestamp")
                 self.timestamp_index = names.index("timestamp")
             for name in wanted:
                 if name in names:

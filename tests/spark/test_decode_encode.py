@@ -279,6 +279,20 @@ def test_records_of_another_writer_with_nanosecond_timestamps_are_read():
         dt.datetime.fromtimestamp(0.007, UTC)]
 
 
+def test_records_of_another_writer_whose_timestamp_is_no_timestamp_are_refused():
+    # An int64 'timestamp' has no unit: reading it as microseconds would be a guess, and the
+    # positions by time of the same batch use its stored time instead.
+    from sbp_spark.protocol.records import PAYLOAD_RECORDS, with_payload_kind
+    body = with_payload_kind(pa.record_batch({"value": pa.array([b"a"]),
+                                              "timestamp": pa.array([1_000], pa.int64())}),
+                             PAYLOAD_RECORDS)
+    encoded = [encode_batches(body, "none", 7)[0].buffers]
+    with pytest.raises(SchemaMismatchError, match="stream 1 offset 0: the payload=records "
+                                                  "batch's 'timestamp' column is int64, not an "
+                                                  "Arrow timestamp"):
+        decode_all(PartitionDecoder(records_schema(), "records", 1, 0, 0, 1), stored(encoded))
+
+
 def test_row_predicates_on_timestamp_and_offset():
     batches = [encode_batches(make_records_batch(pa.array([b"v"] * 10)), "none", ts)[0].buffers
                for ts in (1_000, 2_000, 3_000)]
