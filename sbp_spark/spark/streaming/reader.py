@@ -48,7 +48,7 @@ from ..reader import ReadFailedError, read_partition
 from ..schemas import check_records_read_schema
 from ..times import resolve_time_positions
 from .limits import TriggerDelay, TriggerLimits, admit
-from .offsets import from_spark, parse_spark, resolve_starting, to_spark
+from .offsets import parse_spark, resolve_starting, to_spark
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +161,14 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, begin_ranges = parse_spark(start, "start offset")
-        finish = from_spark(end, "end offset")
-        layouts = self._layouts(sorted(sid for sid, hi in finish.items()
-                                       if hi != begin.get(sid, hi)))
+        finish, finish_ranges = parse_spark(end, "end offset")
+        # A stream whose offset did not move may still have records to read: when its range
+        # was sealed below where the query had read (failOnDataLoss=false), latestOffset goes
+        # on from the seal, and the records standing there now may end right at the old
+        # offset; its end then names another range than its start.
+        layouts = self._layouts(sorted(
+            sid for sid, hi in finish.items()
+            if hi != begin.get(sid, hi) or finish_ranges.get(sid) != begin_ranges.get(sid)))
         for sid, layout in layouts.items():
             if sid in begin and layout is not None:
                 begin[sid] = self._rewound(sid, begin[sid], begin_ranges.get(sid), layout)

@@ -151,3 +151,21 @@ def test_a_checkpoint_past_a_later_seal_is_noticed(pd, sbp_cluster, sbp_client):
         "range": 0, "sealedAt": 6, "hadReadTo": 10}
     # Offsets checkpointed before they named ranges still load (without this check).
     assert from_spark(tolerant.latestOffset({str(sid): 12}, ReadAllAvailable())) == {sid: 12}
+
+
+def test_a_rewritten_history_refilled_to_the_same_offset_is_read(pd, sbp_cluster, sbp_client):
+    # failOnDataLoss=false goes on from the seal "reading the records that stand there now",
+    # also when the stream now ends exactly where the query had read to: the micro-batch's
+    # end offset equals its start offset, but the records [6, 10) are new ones.
+    sid = new_stream(sbp_client)
+    for i in range(10):
+        append_values(sbp_client, sid, [f"old-{i}"])
+    reader = make_reader(pd, [sid], startingOffsets="earliest", failOnDataLoss="false")
+    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert read_to == {str(sid): 10, "ranges": {str(sid): 0}}
+    rewrite_history(sbp_cluster, sid, 6)
+    append_values(sbp_client, sid, [f"new-{i}" for i in range(6, 10)])
+    following = reader.latestOffset(read_to, ReadAllAvailable())
+    assert following == {str(sid): 10, "ranges": {str(sid): 1}}
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in reader.partitions(read_to, following)] == [(1, 6, 10)]
