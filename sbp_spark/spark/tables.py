@@ -97,14 +97,16 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None) -> d
 
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
-    """The options of a write: its own when it has any (``df.write`` with options), else the
-    table's (``INSERT INTO``), where a table on one stream writes to it and a table on several
-    routes rows by their ``stream_id`` column."""
-    if options:
+    """The options of a write: a table's (``INSERT INTO``, ``writeStream.toTable``), overridden
+    by the write's own (``WITH (...)``, ``.option(...)``), where a table on one stream writes to
+    it and a table on several routes rows by their ``stream_id`` column; a write naming its own
+    ``pd`` (``df.write`` with options) is not a table write and uses only its own."""
+    given = {str(k).lower(): v for k, v in options.items()}
+    if "pd" in given or table is None:
+        if not options:
+            raise OptionError(NO_DEFINITION)
         return dict(options)
-    if table is None:
-        raise OptionError(NO_DEFINITION)
-    merged = dict(table.options)
+    merged = {**table.options, **given}
     streams = merged.pop("streams", "")
     if "stream" not in merged and "," not in streams and streams.strip():
         merged["stream"] = streams.strip()

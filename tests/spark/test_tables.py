@@ -130,3 +130,16 @@ def test_temporary_view_select_and_insert(spark, pd, sbp_client):
     finally:
         spark.catalog.dropTempView(view)
     assert read(spark, pd, sid).count() == 2
+
+
+def test_insert_with_per_query_options_keeps_the_tables(spark, pd, sbp_client):
+    # Like SELECT ... WITH (...), an INSERT's own options override the table's; they must not
+    # replace them (the write then had no 'pd' and failed with "option 'pd' is required").
+    sid = new_stream(sbp_client)
+    with table(spark, f"ins_with_{sid}", f"USING sbp OPTIONS (pd '{pd}', streams '{sid}')") as name:
+        spark.sql(f"INSERT INTO {name} WITH ('batchMaxRecords' = '1') (key, value) "
+                  "SELECT /*+ REPARTITION(1) */ NULL, CAST(CONCAT('v', id) AS BINARY) "
+                  "FROM range(3)")
+        assert stored_values(sbp_client, sid) == ["v0", "v1", "v2"]
+        # batchMaxRecords=1 from the WITH clause: one stored batch per record.
+        assert len(stored_schemas(sbp_client, sid)) == 3
