@@ -182,6 +182,10 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if layout is None:
                 self._stream_lost(sid, lo)
                 continue
+            cut = _sealed_end(layout, finish_ranges.get(sid))
+            if cut is not None and cut < hi:
+                self._ends_below(sid, hi, cut)
+                hi = cut
             if layout.start_offset > lo:
                 self._trimmed(sid, lo, layout.start_offset)
                 lo = min(layout.start_offset, hi)
@@ -305,6 +309,24 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.state.warn_once(("trim", sid, wanted, first), logging.WARNING,
                              "sbp data loss (failOnDataLoss=false): %s; continuing from there",
                              message)
+
+    def _ends_below(self, sid: int, planned_end: int, end: int) -> None:
+        """The range that held the last record of the micro-batch (as ``latestOffset`` planned
+        it, perhaps before a restart) was since sealed below its end: below records the query
+        saw. Fail (failOnDataLoss), or read up to the seal; the next micro-batch then goes
+        on from there (``_rewound``)."""
+        message = (f"stream {sid}: this micro-batch was planned to read up to offset "
+                   f"{planned_end}, but the range that held its last record now ends at offset "
+                   f"{end}; the records [{end}, {planned_end}) it was planned with are not part "
+                   "of the stream any more (the range's history was rewritten, e.g. by a "
+                   "failover that ended it below them)")
+        if self.options.read.fail_on_data_loss:
+            raise DataLossError(
+                f"history rewritten in {message}. Set failOnDataLoss=false to read only what "
+                "the stream holds.")
+        self.state.warn_once(("ends below", sid, planned_end, end), logging.WARNING,
+                             "sbp data loss (failOnDataLoss=false): %s; reading up to offset "
+                             "%d", message, end)
 
     def _stream_lost(self, sid: int, wanted: int) -> None:
         message = (f"stream {sid} was deleted (or no longer exists) while the query still had "
@@ -516,6 +538,14 @@ def _end_offsets(layouts: Mapping[int, StreamLayout | None], stream_ids: Iterabl
     """The end offset of each of ``stream_ids`` whose stream exists (has a layout)."""
     return {sid: layout.end_offset for sid in stream_ids
             if (layout := layouts.get(sid)) is not None}
+
+
+def _sealed_end(layout: StreamLayout, range_index: int | None) -> int | None:
+    """Where range ``range_index`` was sealed (None: still open, or not known). Only a seal
+    is authoritative: an open range's end is a snapshot, which a secondary may give lower
+    than what the primary acknowledged."""
+    rng = next((r for r in layout.ranges if r.range_index == range_index), None)
+    return None if rng is None or rng.is_open else rng.end_offset
 
 
 def _ranges_before(layouts: Mapping[int, StreamLayout | None], offsets: Mapping[int, int]

@@ -169,3 +169,51 @@ def test_a_rewritten_history_refilled_to_the_same_offset_is_read(pd, sbp_cluster
     assert following == {str(sid): 10, "ranges": {str(sid): 1}}
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in reader.partitions(read_to, following)] == [(1, 6, 10)]
+
+
+def test_a_planned_end_above_a_later_seal_is_data_loss(pd, sbp_cluster, sbp_client):
+    # The micro-batch was planned to read range 0 up to offset 12; before it is planned into
+    # partitions (or when it is replayed after a restart) range 0 was sealed at 10 and the
+    # stream went on with other records. This is a rewritten history, not a bad option.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, [f"a{i}" for i in range(5)])
+    reader = make_reader(pd, [sid])
+    start = reader.initialOffset()
+    for i in range(7):
+        append_values(sbp_client, sid, [f"b{i}"])
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {str(sid): 12, "ranges": {str(sid): 0}}
+    rewrite_history(sbp_cluster, sid, 10)
+    append_values(sbp_client, sid, [f"new-{i}" for i in range(10, 14)])
+    message = (rf"stream {sid}: this micro-batch was planned to read up to offset 12, but the "
+               r"range that held its last record now ends at offset 10; the records \[10, 12\)")
+    with pytest.raises(DataLossError, match=message):
+        reader.partitions(start, end)
+    # failOnDataLoss=false: read what range 0 holds, then go on from its seal, reading the
+    # records that stand there now, each once.
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in tolerant.partitions(start, end)] == [(0, 5, 10)]
+    following = tolerant.latestOffset(end, ReadAllAvailable())
+    assert following == {str(sid): 14, "ranges": {str(sid): 1}}
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in tolerant.partitions(end, following)] == [(1, 10, 14)]
+
+
+def test_a_planned_end_past_the_stream_after_a_seal_is_data_loss(pd, sbp_cluster, sbp_client):
+    # As above with nothing appended after the seal: the stream now ends below the planned
+    # end. This failed with "endingOffsets asks for stream ..." (an option a streaming read
+    # does not have), whatever failOnDataLoss said.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, [f"a{i}" for i in range(5)])
+    reader = make_reader(pd, [sid])
+    start = reader.initialOffset()
+    for i in range(7):
+        append_values(sbp_client, sid, [f"b{i}"])
+    end = reader.latestOffset(start, ReadAllAvailable())
+    rewrite_history(sbp_cluster, sid, 10)
+    with pytest.raises(DataLossError, match=rf"history rewritten in stream {sid}: .*\[10, 12\)"):
+        reader.partitions(start, end)
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    assert [(p.range_index, p.start_offset, p.end_offset)
+            for p in tolerant.partitions(start, end)] == [(0, 5, 10)]
