@@ -204,7 +204,9 @@ class TriggerDelay:
         """True to skip this trigger; False admits it (and restarts the delay)."""
         now = self._clock_ms()
         if min_records is None or backlog <= 0:
-            if backlog > 0:
+            if backlog > 0 or self._last_trigger_ms is None:
+                # The first trigger starts the clock even with nothing to admit: records
+                # arriving later are not what was there when the query started.
                 self._last_trigger_ms = now
             return False
         if self._last_trigger_ms is None or backlog >= min_records or (

@@ -152,3 +152,17 @@ def test_trigger_delay_waits_for_min_records_or_the_delay():
     now[0] = 1100
     assert not delay.should_wait(9, 10, 1000)       # the delay forces a batch
     assert not delay.should_wait(0, 10, 1000)       # nothing waits: nothing to hold back
+
+
+def test_trigger_delay_of_a_query_started_on_an_idle_stream():
+    # The first trigger after a start admits what is there: nothing. A record arriving later
+    # is not what was there at the start; it waits for minRecordsPerTrigger or the delay
+    # (as in Spark's Kafka source, whose clock starts at the first trigger).
+    now = [0.0]
+    delay = TriggerDelay(lambda: now[0])
+    assert not delay.should_wait(0, 10, 1000)       # first trigger: nothing there
+    now[0] = 100
+    assert delay.should_wait(1, 10, 1000)           # too few, delay not over
+    assert delay.remaining_ms(1000) == 900
+    now[0] = 1000
+    assert not delay.should_wait(1, 10, 1000)       # the delay forces a batch
