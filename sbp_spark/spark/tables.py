@@ -85,6 +85,16 @@ def definition_of(schema: StructType) -> TableDefinition | None:
     return None
 
 
+# Options that position one end of a read, each excluding the others: a query that positions
+# an end overrides the table's position of that end, whichever way either gives it.
+_POSITIONS = (
+    ("startingoffsets", "startingtimestamp", "startingoffsetsbytimestamp"),
+    ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp"),
+)
+# Only for a start positioned by time.
+_TIME_STRATEGY = "startingoffsetsbytimestampstrategy"
+
+
 def read_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
     """The options of a read: a table's, overridden by the query's (``WITH (...)``); a read
     naming its own ``pd`` is not a table read and uses only its own."""
@@ -93,7 +103,14 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None) -> d
         if not given:
             raise OptionError(NO_DEFINITION)
         return given
-    return {**table.options, **given}
+    inherited = dict(table.options)
+    for group in _POSITIONS:
+        if any(name in given for name in group):
+            for name in group:
+                inherited.pop(name, None)
+    if "startingoffsets" in given:
+        inherited.pop(_TIME_STRATEGY, None)
+    return {**inherited, **given}
 
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:

@@ -143,3 +143,23 @@ def test_insert_with_per_query_options_keeps_the_tables(spark, pd, sbp_client):
         assert stored_values(sbp_client, sid) == ["v0", "v1", "v2"]
         # batchMaxRecords=1 from the WITH clause: one stored batch per record.
         assert len(stored_schemas(sbp_client, sid)) == 3
+
+
+def test_a_querys_position_overrides_the_tables_position_of_another_kind():
+    # Per-query options override the table's, also when the table positions an end by time
+    # and the query by offsets (or the reverse): the query's position replaces the table's,
+    # where merging them failed with "options ... exclude each other".
+    from sbp_spark.spark.options import parse_read_options, parse_stream_read_options
+    from sbp_spark.spark.tables import TableDefinition, read_options
+
+    table_def = TableDefinition({"pd": "127.0.0.1:1", "streams": "7",
+                                 "startingtimestamp": "1000", "endingoffsets": '{"7": 50}'})
+    read = parse_read_options(read_options(
+        {"startingOffsets": '{"7": 3}', "endingTimestamp": "5000"}, table_def))
+    assert read.starting.for_stream(7) == 3 and read.starting_time is None
+    assert read.ending_time is not None and read.ending_time.for_stream(7) == 5000
+    by_time = TableDefinition({"pd": "127.0.0.1:1", "streams": "7",
+                               "startingoffsetsbytimestamp": '{"7": 1000}',
+                               "startingoffsetsbytimestampstrategy": "latest"})
+    stream = parse_stream_read_options(read_options({"startingOffsets": "earliest"}, by_time))
+    assert stream.read.starting_time is None
