@@ -26,8 +26,6 @@ from .options import OptionError
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
-# What CREATE TABLE adds to the OPTIONS a user wrote.
-_CREATE_TABLE_EXTRAS = frozenset({"provider", "owner"})
 
 NO_DEFINITION = (
     "format sbp got no options: Spark hands a Python data source the OPTIONS of a catalog table "
@@ -46,15 +44,17 @@ class TableDefinition:
 
 
 def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
-    """(the connector's options, whether they come from CREATE TABLE): the ``option.``
-    copies and Spark's own additions of CREATE TABLE removed."""
+    """(the connector's options, whether they come from CREATE TABLE). At CREATE TABLE the
+    OPTIONS are the ``option.`` copies; the keys without the prefix are those OPTIONS again
+    plus the table's properties (Spark's ``provider`` and ``owner``, ``comment``,
+    ``TBLPROPERTIES``), which are no options of the connector."""
     keys = {str(k).lower() for k in options}
     creating = any(k.startswith(_PREFIX) for k in keys)
     out: dict[str, str] = {}
     for key, value in options.items():
         name = str(key).lower()
         if creating:
-            if name in _CREATE_TABLE_EXTRAS:
+            if not name.startswith(_PREFIX):
                 continue
             name = name.removeprefix(_PREFIX)
         out[name] = value

@@ -163,3 +163,15 @@ def test_a_querys_position_overrides_the_tables_position_of_another_kind():
                                "startingoffsetsbytimestampstrategy": "latest"})
     stream = parse_stream_read_options(read_options({"startingOffsets": "earliest"}, by_time))
     assert stream.read.starting_time is None
+
+
+def test_create_table_with_a_comment_and_table_properties(spark, pd, sbp_client):
+    # COMMENT and TBLPROPERTIES describe the catalog table; Spark hands them to schema() next
+    # to the OPTIONS, and they are no options of the connector (this failed with "unknown
+    # option 'comment' for format sbp").
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["a", "b"])
+    with table(spark, f"described_{sid}",
+               f"USING sbp OPTIONS (pd '{pd}', streams '{sid}') COMMENT 'my events' "
+               "TBLPROPERTIES ('team' = 'ingest')") as name:
+        assert spark.sql(f"SELECT count(*) FROM {name}").first()[0] == 2
