@@ -47,10 +47,15 @@ def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
     """(the connector's options, whether they come from CREATE TABLE). At CREATE TABLE the
     OPTIONS are the ``option.`` copies; the keys without the prefix are those OPTIONS again
     plus the table's properties (Spark's ``provider`` and ``owner``, ``comment``,
-    ``TBLPROPERTIES``), which are no options of the connector."""
+    ``TBLPROPERTIES``), which are no options of the connector; a ``location`` among them (the
+    LOCATION clause) is refused: an sbp table has no files."""
     keys = {str(k).lower() for k in options}
     creating = any(k.startswith(_PREFIX) for k in keys)
     out: dict[str, str] = {}
+    if creating and "location" in keys:
+        raise OptionError(
+            "CREATE TABLE ... USING sbp takes no LOCATION: the table's records live in its SBP "
+            "streams (name them in OPTIONS with 'streams' or 'stream')")
     for key, value in options.items():
         name = str(key).lower()
         if creating:

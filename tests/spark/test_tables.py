@@ -175,3 +175,13 @@ def test_create_table_with_a_comment_and_table_properties(spark, pd, sbp_client)
                f"USING sbp OPTIONS (pd '{pd}', streams '{sid}') COMMENT 'my events' "
                "TBLPROPERTIES ('team' = 'ingest')") as name:
         assert spark.sql(f"SELECT count(*) FROM {name}").first()[0] == 2
+
+
+def test_create_table_with_a_location_is_refused(spark, pd, sbp_client):
+    # LOCATION arrives among the table's properties, which are otherwise left out: it must not
+    # be dropped silently, since an sbp table keeps nothing at that place.
+    sid = new_stream(sbp_client)
+    with pytest.raises(Exception, match="CREATE TABLE ... USING sbp takes no LOCATION"):
+        spark.sql(f"CREATE TABLE located_{sid} USING sbp OPTIONS (pd '{pd}', streams '{sid}') "
+                  "LOCATION '/tmp/sbp-table-location'")
+    assert not spark.catalog.tableExists(f"located_{sid}")
