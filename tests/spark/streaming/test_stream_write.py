@@ -52,10 +52,11 @@ def test_stream_to_sbp_to_stream(spark, pd, sbp_client, tmp_path):
     assert sorted(r.v for r in rows) == sorted(f"v{i}" for i in range(8))
 
 
-def _fail_partition_once(pd: str, target: int, marker: str, wait_for_records: int):
-    """A Python UDF passing values through; on its first run, in partition 1, it waits until
-    the target stream holds ``wait_for_records`` records (partition 0's output), then fails
-    the task."""
+def _fail_partition_while(pd: str, target: int, switch: str, wait_for_records: int):
+    """A Python UDF passing values through; while the file ``switch`` exists, in partition 1,
+    it waits until the target stream holds ``wait_for_records`` records (partition 0's
+    output), then fails the task: every attempt of it, so the query fails also on a session
+    whose tasks are retried (the fault suite's local[2,4], when both run in one process)."""
 
     def check(value):
         # self-contained: runs in an executor's Python worker
@@ -65,7 +66,7 @@ def _fail_partition_once(pd: str, target: int, marker: str, wait_for_records: in
 
         from sbp_spark.client import SbpClient
 
-        if TaskContext.get().partitionId() != 1 or os.path.exists(marker):
+        if TaskContext.get().partitionId() != 1 or not os.path.exists(switch):
             return value
         client = SbpClient(pd)
         deadline = time.monotonic() + 120
@@ -73,7 +74,6 @@ def _fail_partition_once(pd: str, target: int, marker: str, wait_for_records: in
             if time.monotonic() > deadline:
                 raise TimeoutError("partition 0's records never landed")
             time.sleep(0.05)
-        open(marker, "w").close()
         raise RuntimeError("injected failure after partition 0 wrote its records")
 
     return F.udf(check, BinaryType(), useArrow=False)
@@ -83,13 +83,13 @@ def test_idempotent_sink_replays_a_failed_micro_batch_without_duplicates(
         spark, pd, sbp_client, tmp_path):
     source, target = new_stream(sbp_client), new_stream(sbp_client)
     append_values(sbp_client, source, [f"v{i}" for i in range(40)])
-    marker = str(tmp_path / "failed-once")
+    switch = str(tmp_path / "fail-partition-1")
 
     def run():
         # two partitions of 20 records: partition 1 fails (once) after partition 0 landed
         query = (stream_df(spark, pd, source, startingOffsets="earliest",
                            maxRecordsPerPartition=20)
-                 .select("key", _fail_partition_once(pd, target, marker, 20)("value")
+                 .select("key", _fail_partition_while(pd, target, switch, 20)("value")
                          .alias("value"))
                  .writeStream.format("sbp").option("pd", pd).option("stream", str(target))
                  .option("idempotent", "true").option("batchMaxRecords", "7")
@@ -98,8 +98,10 @@ def test_idempotent_sink_replays_a_failed_micro_batch_without_duplicates(
         query.awaitTermination(120)
         return query
 
+    open(switch, "w").close()
     with pytest.raises(StreamingQueryException, match="injected failure"):
         run()
+    os.remove(switch)
     landed = stored_values(sbp_client, target)
     assert sorted(landed) == sorted(f"v{i}" for i in range(20))
 
