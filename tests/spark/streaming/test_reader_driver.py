@@ -171,10 +171,9 @@ def test_a_rewritten_history_refilled_to_the_same_offset_is_read(pd, sbp_cluster
             for p in reader.partitions(read_to, following)] == [(1, 6, 10)]
 
 
-def test_a_planned_end_above_a_later_seal_is_data_loss(pd, sbp_cluster, sbp_client):
-    # The micro-batch was planned to read range 0 up to offset 12; before it is planned into
-    # partitions (or when it is replayed after a restart) range 0 was sealed at 10 and the
-    # stream went on with other records. This is a rewritten history, not a bad option.
+def planned_past_a_later_seal(pd, sbp_cluster, sbp_client):
+    """A stream, the reader that planned a micro-batch over its range 0 up to offset 12, and
+    that micro-batch's start and end; range 0 was sealed at 10 since (a rewritten history)."""
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, [f"a{i}" for i in range(5)])
     reader = make_reader(pd, [sid])
@@ -184,6 +183,14 @@ def test_a_planned_end_above_a_later_seal_is_data_loss(pd, sbp_cluster, sbp_clie
     end = reader.latestOffset(start, ReadAllAvailable())
     assert end == {str(sid): 12, "ranges": {str(sid): 0}}
     rewrite_history(sbp_cluster, sid, 10)
+    return sid, reader, start, end
+
+
+def test_a_planned_end_above_a_later_seal_is_data_loss(pd, sbp_cluster, sbp_client):
+    # The micro-batch was planned to read range 0 up to offset 12; before it is planned into
+    # partitions (or when it is replayed after a restart) range 0 was sealed at 10 and the
+    # stream went on with other records. This is a rewritten history, not a bad option.
+    sid, reader, start, end = planned_past_a_later_seal(pd, sbp_cluster, sbp_client)
     append_values(sbp_client, sid, [f"new-{i}" for i in range(10, 14)])
     message = (rf"stream {sid}: this micro-batch was planned to read up to offset 12, but the "
                r"range that held its last record now ends at offset 10; the records \[10, 12\)")
@@ -204,14 +211,7 @@ def test_a_planned_end_past_the_stream_after_a_seal_is_data_loss(pd, sbp_cluster
     # As above with nothing appended after the seal: the stream now ends below the planned
     # end. This failed with "endingOffsets asks for stream ..." (an option a streaming read
     # does not have), whatever failOnDataLoss said.
-    sid = new_stream(sbp_client)
-    append_values(sbp_client, sid, [f"a{i}" for i in range(5)])
-    reader = make_reader(pd, [sid])
-    start = reader.initialOffset()
-    for i in range(7):
-        append_values(sbp_client, sid, [f"b{i}"])
-    end = reader.latestOffset(start, ReadAllAvailable())
-    rewrite_history(sbp_cluster, sid, 10)
+    sid, reader, start, end = planned_past_a_later_seal(pd, sbp_cluster, sbp_client)
     with pytest.raises(DataLossError, match=rf"history rewritten in stream {sid}: .*\[10, 12\)"):
         reader.partitions(start, end)
     tolerant = make_reader(pd, [sid], failOnDataLoss="false")
