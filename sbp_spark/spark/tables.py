@@ -100,13 +100,22 @@ _POSITIONS = (
 _TIME_STRATEGY = "startingoffsetsbytimestampstrategy"
 
 
+def _query_options(options: Mapping[str, str], table: TableDefinition | None
+                   ) -> tuple[dict[str, str], bool]:
+    """A query's own options (names in lower case), and whether they stand alone: a query
+    naming its own ``pd`` is no table query, and without a table there is nothing else."""
+    given = {str(k).lower(): v for k, v in options.items()}
+    alone = "pd" in given or table is None
+    if alone and not given:
+        raise OptionError(NO_DEFINITION)
+    return given, alone
+
+
 def read_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
     """The options of a read: a table's, overridden by the query's (``WITH (...)``); a read
     naming its own ``pd`` is not a table read and uses only its own."""
-    given = {str(k).lower(): v for k, v in options.items()}
-    if "pd" in given or table is None:
-        if not given:
-            raise OptionError(NO_DEFINITION)
+    given, alone = _query_options(options, table)
+    if alone or table is None:
         return given
     inherited = dict(table.options)
     for group in _POSITIONS:
@@ -123,10 +132,8 @@ def write_options(options: Mapping[str, str], table: TableDefinition | None) -> 
     by the write's own (``WITH (...)``, ``.option(...)``), where a table on one stream writes to
     it and a table on several routes rows by their ``stream_id`` column; a write naming its own
     ``pd`` (``df.write`` with options) is not a table write and uses only its own."""
-    given = {str(k).lower(): v for k, v in options.items()}
-    if "pd" in given or table is None:
-        if not options:
-            raise OptionError(NO_DEFINITION)
+    given, alone = _query_options(options, table)
+    if alone or table is None:
         return dict(options)
     merged = {**table.options, **given}
     streams = merged.pop("streams", "")
