@@ -106,16 +106,26 @@ class ServerMeta:
         return self.last_heartbeat_ms >= 0
 
 
+# Highest stream id CREATE_STREAMS may ask for. The PD chooses the highest id so far + 1, so an
+# asked-for id near the top of the (signed 64-bit) id space would leave it none to choose.
+MAX_ASKED_STREAM_ID = (1 << 62) - 1
+
+
 # -- the rules ----------------------------------------------------------------------------
 
 
 def check_new_stream(replica_nums: int, servers: Sequence[int], stream_id: int | None) -> None:
-    """A new stream needs one server per replica; an asked-for id must be >= 0."""
+    """A new stream needs one server per replica; an asked-for id must be >= 0 and at most
+    ``MAX_ASKED_STREAM_ID``."""
     if len(servers) != replica_nums:
         raise InvalidRequestError(
             f"range 0 needs {replica_nums} servers, {len(servers)} given")
     if stream_id is not None and stream_id < 0:
         raise InvalidRequestError(f"stream_id must be >= 0, got {stream_id}")
+    if stream_id is not None and stream_id > MAX_ASKED_STREAM_ID:
+        raise InvalidRequestError(
+            f"stream_id {stream_id} is above {MAX_ASKED_STREAM_ID}, the highest a create may "
+            f"ask for: the ids above it are left for the PD to choose")
 
 
 def stream_taken(stream_id: int, deleted: bool) -> StreamAlreadyExistsError:

@@ -134,7 +134,10 @@ class PdStore:
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite has rolled back already after some errors (SQLITE_FULL): a ROLLBACK
+                # then fails and would hide the error that matters.
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             else:
                 self._db.execute("COMMIT")

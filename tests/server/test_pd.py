@@ -20,6 +20,7 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.frame import decode_frame, encode_frame
 from sbp_spark.server.net import FrameServer, NetConfig, RequestContext, RequestHandler
 from sbp_spark.server.pd import PdConfig, PlacementDriver
+from sbp_spark.server.pd_meta import MAX_ASKED_STREAM_ID
 from tests.polling import wait_until as poll
 
 # -- a stand-in range server ------------------------------------------------------------------
@@ -231,6 +232,18 @@ def test_create_with_explicit_id(conn, servers):
     assert res.status.ok and res.stream.stream_id == 500
     [dup] = create(conn, m.Stream(stream_id=500))
     assert dup.status.code == ErrorCode.STREAM_ALREADY_EXISTS
+
+
+def test_an_asked_id_cannot_use_up_the_ids_the_pd_chooses(conn, servers):
+    # An id at the top of the id space left the PD none to choose: every later create that
+    # let the PD choose failed with SYSTEM_ERROR UNKNOWN ("cannot rollback").
+    [top] = create(conn, m.Stream(stream_id=(1 << 63) - 1))
+    assert top.status.code == ErrorCode.INVALID_REQUEST
+    assert "the highest a create may ask for" in top.status.message
+    [highest] = create(conn, m.Stream(stream_id=MAX_ASKED_STREAM_ID))
+    assert highest.status.ok and highest.stream.stream_id == MAX_ASKED_STREAM_ID
+    [chosen] = create(conn, m.Stream())
+    assert chosen.status.ok and chosen.stream.stream_id == MAX_ASKED_STREAM_ID + 1
 
 
 def test_describe_update_delete(conn, servers):
