@@ -524,6 +524,14 @@ class RangeLog:
             # has data); those are never served.
             committed = min(self._committed, self.readable_offset)
             if offset >= committed or (end_offset >= 0 and offset >= end_offset):
+                if self._written <= offset < self.readable_offset and (
+                        end_offset < 0 or offset < end_offset):
+                    # Sealed above what this replica stored (it missed the tail, or lost it
+                    # in a crash): nothing will ever come here, the reader must go elsewhere.
+                    raise CorruptDataError(
+                        f"range {self.stream_id}/{self.range_index} ends at "
+                        f"{self._end_offset} but this replica stores only up to "
+                        f"{self._written}", offset)
                 return ReadChunk([], 0, offset)
             bases = [s.base_offset for s in self.segments]
             i = max(bisect.bisect_right(bases, offset) - 1, 0)
@@ -553,8 +561,8 @@ class RangeLog:
         while total < limit:
             try:
                 chunk = self.read(offset, limit - total, first=True, count=False)
-            except OffsetOutOfRangeError:
-                break
+            except (OffsetOutOfRangeError, CorruptDataError):
+                break  # what is readable so far; the fetch itself reports the rest
             with chunk:
                 if not chunk.batches:
                     break

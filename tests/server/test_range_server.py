@@ -465,3 +465,24 @@ def test_fetch_serves_the_sound_batches_around_a_corrupt_one(tmp_path):
         assert [parse_header(b).base_offset for b in batches[1]] == [2, 3]
         # The damaged offset is never handed out again.
         assert [r.base_offset for r in _append(peer, [(1, b"new")]).append_responses] == [4]
+
+
+def test_a_range_sealed_above_what_this_replica_stored_sends_readers_elsewhere(peer):
+    # The PD sealed the range where its primary stopped (5); this replica stored 2 records of
+    # it (it missed the rest). Readers got OK answers with no batches for offsets 2 to 4 at
+    # once, long poll or not, and asked again forever; now they are told to read elsewhere.
+    _sync(peer, _range(1))
+    _append(peer, [(1, b"a"), (1, b"b")])
+    _sync(peer, _range(1, end=5))
+    _, statuses, batches = _fetch(peer, [_entry(1, offset=0)])
+    assert [parse_header(b).base_offset for b in batches[0]] == [0, 1]
+    assert statuses[0][-1].code == ErrorCode.DATA_CORRUPT
+    assert "ends at 5 but this replica stores only up to 2" in statuses[0][-1].message
+    began = time.monotonic()
+    _, statuses, _ = _fetch(peer, [_entry(1, offset=3)], max_wait_ms=5000, min_bytes=1000)
+    assert statuses[0][-1].code == ErrorCode.DATA_CORRUPT
+    assert "corrupt at offset 3" in statuses[0][-1].message
+    assert time.monotonic() - began < 2
+    # At the end itself the answer is still that the stream continues elsewhere.
+    _, statuses, _ = _fetch(peer, [_entry(1, offset=5)])
+    assert statuses[0][-1].code == ErrorCode.RANGE_SEALED
