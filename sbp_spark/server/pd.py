@@ -360,6 +360,8 @@ class PlacementDriver:
                 raise InvalidRequestError(
                     f"no range server has advertised address {server.advertise_addr}")
             sid = matches[-1]
+        elif self.store.get_server(sid) is None:
+            raise InvalidRequestError(f"no range server has id {sid} (this PD never issued it)")
         return sid, self.store.ranges_on_server(sid)
 
     def describe_range(self, stream_id: int, range_index: int) -> RangeMeta:

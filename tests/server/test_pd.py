@@ -446,6 +446,19 @@ def test_list_ranges_by_server(conn, servers):
     assert by_stream.stream_id == sid and len(by_stream.ranges) == 1
 
 
+def test_list_ranges_of_a_server_id_never_issued_is_refused(conn, servers):
+    # Was an OK answer listing no ranges, as for a server that holds none, while an unknown
+    # address was refused: a client that mistyped an id could not tell.
+    unknown = max(rs.server_id for rs in servers) + 100
+    resp, _ = conn.call(m.ListRangesRequest(range_owners=[
+        m.RangeOwner(range_server=m.RangeServer(unknown)),
+        m.RangeOwner(range_server=m.RangeServer(servers[0].server_id))]))
+    missing, known = resp.list_responses
+    assert missing.status.code == ErrorCode.INVALID_REQUEST
+    assert f"no range server has id {unknown}" in missing.status.message
+    assert known.status.ok and known.range_server.server_id == servers[0].server_id
+
+
 def test_trim_streams(conn, servers):
     sid = create_one(conn)
     [r0] = list_ranges(conn, sid)
