@@ -275,11 +275,13 @@ class FetchServer:
                 self._corrupt(frame, e, exc)
                 return
             if not chunk.batches:
-                if frame.empty or budget == e.remaining:
-                    # Nothing here (or the next batch exceeds the entry's budget).
+                if frame.empty or (budget == e.remaining and e.sent_bytes):
+                    # Nothing here (or the next batch exceeds what is left of the budget).
                     e.done = True
                 else:
-                    frame.overflow = True  # the next batch needs a frame of its own
+                    # The next batch needs a frame of its own (an entry's first batch goes
+                    # even past its budget, but only as the first of a frame).
+                    frame.overflow = True
                 return
             if e.sent_bytes and chunk.batches[0].length > e.remaining:
                 chunk.release()

@@ -227,6 +227,19 @@ def test_fetch_of_many_small_batches(peer):
     assert len(frames) > 1
 
 
+def test_an_entry_gets_its_first_batch_past_its_budget_next_to_other_entries(peer):
+    # Alone, an entry whose first batch is larger than its batch_max_bytes gets that batch;
+    # sharing the answer with another entry's batches, it got none, and asking again got none
+    # again.
+    _sync(peer, _range(1), _range(2))
+    _append(peer, [(1, b"a" * 100), (2, b"b" * 500)])
+    _, statuses, batches = _fetch(peer, [_entry(1, index=0), _entry(2, max_bytes=200, index=1)])
+    assert [s.code for s in statuses[0] + statuses[1]] == [ErrorCode.NONE] * \
+        (len(statuses[0]) + len(statuses[1]))
+    assert [parse_header(b).body_length for b in batches[0]] == [100]
+    assert [parse_header(b).body_length for b in batches[1]] == [500]
+
+
 def test_fetch_long_poll_is_woken_by_an_append(server, peer):
     _sync(peer, _range(1))
     _append(peer, [(1, b"old")])
