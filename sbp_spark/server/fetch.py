@@ -156,9 +156,10 @@ class FetchServer:
             rlog = self.storage.find_range(e.req.stream_id, e.offset)
             if rlog is None:
                 continue
-            if rlog.sealed and e.offset >= min(rlog.end_offset, rlog.written_offset):
-                # Answer now: RANGE_SEALED, or a tail sealed here but never stored (DATA_CORRUPT),
-                # will not change.
+            if rlog.deleted or e.offset < rlog.start_offset or (
+                    rlog.sealed and e.offset >= min(rlog.end_offset, rlog.written_offset)):
+                # Answer now: a deleted stream, a trimmed offset, RANGE_SEALED or a tail sealed
+                # here but never stored (DATA_CORRUPT) will not change.
                 return max(min_bytes, 1)
             if rlog.readable_offset <= e.offset:
                 continue

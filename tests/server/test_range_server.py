@@ -271,6 +271,27 @@ def test_fetch_long_poll_times_out_with_an_empty_ok_answer(peer):
     assert len(frames) == 1 and statuses[0][0].ok and batches[0] == []
 
 
+def test_a_long_poll_ends_at_once_when_its_stream_is_deleted_or_trimmed_past_it(server, peer):
+    # Both answers are final the moment it happens; the long poll waited out max_wait_ms (up
+    # to 60 s) before giving them.
+    _sync(peer, _range(1), _range(2))
+    _append(peer, [(1, b"a"), (2, b"a" * 100), (2, b"b")])
+    with RawPeer(server.address) as other:
+        for stream_id, change, code in (
+                (1, DeleteStreamsRequest(streams=[Stream(stream_id=1)]),
+                 ErrorCode.STREAM_NOT_FOUND),
+                (2, TrimStreamsRequest(trimmed_streams=[TrimmedStream(2, 2)]),
+                 ErrorCode.OFFSET_OUT_OF_RANGE)):
+            later = threading.Timer(0.2, other.call, (change,))
+            later.start()
+            began = time.monotonic()
+            _, statuses, _ = _fetch(peer, [_entry(stream_id, offset=1)], max_wait_ms=10_000,
+                                    min_bytes=1 << 20)
+            later.join()
+            assert statuses[0][-1].code == code
+            assert time.monotonic() - began < 5
+
+
 def test_fetch_validates_its_fields(peer):
     _sync(peer, _range(1))
     _append(peer, [(1, b"x")])
