@@ -221,8 +221,9 @@ class RangeServerHandler(RequestHandler):
             return None
         if sum(1 for rep in replicas if rep.is_primary) > 1:
             raise InvalidRequestError(f"range {sid}/{r.range_index} names several primaries")
-        existing = self.storage.get_range(sid, r.range_index)
-        if existing is not None and existing.deleted:
+        # Any range of the stream, not only this one: a range the PD opened just before the
+        # stream's deletion may reach this server after the DELETE_STREAMS (ids never return).
+        if any(rlog.deleted for rlog in self.storage.stream_ranges(sid)):
             raise StreamNotFoundError(f"stream {sid} was deleted")
         return self.storage.create_range(sid, r.range_index, r.start_offset, r.end_offset,
                                          replicas)

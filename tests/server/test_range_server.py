@@ -310,6 +310,20 @@ def test_fetch_validates_its_fields(peer):
     assert [statuses[i][0].code for i in (0, 1)] == [ErrorCode.RANGE_NOT_FOUND] * 2
 
 
+def test_a_new_range_of_a_deleted_stream_is_refused(peer):
+    # The PD opened range 1 (a seal) just before the stream was deleted, and its push arrived
+    # after the DELETE_STREAMS: the range was created, open and not deleted, so appends to the
+    # deleted stream were acknowledged, and no reader could ever read them.
+    _sync(peer, _range(1))
+    _append(peer, [(1, b"a")])
+    msg, _ = peer.call(DeleteStreamsRequest(streams=[Stream(stream_id=1)]))
+    assert msg.delete_responses[0].status.ok
+    [refused] = _sync(peer, _range(1, index=1, start=1))
+    assert refused.status.code == ErrorCode.STREAM_NOT_FOUND
+    [result] = _append(peer, [(1, b"b")]).append_responses
+    assert result.status.code == ErrorCode.STREAM_NOT_FOUND and result.base_offset == -1
+
+
 def test_trim_makes_old_offsets_out_of_range_naming_the_start(peer):
     _sync(peer, _range(1))
     _append(peer, [(1, b"x" * 10)] * 10)
