@@ -123,8 +123,7 @@ class SbpDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer
 
-        return stream_writer(
-            tables.write_options(self.options, tables.definition_of(schema)), schema, overwrite)
+        return stream_writer(tables.stream_write_options(self.options), schema, overwrite)
 
 
 class SbpDataSourceNoPushdown(SbpDataSource):

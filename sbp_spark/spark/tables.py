@@ -11,6 +11,8 @@ a secret, keys stay in the files named) and, for payload=arrow, which columns ar
 
 A table created with a column list, or by ``CREATE TABLE ... AS SELECT``, never had its schema
 asked for, so it has no definition; using it fails with a message saying how to create it.
+``writeStream.toTable`` hands the sink the DataFrame's schema instead of the table's, so it
+cannot write to an sbp table; it fails with a message naming what does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ NO_DEFINITION = (
     "column list nor CREATE TABLE ... AS SELECT asks for it. Create the table as "
     "CREATE TABLE t USING sbp OPTIONS (pd 'host:port', streams '7') (no column list, no AS "
     "SELECT), then fill it with INSERT INTO t SELECT ...")
+
+NO_STREAMING_TABLE = (
+    "format sbp got no option 'pd' for a streaming write. writeStream.toTable() cannot write "
+    "to an sbp table: Spark hands the streaming sink of a Python data source neither the "
+    "table's OPTIONS nor its schema, only the DataFrame's, so the sink cannot know the table's "
+    "pd and streams. Name them on the write: writeStream.format('sbp').option('pd', "
+    "'host:port').option('stream', '7').start(), or append each micro-batch to the table "
+    "with foreachBatch(lambda df, _: df.writeTo('t').append())")
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,7 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None) -> d
 
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
-    """The options of a write: a table's (``INSERT INTO``, ``writeStream.toTable``), overridden
+    """The options of a batch write: a table's (``INSERT INTO``, ``df.writeTo``), overridden
     by the write's own (``WITH (...)``, ``.option(...)``), where a table on one stream writes to
     it and a table on several routes rows by their ``stream_id`` column; a write naming its own
     ``pd`` (``df.write`` with options) is not a table write and uses only its own."""
@@ -142,5 +152,16 @@ def write_options(options: Mapping[str, str], table: TableDefinition | None) -> 
     return merged
 
 
-__all__ = ["NO_DEFINITION", "TableDefinition", "definition_of", "read_options",
-           "source_options", "with_definition", "write_options"]
+def stream_write_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The options of a streaming write: its own, always naming ``pd``. Spark gives the sink
+    of ``writeStream.toTable`` the DataFrame's schema, never the table's, so a definition in
+    that schema is the one of a table the stream was read from (``readStream.table``):
+    taking its options would write the rows back into the table they came from."""
+    if not any(str(k).lower() == "pd" for k in options):
+        raise OptionError(NO_STREAMING_TABLE)
+    return dict(options)
+
+
+__all__ = ["NO_DEFINITION", "NO_STREAMING_TABLE", "TableDefinition", "definition_of",
+           "read_options", "source_options", "stream_write_options", "with_definition",
+           "write_options"]

@@ -185,3 +185,29 @@ def test_create_table_with_a_location_is_refused(spark, pd, sbp_client):
         spark.sql(f"CREATE TABLE located_{sid} USING sbp OPTIONS (pd '{pd}', streams '{sid}') "
                   "LOCATION '/tmp/sbp-table-location'")
     assert not spark.catalog.tableExists(f"located_{sid}")
+
+
+def test_write_stream_to_table_is_refused_and_never_writes_the_source(spark, pd, sbp_client,
+                                                                       tmp_path):
+    # Spark hands the sink of writeStream.toTable the DataFrame's schema, not the table's: the
+    # sink failed with "option 'pd' is required", and a stream read from another sbp table
+    # carried that table's definition, so its rows were appended back into the source stream.
+    source, target = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, source, ["a", "b"])
+    refusal = r"writeStream.toTable\(\) cannot write to an sbp table.*writeStream.format\('sbp'\)"
+    with table(spark, f"src_{source}", f"USING sbp OPTIONS (pd '{pd}', stream '{source}', "
+                                       "startingOffsets 'earliest')") as src, \
+            table(spark, f"dst_{target}", f"USING sbp OPTIONS (pd '{pd}', stream '{target}')"
+                  ) as dst:
+        plain = (spark.readStream.format("sbp").option("pd", pd).option("streams", str(source))
+                 .option("startingOffsets", "earliest").load().select("key", "value"))
+        for n, frame in enumerate([plain, spark.readStream.table(src)]):
+            query = (frame.writeStream.option("checkpointLocation", str(tmp_path / f"chk{n}"))
+                     .trigger(availableNow=True).toTable(dst))
+            try:
+                with pytest.raises(Exception, match=refusal):
+                    query.awaitTermination(120)
+            finally:
+                query.stop()
+    assert stored_values(sbp_client, source) == ["a", "b"]
+    assert stored_values(sbp_client, target) == []
