@@ -8,7 +8,7 @@ the schema and the pushed predicates; connections are opened inside ``read()``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -103,6 +103,26 @@ def _after_rewrite(options: ReadOptions, partition: SbpPartition,
                 exc.end_offset)
 
 
+def metadata_columns_of(schema: StructType, payload: str,
+                        data_columns: Sequence[str] | None) -> frozenset[str]:
+    """The columns of ``schema`` a read (batch or streaming) knows are metadata: all of
+    payload=records, and for payload=arrow those that are none of ``data_columns`` (the
+    inferred schema's or a table's); None (a schema the user gave): none, since a column named
+    like a metadata column may be data in some batches."""
+    if payload == "records":
+        return frozenset(METADATA_TYPES)
+    if data_columns is None:
+        return frozenset()
+    return frozenset(n for n in schema.fieldNames() if n not in data_columns)
+
+
+def known_metadata(schema: StructType, metadata_columns: frozenset[str]) -> frozenset[str]:
+    """The columns of ``schema`` among ``metadata_columns`` that have a metadata column's type:
+    those a read fills from where records are stored in every batch."""
+    return frozenset(f.name for f in schema.fields
+                     if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
+
+
 class SbpBatchReader(DataSourceReader):
     """Plans one partition per range (or piece of one) and reads each with one FETCH."""
 
@@ -112,9 +132,7 @@ class SbpBatchReader(DataSourceReader):
         self.schema = schema
         # Columns known to be filled from where records are stored (not from record bodies);
         # only filters on these can be pushed.
-        self.metadata_columns = frozenset(
-            f.name for f in schema.fields
-            if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
+        self.metadata_columns = known_metadata(schema, metadata_columns)
         self.pushed = PushedFilters()
 
     def partitions(self) -> list[SbpPartition]:
@@ -147,4 +165,5 @@ class SbpPushdownBatchReader(SbpBatchReader):
         return iter(unhandled)
 
 
-__all__ = ["ReadFailedError", "SbpBatchReader", "SbpPushdownBatchReader", "read_partition"]
+__all__ = ["ReadFailedError", "SbpBatchReader", "SbpPushdownBatchReader", "known_metadata",
+           "metadata_columns_of", "read_partition"]

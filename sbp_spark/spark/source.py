@@ -29,9 +29,8 @@ from . import cluster, tables
 from .encode import RowEncoder
 from .evolution import check_backward, infer_arrow_schema
 from .options import check_option_names, parse_read_options, parse_write_options
-from .reader import SbpBatchReader, SbpPushdownBatchReader
+from .reader import SbpBatchReader, SbpPushdownBatchReader, metadata_columns_of
 from .schemas import (
-    METADATA_TYPES,
     arrow_payload_schema,
     check_records_read_schema,
     records_schema,
@@ -77,19 +76,16 @@ class SbpDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         table = tables.definition_of(schema)
         options = parse_read_options(tables.read_options(self.options, table))
-        data_columns = self.arrow_data_columns or (
-            table.data_columns if table is not None else None)
         if options.payload == "records":
             check_records_read_schema(schema)
-            metadata = frozenset(METADATA_TYPES)
-        elif data_columns is not None:
-            metadata = frozenset(n for n in schema.fieldNames() if n not in data_columns)
-        else:
-            # A schema given by the user: a column named like a metadata column may be data in
-            # some batches, so no filter on it is pushed.
-            metadata = frozenset()
+        metadata = metadata_columns_of(schema, options.payload, self._data_columns(table))
         cls = SbpPushdownBatchReader if self.pushdown else SbpBatchReader
         return cls(options, schema, metadata)
+
+    def _data_columns(self, table: tables.TableDefinition | None) -> tuple[str, ...] | None:
+        """payload=arrow: the data columns schema() inferred or the table keeps (None: the
+        user gave the schema)."""
+        return self.arrow_data_columns or (table.data_columns if table is not None else None)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -117,8 +113,9 @@ class SbpDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from .streaming.reader import stream_reader
 
-        return stream_reader(
-            tables.read_options(self.options, tables.definition_of(schema)), schema)
+        table = tables.definition_of(schema)
+        return stream_reader(tables.read_options(self.options, table), schema,
+                             self._data_columns(table))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer

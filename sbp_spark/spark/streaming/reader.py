@@ -44,7 +44,7 @@ from .. import cluster
 from ..decode import SkipTally
 from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_stream_read_options
 from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
-from ..reader import ReadFailedError, read_partition
+from ..reader import ReadFailedError, known_metadata, metadata_columns_of, read_partition
 from ..schemas import check_records_read_schema
 from ..times import resolve_time_positions
 from .limits import TriggerDelay, TriggerLimits, admit
@@ -67,9 +67,13 @@ class DataLossError(RuntimeError):
 class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reads of SBP streams with admission control and data-loss checks."""
 
-    def __init__(self, options: StreamReadOptions, schema: StructType) -> None:
+    def __init__(self, options: StreamReadOptions, schema: StructType,
+                 metadata_columns: frozenset[str] = frozenset()) -> None:
         self.options = options
         self.schema = schema
+        # Filled from where records are stored in every batch, as in a batch read (a stored
+        # column of such a name is dropped).
+        self.metadata_columns = known_metadata(schema, metadata_columns)
         self.limits = TriggerLimits.from_options(options)
         self._state: _DriverState | None = None
 
@@ -208,12 +212,14 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SbpPartition), type(partition)
         if not self.options.skip_incompatible_batches:
-            return read_partition(self.options.read, self.schema, partition)
+            return read_partition(self.options.read, self.schema, partition,
+                                  metadata_columns=self.metadata_columns)
         return self._read_skipping(partition)
 
     def _read_skipping(self, partition: SbpPartition) -> Iterator[pa.RecordBatch]:
         skipped = SkipTally()
-        yield from read_partition(self.options.read, self.schema, partition, skipped)
+        yield from read_partition(self.options.read, self.schema, partition, skipped,
+                                  self.metadata_columns)
         if skipped.batches:
             log.warning("sbp %s: skipped %d stored batches (%d records) that do not fit the "
                         "read schema (skipIncompatibleBatches=true); the first: %s",
@@ -420,7 +426,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             for part in self._plan(spans):
                 for _ in read_partition(self.options.read, self.schema, part,
-                                        tallies[part.stream_id]):
+                                        tallies[part.stream_id], self.metadata_columns):
                     pass
         except (SbpError, ReadFailedError) as exc:
             log.warning("sbp: could not count the stored batches micro-batch %s -> %s skips "
@@ -567,9 +573,12 @@ def _ids(streams: Sequence[int]) -> str:
     return ",".join(str(s) for s in streams)
 
 
-def stream_reader(options: Mapping[str, str], schema: StructType) -> SbpStreamReader:
-    """The stream reader of a query (``DataSource.streamReader``), options checked."""
+def stream_reader(options: Mapping[str, str], schema: StructType,
+                  data_columns: Sequence[str] | None = None) -> SbpStreamReader:
+    """The stream reader of a query (``DataSource.streamReader``), options checked;
+    ``data_columns`` as for a batch read (see ``metadata_columns_of``)."""
     parsed = parse_stream_read_options(options)
     if parsed.read.payload == "records":
         check_records_read_schema(schema)
-    return SbpStreamReader(parsed, schema)
+    return SbpStreamReader(parsed, schema, metadata_columns_of(
+        schema, parsed.read.payload, data_columns))

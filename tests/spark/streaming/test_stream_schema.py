@@ -75,3 +75,32 @@ def test_skip_incompatible_batches_counts_them_in_the_progress(spark, pd, sbp_cl
     assert report["incompatibleBatchesSkipped"] == 2
     assert report["incompatibleRecordsSkipped"] == 5
     assert progress["numInputRows"] == 2
+
+
+def test_metadata_named_data_in_older_batches_reads_as_in_a_batch_read(spark, pd, sbp_client,
+                                                                        tmp_path):
+    # The older batch was copied with its own 'timestamp' column (2020); the newest has none,
+    # so the inferred schema's 'timestamp' is the metadata column. A batch read makes it
+    # metadata in every stored batch; the streaming read combined both batches into one and
+    # failed with "column 'timestamp' is data in some batches and metadata in others".
+    sid = new_stream(sbp_client)
+    copied = pa.record_batch({"id": pa.array([1, 2], pa.int64()),
+                              "timestamp": pa.array([1_577_836_800_000_000] * 2,
+                                                    pa.timestamp("us", tz="UTC"))})
+    append_arrow(sbp_client, sid, copied, timestamp_ms=1_000)
+    append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([3], pa.int64())}),
+                 timestamp_ms=2_000)
+    batch = (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
+             .option("payload", "arrow").load())
+    expected = sorted((r.id, r.timestamp) for r in batch.select("id", "timestamp").collect())
+    assert [t.year for _, t in expected] == [1970] * 3
+    query = (arrow_stream(spark, pd, sid).select("id", "timestamp").writeStream
+             .format("memory").queryName(f"copied_{sid}")
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    finally:
+        query.stop()
+    assert sorted((r.id, r.timestamp) for r in spark.table(f"copied_{sid}").collect()
+                  ) == expected
