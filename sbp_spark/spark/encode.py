@@ -70,11 +70,14 @@ class RowEncoder:
     # payload=arrow: metadata columns of an sbp table's schema that are not data (INSERT INTO
     # fills them with nulls); never stored.
     dropped: tuple[str, ...] = ()
+    # Routing by column: the streams a row may name (option 'streams'; None: any).
+    routes: tuple[int, ...] | None = None
 
     @classmethod
     def for_schema(cls, schema: StructType, payload: str, stream: int | None,
-                   create: bool = False) -> RowEncoder:
-        """Check ``schema`` for a write; ``stream`` is the stream option (None: per row)."""
+                   create: bool = False, routes: tuple[int, ...] | None = None) -> RowEncoder:
+        """Check ``schema`` for a write; ``stream`` is the stream option (None: per row, to
+        one of ``routes`` when given)."""
         types = {f.name: f.dataType for f in schema.fields}
         route = stream is None and not create
         if route:
@@ -114,7 +117,8 @@ class RowEncoder:
         if payload == "arrow" and table is not None and table.data_columns is not None:
             dropped = tuple(n for n in types
                             if n in METADATA_TYPES and n not in table.data_columns)
-        return cls(payload, route, tuple(schema.fieldNames()), dropped)
+        return cls(payload, route, tuple(schema.fieldNames()), dropped,
+                   routes if route else None)
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
                ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -133,11 +137,23 @@ class RowEncoder:
             raise ValueError(f"{column.null_count} rows have a null stream_id; every row needs "
                              "a target stream (or set option 'stream')")
         unique = pc.unique(column)
+        self._check_routes(unique.to_pylist())
         if len(unique) == 1:
             yield unique[0].as_py(), self._body(batch)
             return
         for sid in sorted(unique.to_pylist()):
             yield sid, self._body(batch.filter(pc.equal(column, sid)))
+
+    def _check_routes(self, stream_ids: list[int]) -> None:
+        """Refuse rows naming a stream outside option 'streams' before any row is written."""
+        if self.routes is None:
+            return
+        outside = sorted(set(stream_ids) - set(self.routes))
+        if outside:
+            raise ValueError(
+                f"rows have stream_id {','.join(map(str, outside))}, which is not one of the "
+                f"streams {','.join(map(str, self.routes))} of option 'streams'; a write on "
+                "several streams routes each row to one of them by its stream_id")
 
     def _body(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if self.payload == "arrow":

@@ -315,8 +315,9 @@ PD = OptionSpec(
     "placement driver address(es), host:port[,host:port...]",
     parse_pd, None)
 STREAMS = OptionSpec(
-    "streams", "(required to read)", "read",
-    "comma-separated stream ids to read",
+    "streams", "(required to read)", "read (write)",
+    "comma-separated stream ids to read; a write without `stream` goes to the one stream, "
+    "or routes rows by stream_id among several (another stream_id fails it)",
     parse_stream_ids, None)
 STREAM = OptionSpec(
     "stream", "(none)", "write",
@@ -654,6 +655,8 @@ class WriteOptions:
 
     client: ClientOptions
     stream: int | None = STREAM.value
+    # Without 'stream': the streams rows may route to by stream_id (None: any).
+    routes: tuple[int, ...] | None = None
     payload: str = PAYLOAD.value
     batch_max_records: int = BATCH_MAX_RECORDS.value
     batch_max_bytes: int = BATCH_MAX_BYTES.value
@@ -771,11 +774,17 @@ def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
 
 
 def _parse_common_write(opts: _Options) -> WriteOptions:
-    if opts.has("streams") and not opts.has("stream"):
-        raise OptionError(
-            "option 'streams' is for reading; to write, name the target with option 'stream' "
-            "(one stream id) or give the rows a stream_id column")
     _check_all_values(opts)
+    stream = opts.value(STREAM)
+    # 'streams' without 'stream' (a view or table that reads what it writes): one stream is
+    # the target; among several, each row's stream_id picks one.
+    streams = opts.value(STREAMS) if stream is None else None
+    if streams is not None and len(streams) == 1:
+        stream, streams = streams[0], None
+    if streams is not None and opts.value(CREATE_IF_MISSING):
+        raise OptionError(
+            "option 'createIfMissing' cannot go with option 'streams': rows route to one of "
+            "the streams named by their stream_id column, and a new stream is none of them")
     payload = opts.value(PAYLOAD)
     compatibility = opts.value(SCHEMA_COMPATIBILITY)
     if compatibility != "none" and payload != "arrow":
@@ -783,7 +792,8 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
                           f"payload=arrow: payload={payload} records have a fixed schema")
     return WriteOptions(
         client=_client_options(opts),
-        stream=opts.value(STREAM),
+        stream=stream,
+        routes=None if streams is None else tuple(streams),
         payload=payload,
         batch_max_records=opts.value(BATCH_MAX_RECORDS),
         batch_max_bytes=opts.value(BATCH_MAX_BYTES),

@@ -105,7 +105,7 @@ class SbpDataSource(DataSource):
             created = True
             log.warning("sbp write: created stream %d (replicas=%d, retentionMs=%d)",
                         stream, options.replicas, options.retention_ms)
-        encoder = RowEncoder.for_schema(schema, options.payload, stream)
+        encoder = RowEncoder.for_schema(schema, options.payload, stream, routes=options.routes)
         if options.schema_compatibility == "backward" and stream is not None and not created:
             check_backward(client, stream, options.client.pd, to_arrow(schema))
         return SbpBatchWriter(options, encoder, stream, created)

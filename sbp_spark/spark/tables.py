@@ -139,17 +139,14 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None) -> d
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
     """The options of a batch write: a table's (``INSERT INTO``, ``df.writeTo``), overridden
-    by the write's own (``WITH (...)``, ``.option(...)``), where a table on one stream writes to
-    it and a table on several routes rows by their ``stream_id`` column; a write naming its own
-    ``pd`` (``df.write`` with options) is not a table write and uses only its own."""
+    by the write's own (``WITH (...)``, ``.option(...)``); a write naming its own ``pd``
+    (``df.write`` with options, a temporary view) is not a table write and uses only its own.
+    Either way, without ``stream`` the write goes to the one stream of ``streams``, or routes
+    rows by their ``stream_id`` column to one of several (``parse_write_options``)."""
     given, alone = _query_options(options, table)
     if alone or table is None:
         return dict(options)
-    merged = {**table.options, **given}
-    streams = merged.pop("streams", "")
-    if "stream" not in merged and "," not in streams and streams.strip():
-        merged["stream"] = streams.strip()
-    return merged
+    return {**table.options, **given}
 
 
 def stream_write_options(options: Mapping[str, str]) -> dict[str, str]:

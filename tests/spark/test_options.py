@@ -118,8 +118,19 @@ def test_write_defaults_and_values():
     assert opts.compression == "zstd"
 
 
+def test_a_write_given_streams_goes_to_the_one_or_routes_among_several():
+    # A temporary view hands its write the OPTIONS it was created with, 'streams' included.
+    one = parse_write_options({**PD, "streams": "7"})
+    assert (one.stream, one.routes) == (7, None)
+    several = parse_write_options({**PD, "streams": "7,8"})
+    assert (several.stream, several.routes) == (None, (7, 8))
+    named = parse_write_options({**PD, "streams": "7,8", "stream": "3"})
+    assert (named.stream, named.routes) == (3, None)
+
+
 @pytest.mark.parametrize(("options", "message"), [
-    ({"streams": "1", **PD}, "option 'streams' is for reading"),
+    ({**PD, "streams": "1,2", "createIfMissing": "true"},
+     "option 'createIfMissing' cannot go with option 'streams'"),
     ({**PD, "stream": "a"}, "option 'stream' = 'a'.*stream id"),
     ({**PD, "batchMaxRecords": "0"}, "option 'batchMaxRecords'"),
     ({**PD, "batchMaxBytes": "16m"}, "option 'batchMaxBytes' = '16m'.*between 1024 and"),

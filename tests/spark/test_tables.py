@@ -211,3 +211,28 @@ def test_write_stream_to_table_is_refused_and_never_writes_the_source(spark, pd,
                 query.stop()
     assert stored_values(sbp_client, source) == ["a", "b"]
     assert stored_values(sbp_client, target) == []
+
+
+def test_temporary_view_on_streams_only_writes_like_a_table(spark, pd, sbp_client):
+    # A view hands the write its OPTIONS as they are, so a view given only 'streams' refused
+    # every INSERT ("option 'streams' is for reading"). Like a table, a view on one stream
+    # writes to it, and a view on several routes each row by stream_id to one of them.
+    s1, s2, outside = (new_stream(sbp_client) for _ in range(3))
+    one, pair = f"one_{s1}", f"pair_view_{s1}_{s2}"
+    spark.sql(f"CREATE TEMPORARY VIEW {one} USING sbp OPTIONS (pd '{pd}', streams '{s1}')")
+    spark.sql(f"CREATE TEMPORARY VIEW {pair} USING sbp OPTIONS (pd '{pd}', streams '{s1},{s2}')")
+    try:
+        spark.sql(f"INSERT INTO {one} (value) VALUES (BINARY('p'))")
+        spark.sql(f"INSERT INTO {pair} (stream_id, value) "
+                  f"VALUES ({s1}, BINARY('q')), ({s2}, BINARY('r'))")
+        with pytest.raises(Exception, match=f"stream_id {outside}, which is not one of the "
+                                            f"streams {s1},{s2} of option 'streams'"):
+            spark.sql(f"INSERT INTO {pair} (stream_id, value) VALUES ({outside}, BINARY('x'))")
+        with pytest.raises(Exception, match="null stream_id"):
+            spark.sql(f"INSERT INTO {pair} (value) VALUES (BINARY('which'))")
+    finally:
+        spark.catalog.dropTempView(one)
+        spark.catalog.dropTempView(pair)
+    assert stored_values(sbp_client, s1) == ["p", "q"]
+    assert stored_values(sbp_client, s2) == ["r"]
+    assert stored_values(sbp_client, outside) == []

@@ -65,7 +65,7 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
             "option 'createIfMissing' is for batch writes: a streaming query would create a new "
             "stream for every micro-batch; create the stream first (`sbp streams create`) and "
             "name it with option 'stream'")
-    encoder = RowEncoder.for_schema(schema, write.payload, write.stream)
+    encoder = RowEncoder.for_schema(schema, write.payload, write.stream, routes=write.routes)
     if write.stream is not None:
         client = cluster.get_client(write.client)
         cluster.check_streams_exist(client, [write.stream], write.client.pd)
