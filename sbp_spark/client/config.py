@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
-from ..transport.tls import TlsConfig
+from ..transport.tls import TlsConfig, client_context
 
 # Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch).
 # The client queues an answer's frames as fast as the socket delivers them, so this is also what
@@ -87,12 +88,27 @@ class ClientConfig:
             raise ValueError(f"ClientConfig: {given} given but tls=False; set tls=True to use "
                              "TLS")
         if self.tls:
-            self.tls_settings()  # the files must exist, and cert and key go together
+            self._check_tls_files()
         if not isinstance(self.max_frame_bytes, int) or not (
                 MIN_FRAME_LENGTH <= self.max_frame_bytes <= MAX_FRAME_LENGTH):
             raise ValueError(
                 f"ClientConfig.max_frame_bytes={self.max_frame_bytes!r}: must be an integer in "
                 f"[{MIN_FRAME_LENGTH}, {MAX_FRAME_LENGTH}] (the protocol's frame limit)")
+
+    def _check_tls_files(self) -> None:
+        # The files must exist, cert and key go together, and OpenSSL must accept them: a file
+        # it cannot load would otherwise fail every connection as a "TLS handshake failed",
+        # retried as if the server were at fault, without naming the file.
+        settings = self.tls_settings()
+        try:
+            client_context(settings)
+        except ssl.SSLError as exc:
+            given = ", ".join(f"{name} {value!r}" for name, value in (
+                ("tls_ca_file", self.tls_ca_file), ("tls_cert_file", self.tls_cert_file),
+                ("tls_key_file", self.tls_key_file)) if value)
+            reason = exc.reason.replace("_", " ").lower() if exc.reason else str(exc)
+            raise ValueError(f"ClientConfig: TLS files cannot be used ({given}): {reason}") \
+                from exc
 
     def tls_settings(self) -> TlsConfig | None:
         """The TLS files as a ``TlsConfig`` (None without TLS); ValueError if unusable."""

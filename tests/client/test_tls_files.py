@@ -1,0 +1,54 @@
+"""A client's TLS files are checked when its configuration is made: a file OpenSSL cannot load
+is a configuration error naming it, not a "handshake failed" with every server, retried."""
+
+from __future__ import annotations
+
+import pytest
+
+from sbp_spark.cli import main
+from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.transport.tls import TlsConfig
+
+from ..certs import Certs, make_certs
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory, certs):
+    with EmbeddedCluster(tmp_path_factory.mktemp("tls-cluster"), range_servers=1,
+                         tls=TlsConfig(certs.cert, certs.key, certs.ca)) as running:
+        yield running
+
+
+def test_unusable_tls_files_are_refused_naming_them(tls_cluster, certs, tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    for files in ({"tls_ca_file": str(junk)},
+                  {"tls_cert_file": certs.client_key, "tls_key_file": certs.client_cert},
+                  {"tls_cert_file": certs.client_cert, "tls_key_file": certs.rogue_key}):
+        settings = {"tls_ca_file": certs.ca, "tls_cert_file": certs.client_cert,
+                    "tls_key_file": certs.client_key, **files}
+        with pytest.raises(ValueError, match="TLS files cannot be used") as info:
+            ClientConfig(tls=True, **settings)
+        for path in files.values():
+            assert path in str(info.value)
+    config = ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=certs.client_cert,
+                          tls_key_file=certs.client_key, connect_timeout_s=3)
+    with ConnectionPool(config) as pool:
+        assert SbpClient(tls_cluster.pd_address, config, pool).list_streams() == []
+
+
+def test_sbp_names_an_unusable_tls_file_from_the_environment(tls_cluster, certs, capsys,
+                                                             monkeypatch):
+    monkeypatch.setenv("SBP_TLS_CA", certs.ca)
+    monkeypatch.setenv("SBP_TLS_CERT", certs.client_key)  # swapped with the key
+    monkeypatch.setenv("SBP_TLS_KEY", certs.client_cert)
+    assert main(["streams", "list", "--pd", tls_cluster.pd_address]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert certs.client_key in err and "handshake" not in err, err
