@@ -239,16 +239,20 @@ def server_command(args: argparse.Namespace) -> int:
 def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
     from sbp_spark.server.cluster import ProcessCluster, write_ready_file
+    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS
 
     if args.advertise_host is not None:
         raise ValueError("--advertise-host is not passed on to the processes --pd-nodes starts: "
                          "there every server listens on --host, which clients must reach")
+    for option, value, default in (
+            ("--page-cache-mib", args.page_cache_mib, DEFAULT_PAGE_CACHE_BYTES >> 20),
+            ("--fsync-interval-ms", args.fsync_interval_ms, DEFAULT_FSYNC_INTERVAL_MS)):
+        if value != default:
+            raise ValueError(f"{option} is not passed on to range server processes; run "
+                             "without --pd-nodes, or start `sbp range-server` yourself")
     cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
                              tls=_tls_of(args), pd_nodes=args.pd_nodes)
-    if args.page_cache_mib != DEFAULT_PAGE_CACHE_BYTES >> 20:
-        raise ValueError("--page-cache-mib is not passed on to range server processes; run "
-                         "without --pd-nodes, or start `sbp range-server` yourself")
     with _StopSignals() as stop:
         cluster.start()
         try:

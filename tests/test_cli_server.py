@@ -226,3 +226,16 @@ def test_ready_file_is_written_atomically(tmp_path):
     assert json.loads(target.read_text()) == {"pd": "127.0.0.1:1"}
     assert [p.name for p in Path(tmp_path).iterdir()] == ["r.json"]
     assert os.access(target, os.R_OK)
+
+
+def test_pd_nodes_refuses_the_options_it_cannot_pass_on(tmp_path, capsys, monkeypatch):
+    # The range server processes get only --fsync: a changed interval would be dropped.
+    def start(self):
+        raise AssertionError("the cluster was started despite an option it ignores")
+
+    monkeypatch.setattr(ProcessCluster, "start", start)
+    for option in (["--fsync-interval-ms", "50"], ["--page-cache-mib", "1"]):
+        assert main(["server", "--data-dir", str(tmp_path), "--pd-nodes", "2", "--port", "0",
+                     *option]) == 2
+        line = one_error_line(capsys)
+        assert line.startswith("sbp server: error: " + option[0]), line
