@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sbp_spark.protocol.errors import ProtocolError
+from sbp_spark.protocol.errors import ProtocolError, SbpError
 from sbp_spark.protocol.messages import Status
 
 from .connection import Connection
@@ -14,9 +14,11 @@ from .types import ItemResult, status_error
 T = TypeVar("T")
 
 
-def checked_call(conn: Connection, msg: Any, timeout: float | None = None) -> Any:
-    """``conn.call(msg)``; honours the answer's throttle time and raises its top-level status."""
-    response, _ = conn.call(msg, timeout=timeout)
+def checked_call(conn: Connection, msg: Any, timeout: float | None = None,
+                 on_lost: Callable[[SbpError], SbpError] | None = None) -> Any:
+    """``conn.call(msg)``; honours the answer's throttle time and raises its top-level status.
+    ``on_lost``: as in ``Connection.call``."""
+    response, _ = conn.call(msg, timeout=timeout, on_lost=on_lost)
     throttle = getattr(response, "throttle_time_ms", 0) or 0
     if throttle > 0:
         conn.throttle(throttle)

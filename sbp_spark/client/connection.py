@@ -350,14 +350,22 @@ class Connection:
         return stream
 
     def call(self, msg: Any, payload: Buffer | Sequence[Buffer] = b"",
-             timeout: float | None = None) -> tuple[Any, Buffer]:
+             timeout: float | None = None,
+             on_lost: Callable[[SbpError], SbpError] | None = None) -> tuple[Any, Buffer]:
         """Send a typed request (a ``protocol.messages`` class) and return the decoded
-        one-frame answer with its payload."""
+        one-frame answer with its payload. ``on_lost`` turns a failure once the request was
+        sent (the connection failed, no answer in time: the server may have carried it out)
+        into the error raised instead; failures before it was sent are raised as they are."""
         from sbp_spark.protocol.messages import decode_response, request_frame
 
         stream = self.start(msg.OPCODE, lambda sid: request_frame(sid, msg, payload), timeout)
         with stream:
-            frame = next(stream)
+            try:
+                frame = next(stream)
+            except SbpError as exc:
+                if on_lost is None or isinstance(exc, ServerError):
+                    raise
+                raise on_lost(exc) from exc
             if not frame.is_end:
                 raise ProtocolError(
                     f"{self.address} answered {opcode_name(msg.OPCODE)} with more than one frame")

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sbp_spark.protocol.constants import opcode_name
 from sbp_spark.protocol.errors import (
     HeaderError,
     PdNotLeaderError,
@@ -95,15 +96,22 @@ class PdClient:
 
     # -- the call path ---------------------------------------------------------------------
 
-    def call(self, msg: Any, deadline: float | None = None) -> Any:
+    def call(self, msg: Any, deadline: float | None = None, resend: bool = True) -> Any:
         """Send ``msg`` to the leader (following redirects, retrying within the config's
         policy) and return the response; a failed top-level status raises ``ServerError``.
         ``deadline`` (a ``time.monotonic()`` value) ends the retries sooner than the config's
-        ``retry_deadline_s``: a caller inside its own retry loop passes its deadline."""
+        ``retry_deadline_s``: a caller inside its own retry loop passes its deadline.
+
+        ``resend=False`` is for requests that must not be carried out twice: once the request
+        was sent, a lost answer (the connection failed, or no answer came in time) is raised,
+        no longer retriable, instead of sending the request again."""
 
         def attempt() -> Any:
             conn = self.pool.get(self.leader, self.config)
-            return checked_call(conn, msg)
+            if resend:
+                return checked_call(conn, msg)
+            return checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
+                exc, msg, conn.address))
 
         return call_with_retries(attempt, self.config, on_error=self._on_error,
                                  deadline=deadline)
@@ -133,8 +141,13 @@ class PdClient:
     # -- streams ---------------------------------------------------------------------------
 
     def create_streams(self, streams: Sequence[Stream]) -> list[ItemResult[Stream]]:
-        """Create streams (their stream_id is ignored; the PD assigns one)."""
-        response = self.call(CreateStreamsRequest(self.config.server_timeout_ms, list(streams)))
+        """Create streams (their stream_id is ignored; the PD assigns one).
+
+        Never sent twice: a create whose answer was lost raises (not retriable), since the
+        streams may exist already and a second create would make them again: list the
+        streams to find out."""
+        response = self.call(CreateStreamsRequest(self.config.server_timeout_ms, list(streams)),
+                             resend=False)
         return item_results(response.create_responses, len(streams), lambda a: a.stream,
                             "CREATE_STREAMS")
 
@@ -272,6 +285,17 @@ class PdClient:
                 on_response(response)
 
         return Heartbeat(beat, interval_s, name=f"sbp-pd-heartbeat-{self.addresses[0]}")
+
+
+def _outcome_unknown(error: SbpError, msg: Any, address: str) -> SbpError:
+    """``error``, a failure after ``msg`` was sent, as a final one saying that the PD may
+    have carried the request out (unchanged when it would not be retried anyway)."""
+    if not error.retriable:
+        return error
+    fresh = type(error)(f"{opcode_name(msg.OPCODE)} to {address} got no answer ({error}); "
+                        f"the PD may have carried it out, so it was not sent again")
+    fresh.retriable = False
+    return fresh
 
 
 def _leader_from_detail(detail: bytes) -> str | None:

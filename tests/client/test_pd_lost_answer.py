@@ -1,0 +1,60 @@
+"""A CREATE_STREAMS whose answer is lost: the PD made the streams, so sending it again would
+make them twice. The client says the outcome is unknown instead of resending it.
+
+The proxy of test_append_resend_check sits between the client and the PD: it forwards the
+request, lets the PD carry it out, then drops the answer and the connection.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sbp_spark.client import ConnectionPool, SbpClient
+from sbp_spark.protocol.errors import TransportError
+
+from .test_append_resend_check import CONFIG, AnswerLosingProxy
+
+
+def test_a_create_whose_answer_was_lost_is_not_sent_again(cluster):
+    proxy = AnswerLosingProxy(cluster.pd_address)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            client = SbpClient(proxy.address, CONFIG, pool)
+            reader = SbpClient(cluster.pd_address, CONFIG, pool)
+            before = {s.stream_id for s in reader.list_streams()}
+            proxy.armed.set()
+            lost = "CREATE_STREAMS .* may have carried it out"
+            with pytest.raises(TransportError, match=lost) as info:
+                client.create_streams(1)
+            assert proxy.lost.is_set()
+            assert not info.value.retriable
+            made = {s.stream_id for s in reader.list_streams()} - before
+            assert len(made) == 1, made
+            # The client recovers: the next create goes through on a new connection.
+            (stream,) = client.create_streams(1)
+            assert stream.stream_id not in before | made
+    finally:
+        proxy.close()
+
+
+def test_a_create_that_was_not_sent_is_still_retried(cluster, monkeypatch):
+    # The pooled connection closes (idle, GOAWAY) between being handed out and the send:
+    # the PD never saw the request, so sending it on a new connection is safe.
+    with ConnectionPool(CONFIG) as pool:
+        client = SbpClient(cluster.pd_address, CONFIG, pool)
+        before = {s.stream_id for s in client.list_streams()}
+        get = pool.get
+        handed = []
+
+        def get_closed_once(address, config=None):
+            conn = get(address, config)
+            if not handed:
+                conn.close()
+            handed.append(conn)
+            return conn
+
+        monkeypatch.setattr(pool, "get", get_closed_once)
+        (stream,) = client.create_streams(1)
+        assert len(handed) == 2 and handed[0].closed and not handed[1].closed
+        monkeypatch.undo()
+        assert {s.stream_id for s in client.list_streams()} - before == {stream.stream_id}
