@@ -118,8 +118,19 @@ def _add_page_cache_arg(parser: argparse.ArgumentParser) -> None:
                              "bound)")
 
 
+def _ready_file(path: str) -> Path:
+    # Checked up front: the file is written only once the servers run (a range server: once
+    # the PD registered it), too late to learn that it cannot be.
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a directory")
+    return p
+
+
 def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ready-file", metavar="FILE", type=Path,
+    parser.add_argument("--ready-file", metavar="FILE", type=_ready_file,
                         help="write the listening addresses to FILE as JSON once serving")
 
 

@@ -239,3 +239,21 @@ def test_pd_nodes_refuses_the_options_it_cannot_pass_on(tmp_path, capsys, monkey
                      *option]) == 2
         line = one_error_line(capsys)
         assert line.startswith("sbp server: error: " + option[0]), line
+
+
+
+@pytest.mark.parametrize("command", ["pd", "server", "range-server --pd pd:1"])
+def test_ready_file_where_none_can_be_written_is_a_usage_error(tmp_path, capsys, command):
+    # Written only once serving (a range server: once registered with its PD), so it was
+    # found out after the servers started, and made them stop again.
+    for ready, expected in ((tmp_path / "missing" / "r.json", "does not exist"),
+                            (tmp_path, "is a directory")):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([*command.split(), "--data-dir", str(tmp_path / "data"),
+                                       "--ready-file", str(ready)])
+        assert exit_info.value.code == 2
+        line = one_error_line(capsys)
+        assert "--ready-file" in line and expected in line, line
+    args = build_parser().parse_args([*command.split(), "--data-dir", str(tmp_path / "data"),
+                                      "--ready-file", str(tmp_path / "r.json")])
+    assert args.ready_file == tmp_path / "r.json"
