@@ -391,6 +391,40 @@ def test_tail_follow_sees_new_records_across_a_seal(sbp, cluster):
     assert status == 130 and "Traceback" not in stderr
 
 
+def test_produce_sends_lines_from_a_live_pipe_as_they_come(sbp, cluster):
+    # `tail -f app.log | sbp produce 7`: the input stays open; what arrived must not wait for
+    # a megabyte more of it, or for its end, before it is appended.
+    from sbp_spark.client import SbpClient
+
+    (stream,) = _create(sbp)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbp_spark.cli", "produce", str(stream), "--pd",
+         cluster.pd_address], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    reader = SbpClient(cluster.pd_address)
+    try:
+        for line in (b"first", b"second"):
+            proc.stdin.write(line + b"\n")
+            proc.stdin.flush()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and proc.poll() is None:
+                if sbp("tail", str(stream), "--from", "-1")[1] == line.decode() + "\n":
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"{line!r} was not produced while the input stayed open")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        assert "produced 2 records" in proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
+    assert sum(b.header.record_count for b in reader.read(stream)) == 2
+
+
 # -- progress ------------------------------------------------------------------------------------
 
 

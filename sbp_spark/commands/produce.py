@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -21,6 +23,9 @@ DEFAULT_BATCH_BYTES = 1 << 20
 # Record batches handed to the stream writer at once: it keeps several APPEND frames in flight,
 # so reading the input overlaps with the server storing the previous batches.
 BATCHES_PER_APPEND = 8
+# From a pipe or terminal, input arriving within this long of a chunk's first bytes joins it
+# (up to --batch-bytes); what arrives later goes in the next chunk, sent without waiting.
+GATHER_S = 0.05
 
 
 @dataclass
@@ -47,6 +52,34 @@ class _Source:
         self.name = name
         self.stream: IO[bytes] = sys.stdin.buffer if name == "-" else open(name, "rb")
         self.size = None if name == "-" else os.fstat(self.stream.fileno()).st_size
+        self.finished = False  # read to its end
+
+    def ready(self, wait_s: float = 0.0) -> bool:
+        """False when a read would wait: a pipe or terminal with nothing in it now (or
+        within ``wait_s``)."""
+        if self.size is not None:
+            return True
+        try:
+            readable, _, _ = select.select([self.stream], [], [], wait_s)
+        except (OSError, ValueError):  # no descriptor to ask (a test's in-memory stdin)
+            return True
+        return bool(readable)
+
+    def read_chunk(self, size: int) -> bytes:
+        """Up to ``size`` bytes (b"" at the end). From a pipe or terminal, what has arrived,
+        without waiting for the rest of ``size``: lines typed or piped in as they come are
+        sent as they come, not once ``size`` bytes have gathered or the input ended. What
+        follows within ``GATHER_S`` joins the chunk, so a fast pipe still fills whole ones."""
+        if self.size is not None:
+            return self.stream.read(size)
+        read_some = getattr(self.stream, "read1", self.stream.read)  # one read of what is there
+        parts = [read_some(size)]  # waits for something (or the end)
+        got = len(parts[0])
+        until = time.monotonic() + GATHER_S
+        while parts[-1] and got < size and self.ready(max(until - time.monotonic(), 0.0)):
+            parts.append(read_some(size - got))
+            got += len(parts[-1])
+        return b"".join(parts)
 
     def close(self) -> None:
         if self.name != "-":
@@ -67,16 +100,18 @@ def read_lines(sources: list[_Source], chunk_bytes: int, whole_files: bool,
         if whole_files:
             data = source.stream.read()
             counter[0] += len(data)
+            source.finished = True
             yield label, 1, [data]
             continue
         number, rest = 1, b""
-        while chunk := source.stream.read(chunk_bytes):
+        while chunk := source.read_chunk(chunk_bytes):
             counter[0] += len(chunk)
             lines = (rest + chunk).split(b"\n")
             rest = lines.pop()
             if lines:
                 yield label, number, _drop_cr(lines)
                 number += len(lines)
+        source.finished = True
         if rest:
             yield label, number, _drop_cr([rest])
 
@@ -153,7 +188,11 @@ def produce_command(args: argparse.Namespace) -> int:
                 chunks = read_lines(sources, args.batch_bytes, args.whole_files, counter)
                 for batch in record_batches(chunks, separator, fixed_key, args.batch_records):
                     pending.append(batch)
-                    if len(pending) >= BATCHES_PER_APPEND:
+                    # Send what was read once the input makes us wait (a live pipe), not only
+                    # once enough batches gathered.
+                    reading = next((s for s in sources if not s.finished), None)
+                    if len(pending) >= BATCHES_PER_APPEND or (
+                            reading is not None and not reading.ready()):
                         produced.add(writer.append(pending))
                         pending = []
                         progress.update(counter[0], produced.records)
