@@ -184,6 +184,8 @@ def test_produce_stdin_in_small_batches_then_tail_ranges_of_it(sbp):
 
     assert sbp("tail", str(stream), "--from", "20")[1].split() == ["21", "22", "23", "24", "25"]
     assert sbp("tail", str(stream), "--from", "-2")[1].split() == ["24", "25"]
+    assert sbp("tail", str(stream), "--from", "-1")[1].split() == ["25"]
+    assert sbp("tail", str(stream), "--from", "-0")[1] == ""  # none before the end, not offset 0
     assert sbp("tail", str(stream), "--from", "3", "--max", "2")[1].split() == ["4", "5"]
     assert sbp("tail", str(stream), "--from", "latest")[1] == ""
     _, out, _ = sbp("tail", str(stream), "--from", "12", "-n", "2", "--print-offsets")

@@ -31,6 +31,8 @@ def from_arg(text: str) -> str | int:
     value = text.strip().lower()
     if value in ("earliest", "latest"):
         return value
+    if re.fullmatch(r"-0+", value):
+        return "latest"  # 0 records before the end (as an int, -0 would be offset 0)
     if re.fullmatch(r"-?\d+", value):
         return int(value)
     raise argparse.ArgumentTypeError(
