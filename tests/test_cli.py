@@ -162,6 +162,20 @@ def test_ranges_list_and_seal(sbp):
     assert out.splitlines() == ["a", "b", "c", "d"]
 
 
+def test_a_seal_that_opened_no_new_range_says_it_sealed(sbp, cluster):
+    # More replicas than live range servers: the PD seals the range, then cannot open the
+    # next one. The error must not read as if the range were still open for appends.
+    (stream,) = _create(sbp)
+    _produce_stdin(sbp, stream, "a\nb\n")
+    assert sbp("streams", "update", str(stream), "--replicas", "3")[0] == 0
+    status, _, err = sbp("ranges", "seal", str(stream))
+    _assert_one_line_error(status, err, "ranges seal", "range 0", "was sealed at offset 2",
+                           "no range could be opened", "only 2 range servers are live")
+    _, out, _ = sbp("ranges", "list", str(stream), "--json")
+    assert [(r["range_index"], r["open"]) for r in map(json.loads, out.splitlines())] == [
+        (0, False)]
+
+
 # -- produce and tail ----------------------------------------------------------------------------
 
 

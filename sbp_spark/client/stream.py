@@ -152,8 +152,27 @@ class SbpClient:
         ranges = self.list_ranges(stream_id)
         if not ranges:
             raise RangeNotFoundError(f"stream {stream_id} has no range to seal")
-        (result,) = self.pd.seal_ranges([ranges[-1]])
-        return _unwrap(result, f"sealing range {ranges[-1].range_index} of stream {stream_id}")
+        last = ranges[-1]
+        (result,) = self.pd.seal_ranges([last])
+        error = result.exception()
+        if error is None:
+            return result.unwrap()
+        # The PD seals first and opens the next range after (NOT_ENOUGH_SERVERS when too few
+        # servers are live): say so when the seal went through, not that it failed.
+        sealed = next((r for r in self._ranges_if_known(stream_id)
+                       if r.range_index == last.range_index and not r.is_open), None)
+        if last.is_open and sealed is not None:
+            raise _with_context(error, f"range {last.range_index} of stream {stream_id} was "
+                                       f"sealed at offset {sealed.end_offset}, but no range "
+                                       f"could be opened after it (appends wait for one)")
+        raise _with_context(error, f"sealing range {last.range_index} of stream {stream_id}")
+
+    def _ranges_if_known(self, stream_id: int) -> list[Range]:
+        """``list_ranges``, or [] when the PD does not answer."""
+        try:
+            return self.list_ranges(stream_id)
+        except SbpError:
+            return []
 
     def list_ranges(self, stream_id: int) -> list[Range]:
         """The ranges of a stream, in order (only the last may be open)."""
