@@ -158,6 +158,7 @@ class ResponseStream:
             item = self.connection._next_item(self._queue, self.timeout)
         except Empty:
             self.close()
+            self.connection._unanswered = True
             raise ReadTimeoutError(
                 f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
                 f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
@@ -250,6 +251,10 @@ class Connection:
         self._closed = False
         self._error: SbpError | None = None
         self._goaway = False
+        # A request timed out and nothing has arrived since: the connection may be dead
+        # without the socket knowing (a peer that vanished, a firewall that forgot it).
+        self._unanswered = False
+        self._retired = False  # set aside (``retire``): no new requests, closes when done
         self._throttled_until = 0.0
         self._last_active = time.monotonic()
         self._turn = ReadTurn(self._lock, QUIET_S)
@@ -273,7 +278,8 @@ class Connection:
         raise error
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "goaway" if self._goaway else "open"
+        state = ("closed" if self._closed else "goaway" if self._goaway
+                 else "retired" if self._retired else "open")
         return f"<Connection {self.address} {state} outstanding={len(self._pending)}>"
 
     # -- state -----------------------------------------------------------------------------
@@ -281,7 +287,7 @@ class Connection:
     @property
     def usable(self) -> bool:
         """True while the connection takes new requests."""
-        return not self._closed and not self._goaway
+        return not self._closed and not self._goaway and not self._retired
 
     @property
     def closed(self) -> bool:
@@ -290,6 +296,19 @@ class Connection:
     @property
     def goaway_received(self) -> bool:
         return self._goaway
+
+    @property
+    def unanswered(self) -> bool:
+        """True when a request timed out and nothing has arrived since."""
+        return self._unanswered
+
+    def retire(self) -> None:
+        """Take no new requests; close once the requests in flight are answered (as after
+        GOAWAY). The pool retires a connection whose last request got no answer, so a retry
+        goes out on a new connection instead of one that may be dead."""
+        with self._lock:
+            self._retired = True
+        self._after_answer()
 
     @property
     def outstanding(self) -> int:
@@ -422,6 +441,10 @@ class Connection:
         if self._goaway:
             raise TransportError(
                 f"{self.address} sent GOAWAY: this connection takes no new requests")
+        if self._retired:
+            raise TransportError(
+                f"connection to {self.address} was set aside after a request got no answer: "
+                f"it takes no new requests")
 
     def _allocate_id(self) -> int:
         sid = self._next_id
@@ -434,7 +457,7 @@ class Connection:
         with self._lock:
             if self._pending.get(sid) is queue:
                 del self._pending[sid]
-        if self._goaway and not self._pending:
+        if (self._goaway or self._retired) and not self._pending:
             self._close_quietly()
 
     def _send(self, buffers: Sequence[Buffer], stream: ResponseStream | None = None) -> None:
@@ -611,6 +634,7 @@ class Connection:
                     + (" after GOAWAY" if self._goaway else "")))
                 return
             self._last_active = time.monotonic()
+            self._unanswered = False
             decoder.buffer_updated(n)
             event = decoder.next_event()
             while event is not None:
@@ -693,6 +717,6 @@ class Connection:
             log.debug("ignoring request %s from server %s", opcode_name(opcode), self.address)
 
     def _after_answer(self) -> None:
-        if self._goaway and not self._pending:
+        if (self._goaway or self._retired) and not self._pending:
             self._close_quietly()
 

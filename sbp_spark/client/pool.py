@@ -1,8 +1,9 @@
 """Connections kept open and shared, one per server address, for the life of the process.
 
 Spark reuses its Python workers between tasks, so a module-level pool (``get_pool()``) lets one
-task's connections serve the next. Connections that failed, went idle or received GOAWAY are
-replaced on the next ``get``; the pool closes what is left when the interpreter exits.
+task's connections serve the next. Connections that failed, went idle, received GOAWAY or left
+a request unanswered (a timeout with nothing received since) are replaced on the next ``get``;
+the pool closes what is left when the interpreter exits.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ConnectionPool:
         config = config if config is not None else self.config
         key = _key(address, config)
         conn = self._connections.get(key)
-        if conn is not None and conn.usable:
+        if conn is not None and conn.usable and not conn.unanswered:
             return conn
         parse_address(address)  # a bad address fails here, with a message naming it
         with self._lock:
@@ -55,7 +56,12 @@ class ConnectionPool:
         with gate:
             conn = self._connections.get(key)
             if conn is not None and conn.usable:
-                return conn
+                if not conn.unanswered:
+                    return conn
+                # Its last request timed out and nothing came since: it may be dead without
+                # knowing it. Retries go out on a new connection; it finishes what is in
+                # flight on it and closes.
+                conn.retire()
             fresh = Connection(address, config)
             with self._lock:
                 if self._closed:
