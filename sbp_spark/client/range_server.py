@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
@@ -12,6 +13,7 @@ from sbp_spark.protocol.errors import (
     PayloadTooLargeError,
     ProtocolError,
     SbpError,
+    SbpTimeoutError,
     ServerError,
 )
 from sbp_spark.protocol.frame import encode_frame
@@ -52,6 +54,9 @@ _APPEND_HEADER_BASE = 64
 _APPEND_HEADER_PER_ENTRY = 16
 _FRAME_OVERHEAD = FIXED_HEADER_SIZE - 4 + CHECKSUM_SIZE  # counted in frame_length
 _INT32_MAX = (1 << 31) - 1
+# A frame's answer that is already due is still given this long: it may be in the socket,
+# not read yet.
+_MIN_WAIT_S = 0.05
 
 
 def _nbytes(buf: Buffer) -> int:
@@ -157,6 +162,7 @@ class RangeServerClient:
         if count > _INT32_MAX:
             raise ValueError(f"{count} entries exceed the int32 request_index range")
         timeout_ms = self.config.server_timeout_ms if timeout_ms is None else timeout_ms
+        wait = self.config.request_timeout_s + timeout_ms / 1000.0  # for each frame's answer
         inflight_limit = max_inflight_frames or self.config.max_inflight_frames
         buffers = [batch_buffers(batch) for _, batch in entries]
         lengths = [sum(_nbytes(b) for b in bufs) for bufs in buffers]
@@ -174,7 +180,8 @@ class RangeServerClient:
                 for indices in frames:
                     self._fail(results, indices, exc)
                 frames = []
-            inflight: deque[tuple[ResponseStream, list[int]]] = deque()
+            # (answer stream, entry indices, when its answer is due)
+            inflight: deque[tuple[ResponseStream, list[int], float]] = deque()
             next_frame = 0
             while next_frame < len(frames) or inflight:
                 while next_frame < len(frames) and len(inflight) < inflight_limit:
@@ -182,7 +189,7 @@ class RangeServerClient:
                     next_frame += 1
                     try:
                         stream = self._send_append(conn, entries, buffers, lengths, indices,
-                                                   timeout_ms)
+                                                   timeout_ms, wait)
                     except SbpError as exc:
                         self._fail(results, indices, exc)
                         if isinstance(exc, ProtocolError):
@@ -192,15 +199,22 @@ class RangeServerClient:
                             self._fail(results, rest, exc)
                         next_frame = len(frames)
                         break
-                    inflight.append((stream, indices))
+                    inflight.append((stream, indices, time.monotonic() + wait))
                 if inflight:
-                    stream, indices = inflight.popleft()
-                    self._collect_append(conn, stream, indices, results)
+                    stream, indices, due = inflight.popleft()
+                    error = self._collect_append(conn, stream, indices, results, due, wait)
+                    if isinstance(error, SbpTimeoutError) and conn.unanswered:
+                        # Nothing came back since: the connection may be dead. Frames not
+                        # sent yet stay unsent (they fail with the timeout and may be
+                        # retried); those in flight were due as long ago as this one.
+                        for rest in frames[next_frame:]:
+                            self._fail(results, rest, error)
+                        next_frame = len(frames)
         return [r if r is not None else ItemResult(None, error=ProtocolError(
             f"{self.address} did not answer append entry {i}")) for i, r in enumerate(results)]
 
     def _send_append(self, conn: Connection, entries, buffers, lengths, indices,
-                     timeout_ms: int) -> ResponseStream:
+                     timeout_ms: int, wait: float) -> ResponseStream:
         msg = AppendRequest(timeout_ms, [
             AppendEntry(entries[i][0], i, lengths[i]) for i in indices])
         payload = [b for i in indices for b in buffers[i]]
@@ -211,15 +225,20 @@ class RangeServerClient:
                 f"APPEND header of {len(header)} bytes is over the {planned} bytes planned")
         return conn.start(
             Opcode.APPEND,
-            lambda sid: encode_frame(Opcode.APPEND, 0, sid, header, payload),
-            self.config.request_timeout_s + timeout_ms / 1000.0)
+            lambda sid: encode_frame(Opcode.APPEND, 0, sid, header, payload), wait)
 
     def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],
-                        results: list) -> None:
+                        results: list, due: float, wait: float) -> SbpError | None:
+        """Read one frame's answer into ``results``; returns the error that failed it, if
+        any. The first answer frame is awaited only until ``due`` (``wait`` after the frame
+        was sent, not after the frames before it were answered: on a dead connection, frames
+        in flight time out together instead of one after another)."""
         count = len(results)
         top: Status | None = None
+        stream.timeout = max(due - time.monotonic(), _MIN_WAIT_S)
         try:
             for frame in stream:
+                stream.timeout = wait
                 response = decode_response(frame, AppendResponse)
                 if response.throttle_time_ms > 0:
                     conn.throttle(response.throttle_time_ms)
@@ -231,11 +250,12 @@ class RangeServerClient:
                         results[index] = ItemResult(result, result.status)
         except SbpError as exc:  # SYSTEM_ERROR (a ServerError) or a failed connection
             self._fail(results, indices, exc)
-            return
+            return exc
         if top is not None:
             for index in indices:
                 if results[index] is None:
                     results[index] = ItemResult(None, top)
+        return None
 
     @staticmethod
     def _fail(results: list, indices: Sequence[int], error: SbpError) -> None:
