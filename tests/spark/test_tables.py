@@ -236,3 +236,21 @@ def test_temporary_view_on_streams_only_writes_like_a_table(spark, pd, sbp_clien
     assert stored_values(sbp_client, s1) == ["p", "q"]
     assert stored_values(sbp_client, s2) == ["r"]
     assert stored_values(sbp_client, outside) == []
+
+
+def test_a_batch_write_of_table_rows_without_pd_writes_as_an_insert_would(spark, pd,
+                                                                          sbp_client):
+    # The README's rule: Spark hands df.write the same options and schema as INSERT INTO, so a
+    # write naming no pd, of rows straight from an sbp table, takes that table's options (here
+    # its pd, with the write's own stream); a write naming its own pd takes only its own.
+    source, target, other = (new_stream(sbp_client) for _ in range(3))
+    append_values(sbp_client, source, ["a", "b"])
+    with table(spark, f"rows_{source}", f"USING sbp OPTIONS (pd '{pd}', stream '{source}')"
+               ) as src:
+        rows = spark.table(src)  # its first column carries the table's definition
+        rows.write.format("sbp").option("stream", str(target)).mode("append").save()
+        (rows.write.format("sbp").option("pd", pd).option("stream", str(other))
+         .mode("append").save())
+    assert stored_values(sbp_client, source) == ["a", "b"]
+    assert stored_values(sbp_client, target) == ["a", "b"]
+    assert stored_values(sbp_client, other) == ["a", "b"]
