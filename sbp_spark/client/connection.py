@@ -374,7 +374,8 @@ class Connection:
         """Send a typed request (a ``protocol.messages`` class) and return the decoded
         one-frame answer with its payload. ``on_lost`` turns a failure once the request was
         sent (the connection failed, no answer in time: the server may have carried it out)
-        into the error raised instead; failures before it was sent are raised as they are."""
+        into the error raised instead (``exc`` itself raises it unchanged, for callers that
+        only take note); failures before it was sent are raised as they are."""
         from sbp_spark.protocol.messages import decode_response, request_frame
 
         stream = self.start(msg.OPCODE, lambda sid: request_frame(sid, msg, payload), timeout)
@@ -384,7 +385,10 @@ class Connection:
             except SbpError as exc:
                 if on_lost is None or isinstance(exc, ServerError):
                     raise
-                raise on_lost(exc) from exc
+                error = on_lost(exc)
+                if error is exc:
+                    raise
+                raise error from exc
             if not frame.is_end:
                 raise ProtocolError(
                     f"{self.address} answered {opcode_name(msg.OPCODE)} with more than one frame")

@@ -14,6 +14,7 @@ from typing import Any
 
 from sbp_spark.protocol.constants import opcode_name
 from sbp_spark.protocol.errors import (
+    ErrorCode,
     HeaderError,
     PdNotLeaderError,
     SbpError,
@@ -105,13 +106,25 @@ class PdClient:
         ``resend=False`` is for requests that must not be carried out twice: once the request
         was sent, a lost answer (the connection failed, or no answer came in time) is raised,
         no longer retriable, instead of sending the request again."""
+        return self._call(msg, deadline, resend)[0]
 
-        def attempt() -> Any:
+    def _call(self, msg: Any, deadline: float | None = None, resend: bool = True
+              ) -> tuple[Any, bool]:
+        """``call``, and whether the response answers a resend: an earlier attempt sent
+        ``msg`` and its answer was lost, so the PD may have carried that one out already."""
+        lost = False
+
+        def note_lost(exc: SbpError) -> SbpError:
+            nonlocal lost
+            lost = True
+            return exc
+
+        def attempt() -> tuple[Any, bool]:
             conn = self.pool.get(self.leader, self.config)
             if resend:
-                return checked_call(conn, msg)
+                return checked_call(conn, msg, on_lost=note_lost), lost
             return checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
-                exc, msg, conn.address))
+                exc, msg, conn.address)), False
 
         return call_with_retries(attempt, self.config, on_error=self._on_error,
                                  deadline=deadline)
@@ -152,12 +165,22 @@ class PdClient:
                             "CREATE_STREAMS")
 
     def delete_streams(self, stream_ids: Sequence[int]) -> list[ItemResult[Stream]]:
-        """Delete streams; each result is the deleted stream."""
+        """Delete streams; each result is the deleted stream.
+
+        A delete whose answer was lost is sent again, and the PD has usually carried out the
+        first one: the resend's STREAM_NOT_FOUND (the stream was deleted, or is not there)
+        means the stream is gone as asked, so that item succeeds, with a value naming only
+        the stream's id (``deleted`` set). A first attempt that finds a stream gone fails."""
         request = DeleteStreamsRequest(self.config.server_timeout_ms,
                                        [Stream(stream_id=int(s)) for s in stream_ids])
-        response = self.call(request)
-        return item_results(response.delete_responses, len(stream_ids),
-                            lambda a: a.deleted_stream, "DELETE_STREAMS")
+        response, resent = self._call(request)
+        results = item_results(response.delete_responses, len(stream_ids),
+                               lambda a: a.deleted_stream, "DELETE_STREAMS")
+        if resent:
+            results = [ItemResult(Stream(stream_id=int(s), deleted=True))
+                       if r.status.code == ErrorCode.STREAM_NOT_FOUND else r
+                       for s, r in zip(stream_ids, results, strict=True)]
+        return results
 
     def update_streams(self, streams: Sequence[Stream]) -> list[ItemResult[Stream]]:
         """Change replica counts or retention; each result is the updated stream."""

@@ -1,5 +1,6 @@
 """A CREATE_STREAMS whose answer is lost: the PD made the streams, so sending it again would
-make them twice. The client says the outcome is unknown instead of resending it.
+make them twice. The client says the outcome is unknown instead of resending it. A
+DELETE_STREAMS whose answer is lost is resent, and "already deleted" is then its success.
 
 The proxy of test_append_resend_check sits between the client and the PD: it forwards the
 request, lets the PD carry it out, then drops the answer and the connection.
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from sbp_spark.cli import main
 from sbp_spark.client import ConnectionPool, SbpClient
-from sbp_spark.protocol.errors import TransportError
+from sbp_spark.protocol.errors import StreamNotFoundError, TransportError
 
 from .test_append_resend_check import CONFIG, AnswerLosingProxy
 
@@ -58,3 +60,38 @@ def test_a_create_that_was_not_sent_is_still_retried(cluster, monkeypatch):
         assert len(handed) == 2 and handed[0].closed and not handed[1].closed
         monkeypatch.undo()
         assert {s.stream_id for s in client.list_streams()} - before == {stream.stream_id}
+
+
+def test_a_delete_whose_answer_was_lost_succeeds_on_the_resend(cluster):
+    # The PD deleted the stream; the resend is answered "stream S was deleted", which is
+    # the end state the caller asked for.
+    proxy = AnswerLosingProxy(cluster.pd_address)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            client = SbpClient(proxy.address, CONFIG, pool)
+            reader = SbpClient(cluster.pd_address, CONFIG, pool)
+            first, second = (s.stream_id for s in reader.create_streams(2))
+            proxy.armed.set()
+            deleted = client.delete_streams([first, second])
+            assert proxy.lost.is_set()
+            assert [(s.stream_id, s.deleted) for s in deleted] == [(first, True), (second, True)]
+            assert not {first, second} & {s.stream_id for s in reader.list_streams()}
+            # Not a resend: a stream found deleted already is still an error.
+            with pytest.raises(StreamNotFoundError, match=f"stream {first} was deleted"):
+                client.delete_streams([first])
+    finally:
+        proxy.close()
+
+
+def test_sbp_streams_delete_whose_answer_was_lost_exits_0(cluster, capsys):
+    proxy = AnswerLosingProxy(cluster.pd_address)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            (stream,) = SbpClient(cluster.pd_address, CONFIG, pool).create_streams(1)
+        proxy.armed.set()
+        status = main(["streams", "delete", str(stream.stream_id), "--pd", proxy.address])
+        out, err = capsys.readouterr()
+        assert proxy.lost.is_set()
+        assert (status, out, err) == (0, f"deleted stream {stream.stream_id}\n", "")
+    finally:
+        proxy.close()
