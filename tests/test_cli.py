@@ -244,6 +244,40 @@ def test_tail_prints_opaque_and_arrow_payloads(sbp, cluster):
                                 '2\t{"id": 2, "name": "b"}']
 
 
+def test_tail_prints_records_payloads_with_string_columns(sbp, cluster):
+    # Foreign writers may store a payload=records key or value as string, not binary.
+    import pyarrow as pa
+
+    from sbp_spark.client import SbpClient
+    from sbp_spark.protocol.records import PAYLOAD_RECORDS, encode_arrow_batch, with_payload_kind
+
+    (stream,) = _create(sbp)
+    strings = pa.record_batch({"key": pa.array(["k1", None]), "value": pa.array(["v1", "é"])})
+    large = pa.record_batch({"key": pa.array([b"k3"]),
+                             "value": pa.array(["v3"], pa.large_string())})
+    SbpClient(cluster.pd_address).append(stream, [
+        encode_arrow_batch(with_payload_kind(strings, PAYLOAD_RECORDS)),
+        encode_arrow_batch(with_payload_kind(large, PAYLOAD_RECORDS)),
+    ])
+    status, out, err = sbp("tail", str(stream), "--print-offsets", "--print-keys")
+    assert (status, err) == (0, "")
+    assert out.splitlines() == ["0\tk1\tv1", "1\t\té", "2\tk3\tv3"]
+
+
+def test_tail_names_a_records_column_it_cannot_print(sbp, cluster):
+    import pyarrow as pa
+
+    from sbp_spark.client import SbpClient
+    from sbp_spark.protocol.records import PAYLOAD_RECORDS, encode_arrow_batch, with_payload_kind
+
+    (stream,) = _create(sbp)
+    numbers = pa.record_batch({"key": pa.array([b"k"]), "value": pa.array([7])})
+    SbpClient(cluster.pd_address).append(
+        stream, [encode_arrow_batch(with_payload_kind(numbers, PAYLOAD_RECORDS))])
+    status, _, err = sbp("tail", str(stream))
+    _assert_one_line_error(status, err, "tail", "'value' column", "int64", "offset 0")
+
+
 def test_produce_reports_a_line_without_separator(sbp, tmp_path):
     (stream,) = _create(sbp)
     source = tmp_path / "bad.txt"

@@ -42,7 +42,8 @@ def from_arg(text: str) -> str | int:
 def iter_records(batch: Any) -> Iterator[tuple[int, bytes | None, bytes]]:
     """(offset, key, value) of every record of one fetched batch.
 
-    payload=arrow batches (a DataFrame's own columns) come out as one JSON object per row.
+    payload=arrow batches (a DataFrame's own columns) come out as one JSON object per row;
+    payload=records keys and values stored as text come out UTF-8 encoded.
     """
     from sbp_spark.protocol.records import (
         ENVELOPE_SIZE,
@@ -59,13 +60,37 @@ def iter_records(batch: Any) -> Iterator[tuple[int, bytes | None, bytes]]:
         return
     table = body_to_arrow(body)
     if payload_kind(table.schema) == PAYLOAD_RECORDS:
-        keys = table.column("key").to_pylist()
-        values = table.column("value").to_pylist()
+        keys = _bytes_column(batch, table, "key")
+        values = _bytes_column(batch, table, "value")
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
             yield header.base_offset + i, key, value if value is not None else b""
         return
     for i, row in enumerate(table.to_pylist()):
         yield header.base_offset + i, None, json.dumps(row, default=str).encode()
+
+
+def _bytes_column(batch: Any, table: Any, name: str) -> list[bytes | None]:
+    """A payload=records column's values as bytes: binary as stored, text (which foreign
+    writers may store) UTF-8 encoded. A batch without keys has None for each."""
+    import pyarrow as pa
+
+    index = table.schema.get_field_index(name)
+    where = (f"the payload=records batch of stream {batch.stream_id} at offset "
+             f"{batch.header.base_offset}")
+    if index < 0:
+        if name == "key" and name not in table.schema.names:
+            return [None] * table.num_rows
+        raise CommandError(f"{where} has no single {name!r} column")
+    column = table.column(index)
+    kind = column.type
+    types = pa.types
+    if types.is_string(kind) or types.is_large_string(kind) or types.is_string_view(kind):
+        return [None if v is None else v.encode() for v in column.to_pylist()]
+    if (types.is_binary(kind) or types.is_large_binary(kind) or types.is_binary_view(kind)
+            or types.is_fixed_size_binary(kind)):
+        return column.to_pylist()
+    raise CommandError(f"{where} has a {name!r} column of type {kind}: only binary or "
+                       f"string columns can be printed")
 
 
 class _Printer:
