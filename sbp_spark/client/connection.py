@@ -255,6 +255,7 @@ class Connection:
         # without the socket knowing (a peer that vanished, a firewall that forgot it).
         self._unanswered = False
         self._retired = False  # set aside (``retire``): no new requests, closes when done
+        self._heard = False  # anything received from the server yet (see ``_tls_hint``)
         self._throttled_until = 0.0
         self._last_active = time.monotonic()
         self._turn = ReadTurn(self._lock, QUIET_S)
@@ -479,7 +480,8 @@ class Connection:
                 self._fail(error)
                 raise _fresh(error) from None
             except OSError as exc:
-                error = TransportError(f"connection to {self.address} failed while sending: {exc}")
+                error = TransportError(f"connection to {self.address} failed while sending: "
+                                       f"{exc}{self._tls_hint(exc)}")
                 error.__cause__ = exc
                 self._fail(error)
                 raise _fresh(error) from exc
@@ -635,10 +637,11 @@ class Connection:
             if n == 0:
                 self._fail(TransportError(
                     f"connection to {self.address} was closed by the server"
-                    + (" after GOAWAY" if self._goaway else "")))
+                    + (" after GOAWAY" if self._goaway else "") + self._tls_hint()))
                 return
             self._last_active = time.monotonic()
             self._unanswered = False
+            self._heard = True
             decoder.buffer_updated(n)
             event = decoder.next_event()
             while event is not None:
@@ -650,11 +653,23 @@ class Connection:
             self._fail(TransportError(f"lost framing on the connection to {self.address}: {exc}"))
         except OSError as exc:
             if not self._closed:
-                self._fail(TransportError(f"connection to {self.address} failed: {exc}"))
+                self._fail(TransportError(
+                    f"connection to {self.address} failed: {exc}{self._tls_hint(exc)}"))
         except BaseException as exc:
             self._fail(TransportError(
                 f"reading the connection to {self.address} stopped: {exc!r}"))
             raise
+
+    def _tls_hint(self, exc: OSError | None = None) -> str:
+        """For a plain-TCP connection that the server ended (closed, reset: ``exc``) before
+        sending anything: a hint that it may require TLS (a TLS server drops a peer whose
+        first bytes are no TLS handshake, without a word). Empty otherwise."""
+        if self._heard or self.config.tls or (
+                exc is not None and not isinstance(exc, (BrokenPipeError, ConnectionResetError))):
+            return ""
+        return (" (before any answer: the server may require TLS, which this client does not "
+                "use; set tls=True in ClientConfig, the Spark option tls.enabled=true, or "
+                "$SBP_TLS_CA for the sbp commands)")
 
     def _background_reads(self) -> None:
         """The connection's own thread: reads while no caller waits for an answer (after a

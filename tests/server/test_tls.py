@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
+from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
@@ -20,6 +22,7 @@ from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
 from sbp_spark.transport.tls import TlsConfig
 
 from ..certs import Certs, make_certs
+from ..client.fakes import FakeServer, Peer
 
 FAST = dict(connect_timeout_s=3, request_timeout_s=10, retries=2, retry_deadline_s=10)
 
@@ -122,6 +125,36 @@ def test_plain_tcp_client_is_refused_and_the_server_survives(mtls_server, certs)
     assert mtls_server.stats.tls_failures >= failures + 2
     with Connection(mtls_server.address_str, client_config(certs)) as conn:
         conn.ping()
+
+
+def test_plain_tcp_client_is_told_the_server_may_require_tls(mtls_server, certs, capsys):
+    # The server drops a peer whose first bytes are no TLS handshake, without a word.
+    hint = r"(closed by the server|Broken pipe|reset) \(before any answer: .* may require TLS"
+    with pytest.raises(TransportError, match=hint) as info:
+        with Connection(mtls_server.address_str, ClientConfig(**FAST)) as conn:
+            conn.ping()
+    assert info.value.retriable  # retried as before: the hint changes only the words
+    with ConnectionPool(ClientConfig(**FAST)) as pool:
+        with pytest.raises(TransportError, match=hint):
+            SbpClient(mtls_server.address_str, ClientConfig(**FAST), pool).list_streams()
+    assert main(["streams", "list", "--pd", mtls_server.address_str]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "$SBP_TLS_CA" in err, err
+
+
+def test_a_server_closing_after_answers_gets_no_tls_hint():
+    def answer_once(peer: Peer) -> None:
+        ping = peer.read_frame()
+        peer.reply(ping, bytes(ping.header), bytes(ping.payload))  # then the server closes
+
+    with FakeServer(answer_once) as server, \
+            Connection(server.address, ClientConfig(**FAST)) as conn:
+        conn.ping()
+        deadline = time.monotonic() + 10
+        while not conn.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(TransportError, match=r"closed by the server$"):
+            conn.ping()
 
 
 def test_tls_client_to_a_plain_server_fails_cleanly(certs):
