@@ -50,7 +50,7 @@ class ConnectionPool:
         parse_address(address)  # a bad address fails here, with a message naming it
         with self._lock:
             if self._closed:
-                raise TransportError(f"connection pool is closed; cannot connect to {address}")
+                raise _pool_closed(address)
             gate = self._connecting.setdefault(key, threading.Lock())
         # One connect per address at a time; other addresses are not held up meanwhile.
         with gate:
@@ -66,8 +66,7 @@ class ConnectionPool:
             with self._lock:
                 if self._closed:
                     fresh.close()
-                    raise TransportError(
-                        f"connection pool is closed; cannot connect to {address}")
+                    raise _pool_closed(address)
                 # The old connection (if any) is closed or draining after GOAWAY: requests
                 # still in flight on it finish, and it closes itself afterwards.
                 self._connections[key] = fresh
@@ -109,6 +108,17 @@ class ConnectionPool:
         self._connections.clear()
         self._connecting.clear()
         self._lock = threading.Lock()
+
+
+def _pool_closed(address: str) -> TransportError:
+    """The error for a connection asked of a closed pool: final, since no retry can get one
+    (the pool stays closed)."""
+    error = TransportError(
+        f"connection pool is closed (ConnectionPool.close(), the end of its with-block, or "
+        f"close_pool() for the process-wide one): cannot connect to {address} through it; "
+        f"use a client with an open pool")
+    error.retriable = False
+    return error
 
 
 _POOL: ConnectionPool | None = None

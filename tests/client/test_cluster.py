@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -21,6 +22,7 @@ from sbp_spark.protocol.errors import (
     ErrorCode,
     InvalidRequestError,
     OffsetOutOfRangeError,
+    SbpError,
     StreamNotFoundError,
 )
 from sbp_spark.protocol.records import (
@@ -378,3 +380,22 @@ def test_writer_rides_through_a_range_server_restart(tmp_path):
         assert stored >= set(written)
         offsets = [o for o, _ in read_values(client, stream.stream_id)]
         assert offsets == list(range(len(offsets)))
+
+
+def test_a_closed_pool_fails_at_once_and_says_so(cluster):
+    # Nothing can succeed through a closed pool: retrying until the deadline only delays
+    # the error.
+    config = dataclasses.replace(TEST_CONFIG, retries=100, retry_backoff_max_ms=1000)
+    pool = ConnectionPool(config)
+    client = SbpClient(cluster.pd_address, config, pool)
+    (stream,) = client.create_streams()
+    client.append(stream.stream_id, [encode_batch(b"before")])
+    pool.close()
+    began = time.monotonic()
+    for act in (lambda: client.append(stream.stream_id, [encode_batch(b"after")]),
+                lambda: client.open_stream(stream.stream_id).append([encode_batch(b"after")]),
+                lambda: list(client.read(stream.stream_id)), client.list_streams):
+        with pytest.raises(SbpError, match="connection pool is closed") as info:
+            act()
+        assert not info.value.retriable
+    assert time.monotonic() - began < 2
