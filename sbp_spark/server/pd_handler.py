@@ -9,6 +9,12 @@ In a PD cluster only the leader answers: a follower refuses every opcode but
 DESCRIBE_PD_CLUSTER with PD_NOT_LEADER (a SYSTEM_ERROR whose detail is the cluster, naming the
 leader), and answers DESCRIBE_PD_CLUSTER with the members only (the range servers are the
 leader's to report).
+
+An answer is one frame and the protocol has no paging, so an answer whose header would not fit
+in a frame (``MAX_ANSWER_HEADER``) is cut down: LIST_RANGES fails the owners whose ranges do not
+fit with PAYLOAD_TOO_LARGE, saying how many ranges they hold and what to ask instead, and
+answers the rest; any other answer too large (DESCRIBE_STREAMS of too many streams) fails the
+whole request with PAYLOAD_TOO_LARGE saying what to ask instead.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH, Opcode
 from sbp_spark.protocol.errors import (
     ErrorCode,
     HeaderError,
     InvalidRequestError,
+    PayloadTooLargeError,
     PdNotLeaderError,
     SbpError,
     ServerError,
@@ -38,6 +45,11 @@ if TYPE_CHECKING:
 METRIC_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(m.ReportMetricsRequest) if f.name != "range_server")
 
+# The largest answer header one frame can carry (an answer has no payload; docs/wire.md, Limits).
+MAX_ANSWER_HEADER = MAX_FRAME_LENGTH - MIN_FRAME_LENGTH
+# What one more result may add to a response beyond its size alone (its offset in the vector,
+# alignment), so that the results kept after a cut surely fit.
+_ITEM_SLACK = 16
 
 T = TypeVar("T")
 
@@ -86,7 +98,89 @@ class _PdHandler(RequestHandler):
             request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from None
-        ctx.reply(serve(request))
+        answer = serve(request)
+        header = answer.to_flatbuffers()
+        if len(header) > MAX_ANSWER_HEADER:
+            header = self._cut_to_fit(request, answer, len(header)).to_flatbuffers()
+            if len(header) > MAX_ANSWER_HEADER:  # the items kept are estimated with slack
+                raise PayloadTooLargeError(
+                    f"the answer is {len(header)} bytes even after dropping what does not "
+                    f"fit; one frame holds {MAX_ANSWER_HEADER}")
+        ctx.reply_raw(header)
+
+    # -- answers too large for one frame ----------------------------------------------------
+
+    def _cut_to_fit(self, request: Any, answer: Any, size: int) -> Any:
+        """``answer`` (``size`` bytes, more than one frame holds) with the items that do not
+        fit failed PAYLOAD_TOO_LARGE, or PayloadTooLargeError if its items cannot fail alone.
+        Only ever runs on an answer that could not be sent at all."""
+        if isinstance(answer, m.ListRangesResponse):
+            return self._fit_items(answer, "list_responses", size, self._ranges_too_large,
+                                   "owners")
+        if isinstance(answer, m.DescribeStreamsResponse):
+            # A stream's result is no larger than a failed one would be, so failing some
+            # cannot make the rest fit: the request fails.
+            count = len(answer.describe_responses)
+            asked = (f"the {count} streams asked for" if request.stream_ids
+                     else f"the {count} live streams (every stream was asked for)")
+            raise PayloadTooLargeError(
+                f"{asked} take {size} bytes, more than one answer holds ({MAX_ANSWER_HEADER} "
+                f"bytes; DESCRIBE_STREAMS has no paging): name the streams by id, fewer per "
+                f"request")
+        raise PayloadTooLargeError(
+            f"the answer is {size} bytes, more than one frame holds ({MAX_ANSWER_HEADER} "
+            f"bytes): ask for fewer items per request")
+
+    @staticmethod
+    def _fit_items(answer: Any, name: str, size: int, fail: Callable[[Any, int, str], Any],
+                   what: str) -> Any:
+        """Keep the results of ``answer.<name>`` that fit, in order; ``fail(result, its size,
+        why)`` replaces each of the others with a small failed result. When even the failed
+        results cannot all fit, the whole request fails, its ``what`` (the items) named."""
+        results = getattr(answer, name)
+        cls = type(answer)
+        empty = len(cls().to_flatbuffers())
+
+        def size_of(result: Any) -> int:
+            return len(cls(**{name: [result]}).to_flatbuffers()) - empty
+
+        alone = ([size - empty] if len(results) == 1
+                 else [size_of(result) for result in results])
+        why = ["alone" if n > MAX_ANSWER_HEADER - empty
+               else f"with the others of this request ({size} bytes in all)" for n in alone]
+        failed = [fail(result, n, w) for result, n, w in zip(results, alone, why, strict=True)]
+        failed_sizes = [size_of(result) for result in failed]
+        # Room for every result failed, then each success takes what it adds to its failure.
+        room = MAX_ANSWER_HEADER - empty - sum(failed_sizes) - len(results) * _ITEM_SLACK
+        if room < 0:
+            raise PayloadTooLargeError(
+                f"the answer to {len(results)} {what} is {size} bytes, more than one frame "
+                f"holds ({MAX_ANSWER_HEADER} bytes; there is no paging): ask for fewer "
+                f"{what} per request")
+        kept = []
+        for result, n, fail_result, fail_size in zip(results, alone, failed, failed_sizes,
+                                                     strict=True):
+            if n - fail_size <= room:
+                room -= max(n - fail_size, 0)
+                kept.append(result)
+            else:
+                kept.append(fail_result)
+        return cls(**{name: kept})
+
+    @staticmethod
+    def _ranges_too_large(result: m.ListRangesResult, alone: int,
+                          why: str) -> m.ListRangesResult:
+        owner = (f"stream {result.stream_id}" if result.range_server is None
+                 else f"range server {result.range_server.server_id}")
+        what = (f"ask DESCRIBE_RANGES for the ranges of {owner} you need by index"
+                if why == "alone" else f"ask for {owner} in a request of its own "
+                                        "(fewer owners per request)")
+        status = m.Status(int(PayloadTooLargeError.code),
+                          f"the {len(result.ranges)} ranges of {owner} take {alone} bytes, "
+                          f"too many for one answer {why} (one frame holds "
+                          f"{MAX_ANSWER_HEADER} bytes; LIST_RANGES has no paging): {what}")
+        return m.ListRangesResult(stream_id=result.stream_id, status=status,
+                                  range_server=result.range_server)
 
     @staticmethod
     def _timeout_s(request: Any) -> float | None:

@@ -16,7 +16,7 @@ import pytest
 from sbp_spark.client.connection import Connection
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import Flags, Opcode
-from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.errors import ErrorCode, PayloadTooLargeError
 from sbp_spark.protocol.frame import decode_frame, encode_frame
 from sbp_spark.server.net import FrameServer, NetConfig, RequestContext, RequestHandler
 from sbp_spark.server.pd import PdConfig, PlacementDriver
@@ -458,6 +458,69 @@ def test_list_ranges_of_a_server_id_never_issued_is_refused(conn, servers):
     assert f"no range server has id {unknown}" in missing.status.message
     assert known.status.ok and known.range_server.server_id == servers[0].server_id
 
+
+def _add_ranges(pd: PlacementDriver, server_id: int, counts: dict[int, int]) -> None:
+    """Streams ``{stream_id: number of ranges}``, straight into the store (fast), every range
+    on ``server_id``."""
+    with pd.store._tx() as db:
+        for stream_id, count in counts.items():
+            db.execute("INSERT INTO streams (stream_id, replica_nums, retention_period_ms, "
+                       "created_ms) VALUES (?, 1, 1000, 0)", (stream_id,))
+            db.executemany(
+                "INSERT INTO ranges (stream_id, range_index, base_start_offset, start_offset, "
+                "end_offset, next_offset) VALUES (?, ?, ?, ?, ?, ?)",
+                [(stream_id, i, i, i, i + 1 if i < count - 1 else -1, i + 1)
+                 for i in range(count)])
+            db.executemany(
+                "INSERT INTO replicas (stream_id, range_index, server_id, is_primary, position) "
+                "VALUES (?, ?, ?, 1, 0)", [(stream_id, i, server_id) for i in range(count)])
+
+
+def test_list_ranges_too_large_for_one_frame_fails_only_what_does_not_fit(pd, conn):
+    # A stream with ~200k ranges made LIST_RANGES answer SYSTEM_ERROR UNKNOWN "ProtocolError:
+    # header of 23200088 bytes exceeds the u24 header_length field", for every owner asked.
+    # A server address of 4000 bytes makes each range ~4 KB, so few ranges fill a frame.
+    sid = pd.store.allocate_server_id("big")
+    pd.store.record_heartbeat(sid, "h" * 3995 + ":7000")
+    _add_ranges(pd, sid, {1: 4300, 2: 2500, 3: 1, 4: 2500})  # 4300 ranges: ~17.6 MB
+    resp, _ = conn.call(m.ListRangesRequest(range_owners=[
+        m.RangeOwner(stream_id=s) for s in (1, 2, 3, 4)]))
+    assert resp.status.ok
+    huge, first, small, last = resp.list_responses
+    assert huge.status.code == ErrorCode.PAYLOAD_TOO_LARGE and not huge.ranges
+    assert huge.stream_id == 1 and "the 4300 ranges of stream 1" in huge.status.message
+    assert "LIST_RANGES has no paging" in huge.status.message
+    assert "ask DESCRIBE_RANGES for the ranges of stream 1" in huge.status.message
+    assert first.status.ok and len(first.ranges) == 2500
+    assert small.status.ok and len(small.ranges) == 1
+    # Fits alone, not after stream 2: it can be asked for on its own.
+    assert last.status.code == ErrorCode.PAYLOAD_TOO_LARGE and last.stream_id == 4
+    assert "fewer owners per request" in last.status.message
+    [alone] = conn.call(m.ListRangesRequest(range_owners=[
+        m.RangeOwner(stream_id=4)]))[0].list_responses
+    assert alone.status.ok and len(alone.ranges) == 2500
+    # By server: the same limit, named by the server.
+    [by_server] = conn.call(m.ListRangesRequest(range_owners=[
+        m.RangeOwner(range_server=m.RangeServer(sid))]))[0].list_responses
+    assert by_server.status.code == ErrorCode.PAYLOAD_TOO_LARGE
+    assert f"ranges of range server {sid}" in by_server.status.message
+    assert by_server.range_server.server_id == sid
+
+
+def test_describe_streams_too_large_for_one_frame_is_refused_saying_so(pd, conn, monkeypatch):
+    # Was SYSTEM_ERROR UNKNOWN naming a ProtocolError. The real limit needs ~250k streams; a
+    # lower one takes the same path.
+    from sbp_spark.server import pd_handler
+    monkeypatch.setattr(pd_handler, "MAX_ANSWER_HEADER", 1000)
+    _add_ranges(pd, pd.store.allocate_server_id("one"), {s: 1 for s in range(1, 41)})
+    with pytest.raises(PayloadTooLargeError, match="the 40 streams asked for take .* bytes, "
+                       "more than one answer holds .*fewer per request"):
+        conn.call(m.DescribeStreamsRequest(stream_ids=list(range(1, 41))))
+    with pytest.raises(PayloadTooLargeError, match="the 40 live streams .*name the streams by "
+                       "id, fewer per request"):
+        conn.call(m.DescribeStreamsRequest())
+    resp, _ = conn.call(m.DescribeStreamsRequest(stream_ids=[1, 2]))
+    assert [r.status.ok for r in resp.describe_responses] == [True, True]
 
 def test_trim_streams(conn, servers):
     sid = create_one(conn)
