@@ -5,6 +5,14 @@ them: a server whose push failed, or that (re)appeared, is owed a full resync of
 holds, sent on its next heartbeat. Every call is one request with one retry on a fresh
 connection (a pooled connection may have died with a server restart); a server that does not
 answer fails the call with the retriable REQUEST_TIMEOUT naming it.
+
+Pushes run after the stream's lock is released, so a DELETE_STREAMS can overtake one and reach
+a server that holds no range of the stream yet: nothing there remembers it, and the push would
+then create a range of a deleted stream that acknowledges appends nobody can read. So a push
+leaves out streams already deleted, and after a server took the push, every stream in it that
+was deleted meanwhile is deleted on that server again (now it holds the range and marks it).
+Deletion is written to the metadata before any DELETE_STREAMS goes out, so one of the two
+always reaches the server after the range.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from sbp_spark.protocol.errors import (
     RequestTimeoutError,
     SbpError,
     ServerError,
+    StreamNotFoundError,
     UnknownError,
 )
 
@@ -171,7 +180,11 @@ class RangeServerCalls:
         and seal the range at once."""
         by_server: dict[int, list[RangeMeta]] = defaultdict(list)
         leaders: set[int] = set()  # primaries of open ranges: pushed last
+        ranges = list(ranges)
+        gone = self._deleted({rng.stream_id for rng in ranges})
         for rng in ranges:
+            if rng.stream_id in gone:
+                continue
             for sid in rng.server_ids:
                 by_server[sid].append(rng)
             if rng.is_open and rng.primary is not None:
@@ -206,6 +219,34 @@ class RangeServerCalls:
                 if not result.status.ok:
                     log.warning("range server %d refused the ranges of stream %d: %s",
                                 server_id, result.stream_id, result.status.message)
+            gone = self._deleted(by_stream)
+            if gone:
+                self._tell_deleted(server_id, gone, timeout_s)
+
+    def _deleted(self, stream_ids: Iterable[int]) -> set[int]:
+        """The streams of ``stream_ids`` that are deleted in the metadata."""
+        gone = set()
+        for stream_id in stream_ids:
+            try:
+                self.pd.store.get_stream(stream_id)
+            except StreamNotFoundError:
+                gone.add(stream_id)
+            except SbpError as exc:  # the metadata cannot say now: push as before
+                log.warning("could not tell whether stream %d is deleted: %s", stream_id, exc)
+        return gone
+
+    def _tell_deleted(self, server_id: int, stream_ids: Iterable[int],
+                      timeout_s: float | None) -> None:
+        """DELETE_STREAMS to a server just pushed ranges of streams deleted during the push."""
+        ids = sorted(stream_ids)
+        log.info("streams %s were deleted while range server %d was pushed their ranges; "
+                 "deleting them there again", ids, server_id)
+        try:
+            self.call(server_id, m.DeleteStreamsRequest(streams=[
+                m.Stream(stream_id=sid, deleted=True) for sid in ids]), timeout_s)
+        except SbpError as exc:
+            log.warning("range server %d was not told that streams %s are deleted: %s",
+                        server_id, ids, exc)
 
     def owe_resync(self, server_id: int) -> None:
         with self._lock:
