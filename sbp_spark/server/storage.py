@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..protocol.errors import InvalidRequestError
+from ..protocol.errors import DataCorruptError, InvalidRequestError
 from .conditions import WaitedCondition
 from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy, GroupCommit, Waiter
 from .pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCacheBudget
 from .range_log import META_FILE, RangeLog, Replica
-from .segment import fsync_dir
+from .segment import SEGMENT_SUFFIX, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,20 @@ class StorageStats:
 
 
 
+def _stored_segments(directory: str) -> list[str]:
+    """The segment files in ``directory`` that hold bytes (none if it does not exist)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        size = os.path.getsize(os.path.join(directory, name))
+        if size:
+            out.append(f"{name}: {size} bytes")
+    return out
+
+
 class Storage:
     """All range logs of one range server (by stream and range index), their group commit
     (``durability``), and the data-change signal long polls wait on."""
@@ -141,6 +155,18 @@ class Storage:
                     existing.seal_at(end_offset)
                 return existing
             directory = os.path.join(self.data_dir, _RANGES_DIR, f"{stream_id}-{range_index}")
+            stored = _stored_segments(directory)
+            if stored:
+                # Skipped at startup (its range.json unreadable): a new range here would
+                # open these files as empty and write over their records.
+                log.error("refusing to create range %d/%d: %s holds records (%s) but was not "
+                          "recovered (its %s is unreadable); move it aside or repair it",
+                          stream_id, range_index, directory, ", ".join(stored), META_FILE)
+                raise DataCorruptError(
+                    f"range {stream_id}/{range_index} cannot be created on this server: its "
+                    f"directory {directory} holds records ({', '.join(stored)}) that were not "
+                    f"recovered because its {META_FILE} is unreadable; they are kept, not "
+                    f"overwritten, until an operator moves the directory aside or repairs it")
             os.makedirs(directory, exist_ok=True)
             meta = {"stream_id": stream_id, "range_index": range_index,
                     "base_start_offset": start_offset, "start_offset": start_offset,

@@ -12,6 +12,7 @@ import zlib
 import pytest
 
 from sbp_spark.protocol.errors import (
+    DataCorruptError,
     OffsetOutOfRangeError,
     RangeSealedError,
     StorageFullError,
@@ -153,6 +154,40 @@ def test_restart_recovers_offsets_data_and_metadata(tmp_path):
         assert _read_all(rlog) == before
         assert rlog.append([_batch(b"z")])[0] == [52]
 
+
+
+def test_a_range_skipped_at_startup_is_not_created_over_its_records(tmp_path):
+    # A range directory whose range.json was unreadable was skipped at startup; when the PD
+    # pushed the range again, create reused the directory, opened its segment as empty and
+    # wrote new records over the old ones.
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(3, 2, 50)
+        rlog.append([_batch(b"x" * 10), _batch(b"y" * 20)])
+        rlog.sync()
+        [segment] = _segment_files(rlog)
+        directory = rlog.directory
+    with open(segment, "rb") as f:
+        before = f.read()
+    with open(os.path.join(directory, "range.json"), "wb") as f:
+        f.write(b"{not json")
+    with Storage(str(tmp_path), _MANUAL) as s:
+        assert s.get_range(3, 2) is None
+        with pytest.raises(DataCorruptError, match=r"range 3/2 cannot be created .*holds "
+                           r"records .*range.json is unreadable"):
+            s.create_range(3, 2, 50)
+        assert s.get_range(3, 2) is None
+    with open(segment, "rb") as f:
+        assert f.read() == before
+
+
+def test_a_range_whose_creation_was_cut_short_is_created_again(tmp_path):
+    # Killed between the first segment and range.json: no record was ever stored there.
+    directory = tmp_path / "ranges" / "3-2"
+    directory.mkdir(parents=True)
+    (directory / "00000000000000000050.seg").write_bytes(b"")
+    with Storage(str(tmp_path), _MANUAL) as s:
+        rlog = s.create_range(3, 2, 50)
+        assert rlog.append([_batch(b"x")])[0] == [50]
 
 def test_torn_tail_is_cut_on_restart(tmp_path):
     with Storage(str(tmp_path), _MANUAL) as s:
