@@ -47,6 +47,9 @@ log = logging.getLogger("sbp_spark.server.pd")
 SYNC_BATCH_RANGES = 2000
 
 
+# Above this many streams, which of them are deleted is read from one listing of the streams.
+_LOOKUPS_BEFORE_LISTING = 16
+
 class RangeServerCalls:
     """Requests from the PD to its range servers, and the resyncs it owes them."""
 
@@ -224,7 +227,18 @@ class RangeServerCalls:
                 self._tell_deleted(server_id, gone, timeout_s)
 
     def _deleted(self, stream_ids: Iterable[int]) -> set[int]:
-        """The streams of ``stream_ids`` that are deleted in the metadata."""
+        """The streams of ``stream_ids`` that are deleted in the metadata: one lookup each for
+        a few (a create, a seal), one listing for many (a server's resync; on etcd every
+        lookup is a round trip)."""
+        stream_ids = set(stream_ids)
+        if len(stream_ids) > _LOOKUPS_BEFORE_LISTING:
+            try:
+                live = {s.stream_id for s in self.pd.store.list_streams()}
+            except SbpError as exc:  # the metadata cannot say now: push as before
+                log.warning("could not tell which of %d streams are deleted: %s",
+                            len(stream_ids), exc)
+                return set()
+            return stream_ids - live
         gone = set()
         for stream_id in stream_ids:
             try:

@@ -188,3 +188,19 @@ def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, 
                 m.AppendEntry(a.stream_id, 0, len(batch))]), batch)
         [result] = resp.append_responses
         assert result.status.code == ErrorCode.STREAM_NOT_FOUND and result.base_offset == -1
+
+
+def test_the_pd_tells_deleted_streams_apart_by_lookup_or_by_listing(tmp_path, pool):
+    # A push of a few streams' ranges looks each up; a resync of many lists the streams once.
+    from sbp_spark.server import pd_calls
+
+    with EmbeddedCluster(tmp_path, range_servers=1) as cluster:
+        client = client_of(cluster, pool)
+        ids = [s.stream_id for s in client.create_streams(pd_calls._LOOKUPS_BEFORE_LISTING + 4)]
+        client.delete_streams(ids[::3])
+        never = max(ids) + 100
+        calls = cluster.pd.calls
+        assert calls._deleted(ids) == set(ids[::3])
+        assert calls._deleted([*ids, never]) == {*ids[::3], never}
+        assert calls._deleted(ids[:4]) == set(ids[:4:3])
+        assert calls._deleted([ids[1], never]) == {never}
