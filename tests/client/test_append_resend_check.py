@@ -6,9 +6,6 @@ then drops the answer and the connection, as a network failure at the worst mome
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,59 +14,10 @@ from sbp_spark.client import Appended, ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 
+from .proxies import AnswerLosingProxy, ProxiedClient
+
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=5,
                       retry_backoff_ms=10, retry_backoff_max_ms=50, retry_deadline_s=20)
-
-
-class AnswerLosingProxy:
-    """Forwards TCP both ways; once armed, the next answer from the server is swallowed and
-    that connection closed."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.armed = threading.Event()
-        self.lost = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
-        # OSError: the other direction closed the pair first.
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                if answers and self.armed.is_set():
-                    self.armed.clear()
-                    self.lost.set()
-                    break  # the answer never reaches the client
-                dst.sendall(data)
-        for s in (src, dst):
-            with contextlib.suppress(OSError):  # already closed
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-class ProxiedClient(SbpClient):
-    """Talks to range servers through the proxy (the PD still names their real address)."""
-
-    proxy: AnswerLosingProxy
-
-    def range_server(self, address: str):
-        return super().range_server(self.proxy.address if address == self.proxy_for
-                                    else address)
 
 
 @pytest.fixture

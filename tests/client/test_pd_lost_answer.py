@@ -2,7 +2,7 @@
 make them twice. The client says the outcome is unknown instead of resending it. A
 DELETE_STREAMS whose answer is lost is resent, and "already deleted" is then its success.
 
-The proxy of test_append_resend_check sits between the client and the PD: it forwards the
+An answer-losing proxy sits between the client and the PD: it forwards the
 request, lets the PD carry it out, then drops the answer and the connection.
 """
 
@@ -14,7 +14,8 @@ from sbp_spark.cli import main
 from sbp_spark.client import ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import StreamNotFoundError, TransportError
 
-from .test_append_resend_check import CONFIG, AnswerLosingProxy
+from .proxies import AnswerLosingProxy
+from .test_append_resend_check import CONFIG
 
 
 def test_a_create_whose_answer_was_lost_is_not_sent_again(cluster):

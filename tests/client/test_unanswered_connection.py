@@ -4,63 +4,16 @@ instead of waiting on the dead one again until the retries run out."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import socket
-import threading
 import time
 
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.records import encode_batch
 
-from .test_append_resend_check import ProxiedClient
+from .proxies import ProxiedClient, SilencingProxy
 
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=0.5, retries=3,
                       retry_backoff_ms=10, retry_backoff_max_ms=50, retry_deadline_s=20)
-
-
-class SilencingProxy:
-    """Forwards TCP both ways; ``silence()`` makes the connections open so far drop
-    everything, as a network that lost them would, while new ones work."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.connections: list[threading.Event] = []
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            silenced = threading.Event()
-            self.connections.append(silenced)
-            self.sockets += [client, server]
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(src, dst, silenced),
-                                 daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, silenced: threading.Event) -> None:
-        with contextlib.suppress(OSError):  # the other direction closed the pair first
-            while data := src.recv(1 << 16):
-                if not silenced.is_set():
-                    dst.sendall(data)
-
-    def silence(self) -> None:
-        for silenced in self.connections:
-            silenced.set()
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.sockets:
-            sock.close()
 
 
 def test_a_timed_out_connection_is_not_reused_for_the_retry(cluster):
@@ -72,7 +25,7 @@ def test_a_timed_out_connection_is_not_reused_for_the_retry(cluster):
             (silent,) = pool.connections().values()
             proxy.silence()
             client.list_streams()  # timed out once, answered on a new connection
-            assert len(proxy.connections) == 2
+            assert len(proxy.pairs) == 2
             assert pool.connections()[proxy.address] is not silent
             assert not silent.usable
     finally:
