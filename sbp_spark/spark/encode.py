@@ -137,11 +137,16 @@ class RowEncoder:
             raise ValueError(f"{column.null_count} rows have a null stream_id; every row needs "
                              "a target stream (or set option 'stream')")
         unique = pc.unique(column)
-        self._check_routes(unique.to_pylist())
+        stream_ids = unique.to_pylist()
+        negative = sorted(sid for sid in stream_ids if sid < 0)
+        if negative:
+            raise ValueError(f"rows have stream_id {','.join(map(str, negative))}, which is not "
+                             "a stream id (stream ids are >= 0)")
+        self._check_routes(stream_ids)
         if len(unique) == 1:
             yield unique[0].as_py(), self._body(batch)
             return
-        for sid in sorted(unique.to_pylist()):
+        for sid in sorted(stream_ids):
             yield sid, self._body(batch.filter(pc.equal(column, sid)))
 
     def _check_routes(self, stream_ids: list[int]) -> None:

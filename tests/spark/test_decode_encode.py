@@ -314,6 +314,10 @@ def test_writer_routing_by_stream_id_and_schema_checks():
     with pytest.raises(ValueError, match="null stream_id"):
         list(encoder.bodies(pa.record_batch({"stream_id": pa.array([1, None], pa.int64()),
                                              "value": pa.array([b"a", b"b"])}), None))
+    # a negative stream id names no stream: refused before anything is sent, naming the value
+    with pytest.raises(ValueError, match=r"stream_id -1, which is not a stream id"):
+        list(encoder.bodies(pa.record_batch({"stream_id": pa.array([1, -1], pa.int64()),
+                                             "value": pa.array([b"a", b"b"])}), None))
     with pytest.raises(ValueError, match="needs a target stream"):
         RowEncoder.for_schema(StructType(fields[1:]), "records", None)
     # an encoder made for one stream, asked for bodies without it
