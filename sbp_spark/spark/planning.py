@@ -103,6 +103,13 @@ def resolve_bounds(layout: StreamLayout, options: ReadOptions) -> tuple[int, int
         raise OptionError(
             f"endingOffsets asks for stream {sid} up to offset {end}, but the stream ends at "
             f"offset {last}")
+    elif end < first:
+        if options.fail_on_data_loss:
+            raise OptionError(
+                f"endingOffsets asks for stream {sid} up to offset {end}, but offsets below "
+                f"{first} were trimmed away, so none of the records asked for is left; set "
+                "failOnDataLoss=false to read nothing from this stream")
+        hi = lo  # every record asked for was trimmed away
     else:
         hi = end
     if hi < lo:

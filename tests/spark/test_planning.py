@@ -88,6 +88,15 @@ def test_trimmed_start_and_fail_on_data_loss():
         plan_partitions([trimmed], read(startingOffsets='{"7": 100}'))
     parts = plan_partitions([trimmed], read(startingOffsets='{"7": 100}', failOnDataLoss="false"))
     assert spans(parts)[0] == (7, 0, 300, 1000)
+    # an end among the trimmed offsets: data loss too, not a start after the end
+    with pytest.raises(OptionError, match="endingOffsets asks for stream 7 up to offset 200, "
+                                          "but offsets below 300 were trimmed.*failOnDataLoss"):
+        plan_partitions([trimmed], read(endingOffsets='{"7": 200}'))
+    assert plan_partitions([trimmed], read(endingOffsets='{"7": 200}',
+                                           failOnDataLoss="false")) == []
+    assert plan_partitions([trimmed], read(startingOffsets='{"7": 100}',
+                                           endingOffsets='{"7": 200}',
+                                           failOnDataLoss="false")) == []
 
 
 def test_split_by_max_records_and_min_partitions():
