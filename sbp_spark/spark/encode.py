@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -58,6 +59,23 @@ def _headers_ok(dtype: DataType) -> bool:
     fields = {f.name: f.dataType for f in dtype.elementType.fields}
     return (set(fields) == {"key", "value"} and isinstance(fields["key"], StringType)
             and _is_text(fields["value"]))
+
+
+def _check_arrow_types(types: dict[str, DataType]) -> None:
+    """Refuse columns Spark cannot hand a data source as Arrow data (it would fail every task
+    with a bare pyarrow KeyError)."""
+    for name, dtype in types.items():
+        try:
+            to_arrow_type(dtype, timezone="UTC")
+        except ValueError:
+            # pyarrow's own view of Spark's empty array() or map() (void elements that cannot
+            # be null); Spark hands those over as Arrow all the same
+            continue
+        except TypeError:
+            raise ValueError(
+                f"payload=arrow cannot write this DataFrame: column '{name}' is "
+                f"{dtype.simpleString()}, which Spark cannot hand a data source as Arrow "
+                "data; cast it (to a string or a number, say) first") from None
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,8 @@ class RowEncoder:
                                  "columns)")
         elif not [n for n in types if n != "stream_id"]:
             raise ValueError("payload=arrow needs at least one column besides stream_id")
+        else:
+            _check_arrow_types(types)
         table = definition_of(schema)
         dropped: tuple[str, ...] = ()
         if payload == "arrow" and table is not None and table.data_columns is not None:

@@ -15,10 +15,12 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     StringType,
     StructField,
     StructType,
     TimestampType,
+    YearMonthIntervalType,
 )
 
 from sbp_spark.protocol.records import (
@@ -332,6 +334,17 @@ def test_writer_routing_by_stream_id_and_schema_checks():
     with pytest.raises(ValueError, match="column 'stream_id' is string"):
         RowEncoder.for_schema(StructType([StructField("stream_id", StringType()), fields[1]]),
                               "records", None)
+
+
+def test_arrow_payload_refuses_types_spark_cannot_hand_over_as_arrow():
+    # Spark fails such a write in every task with a bare KeyError from pyarrow
+    struct = StructType([StructField("id", LongType()),
+                         StructField("span", YearMonthIntervalType())])
+    with pytest.raises(ValueError, match=r"column 'span' is interval year to month.*Arrow"):
+        RowEncoder.for_schema(struct, "arrow", 5)
+    # Spark's empty array() (void elements, never null), which pyarrow cannot type: written
+    empty = StructType([StructField("none", ArrayType(NullType(), containsNull=False))])
+    assert RowEncoder.for_schema(empty, "arrow", 5).names == ("none",)
 
 
 def test_headers_are_stored_and_read_back():
