@@ -57,10 +57,19 @@ class Retrier:
     ) -> None:
         self.config = config
         self.on_error = on_error
+        self._own_deadline = deadline is None
         self.deadline = (time.monotonic() + config.retry_deadline_s if deadline is None
                          else deadline)
         self.attempt = 0
         self._immediate = 0
+
+    def progressed(self) -> None:
+        """The operation moved on since its last failure (a long read got further): the
+        failures before are over, so the next one gets the retries and the time a new
+        operation would (a caller's own deadline stays)."""
+        self.attempt = self._immediate = 0
+        if self._own_deadline:
+            self.deadline = time.monotonic() + self.config.retry_deadline_s
 
     def retry_after(self, error: SbpError) -> None:
         """Called with the failure of an attempt: waits as long as needed and returns when

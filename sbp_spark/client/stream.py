@@ -296,6 +296,7 @@ class SbpClient:
         corrupt_at = position
         retrier = Retrier(self.config, on_error=lambda exc: replicas.after_failure(
             exc, retrier.deadline))
+        failed_at = position  # where the last failure (or the read) began
         while True:
             address = replicas.current()
             try:
@@ -328,6 +329,11 @@ class SbpClient:
                     if corrupt.keys() >= set(replicas.servers):
                         raise _corrupt_everywhere(stream_id, range_index, position,
                                                   corrupt) from exc
+                if position > failed_at:
+                    # Records arrived since: a read that has been going on for longer than
+                    # the retry deadline (a slow consumer) still fails over.
+                    retrier.progressed()
+                failed_at = position
                 retrier.retry_after(exc)
                 sealed = replicas.sealed_end
                 if sealed is not None:

@@ -360,3 +360,41 @@ def test_fetch_resumes_on_another_replica_after_a_mid_stream_failure(pool):
         got = [f.header.base_offset for f in client.fetch(rng, 0)]
     assert got == [0, 1, 2, 3, 4]
     assert asked_b == [2]
+
+
+def test_a_read_longer_than_the_retry_deadline_still_fails_over(pool):
+    # A consumer that takes its time (a Spark task working on each batch) keeps one FETCH
+    # going for longer than retry_deadline_s; a replica failure after that used to be raised
+    # at once, as if retries had run out, instead of moving to another replica.
+    import dataclasses
+    import time
+
+    from sbp_spark.client import SbpClient
+
+    config = dataclasses.replace(CONFIG, retry_deadline_s=0.5)
+    batches = [batch_bytes(b"r%d" % i, base_offset=i) for i in range(5)]
+    drop = threading.Event()
+
+    def replica_a(peer: Peer) -> None:  # sends two batches, then drops when told to
+        frame = peer.read_frame()
+        data = b"".join(batches[:2])
+        respond(peer, frame, m.FetchResponse(fetch_responses=[m.FetchResult(4, 0, len(data))]),
+                data, end=False)
+        drop.wait(10)
+
+    def replica_b(peer: Peer) -> None:
+        while (frame := peer.read_frame()) is not None:
+            entry = m.decode_request(frame).fetch_requests[0]
+            data = b"".join(batches[entry.fetch_offset:entry.end_offset])
+            respond(peer, frame, m.FetchResponse(fetch_responses=[
+                m.FetchResult(4, 0, len(data))]), data)
+
+    with ConnectionPool(config) as own, FakeServer(replica_a) as a, FakeServer(replica_b) as b:
+        rng = m.Range(4, 0, 0, 5, 5, [m.RangeReplica(m.RangeServer(1, a.address), True),
+                                      m.RangeReplica(m.RangeServer(2, b.address), False)])
+        fetched = SbpClient("127.0.0.1:1", config, own).fetch(rng, 0)
+        got = [next(fetched).header.base_offset, next(fetched).header.base_offset]
+        time.sleep(0.8)  # longer than the retry deadline
+        drop.set()
+        got += [f.header.base_offset for f in fetched]
+    assert got == [0, 1, 2, 3, 4]
