@@ -63,14 +63,18 @@ def _headers_ok(dtype: DataType) -> bool:
 
 def _check_arrow_types(types: dict[str, DataType]) -> None:
     """Refuse columns Spark cannot hand a data source as Arrow data (it would fail every task
-    with a bare pyarrow KeyError)."""
+    with a bare pyarrow KeyError), and those no read could give back: Spark's empty
+    ``array()`` and ``map()`` have void elements that are never null, a type Spark writes but
+    pyarrow cannot build, so every read of the stream would fail."""
     for name, dtype in types.items():
         try:
             to_arrow_type(dtype, timezone="UTC")
         except ValueError:
-            # pyarrow's own view of Spark's empty array() or map() (void elements that cannot
-            # be null); Spark hands those over as Arrow all the same
-            continue
+            raise ValueError(
+                f"payload=arrow cannot write this DataFrame: column '{name}' is "
+                f"{dtype.simpleString()}, whose void elements are never null: Spark could "
+                "write it, but no read could give it back; cast it to a typed one first "
+                "(CAST(array() AS ARRAY<STRING>), say)") from None
         except TypeError:
             raise ValueError(
                 f"payload=arrow cannot write this DataFrame: column '{name}' is "

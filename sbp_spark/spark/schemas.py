@@ -11,7 +11,7 @@ and these functions also run in Spark's Python workers.
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema, to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -69,6 +69,14 @@ def arrow_payload_schema(data: pa.Schema) -> StructType:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the stream holds Arrow data Spark cannot represent: {exc}") from exc
     fields = list(data_struct.fields)
+    for field in fields:
+        try:
+            to_arrow_type(field.dataType, timezone="UTC")
+        except (TypeError, ValueError) as exc:  # void elements that are never null
+            raise ValueError(
+                f"the stream holds Arrow data Spark cannot read: column '{field.name}' is "
+                f"{field.dataType.simpleString()} ({exc}); read it with a schema that leaves "
+                "the column out") from exc
     names = {f.name for f in fields}
     fields += [StructField(name, METADATA_TYPES[name])
                for name in ARROW_PAYLOAD_METADATA if name not in names]

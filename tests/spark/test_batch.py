@@ -13,7 +13,13 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from sbp_spark.protocol.records import encode_arrow_batch, encode_batch, make_records_batch
+from sbp_spark.protocol.records import (
+    PAYLOAD_ARROW,
+    encode_arrow_batch,
+    encode_batch,
+    make_records_batch,
+    with_payload_kind,
+)
 
 UTC = dt.timezone.utc
 
@@ -271,3 +277,22 @@ def test_errors_name_the_problem(spark, pd, sbp_client):
         writer().option("stream", str(sid)).save()
     assert read(spark, pd, sid).count() == 0
 
+
+
+def test_empty_array_and_map_columns_are_refused_naming_them(spark, pd, sbp_client):
+    # Spark types array() and map() with void elements that are never null, which pyarrow
+    # cannot build: such a write went through and every read of the stream then failed with a
+    # bare "A null type field may not be non-nullable". The write is refused, naming the
+    # column; data a foreign writer stored that way fails the read naming it.
+    sid = new_stream(sbp_client)
+    for column in ("array() AS none", "map() AS none"):
+        with pytest.raises(Exception, match="column 'none' is .*no read could give it back"):
+            (spark.range(3).selectExpr("id", column).write.format("sbp").option("pd", pd)
+             .option("stream", str(sid)).option("payload", "arrow").mode("append").save())
+    # The type Spark writes for array(), stored by another writer through the IPC format.
+    void = pa.list_(pa.field("element", pa.null()).with_nullable(False))
+    stored = pa.record_batch([pa.array([1]), pa.array([[]], pa.list_(pa.null())).cast(void)],
+                             names=["id", "none"])
+    sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(stored, PAYLOAD_ARROW))])
+    with pytest.raises(Exception, match="Spark cannot read: column 'none' is array<void>"):
+        read(spark, pd, sid, payload="arrow").collect()

@@ -342,9 +342,14 @@ def test_arrow_payload_refuses_types_spark_cannot_hand_over_as_arrow():
                          StructField("span", YearMonthIntervalType())])
     with pytest.raises(ValueError, match=r"column 'span' is interval year to month.*Arrow"):
         RowEncoder.for_schema(struct, "arrow", 5)
-    # Spark's empty array() (void elements, never null), which pyarrow cannot type: written
-    empty = StructType([StructField("none", ArrayType(NullType(), containsNull=False))])
-    assert RowEncoder.for_schema(empty, "arrow", 5).names == ("none",)
+    # Spark's empty array() and map() (void elements, never null): written, they could never
+    # be read back, since pyarrow cannot build the type
+    for dtype in (ArrayType(NullType(), containsNull=False),
+                  MapType(NullType(), NullType(), valueContainsNull=False)):
+        with pytest.raises(ValueError, match=r"column 'none' is .*void.* no read could give it"):
+            RowEncoder.for_schema(StructType([StructField("none", dtype)]), "arrow", 5)
+    nulls = StructType([StructField("none", ArrayType(NullType(), containsNull=True))])
+    assert RowEncoder.for_schema(nulls, "arrow", 5).names == ("none",)
 
 
 def test_headers_are_stored_and_read_back():
