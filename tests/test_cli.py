@@ -121,6 +121,16 @@ def test_streams_lifecycle(sbp):
     _assert_one_line_error(status, err, "streams describe", str(second))
 
 
+def test_delete_says_which_streams_it_deleted_and_which_it_could_not(sbp):
+    # The PD deletes every stream it can; an error naming only the missing one read as if
+    # nothing had been deleted. A repeated id is deleted once, not failed as "was deleted".
+    first, second = _create(sbp, 2)
+    status, out, err = sbp("streams", "delete", str(first), "999999", str(second), str(first))
+    assert out.splitlines() == [f"deleted stream {first}", f"deleted stream {second}"]
+    _assert_one_line_error(status, err, "streams delete", "999999")
+    assert str(first) not in err
+
+
 def test_update_needs_something_to_change(sbp):
     (stream,) = _create(sbp)
     status, _, err = sbp("streams", "update", str(stream))

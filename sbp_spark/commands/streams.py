@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from .common import (
+    EXIT_ERROR,
     add_pd_argument,
     cli_errors,
     connect,
+    describe_error,
     non_negative_int,
     print_table,
     replicas_arg,
@@ -100,11 +103,24 @@ def trim_command(args: argparse.Namespace) -> int:
 
 @cli_errors
 def delete_command(args: argparse.Namespace) -> int:
+    # The PD deletes each stream it can, whatever happens to the others: say which ones it
+    # deleted and which it could not, each id once (a repeat would fail as "was deleted").
+    stream_ids = list(dict.fromkeys(args.stream_ids))
     with connect(args) as client:
-        client.delete_streams(args.stream_ids)
-    for stream_id in args.stream_ids:
-        print(f"deleted stream {stream_id}")
-    return 0
+        results = client.pd.delete_streams(stream_ids)
+    failures = []
+    for stream_id, result in zip(stream_ids, results, strict=True):
+        error = result.exception()
+        if error is None:
+            print(f"deleted stream {stream_id}")
+            continue
+        message = describe_error(error, args) or str(error)
+        if str(stream_id) not in message:
+            message = f"stream {stream_id}: {message}"
+        failures.append(message)
+    for message in failures:
+        print(f"{args.command}: error: {message}", file=sys.stderr)
+    return EXIT_ERROR if failures else 0
 
 
 def _range_facts(client: Any, rng: Any) -> dict[str, Any]:
