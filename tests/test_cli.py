@@ -339,6 +339,19 @@ def test_pd_comes_from_the_environment(capsys, cluster, monkeypatch):
     assert capsys.readouterr().out.startswith("STREAM")
 
 
+def test_a_bad_address_or_file_from_the_environment_names_the_variable(capsys, monkeypatch,
+                                                                       tmp_path):
+    # Nothing on the command line named 'nohost' or the CA file: say where they came from.
+    monkeypatch.setenv("SBP_PD", "nohost")
+    status = main(["streams", "list"])
+    _assert_one_line_error(status, capsys.readouterr().err, "streams list", "$SBP_PD",
+                           "nohost")
+    monkeypatch.setenv("SBP_TLS_CA", str(tmp_path / "missing-ca.pem"))
+    status = main(["streams", "list", "--pd", "127.0.0.1:1"])
+    _assert_one_line_error(status, capsys.readouterr().err, "streams list", "$SBP_TLS_CA",
+                           "missing-ca.pem")
+
+
 def test_cluster_shows_members_and_range_servers(sbp, cluster):
     (stream,) = _create(sbp)
     status, out, _ = sbp("cluster", "--json")

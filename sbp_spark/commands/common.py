@@ -158,9 +158,22 @@ def tls_from_env() -> TlsArgs:
 def connect(args: argparse.Namespace) -> Iterator[SbpClient]:
     """An SbpClient for the command's PD with the command line's short timeouts."""
     from sbp_spark.client import ClientConfig, SbpClient
+    from sbp_spark.client.pd import parse_pd_addresses
 
-    config = ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S, retries=CLI_RETRIES,
-                          retry_deadline_s=CLI_RETRY_DEADLINE_S, **tls_from_env())
+    # What comes from the environment is checked here, and a bad value names its variable:
+    # nothing on the command line shows where it came from.
+    tls = tls_from_env()
+    try:
+        config = ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S, retries=CLI_RETRIES,
+                              retry_deadline_s=CLI_RETRY_DEADLINE_S, **tls)
+    except ValueError as exc:
+        names = ", ".join(f"${TLS_ENV[f]}" for f in TLS_ENV if tls.get(f) is not None)
+        raise CommandError(f"{exc} (from {names})" if tls else str(exc)) from None
+    if not args.pd:
+        try:
+            parse_pd_addresses(default_pd())
+        except ValueError as exc:
+            raise CommandError(f"{exc} (from ${PD_ENV})") from None
     client = SbpClient(pd_of(args), config)
     try:
         yield client
