@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from sbp_spark.commands.common import (
+    MAX_INT64,
     PD_ENV,
     add_pd_argument,
     address_arg,
@@ -64,6 +65,13 @@ def _int_in(low: int, high: int | None = None, also: Sequence[int] = ()) -> Call
         return value
 
     return parse
+
+
+def _retention_ms(text: str) -> int:
+    value = _int_in(1, also=(-1,))(text)
+    if value > MAX_INT64:  # a signed 64-bit integer on the wire
+        raise argparse.ArgumentTypeError(f"{value} must be at most {MAX_INT64}")
+    return value
 
 
 def _data_dir(path: str) -> Path:
@@ -451,7 +459,7 @@ def add_streams_create_parser(subparsers: argparse._SubParsersAction) -> argpars
     add_pd_argument(parser)
     parser.add_argument("--replicas", type=_int_in(1, MAX_REPLICAS), default=1, metavar="N",
                         help="range servers holding each range (default 1)")
-    parser.add_argument("--retention-ms", type=_int_in(1, also=(-1,)), default=-1,
+    parser.add_argument("--retention-ms", type=_retention_ms, default=-1,
                         metavar="MS", help="keep records this long (default -1: forever)")
     parser.add_argument("--count", type=_int_in(1), default=1, metavar="K",
                         help="how many streams to create (default 1)")

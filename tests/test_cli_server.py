@@ -166,6 +166,13 @@ def one_error_line(capsys) -> str:
     (["cluster", "--range-server", "rs1"], 2, "not of the form host:port"),
     (["cluster", "--range-server", "127.0.0.1:1", "--pd-only"], 2, "not allowed with"),
     (["pd"], 2, "--data-dir"),
+    # Numbers the wire cannot carry (a signed 64-bit integer) are usage errors too.
+    (["streams", "describe", "1", "9223372036854775808"], 2, "9223372036854775807"),
+    (["streams", "trim", "1", "9223372036854775808"], 2, "at most 9223372036854775807"),
+    (["streams", "update", "1", "--retention-ms", "9223372036854775808"], 2,
+     "9223372036854775807"),
+    (["streams", "create", "--retention-ms", "9223372036854775808"], 2,
+     "9223372036854775807"),
 ])
 def test_usage_errors(capsys, monkeypatch, argv, status, expected):
     monkeypatch.delenv("SBP_PD", raising=False)

@@ -28,6 +28,8 @@ PD_ENV = "SBP_PD"
 # client certificates (mutual TLS), certificate and key. Any of them turns TLS on.
 TLS_ENV = {"tls_ca_file": "SBP_TLS_CA", "tls_cert_file": "SBP_TLS_CERT",
            "tls_key_file": "SBP_TLS_KEY"}
+# Stream ids, offsets and retention are signed 64-bit integers on the wire.
+MAX_INT64 = (1 << 63) - 1
 # The port `sbp server` and `sbp pd` listen on when none is given.
 DEFAULT_PD = "127.0.0.1:2378"
 
@@ -90,22 +92,24 @@ def pd_of(args: argparse.Namespace) -> str:
 
 
 def stream_id_arg(text: str) -> int:
-    """argparse type: a stream id (an integer >= 0)."""
+    """argparse type: a stream id (an integer from 0 to 2**63-1)."""
     try:
         return non_negative_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a stream id (an integer >= 0)") from None
+            f"{text!r} is not a stream id (an integer from 0 to {MAX_INT64})") from None
 
 
 def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
+    """argparse type: an integer >= 0 that fits the wire's signed 64 bits."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    if value > MAX_INT64:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_INT64}")
     return value
 
 
@@ -131,8 +135,9 @@ def retention_arg(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if value < 1 and value != -1:
-        raise argparse.ArgumentTypeError(f"{text!r}: use -1 (forever) or a value >= 1")
+    if (value < 1 and value != -1) or value > MAX_INT64:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use -1 (forever) or a value from 1 to {MAX_INT64}")
     return value
 
 
