@@ -131,6 +131,20 @@ def test_delete_says_which_streams_it_deleted_and_which_it_could_not(sbp):
     assert str(first) not in err
 
 
+def test_describe_and_ranges_list_show_what_they_found_and_name_every_missing_id(sbp):
+    # One missing id hid the streams that were found and every other missing id.
+    (stream,) = _create(sbp)
+    for command in (["streams", "describe"], ["ranges", "list"]):
+        status, out, err = sbp(*command, "999998", str(stream), "999999", str(stream),
+                               "--json")
+        assert status == 1, command
+        assert [json.loads(line)["stream_id"] for line in out.splitlines()] == [stream]
+        lines = err.strip().splitlines()
+        assert len(lines) == 2 and "Traceback" not in err, err
+        assert "999998" in lines[0] and "999999" in lines[1], err
+        assert all(line.startswith(f"sbp {' '.join(command)}: error: ") for line in lines)
+
+
 def test_update_needs_something_to_change(sbp):
     (stream,) = _create(sbp)
     status, _, err = sbp("streams", "update", str(stream))

@@ -74,12 +74,35 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _item_failure(error: Exception, stream_id: int, args: argparse.Namespace) -> str:
+    """The error line's message for one stream of a batch, naming the stream."""
+    message = describe_error(error, args) or str(error)
+    return message if str(stream_id) in message else f"stream {stream_id}: {message}"
+
+
+def _report_failures(failures: list[str], args: argparse.Namespace) -> int:
+    """One error line per stream that failed; the exit status."""
+    for message in failures:
+        print(f"{args.command}: error: {message}", file=sys.stderr)
+    return EXIT_ERROR if failures else 0
+
+
 @cli_errors
 def describe_command(args: argparse.Namespace) -> int:
+    # Show every stream found and name every id that was not, each id once.
+    stream_ids = list(dict.fromkeys(args.stream_ids))
     with connect(args) as client:
-        streams = client.describe_streams(args.stream_ids)
-        _print_streams([_stream_facts(client, s) for s in streams], args.json)
-    return 0
+        results = client.pd.describe_streams(stream_ids)
+        found, failures = [], []
+        for stream_id, result in zip(stream_ids, results, strict=True):
+            error = result.exception()
+            if error is None:
+                found.append(result.value)
+            else:
+                failures.append(_item_failure(error, stream_id, args))
+        if found:
+            _print_streams([_stream_facts(client, s) for s in found], args.json)
+    return _report_failures(failures, args)
 
 
 @cli_errors
@@ -113,14 +136,9 @@ def delete_command(args: argparse.Namespace) -> int:
         error = result.exception()
         if error is None:
             print(f"deleted stream {stream_id}")
-            continue
-        message = describe_error(error, args) or str(error)
-        if str(stream_id) not in message:
-            message = f"stream {stream_id}: {message}"
-        failures.append(message)
-    for message in failures:
-        print(f"{args.command}: error: {message}", file=sys.stderr)
-    return EXIT_ERROR if failures else 0
+        else:
+            failures.append(_item_failure(error, stream_id, args))
+    return _report_failures(failures, args)
 
 
 def _range_facts(client: Any, rng: Any) -> dict[str, Any]:
@@ -154,12 +172,20 @@ def _print_ranges(facts: list[dict[str, Any]], as_json: bool) -> None:
 
 @cli_errors
 def ranges_list_command(args: argparse.Namespace) -> int:
+    # The ranges of every stream found; every id that was not is named, each id once.
+    stream_ids = list(dict.fromkeys(args.stream_ids))
     with connect(args) as client:
-        facts = []
-        for stream_id in args.stream_ids:
-            facts += [_range_facts(client, r) for r in client.list_ranges(stream_id)]
-        _print_ranges(facts, args.json)
-    return 0
+        results = client.pd.list_ranges(stream_ids)
+        facts, failures = [], []
+        for stream_id, result in zip(stream_ids, results, strict=True):
+            error = result.exception()
+            if error is None:
+                facts += [_range_facts(client, r) for r in result.value]
+            else:
+                failures.append(_item_failure(error, stream_id, args))
+        if facts or not failures:
+            _print_ranges(facts, args.json)
+    return _report_failures(failures, args)
 
 
 @cli_errors
