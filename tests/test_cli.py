@@ -147,8 +147,10 @@ def test_describe_and_ranges_list_show_what_they_found_and_name_every_missing_id
 
 def test_update_needs_something_to_change(sbp):
     (stream,) = _create(sbp)
+    # A command line that asks for nothing is a usage error (2), as argparse's own are.
     status, _, err = sbp("streams", "update", str(stream))
-    _assert_one_line_error(status, err, "streams update", "--replicas")
+    assert status == 2
+    _assert_one_line_error(1, err, "streams update", "--replicas")
 
 
 def test_trim_then_reading_below_fails_with_the_new_start(sbp, tmp_path):

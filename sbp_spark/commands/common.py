@@ -2,7 +2,8 @@
 and turning errors into one line on stderr with a non-zero exit status.
 
 Errors a user can cause (an unknown stream, a bad offset, a PD that is not running, a file that
-cannot be read) print one line and exit 1; argparse already prints usage errors and exits 2.
+cannot be read) print one line and exit 1; argparse already prints usage errors and exits 2, as
+does a ``UsageError`` (a command line argparse cannot judge alone).
 Anything else is a bug and keeps its traceback.
 """
 
@@ -42,6 +43,7 @@ CLI_RETRY_DEADLINE_S = 15.0
 
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 Handler = Callable[[argparse.Namespace], int]
@@ -49,6 +51,10 @@ Handler = Callable[[argparse.Namespace], int]
 
 class CommandError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
+
+
+class UsageError(CommandError):
+    """A command line that makes no sense (as argparse's usage errors): exit status 2."""
 
 
 def default_pd() -> str:
@@ -233,7 +239,8 @@ def _pd_source(args: argparse.Namespace) -> str:
 
 
 def cli_errors(handler: Handler) -> Handler:
-    """Wrap a subcommand handler: user errors become one stderr line and exit status 1."""
+    """Wrap a subcommand handler: user errors become one stderr line and exit status 1
+    (2 for a ``UsageError``)."""
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
@@ -250,7 +257,7 @@ def cli_errors(handler: Handler) -> Handler:
             if message is None:
                 raise
             print(f"{getattr(args, 'command', 'sbp')}: error: {message}", file=sys.stderr)
-            return EXIT_ERROR
+            return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
 
     return wrapper
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from .common import (
     EXIT_ERROR,
+    UsageError,
     add_pd_argument,
     cli_errors,
     connect,
@@ -108,7 +109,7 @@ def describe_command(args: argparse.Namespace) -> int:
 @cli_errors
 def update_command(args: argparse.Namespace) -> int:
     if args.replicas is None and args.retention_ms is None:
-        raise ValueError("nothing to update: give --replicas and/or --retention-ms")
+        raise UsageError("nothing to update: give --replicas and/or --retention-ms")
     with connect(args) as client:
         stream = client.update_stream(args.stream_id, replicas=args.replicas,
                                       retention_ms=args.retention_ms)
