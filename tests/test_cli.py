@@ -145,6 +145,34 @@ def test_describe_and_ranges_list_show_what_they_found_and_name_every_missing_id
         assert all(line.startswith(f"sbp {' '.join(command)}: error: ") for line in lines)
 
 
+def test_create_asks_in_chunks_and_prints_what_it_made_before_a_failure(sbp, monkeypatch):
+    # One request for every stream outlasted the client's timeout for large counts, and a
+    # failure then printed no id of the streams that were made.
+    from sbp_spark import cli
+    from sbp_spark.client import SbpClient
+
+    monkeypatch.setattr(cli, "CREATE_CHUNK", 2)
+    ids = _create(sbp, 5)
+    assert len(set(ids)) == 5
+    create = SbpClient.create_streams
+    asked = []
+
+    def fail_third(self, count=1, **kwargs):
+        asked.append(count)
+        if len(asked) == 3:
+            raise ValueError("the PD went away")
+        return create(self, count, **kwargs)
+
+    monkeypatch.setattr(SbpClient, "create_streams", fail_third)
+    status, out, err = sbp("streams", "create", "--count", "6")
+    assert asked == [2, 2, 2]
+    assert len(out.split()) == 4
+    _assert_one_line_error(status, err, "streams create", "the PD went away")
+    with pytest.raises(SystemExit) as usage:
+        sbp("streams", "create", "--count", str(cli.MAX_CREATE_COUNT + 1))
+    assert usage.value.code == 2
+
+
 def test_update_needs_something_to_change(sbp):
     (stream,) = _create(sbp)
     # A command line that asks for nothing is a usage error (2), as argparse's own are.
