@@ -98,7 +98,7 @@ def describe_command(args: argparse.Namespace) -> int:
         for stream_id, result in zip(stream_ids, results, strict=True):
             error = result.exception()
             if error is None:
-                found.append(result.value)
+                found.append(result.unwrap())
             else:
                 failures.append(_item_failure(error, stream_id, args))
         if found:
@@ -181,7 +181,7 @@ def ranges_list_command(args: argparse.Namespace) -> int:
         for stream_id, result in zip(stream_ids, results, strict=True):
             error = result.exception()
             if error is None:
-                facts += [_range_facts(client, r) for r in result.value]
+                facts += [_range_facts(client, r) for r in result.unwrap()]
             else:
                 failures.append(_item_failure(error, stream_id, args))
         if facts or not failures:
