@@ -37,6 +37,13 @@ class Certs:
     elsewhere_cert: str  # signed by ca, but for the name elsewhere.invalid only
     elsewhere_key: str
 
+    def server_tls(self, mutual: bool = True):
+        """A server's TLS settings with ``cert``; ``mutual``: clients must present a
+        certificate signed by ``ca``."""
+        from sbp_spark.transport.tls import TlsConfig
+
+        return TlsConfig(self.cert, self.key, self.ca if mutual else None)
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)

@@ -33,6 +33,14 @@ def load_vectors(name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """A CA and certificates signed by it, and by a CA nobody trusts (``tests/certs.py``)."""
+    from .certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
 def etcd_endpoints(tmp_path_factory):
     """Client endpoints of a one-member etcd on loopback, for the tests that need etcd
     (skipped where there is none: ``tests/etcd.py``)."""

@@ -8,20 +8,12 @@ import pytest
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.transport.tls import TlsConfig
-
-from ..certs import Certs, make_certs
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory, certs):
     with EmbeddedCluster(tmp_path_factory.mktemp("tls-cluster"), range_servers=1,
-                         tls=TlsConfig(certs.cert, certs.key, certs.ca)) as running:
+                         tls=certs.server_tls()) as running:
         yield running
 
 

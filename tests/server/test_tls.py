@@ -21,15 +21,10 @@ from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_co
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
 from sbp_spark.transport.tls import TlsConfig
 
-from ..certs import Certs, make_certs
+from ..certs import Certs
 from ..client.fakes import FakeServer, Peer
 
 FAST = dict(connect_timeout_s=3, request_timeout_s=10, retries=2, retry_deadline_s=10)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("pki"))
 
 
 def client_config(certs: Certs, cert: str | None = "client", **extra) -> ClientConfig:
@@ -37,10 +32,6 @@ def client_config(certs: Certs, cert: str | None = "client", **extra) -> ClientC
              "rogue": (certs.rogue_cert, certs.rogue_key), None: (None, None)}[cert]
     return ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=files[0],
                         tls_key_file=files[1], **{**FAST, **extra})
-
-
-def server_tls(certs: Certs, mutual: bool = True) -> TlsConfig:
-    return TlsConfig(certs.cert, certs.key, certs.ca if mutual else None)
 
 
 class Nothing(RequestHandler):
@@ -52,7 +43,7 @@ class Nothing(RequestHandler):
 
 @pytest.fixture
 def mtls_server(certs):
-    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs))) as server:
+    with FrameServer(Nothing(), NetConfig(tls=certs.server_tls())) as server:
         yield server
 
 
@@ -165,14 +156,14 @@ def test_tls_client_to_a_plain_server_fails_cleanly(certs):
 
 
 def test_server_without_client_verification_accepts_any_tls_client(certs):
-    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs, mutual=False))) as server:
+    with FrameServer(Nothing(), NetConfig(tls=certs.server_tls(mutual=False))) as server:
         with Connection(server.address_str, client_config(certs, None)) as conn:
             conn.ping()
 
 
 def test_server_name_is_checked(certs):
     """A client checks that the server's certificate names the host it dialled."""
-    with FrameServer(Nothing(), NetConfig(tls=server_tls(certs))) as server:
+    with FrameServer(Nothing(), NetConfig(tls=certs.server_tls())) as server:
         with Connection(f"localhost:{server.address[1]}", client_config(certs)) as conn:
             conn.ping()  # the certificate names 127.0.0.1 and localhost
     elsewhere = TlsConfig(certs.elsewhere_cert, certs.elsewhere_key, certs.ca)
@@ -186,7 +177,7 @@ def test_server_name_is_checked(certs):
 
 
 def test_embedded_cluster_with_mutual_tls_replicates_and_refuses_strangers(tmp_path, certs):
-    with EmbeddedCluster(tmp_path, range_servers=2, tls=server_tls(certs)) as cluster, \
+    with EmbeddedCluster(tmp_path, range_servers=2, tls=certs.server_tls()) as cluster, \
             ConnectionPool(client_config(certs)) as pool:
         client = SbpClient(cluster.pd_address, client_config(certs), pool)
         [stream] = client.create_streams(1, replicas=2)  # PD -> range servers over mTLS
@@ -209,7 +200,7 @@ def test_embedded_cluster_with_mutual_tls_replicates_and_refuses_strangers(tmp_p
 
 
 def test_sbp_commands_serve_mutual_tls(tmp_path, certs):
-    with ProcessCluster(tmp_path, range_servers=1, tls=server_tls(certs)) as cluster, \
+    with ProcessCluster(tmp_path, range_servers=1, tls=certs.server_tls()) as cluster, \
             ConnectionPool(client_config(certs)) as pool:
         client = SbpClient(cluster.pd_address, client_config(certs), pool)
         [stream] = client.create_streams(1)

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient, TlsConfig
+from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.spark.options import OptionError, parse_read_options
-
-from ..certs import make_certs
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certs(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
 def mtls_cluster(tmp_path_factory, certs):
     with EmbeddedCluster(tmp_path_factory.mktemp("mtls"), range_servers=1,
-                         tls=TlsConfig(certs.cert, certs.key, certs.ca)) as cluster:
+                         tls=certs.server_tls()) as cluster:
         yield cluster
 
 
