@@ -11,7 +11,7 @@ import pytest
 
 from sbp_spark.protocol.records import PAYLOAD_ARROW, encode_arrow_batch, with_payload_kind
 
-from .streaming.helpers import append_values, stored_schemas, stored_values
+from .streaming.helpers import append_values, drain_to_memory, stored_schemas, stored_values
 from .test_batch import new_stream, read
 
 
@@ -52,14 +52,7 @@ def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp
         with pytest.raises(Exception, match="cannot overwrite.*append-only.*mode\\('append'\\)"):
             spark.sql(f"INSERT OVERWRITE {name} SELECT NULL, NULL, NULL, NULL, NULL, X'00'")
 
-        query = (spark.readStream.table(name).writeStream.format("memory")
-                 .queryName(f"table_stream_{sid}")
-                 .option("checkpointLocation", str(tmp_path / "chk"))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(120)
-        finally:
-            query.stop()
+        drain_to_memory(spark.readStream.table(name), f"table_stream_{sid}", tmp_path / "chk")
         # A streaming read starts at latest unless told otherwise; the table says nothing.
         assert spark.table(f"table_stream_{sid}").count() == 0
     # Dropping the table drops its definition, never the stream's records.

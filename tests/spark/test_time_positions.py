@@ -16,6 +16,7 @@ from sbp_spark.spark.options import parse_read_options
 from sbp_spark.spark.reader import SbpPushdownBatchReader
 from sbp_spark.spark.schemas import records_schema
 
+from .streaming.helpers import drain_to_memory
 from .test_batch import new_stream, offsets_summary, read
 
 UTC = dt.timezone.utc
@@ -84,13 +85,7 @@ def test_streaming_query_starts_at_a_time(spark, pd, sbp_client, timed, tmp_path
         reader = spark.readStream.format("sbp").option("pd", pd).option("streams", str(timed))
         for key, value in options.items():
             reader = reader.option(key, value)
-        query = (reader.load().writeStream.format("memory").queryName(name)
-                 .option("checkpointLocation", str(tmp_path / name))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(120)
-        finally:
-            query.stop()
+        drain_to_memory(reader.load(), name, tmp_path / name)
         rows = spark.sql(f"SELECT min(offset), max(offset), count(*) FROM {name}").first()
         return list(rows)
 

@@ -69,5 +69,16 @@ def wait_for(condition: Callable[[], T], timeout: float = 120.0, what: str = "co
         delay = min(delay * 1.5, 0.25)
 
 
+def drain_to_memory(df, name: str, checkpoint) -> None:
+    """Run a streaming ``df`` once over what is there (``availableNow``) into the memory
+    table ``name``, checkpointed in ``checkpoint``; the query is stopped afterwards."""
+    query = (df.writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    finally:
+        query.stop()
+
+
 def memory_values(spark, name: str) -> list[str]:
     return [r.v for r in spark.sql(f"SELECT CAST(value AS STRING) AS v FROM {name}").collect()]

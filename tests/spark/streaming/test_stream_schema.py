@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from .helpers import append_arrow, new_stream, wait_for
+from .helpers import append_arrow, drain_to_memory, new_stream, wait_for
 
 
 def arrow_stream(spark, pd, sid, schema=None, **options):
@@ -94,13 +94,7 @@ def test_metadata_named_data_in_older_batches_reads_as_in_a_batch_read(spark, pd
              .option("payload", "arrow").load())
     expected = sorted((r.id, r.timestamp) for r in batch.select("id", "timestamp").collect())
     assert [t.year for _, t in expected] == [1970] * 3
-    query = (arrow_stream(spark, pd, sid).select("id", "timestamp").writeStream
-             .format("memory").queryName(f"copied_{sid}")
-             .option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination(120)
-    finally:
-        query.stop()
+    drain_to_memory(arrow_stream(spark, pd, sid).select("id", "timestamp"), f"copied_{sid}",
+                    tmp_path / "ck")
     assert sorted((r.id, r.timestamp) for r in spark.table(f"copied_{sid}").collect()
                   ) == expected
