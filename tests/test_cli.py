@@ -648,3 +648,14 @@ def test_servers_listening_on_every_interface_must_be_told_what_to_advertise(cap
                        "--advertise-host", "h"])
     assert "--advertise-host is not passed on to the processes --pd-nodes starts" in err
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
+def test_cluster_without_range_servers_fails_the_health_check(capsys, tmp_path):
+    with EmbeddedCluster(tmp_path / "empty", range_servers=0) as empty:
+        status = main(["cluster", "--pd", empty.pd_address])
+        out, err = capsys.readouterr()
+        assert status == 1
+        assert "none has registered" in out
+        assert "no range server has registered with the PD" in err
+        # The PD alone is healthy: --pd-only checks only that.
+        assert main(["cluster", "--pd-only", "--pd", empty.pd_address]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -171,7 +172,15 @@ def cluster_command(args: argparse.Namespace) -> int:
         print(json.dumps(facts))
     else:
         _print(facts)
-    down = [s for s in facts.get("range_servers", []) if s["ping_ms"] is None or not s["live"]]
+    if "range_servers" not in facts:
+        return 0
+    servers = facts["range_servers"]
+    if not servers:
+        # Nothing can be stored: a health check must not pass on an empty cluster.
+        print("sbp cluster: unhealthy: no range server has registered with the PD",
+              file=sys.stderr)
+        return 1
+    down = [s for s in servers if s["ping_ms"] is None or not s["live"]]
     return 1 if down else 0
 
 
@@ -182,7 +191,8 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         description="Show the PD members (and which leads), and every range server the PD "
                     "knows: whether it heartbeats, the ranges it holds, the load metrics it "
                     "last reported (all of them with --json) and a PING round trip. Exits 0 "
-                    "when the PD and every range server answer, 1 otherwise (usable as a "
+                    "when the PD and every range server answer, 1 otherwise or when no range "
+                    "server has registered (usable as a "
                     "health check; --pd-only and --range-server make cheaper ones).")
     add_pd_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
