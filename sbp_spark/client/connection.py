@@ -195,6 +195,35 @@ class ResponseStream:
             self.close()
 
 
+
+# Alerts a TLS server sends when it refuses this client's certificate, in the words of
+# OpenSSL's reason codes; with TLS 1.3 they arrive after the handshake, on the first read or
+# as the reason a send failed. Each with what the user can change.
+_REFUSED_CERTIFICATE = (
+    ("alert certificate required",
+     "the server requires a client certificate and this client presented none: set "
+     "tls_cert_file and tls_key_file in ClientConfig, the Spark options tls.certFile and "
+     "tls.keyFile, or $SBP_TLS_CERT and $SBP_TLS_KEY for the sbp commands"),
+    ("alert unknown ca",
+     "the server does not trust the CA that signed this client's certificate: use a "
+     "certificate signed by a CA the server's client CA file lists"),
+    ("alert certificate expired", "the server found this client's certificate expired"),
+    ("alert bad certificate", "the server refused this client's certificate"),
+    ("alert certificate unknown", "the server refused this client's certificate"),
+)
+
+
+def _certificate_hint(exc: BaseException | None) -> str:
+    """What to change, for an error carrying a TLS alert that refused our certificate."""
+    if exc is None:
+        return ""
+    text = str(exc).lower().replace("_", " ")
+    for alert, hint in _REFUSED_CERTIFICATE:
+        if alert in text:
+            return f" ({hint})"
+    return ""
+
+
 class Connection:
     """One TCP connection to one server, carrying many requests at once.
 
@@ -273,7 +302,8 @@ class Connection:
                 f"TLS handshake with {self.address} timed out after "
                 f"{self.config.connect_timeout_s:g}s")
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
-            error = TransportError(f"TLS handshake with {self.address} failed: {exc}")
+            error = TransportError(f"TLS handshake with {self.address} failed: "
+                                   f"{exc}{_certificate_hint(exc)}")
         sock.close()
         self._rsock.close()
         raise error
@@ -663,8 +693,12 @@ class Connection:
     def _tls_hint(self, exc: OSError | None = None) -> str:
         """For a plain-TCP connection that the server ended (closed, reset: ``exc``) before
         sending anything: a hint that it may require TLS (a TLS server drops a peer whose
-        first bytes are no TLS handshake, without a word). Empty otherwise."""
-        if self._heard or self.config.tls or (
+        first bytes are no TLS handshake, without a word). For a TLS connection that the
+        server ended with an alert refusing this client's certificate: what to change (see
+        ``_certificate_hint``). Empty otherwise."""
+        if self.config.tls:
+            return _certificate_hint(exc)
+        if self._heard or (
                 exc is not None and not isinstance(exc, (BrokenPipeError, ConnectionResetError))):
             return ""
         return (" (before any answer: the server may require TLS, which this client does not "

@@ -97,6 +97,11 @@ def test_client_without_a_valid_certificate_is_refused(mtls_server, certs, cert)
     # The server's alert says why (TLS 1.3 refuses a client certificate after the handshake).
     assert "certificate required" in str(info.value) or "unknown ca" in str(info.value), \
         info.value
+    # ... and the error says what to change.
+    hint = ("requires a client certificate and this client presented none: set tls_cert_file "
+            "and tls_key_file" if cert is None else
+            "does not trust the CA that signed this client's certificate")
+    assert hint in str(info.value), info.value
     # The server is unharmed.
     with Connection(mtls_server.address_str, client_config(certs)) as conn:
         conn.ping()
