@@ -328,7 +328,10 @@ class AppendPath:
                         ) -> tuple[RangeLog, bool]:
         """The open range an entry goes to, and whether it is a replicated write (a batch
         from the range's primary, which already carries its base offset). ``range_index``
-        >= 0: a primary's forward of that range (see ``_forwarded_range``)."""
+        >= 0: a primary's forward of that range (see ``_forwarded_range``); otherwise a
+        client's append, which only the range's primary takes. A base offset in a client's
+        batch changes nothing: stored on a secondary alone, it would sit at an offset the
+        primary gives to other records."""
         server = self.server
         ranges = self.storage.stream_ranges(stream_id)
         if not ranges:
@@ -343,8 +346,6 @@ class AppendPath:
                 f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
         if server.is_primary(last):
             return last, False
-        if header.base_offset >= 0 and server.is_replica(last):
-            return last, True
         primary = next((r for r in last.replicas if r.is_primary), None)
         where = f" (primary: {primary.advertise_addr})" if primary else ""
         raise NotPrimaryError(

@@ -1,13 +1,15 @@
 """FETCH on a range server: wait for data (long poll), then stream whole batches in frames.
 
 A request's entries are served together: the long poll waits until the entries together have
-``min_bytes`` committed (or ``max_wait_ms`` passes), then the server sends frames of whole
-batches for one or more entries (WIRE.md 10), until each entry reached its ``end_offset``, its
-``batch_max_bytes`` budget, or the data that was committed when streaming began. A frame holds
-at most ``frame_bytes`` (1 MiB) read into memory, and up to ``sendfile_frame_bytes`` (4 MiB)
-in all: bytes sent from the file cost no memory while a slow client keeps the frame waiting,
-and fewer, larger frames cost both sides less per byte (1 MiB batches, alternating runs:
-about 10% more MB/s and 8% less server CPU per GiB than 1 MiB frames).
+``min_bytes`` committed below their ends (or ``max_wait_ms`` passes, or an entry holds every
+batch below its ``end_offset``: waiting cannot bring it more), then the server sends frames of
+whole batches for one or more entries (WIRE.md 10), until each entry reached its
+``end_offset``, its ``batch_max_bytes`` budget, or the data that was committed when streaming
+began. A frame holds at most ``frame_bytes`` (1 MiB) read into memory, and up to
+``sendfile_frame_bytes`` (4 MiB) in all: bytes sent from the file cost no memory while a slow
+client keeps the frame waiting, and fewer, larger frames cost both sides less per byte (1 MiB
+batches, alternating runs: about 10% more MB/s and 8% less server CPU per GiB than 1 MiB
+frames).
 
 Large batches leave the segment file by ``os.sendfile``; runs of small batches are read with one
 ``pread`` and sent with ``sendmsg`` (one sendfile call per 100-byte batch would cost more than
@@ -149,6 +151,9 @@ class FetchServer:
         return rlog
 
     def _ready_bytes(self, entries: list[_Entry], min_bytes: int) -> int:
+        """The bytes the entries would get now, counted up to ``min_bytes`` (at least
+        ``max(min_bytes, 1)`` when the poll should end at once: an entry that will not change,
+        or one that already holds every batch below its ``end_offset``)."""
         total = 0
         for e in entries:
             if e.done:
@@ -161,10 +166,17 @@ class FetchServer:
                 # Answer now: a deleted stream, a trimmed offset, RANGE_SEALED or a tail sealed
                 # here but never stored (DATA_CORRUPT) will not change.
                 return max(min_bytes, 1)
-            if rlog.readable_offset <= e.offset:
+            readable = rlog.readable_offset
+            if readable <= e.offset:
                 continue
             if min_bytes <= 1:
                 return 1
+            bound = e.req.end_offset
+            if 0 <= bound <= min(readable, rlog.next_offset):
+                # Every batch below the entry's end is here: waiting cannot bring it more.
+                return min_bytes
+            # Short of its end, nothing at or past it is readable yet: every byte counted
+            # here is one the entry gets.
             total += rlog.available_bytes(e.offset, min_bytes - total)
             if total >= min_bytes:
                 break

@@ -280,6 +280,10 @@ class PlacementDriver:
                       stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]:
         """Create a stream with range 0 open on the least loaded live servers."""
         _check_stream_settings(replica_nums, retention_period_ms)
+        if stream_id != -1:
+            # An asked-for id the store would refuse is refused now: no wait for servers,
+            # and no NOT_ENOUGH_SERVERS hiding that the id is taken.
+            self.store.check_stream_id_free(stream_id)
         self._await_live(replica_nums)
         with self.placement_lock:
             servers = self._choose(replica_nums)

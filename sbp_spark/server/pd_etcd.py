@@ -36,6 +36,7 @@ from .pd_meta import (
     ReplicaMeta,
     ServerMeta,
     StreamMeta,
+    check_asked_stream_id,
     check_new_stream,
     check_trim,
     new_range,
@@ -246,6 +247,13 @@ class EtcdStore:
             return stream, rng
 
         return self._change(change)
+
+    def check_stream_id_free(self, stream_id: int) -> None:
+        """As ``PdStore.check_stream_id_free``."""
+        check_asked_stream_id(stream_id)
+        existing = self._read(lambda tx: tx.get(self._stream_key(stream_id)))
+        if existing is not None:
+            raise stream_taken(stream_id, existing["deleted"])
 
     def get_stream(self, stream_id: int) -> StreamMeta:
         return self._read(lambda tx: self._live_stream(tx, stream_id))

@@ -120,9 +120,15 @@ def check_new_stream(replica_nums: int, servers: Sequence[int], stream_id: int |
     if len(servers) != replica_nums:
         raise InvalidRequestError(
             f"range 0 needs {replica_nums} servers, {len(servers)} given")
-    if stream_id is not None and stream_id < 0:
+    if stream_id is not None:
+        check_asked_stream_id(stream_id)
+
+
+def check_asked_stream_id(stream_id: int) -> None:
+    """An id a create asks for must be >= 0 and at most ``MAX_ASKED_STREAM_ID``."""
+    if stream_id < 0:
         raise InvalidRequestError(f"stream_id must be >= 0, got {stream_id}")
-    if stream_id is not None and stream_id > MAX_ASKED_STREAM_ID:
+    if stream_id > MAX_ASKED_STREAM_ID:
         raise InvalidRequestError(
             f"stream_id {stream_id} is above {MAX_ASKED_STREAM_ID}, the highest a create may "
             f"ask for: the ids above it are left for the PD to choose")
@@ -234,6 +240,8 @@ class MetadataStore(Protocol):
     def create_stream(self, replica_nums: int, retention_period_ms: int,
                       servers: Sequence[int],
                       stream_id: int | None = None) -> tuple[StreamMeta, RangeMeta]: ...
+
+    def check_stream_id_free(self, stream_id: int) -> None: ...
 
     def get_stream(self, stream_id: int) -> StreamMeta: ...
 

@@ -26,6 +26,7 @@ from .pd_meta import (
     ReplicaMeta,
     ServerMeta,
     StreamMeta,
+    check_asked_stream_id,
     check_new_stream,
     check_trim,
     new_range,
@@ -192,6 +193,16 @@ class PdStore:
             assert stream_id is not None
             rng = self._insert_range(db, new_range(stream_id, 0, 0, servers))
             return self._live_stream(db, stream_id), rng
+
+    def check_stream_id_free(self, stream_id: int) -> None:
+        """Refuse, as ``create_stream`` would, an id a create asks for that is out of bounds,
+        in use or once used by a deleted stream (a create still checks again)."""
+        check_asked_stream_id(stream_id)
+        with self._lock:
+            row = self._db.execute("SELECT deleted FROM streams WHERE stream_id=?",
+                                   (stream_id,)).fetchone()
+        if row is not None:
+            raise stream_taken(stream_id, bool(row["deleted"]))
 
     def get_stream(self, stream_id: int) -> StreamMeta:
         """The stream, or StreamNotFoundError if it never existed or was deleted."""

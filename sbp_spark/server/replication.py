@@ -1,12 +1,13 @@
 """Primary-to-secondary replication of appended batches.
 
 The primary of a range stores a client's batches, then forwards them, exactly as stored (base
-offsets already assigned), to every secondary as an ordinary APPEND frame. A secondary accepts
-an APPEND whose batches carry base offsets only for a range it is a secondary of, and only if
-those offsets continue its log exactly; a client's batches (base_offset -1) sent to a secondary
-are refused with NOT_PRIMARY. Every forward names its range (``AppendRequest.range_index``),
-and a secondary takes it into no other: a primary cut off from the PD may go on forwarding
-batches of a range the PD has already ended, at offsets where the next range begins.
+offsets already assigned), to every secondary as an ordinary APPEND frame. Every forward names
+its range (``AppendRequest.range_index``); a secondary accepts one only for a range it is a
+secondary of, and only if the batches' offsets continue its log exactly. An APPEND that names
+no range is a client's, and a secondary refuses it with NOT_PRIMARY whatever base offsets its
+batches carry. A secondary takes a forward into no range but the one it names: a primary cut
+off from the PD may go on forwarding batches of a range the PD has already ended, at offsets
+where the next range begins.
 
 Order: the local append and the forward are done under one lock per range, and each secondary
 gets its frames over one connection, which it reads and applies in order, so a secondary's log

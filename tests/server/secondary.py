@@ -36,10 +36,10 @@ def send_append(server: RangeServer, request: AppendRequest,
     return response
 
 
-def forward_of(stream_id: int, first: int, count: int, committed: int, range_index: int = -1
+def forward_of(stream_id: int, first: int, count: int, committed: int, range_index: int = 0
                ) -> tuple[AppendRequest, list[bytes]]:
     """A primary's forward: ``count`` one-record batches at ``first`` with ``committed``, of
-    range ``range_index`` (-1: not named, as primaries did before forwards named it)."""
+    range ``range_index`` (a secondary takes no forward that leaves its range unnamed)."""
     batches = [batch_bytes(b"r%d" % (first + i), base_offset=first + i) for i in range(count)]
     return AppendRequest(timeout_ms=5000, committed_offset=committed, range_index=range_index,
                          append_requests=[AppendEntry(stream_id, i, len(b))

@@ -365,8 +365,16 @@ def test_create_with_explicit_id(store):
     assert store.create_stream(1, -1, [1])[0].stream_id == 41
     with pytest.raises(StreamAlreadyExistsError, match="stream 40 exists"):
         store.create_stream(1, -1, [1], stream_id=40)
+    # The PD asks first, before it waits for servers to place the stream on.
+    with pytest.raises(StreamAlreadyExistsError, match="stream 40 exists"):
+        store.check_stream_id_free(40)
+    store.check_stream_id_free(42)
     store.delete_stream(40)
     with pytest.raises(StreamAlreadyExistsError, match="never reused"):
         store.create_stream(1, -1, [1], stream_id=40)
+    with pytest.raises(StreamAlreadyExistsError, match="never reused"):
+        store.check_stream_id_free(40)
     with pytest.raises(InvalidRequestError):
         store.create_stream(1, -1, [1], stream_id=-5)
+    with pytest.raises(InvalidRequestError):
+        store.check_stream_id_free(-5)
