@@ -153,7 +153,8 @@ class FetchServer:
     def _ready_bytes(self, entries: list[_Entry], min_bytes: int) -> int:
         """The bytes the entries would get now, counted up to ``min_bytes`` (at least
         ``max(min_bytes, 1)`` when the poll should end at once: an entry that will not change,
-        or one that already holds every batch below its ``end_offset``)."""
+        one on a sealed range whose readers see all they ever will, or one that already holds
+        every batch below its ``end_offset``)."""
         total = 0
         for e in entries:
             if e.done:
@@ -171,6 +172,9 @@ class FetchServer:
                 continue
             if min_bytes <= 1:
                 return 1
+            if rlog.sealed and rlog.read_cap is None:
+                # Sealed, with no cap left to rise: what is readable now is all it will hold.
+                return min_bytes
             bound = e.req.end_offset
             if 0 <= bound <= min(readable, rlog.next_offset):
                 # Every batch below the entry's end is here: waiting cannot bring it more.

@@ -534,3 +534,10 @@ def test_a_range_sealed_above_what_this_replica_stored_sends_readers_elsewhere(p
     # At the end itself the answer is still that the stream continues elsewhere.
     _, statuses, _ = _fetch(peer, [_entry(1, offset=5)])
     assert statuses[0][-1].code == ErrorCode.RANGE_SEALED
+    # Below what it stored, a long poll wanting more than is left answers at once too: a
+    # sealed range gets nothing more, so waiting out max_wait_ms only delays the reader.
+    began = time.monotonic()
+    _, statuses, batches = _fetch(peer, [_entry(1, offset=1)], max_wait_ms=5000, min_bytes=1000)
+    assert [parse_header(b).base_offset for b in batches[0]] == [1]
+    assert statuses[0][-1].code == ErrorCode.DATA_CORRUPT
+    assert time.monotonic() - began < 2
