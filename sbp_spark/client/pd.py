@@ -154,7 +154,8 @@ class PdClient:
     # -- streams ---------------------------------------------------------------------------
 
     def create_streams(self, streams: Sequence[Stream]) -> list[ItemResult[Stream]]:
-        """Create streams (their stream_id is ignored; the PD assigns one).
+        """Create streams: a stream_id of -1 lets the PD choose one; an id >= 0 asks for
+        that id, which the PD refuses (STREAM_ALREADY_EXISTS) when it is taken.
 
         Never sent twice: a create whose answer was lost raises (not retriable), since the
         streams may exist already and a second create would make them again: list the
