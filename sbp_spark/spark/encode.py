@@ -11,7 +11,7 @@ APPEND frame.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +42,7 @@ from sbp_spark.protocol.records import (
 
 from .schemas import METADATA_TYPES
 from .tables import definition_of
+from .zones import arrow_zone, wall_clock_to_instants
 
 # An encoded batch must leave room in its APPEND frame for the frame and FlatBuffers headers.
 MAX_ENCODED_BATCH = MAX_FRAME_LENGTH - 64 * 1024
@@ -94,6 +95,10 @@ class RowEncoder:
     dropped: tuple[str, ...] = ()
     # Routing by column: the streams a row may name (option 'streams'; None: any).
     routes: tuple[int, ...] | None = None
+    # payload=records with a TIMESTAMP_NTZ 'timestamp' column: its wall-clock values become
+    # record times in ``time_zone`` (known only in the task: ``with_time_zone``).
+    wall_clock_timestamp: bool = False
+    time_zone: str | None = None
 
     @classmethod
     def for_schema(cls, schema: StructType, payload: str, stream: int | None,
@@ -141,8 +146,15 @@ class RowEncoder:
         if payload == "arrow" and table is not None and table.data_columns is not None:
             dropped = tuple(n for n in types
                             if n in METADATA_TYPES and n not in table.data_columns)
+        wall_clock = payload == "records" and isinstance(types.get("timestamp"),
+                                                         TimestampNTZType)
         return cls(payload, route, tuple(schema.fieldNames()), dropped,
-                   routes if route else None)
+                   routes if route else None, wall_clock)
+
+    def with_time_zone(self, zone: str) -> RowEncoder:
+        """This encoder, taking wall-clock ``timestamp`` values in ``zone`` (a Spark time zone
+        name)."""
+        return replace(self, time_zone=arrow_zone(zone))
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
                ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -195,6 +207,12 @@ class RowEncoder:
         get = {name: batch.column(i) for i, name in enumerate(names)}
         timestamp = get.get("timestamp")
         if timestamp is not None:
+            if self.wall_clock_timestamp:
+                if self.time_zone is None:
+                    raise ValueError("a TIMESTAMP_NTZ 'timestamp' column needs the time zone "
+                                     "its values are in (RowEncoder.with_time_zone)")
+                # As Spark's CAST(ntz AS TIMESTAMP) does: the instant in the session's zone.
+                timestamp = wall_clock_to_instants(timestamp, self.time_zone)
             # Spark's microseconds are stored as milliseconds (the records convention).
             timestamp = pc.cast(timestamp, pa.timestamp("ms"), safe=False)
         headers = get.get("headers")

@@ -23,6 +23,8 @@ from sbp_spark.client.config import (
 )
 from sbp_spark.protocol.constants import MAX_BATCH_BYTES, MAX_REPLICAS
 
+from .zones import arrow_zone
+
 # Sentinels in offset specifications, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
@@ -123,6 +125,15 @@ def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise _fail(name, value, "one of " + ", ".join(choices))
     return text
+
+
+def parse_time_zone(name: str, value: str) -> str:
+    """A time zone as Spark names them (a region such as America/New_York, an offset such as
+    +05:30, UTC)."""
+    try:
+        return arrow_zone(value)
+    except ValueError:
+        raise _fail(name, value, "a time zone such as America/New_York, +05:30 or UTC") from None
 
 
 def parse_pd(name: str, value: str) -> tuple[str, ...]:
@@ -430,6 +441,11 @@ COMPRESSION = OptionSpec(
     "compression", "none", "write",
     "Arrow IPC buffer compression of record-batch bodies: none, lz4, zstd",
     lambda n, v: parse_choice(n, v, COMPRESSIONS), "none")
+TIME_ZONE = OptionSpec(
+    "timeZone", "spark.sql.session.timeZone", "write",
+    "time zone in which a TIMESTAMP_NTZ `timestamp` column's wall-clock values become record "
+    "times (payload=records), as CAST(... AS TIMESTAMP) does in the session's zone",
+    parse_time_zone, None)
 SCHEMA_COMPATIBILITY = OptionSpec(
     "schemaCompatibility", "none", "write",
     "none, or backward: a payload=arrow write first checks that readers of its "
@@ -504,6 +520,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     REPLICAS,
     RETENTION_MS,
     COMPRESSION,
+    TIME_ZONE,
     SCHEMA_COMPATIBILITY,
     MAX_RECORDS_PER_TRIGGER,
     MAX_BYTES_PER_TRIGGER,
@@ -665,6 +682,8 @@ class WriteOptions:
     retention_ms: int = RETENTION_MS.value
     compression: str = COMPRESSION.value
     schema_compatibility: str = SCHEMA_COMPATIBILITY.value
+    # The zone of TIMESTAMP_NTZ record times (None: the session's, read in each task).
+    time_zone: str | None = TIME_ZONE.value
 
 
 @dataclass(frozen=True)
@@ -802,6 +821,7 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
         retention_ms=opts.value(RETENTION_MS),
         compression=opts.value(COMPRESSION),
         schema_compatibility=compatibility,
+        time_zone=opts.value(TIME_ZONE),
     )
 
 

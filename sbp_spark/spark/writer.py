@@ -23,6 +23,7 @@ from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
 from .evolution import check_backward
 from .options import WriteOptions
+from .zones import session_time_zone
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +164,14 @@ class SbpBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
         client = cluster.get_client(self.options.client)
+        encoder = self.encoder
+        if encoder.wall_clock_timestamp:
+            encoder = encoder.with_time_zone(self.options.time_zone or session_time_zone())
         appends = _TaskAppends()
         sinks: dict[int, _StreamSink] = {}
         try:
             for batch in iterator:
-                for stream_id, body in self.encoder.bodies(batch, self.stream):
+                for stream_id, body in encoder.bodies(batch, self.stream):
                     sink = sinks.get(stream_id)
                     if sink is None:
                         if self.stream is None and self.options.schema_compatibility != "none":

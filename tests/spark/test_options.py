@@ -180,7 +180,7 @@ def test_every_option_is_documented_and_parsed():
             "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
             "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
-            "skipIncompatibleBatches"} == names
+            "skipIncompatibleBatches", "timeZone"} == names
     for name in names:
         assert f"| {name} |" in table
 
