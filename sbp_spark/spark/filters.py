@@ -71,7 +71,8 @@ def _timestamp_micros(value: object) -> int | None:
     if not isinstance(value, dt.datetime):
         return None
     if value.tzinfo is None:
-        # Spark hands TIMESTAMP literals to Python as naive datetimes in UTC.
+        # pyspark 4.3 hands TIMESTAMP literals over with a UTC zone attached; a naive one is
+        # read as UTC too (the instant Spark pushed, never a wall-clock time).
         value = value.replace(tzinfo=dt.timezone.utc)
     delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
