@@ -41,7 +41,7 @@ from sbp_spark.protocol.records import (
 )
 
 from .schemas import METADATA_TYPES
-from .tables import definition_of
+from .tables import definition_of, without_definition
 
 # An encoded batch must leave room in its APPEND frame for the frame and FlatBuffers headers.
 MAX_ENCODED_BATCH = MAX_FRAME_LENGTH - 64 * 1024
@@ -94,6 +94,8 @@ class RowEncoder:
     dropped: tuple[str, ...] = ()
     # Routing by column: the streams a row may name (option 'streams'; None: any).
     routes: tuple[int, ...] | None = None
+    # payload=arrow rows of an sbp table: their Arrow fields carry the table's definition.
+    tagged: bool = False
 
     @classmethod
     def for_schema(cls, schema: StructType, payload: str, stream: int | None,
@@ -142,7 +144,7 @@ class RowEncoder:
             dropped = tuple(n for n in types
                             if n in METADATA_TYPES and n not in table.data_columns)
         return cls(payload, route, tuple(schema.fieldNames()), dropped,
-                   routes if route else None)
+                   routes if route else None, payload == "arrow" and table is not None)
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
                ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -190,6 +192,8 @@ class RowEncoder:
                         if n in batch.schema.names]
             if unstored:
                 batch = batch.drop_columns(unstored)
+            if self.tagged:
+                batch = without_definition(batch)
             return with_payload_kind(batch, PAYLOAD_ARROW)
         names = batch.schema.names
         get = {name: batch.column(i) for i, name in enumerate(names)}

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
 from .options import OptionError
@@ -100,6 +102,25 @@ def definition_of(schema: StructType) -> TableDefinition | None:
     return None
 
 
+def without_definition(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` (a table's rows as Spark hands them to a writer) without the definition that
+    Spark copies from the schema's column metadata into the Arrow field metadata: records
+    stored in a stream never carry a table's options. Other metadata is kept."""
+    fields = []
+    for field in batch.schema:
+        spark_metadata = from_arrow_metadata(field.metadata)
+        if spark_metadata is not None and DEFINITION_KEY in spark_metadata:
+            rest = {k: v for k, v in spark_metadata.items() if k != DEFINITION_KEY}
+            kept = {k: v for k, v in field.metadata.items() if k != metadata_key}
+            metadata = {**kept, **(to_arrow_metadata(rest) or {})}
+            field = field.with_metadata(metadata) if metadata else field.remove_metadata()
+        fields.append(field)
+    schema = pa.schema(fields, metadata=batch.schema.metadata)
+    if schema.equals(batch.schema, check_metadata=True):
+        return batch
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
 # Options that position one end of a read, each excluding the others: a query that positions
 # an end overrides the table's position of that end, whichever way either gives it.
 _POSITIONS = (
@@ -161,4 +182,4 @@ def stream_write_options(options: Mapping[str, str]) -> dict[str, str]:
 
 __all__ = ["NO_DEFINITION", "NO_STREAMING_TABLE", "TableDefinition", "definition_of",
            "read_options", "source_options", "stream_write_options", "with_definition",
-           "write_options"]
+           "without_definition", "write_options"]

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sbp_spark.protocol.records import PAYLOAD_ARROW, encode_arrow_batch, with_payload_kind
+from sbp_spark.spark.tables import DEFINITION_KEY
 
 from .streaming.helpers import append_values, drain_to_memory, stored_schemas, stored_values
 from .test_batch import new_stream, read
@@ -91,6 +92,28 @@ def test_arrow_table_stores_only_its_data_columns(spark, pd, sbp_client):
         assert sorted(r.offset for r in rows) == [1, 2]
     # The metadata columns INSERT INTO filled with nulls are not stored as data.
     assert {tuple(s.names) for s in stored_schemas(sbp_client, sid)} == {("id", "name")}
+
+
+def test_a_tables_definition_is_not_stored_in_the_records_it_writes(spark, pd, sbp_client):
+    """The table keeps its OPTIONS in its schema's column metadata; the rows INSERT INTO
+    stores must not carry them (every stored batch would repeat the table's settings, and a
+    plain read of the stream would look like a read of that table)."""
+    sid = new_stream(sbp_client)
+    first = pa.record_batch({"id": pa.array([1], pa.int64())})
+    sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(first, PAYLOAD_ARROW))])
+    name = f"untagged_{sid}"
+    with table(spark, name, f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', payload 'arrow')"):
+        spark.sql(f"INSERT INTO {name} (id) VALUES (2)")
+        # a write of the table's own rows, which keep its first column (ids 1 and 2)
+        spark.table(name).select("id").write.format("sbp").mode("append").save()
+    stored = stored_schemas(sbp_client, sid)
+    assert len(stored) == 3
+    assert all(DEFINITION_KEY not in json.dumps(
+        {k.decode(): v.decode() for k, v in (f.metadata or {}).items()})
+        for schema in stored for f in schema)
+    plain = read(spark, pd, sid, payload="arrow")
+    assert DEFINITION_KEY not in plain.schema["id"].metadata
+    assert sorted(r.id for r in plain.collect()) == [1, 1, 2, 2]
 
 
 def test_tables_that_cannot_carry_their_options_say_what_to_do(spark, pd, sbp_client):
