@@ -33,6 +33,10 @@ from .resolve import merge_fields, plan_schema
 from .schemas import METADATA_TYPES
 
 
+class NothingToInferError(ValueError):
+    """The streams of a payload=arrow read hold no batch to infer its schema from."""
+
+
 def stored_schema(fetched: FetchedBatch) -> pa.Schema:
     """The Arrow schema (without metadata) of a stored payload=arrow batch; ``ValueError`` when
     the batch holds other data."""
@@ -97,7 +101,7 @@ def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
                 newest = last
         if newest is not None:
             return _nullable(stored_schema(newest))
-    raise ValueError(
+    raise NothingToInferError(
         "cannot infer the payload=arrow schema: streams "
         f"{','.join(str(lay.stream_id) for lay in layouts)} hold no records yet; give the "
         "schema with .schema(...)")
@@ -144,4 +148,4 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
             f"not read the newest stored batch ({where}): " + "; ".join(problems))
 
 
-__all__ = ["check_backward", "infer_arrow_schema", "stored_schema"]
+__all__ = ["NothingToInferError", "check_backward", "infer_arrow_schema", "stored_schema"]

@@ -47,6 +47,20 @@ NO_STREAMING_TABLE = (
     "with foreachBatch(lambda df, _: df.writeTo('t').append())")
 
 
+def empty_arrow_table_error(streams: tuple[int, ...]) -> OptionError:
+    """What CREATE TABLE says when its payload=arrow streams hold nothing to infer columns
+    from: SQL has no ``.schema(...)``, and a table given a column list cannot keep its OPTIONS,
+    but a temporary view may have a column list and gets its OPTIONS on every use."""
+    which = (f"stream {streams[0]}: it holds" if len(streams) == 1 else
+             f"streams {','.join(map(str, streams))}: they hold")
+    return OptionError(
+        f"CREATE TABLE over payload=arrow {which} no records, so there are no columns to "
+        "infer the table's schema from (and a table created with a column list cannot keep "
+        "its OPTIONS). Write the first rows through a temporary view, which may have a column "
+        "list: CREATE TEMPORARY VIEW v (id BIGINT, name STRING) USING sbp OPTIONS (the same "
+        "OPTIONS); INSERT INTO v VALUES (...); then create the table")
+
+
 @dataclass(frozen=True)
 class TableDefinition:
     """What a table keeps: its OPTIONS (lower-case names) and its payload=arrow data columns."""
@@ -181,5 +195,6 @@ def stream_write_options(options: Mapping[str, str]) -> dict[str, str]:
 
 
 __all__ = ["NO_DEFINITION", "NO_STREAMING_TABLE", "TableDefinition", "definition_of",
+           "empty_arrow_table_error",
            "read_options", "source_options", "stream_write_options", "with_definition",
            "without_definition", "write_options"]

@@ -134,6 +134,23 @@ def test_tables_that_cannot_carry_their_options_say_what_to_do(spark, pd, sbp_cl
     assert not spark.catalog.tableExists(f"typo_{sid}")
 
 
+def test_an_arrow_table_on_an_empty_stream_says_what_sql_can_do(spark, pd, sbp_client):
+    """Nothing to infer the columns from, and SQL has no .schema(...): the message names
+    what works in SQL, and following it works."""
+    sid = new_stream(sbp_client)
+    options = f"pd '{pd}', stream '{sid}', payload 'arrow'"
+    with pytest.raises(Exception, match=(
+            rf"CREATE TABLE over payload=arrow stream {sid}: it holds no records.*"
+            r"CREATE TEMPORARY VIEW v \(id BIGINT, name STRING\) USING sbp")):
+        spark.sql(f"CREATE TABLE empty_{sid} USING sbp OPTIONS ({options})")
+    assert not spark.catalog.tableExists(f"empty_{sid}")
+    spark.sql(f"CREATE TEMPORARY VIEW first_{sid} (id BIGINT, name STRING) USING sbp "
+              f"OPTIONS ({options})")
+    spark.sql(f"INSERT INTO first_{sid} VALUES (1, 'a')")
+    with table(spark, f"empty_{sid}", f"USING sbp OPTIONS ({options})") as name:
+        assert [(r.id, r.name) for r in spark.table(name).collect()] == [(1, "a")]
+
+
 def test_temporary_view_select_and_insert(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     view = f"view_{sid}"
