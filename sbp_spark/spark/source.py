@@ -95,8 +95,9 @@ class SbpDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise ValueError(
-                "format sbp cannot overwrite: SBP streams are append-only, so mode('overwrite') "
-                "cannot replace their records; use mode('append')")
+                "format sbp cannot overwrite: SBP streams are append-only, so INSERT OVERWRITE "
+                "and mode('overwrite') cannot replace their records; use INSERT INTO or "
+                "mode('append')")
         options = parse_write_options(
             tables.write_options(self.options, tables.definition_of(schema)))
         client = cluster.get_client(options.client)

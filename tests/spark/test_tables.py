@@ -50,7 +50,8 @@ def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp
                          ).first()[0] == 2
         with pytest.raises(Exception, match="option 'fetchMaxBytes' = '0' is not valid"):
             spark.sql(f"SELECT * FROM {name} WITH ('fetchMaxBytes' = '0')").collect()
-        with pytest.raises(Exception, match="cannot overwrite.*append-only.*mode\\('append'\\)"):
+        with pytest.raises(Exception, match="cannot overwrite.*append-only, so INSERT "
+                                            "OVERWRITE.*use INSERT INTO or mode\\('append'\\)"):
             spark.sql(f"INSERT OVERWRITE {name} SELECT NULL, NULL, NULL, NULL, NULL, X'00'")
 
         drain_to_memory(spark.readStream.table(name), f"table_stream_{sid}", tmp_path / "chk")
