@@ -122,7 +122,10 @@ class PartitionDecoder:
     cannot be resolved raises ``SchemaMismatchError``, or, when ``skipped`` is given, is
     left out and counted there. Names in ``metadata_columns`` are metadata in every batch (a
     stored column of that name is dropped): the read knows them to be (see
-    ``SbpBatchReader.metadata_columns``) and may have pushed filters on them.
+    ``SbpBatchReader.metadata_columns``) and may have pushed filters on them; every other
+    column is then data, read as nulls from batches that lack it. Without ``metadata_columns``
+    (a schema the user gave), a column named and typed like a metadata column is data in the
+    batches that store it and metadata in the others; any other column is data.
     """
 
     def __init__(self, schema: StructType, payload: str, stream_id: int, range_index: int,
@@ -130,7 +133,7 @@ class PartitionDecoder:
                  row_predicates: Sequence[Predicate] = (),
                  target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES,
                  skipped: SkipTally | None = None,
-                 metadata_columns: frozenset[str] = frozenset()) -> None:
+                 metadata_columns: frozenset[str] | None = None) -> None:
         self.schema = schema
         self.arrow_schema = to_arrow(schema)
         self.payload = payload
@@ -149,7 +152,11 @@ class PartitionDecoder:
         self._bytes = 0
         self._opaque = _OpaqueRun()
         self.skipped = skipped
-        self.metadata_columns = metadata_columns
+        self.metadata_columns = metadata_columns or frozenset()
+        # What a batch lacking the column fills it from: where its records are stored. Never a
+        # column of another type (that would cast the time or offset into the data's type).
+        self.fillable = frozenset() if metadata_columns is not None else frozenset(
+            f.name for f in schema.fields if METADATA_TYPES.get(f.name) == f.dataType)
         self._conformers: dict[pa.Schema, _Conformer] = {}
         self._names = [f.name for f in schema.fields]
         self._types = {f.name: f.type for f in self.arrow_schema}
@@ -382,7 +389,7 @@ class _Conformer:
             self.null_columns = [(n, decoder._types[n]) for n in wanted if n not in names]
             return
         read = [f for f in decoder.arrow_schema if f.name not in decoder.metadata_columns]
-        plan = plan_schema(schema, read, METADATA_TYPES)
+        plan = plan_schema(schema, read, decoder.fillable)
         self.casts = plan.columns
         self.null_columns = plan.null_columns
         if plan.problems:

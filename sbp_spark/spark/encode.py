@@ -41,7 +41,7 @@ from sbp_spark.protocol.records import (
 )
 
 from .schemas import METADATA_TYPES
-from .tables import definition_of
+from .tables import definition_of, without_definition
 from .zones import arrow_zone, wall_clock_to_instants
 
 # An encoded batch must leave room in its APPEND frame for the frame and FlatBuffers headers.
@@ -99,6 +99,8 @@ class RowEncoder:
     # record times in ``time_zone`` (known only in the task: ``with_time_zone``).
     wall_clock_timestamp: bool = False
     time_zone: str | None = None
+    # payload=arrow rows of an sbp table: their Arrow fields carry the table's definition.
+    tagged: bool = False
 
     @classmethod
     def for_schema(cls, schema: StructType, payload: str, stream: int | None,
@@ -149,7 +151,8 @@ class RowEncoder:
         wall_clock = payload == "records" and isinstance(types.get("timestamp"),
                                                          TimestampNTZType)
         return cls(payload, route, tuple(schema.fieldNames()), dropped,
-                   routes if route else None, wall_clock)
+                   routes if route else None, wall_clock_timestamp=wall_clock,
+                   tagged=payload == "arrow" and table is not None)
 
     def with_time_zone(self, zone: str) -> RowEncoder:
         """This encoder, taking wall-clock ``timestamp`` values in ``zone`` (a Spark time zone
@@ -202,6 +205,8 @@ class RowEncoder:
                         if n in batch.schema.names]
             if unstored:
                 batch = batch.drop_columns(unstored)
+            if self.tagged:
+                batch = without_definition(batch)
             return with_payload_kind(batch, PAYLOAD_ARROW)
         names = batch.schema.names
         get = {name: batch.column(i) for i, name in enumerate(names)}

@@ -5,8 +5,8 @@ Both look at a few stored batches only, each fetched with one small FETCH (``clu
 - inference takes the schema of the newest batch (the last one of the last range holding
   records; across several streams, the one with the latest envelope timestamp), or with
   ``mergeSchema`` the union of the first and last batch of every range, widened by the rules
-  of ``resolve``. Top-level columns are made nullable, so batches that lack a column read it
-  as nulls, as Spark's file sources do;
+  of ``resolve``. Columns and nested fields are made nullable, so batches that lack a column
+  (or struct field) read it as nulls, as Spark's file sources do;
 - ``schemaCompatibility=backward`` resolves the stream's newest batch against the schema a
   write is about to store, and refuses the write when a reader of that schema could not read
   the batch.
@@ -33,6 +33,10 @@ from .resolve import merge_fields, plan_schema
 from .schemas import METADATA_TYPES
 
 
+class NothingToInferError(ValueError):
+    """The streams of a payload=arrow read hold no batch to infer its schema from."""
+
+
 def stored_schema(fetched: FetchedBatch) -> pa.Schema:
     """The Arrow schema (without metadata) of a stored payload=arrow batch; ``ValueError`` when
     the batch holds other data."""
@@ -51,7 +55,23 @@ def stored_schema(fetched: FetchedBatch) -> pa.Schema:
 
 
 def _nullable(fields: Sequence[pa.Field]) -> pa.Schema:
-    return pa.schema([f.with_nullable(True) for f in fields])
+    return pa.schema([_nullable_field(f) for f in fields])
+
+
+def _nullable_field(field: pa.Field) -> pa.Field:
+    """``field`` nullable at every level, as Spark's file sources make their schemas: Spark
+    marks struct fields, array elements and map values of non-null expressions NOT NULL, and
+    a read schema keeping that would refuse older batches where they are missing or null."""
+    dtype = field.type
+    if pa.types.is_struct(dtype):
+        dtype = pa.struct([_nullable_field(f) for f in dtype])
+    elif pa.types.is_large_list(dtype):
+        dtype = pa.large_list(_nullable_field(dtype.value_field))
+    elif pa.types.is_list(dtype):
+        dtype = pa.list_(_nullable_field(dtype.value_field))
+    elif pa.types.is_map(dtype):  # Arrow map keys are never null
+        dtype = pa.map_(dtype.key_field, _nullable_field(dtype.item_field), dtype.keys_sorted)
+    return field.with_type(dtype).with_nullable(True)
 
 
 def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
@@ -81,7 +101,7 @@ def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
                 newest = last
         if newest is not None:
             return _nullable(stored_schema(newest))
-    raise ValueError(
+    raise NothingToInferError(
         "cannot infer the payload=arrow schema: streams "
         f"{','.join(str(lay.stream_id) for lay in layouts)} hold no records yet; give the "
         "schema with .schema(...)")
@@ -108,7 +128,7 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
     """Refuse (``ValueError`` naming the columns) a payload=arrow write of ``schema`` to
     ``stream_id`` when a reader of ``schema`` could not read the stream's newest stored batch.
 
-    Top-level columns are judged nullable, as every inferred read schema has them.
+    Columns and nested fields are judged nullable, as every inferred read schema has them.
     """
     (layout,) = cluster.stream_layouts(client, [stream_id], pd)
     fetched = cluster.last_batch(client, layout)
@@ -128,4 +148,4 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
             f"not read the newest stored batch ({where}): " + "; ".join(problems))
 
 
-__all__ = ["check_backward", "infer_arrow_schema", "stored_schema"]
+__all__ = ["NothingToInferError", "check_backward", "infer_arrow_schema", "stored_schema"]

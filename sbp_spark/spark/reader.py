@@ -33,7 +33,8 @@ class ReadFailedError(RuntimeError):
 
 def read_partition(options: ReadOptions, schema: StructType, partition: SbpPartition,
                    skipped: SkipTally | None = None,
-                   metadata_columns: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
+                   metadata_columns: frozenset[str] | None = None
+                   ) -> Iterator[pa.RecordBatch]:
     """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
     streaming reads). Stored batches that do not fit ``schema`` fail the read, or, when
     ``skipped`` is given, are left out and counted there. ``metadata_columns`` are filled
@@ -104,21 +105,24 @@ def _after_rewrite(options: ReadOptions, partition: SbpPartition,
 
 
 def metadata_columns_of(schema: StructType, payload: str,
-                        data_columns: Sequence[str] | None) -> frozenset[str]:
+                        data_columns: Sequence[str] | None) -> frozenset[str] | None:
     """The columns of ``schema`` a read (batch or streaming) knows are metadata: all of
     payload=records, and for payload=arrow those that are none of ``data_columns`` (the
-    inferred schema's or a table's); None (a schema the user gave): none, since a column named
-    like a metadata column may be data in some batches."""
+    inferred schema's or a table's); None when ``data_columns`` is (a schema the user gave):
+    not known, since a column named like a metadata column may be data in some batches."""
     if payload == "records":
         return frozenset(METADATA_TYPES)
     if data_columns is None:
-        return frozenset()
+        return None
     return frozenset(n for n in schema.fieldNames() if n not in data_columns)
 
 
-def known_metadata(schema: StructType, metadata_columns: frozenset[str]) -> frozenset[str]:
+def known_metadata(schema: StructType, metadata_columns: frozenset[str] | None
+                   ) -> frozenset[str] | None:
     """The columns of ``schema`` among ``metadata_columns`` that have a metadata column's type:
-    those a read fills from where records are stored in every batch."""
+    those a read fills from where records are stored in every batch (None: not known)."""
+    if metadata_columns is None:
+        return None
     return frozenset(f.name for f in schema.fields
                      if f.name in metadata_columns and f.dataType == METADATA_TYPES.get(f.name))
 
@@ -127,11 +131,11 @@ class SbpBatchReader(DataSourceReader):
     """Plans one partition per range (or piece of one) and reads each with one FETCH."""
 
     def __init__(self, options: ReadOptions, schema: StructType,
-                 metadata_columns: frozenset[str] = frozenset()) -> None:
+                 metadata_columns: frozenset[str] | None = None) -> None:
         self.options = options
         self.schema = schema
         # Columns known to be filled from where records are stored (not from record bodies);
-        # only filters on these can be pushed.
+        # only filters on these can be pushed. None: not known (a schema the user gave).
         self.metadata_columns = known_metadata(schema, metadata_columns)
         self.pushed = PushedFilters()
 
@@ -160,7 +164,7 @@ class SbpPushdownBatchReader(SbpBatchReader):
     """The batch reader with filter pushdown (needs spark.sql.python.filterPushdown.enabled)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        handled, unhandled = split_filters(filters, self.metadata_columns)
+        handled, unhandled = split_filters(filters, self.metadata_columns or ())
         self.pushed = PushedFilters.from_predicates(handled)
         return iter(unhandled)
 

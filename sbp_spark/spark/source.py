@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from . import cluster, tables
 from .encode import RowEncoder
-from .evolution import check_backward, infer_arrow_schema
+from .evolution import NothingToInferError, check_backward, infer_arrow_schema
 from .options import check_option_names, parse_read_options, parse_write_options
 from .reader import SbpBatchReader, SbpPushdownBatchReader, metadata_columns_of
 from .schemas import (
@@ -65,7 +65,12 @@ class SbpDataSource(DataSource):
         else:
             client = cluster.get_client(options.client)
             layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
-            data = infer_arrow_schema(client, layouts, options.merge_schema)
+            try:
+                data = infer_arrow_schema(client, layouts, options.merge_schema)
+            except NothingToInferError:
+                if not self.creating_table:
+                    raise
+                raise tables.empty_arrow_table_error(options.streams) from None
             self.arrow_data_columns = tuple(data.names)
             schema = arrow_payload_schema(data)
         if self.creating_table:
@@ -90,8 +95,9 @@ class SbpDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise ValueError(
-                "format sbp cannot overwrite: SBP streams are append-only, so mode('overwrite') "
-                "cannot replace their records; use mode('append')")
+                "format sbp cannot overwrite: SBP streams are append-only, so INSERT OVERWRITE "
+                "and mode('overwrite') cannot replace their records; use INSERT INTO or "
+                "mode('append')")
         options = parse_write_options(
             tables.write_options(self.options, tables.definition_of(schema)))
         client = cluster.get_client(options.client)

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
 from .options import OptionError
@@ -43,6 +45,20 @@ NO_STREAMING_TABLE = (
     "pd and streams. Name them on the write: writeStream.format('sbp').option('pd', "
     "'host:port').option('stream', '7').start(), or append each micro-batch to the table "
     "with foreachBatch(lambda df, _: df.writeTo('t').append())")
+
+
+def empty_arrow_table_error(streams: tuple[int, ...]) -> OptionError:
+    """What CREATE TABLE says when its payload=arrow streams hold nothing to infer columns
+    from: SQL has no ``.schema(...)``, and a table given a column list cannot keep its OPTIONS,
+    but a temporary view may have a column list and gets its OPTIONS on every use."""
+    which = (f"stream {streams[0]}: it holds" if len(streams) == 1 else
+             f"streams {','.join(map(str, streams))}: they hold")
+    return OptionError(
+        f"CREATE TABLE over payload=arrow {which} no records, so there are no columns to "
+        "infer the table's schema from (and a table created with a column list cannot keep "
+        "its OPTIONS). Write the first rows through a temporary view, which may have a column "
+        "list: CREATE TEMPORARY VIEW v (id BIGINT, name STRING) USING sbp OPTIONS (the same "
+        "OPTIONS); INSERT INTO v VALUES (...); then create the table")
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,25 @@ def definition_of(schema: StructType) -> TableDefinition | None:
             return TableDefinition(dict(parsed["options"]),
                                    None if columns is None else tuple(columns))
     return None
+
+
+def without_definition(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` (a table's rows as Spark hands them to a writer) without the definition that
+    Spark copies from the schema's column metadata into the Arrow field metadata: records
+    stored in a stream never carry a table's options. Other metadata is kept."""
+    fields = []
+    for field in batch.schema:
+        spark_metadata = from_arrow_metadata(field.metadata)
+        if spark_metadata is not None and DEFINITION_KEY in spark_metadata:
+            rest = {k: v for k, v in spark_metadata.items() if k != DEFINITION_KEY}
+            kept = {k: v for k, v in field.metadata.items() if k != metadata_key}
+            metadata = {**kept, **(to_arrow_metadata(rest) or {})}
+            field = field.with_metadata(metadata) if metadata else field.remove_metadata()
+        fields.append(field)
+    schema = pa.schema(fields, metadata=batch.schema.metadata)
+    if schema.equals(batch.schema, check_metadata=True):
+        return batch
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
 # Options that position one end of a read, each excluding the others: a query that positions
@@ -160,5 +195,6 @@ def stream_write_options(options: Mapping[str, str]) -> dict[str, str]:
 
 
 __all__ = ["NO_DEFINITION", "NO_STREAMING_TABLE", "TableDefinition", "definition_of",
+           "empty_arrow_table_error",
            "read_options", "source_options", "stream_write_options", "with_definition",
-           "write_options"]
+           "without_definition", "write_options"]

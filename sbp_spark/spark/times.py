@@ -58,16 +58,23 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
         sid, first, last = layout.stream_id, layout.start_offset, layout.end_offset
         search = _search(client, layout)
         if starting_time is not None and (start_ms := starting_time.for_stream(sid)) is not None:
+            name = _option_name(starting_time, "startingTimestamp", "startingOffsetsByTimestamp")
             found = search.first_at_or_after(start_ms, first, last).offset
+            why = f"its first record at or after {describe_time(start_ms)}"
             if found is None:
                 if options.time_strategy != "latest":
-                    name = _option_name(starting_time, "startingTimestamp",
-                                        "startingOffsetsByTimestamp")
                     raise OptionError(
                         f"option '{name}': stream {sid} holds no record at or after "
                         f"{describe_time(start_ms)} (its records are [{first}, {last})); set "
                         "startingOffsetsByTimestampStrategy=latest to start it at its end")
                 found = last
+                why = (f"its end, holding no record at or after {describe_time(start_ms)}, "
+                       "as startingOffsetsByTimestampStrategy=latest says")
+            end = options.ending.for_stream(sid)
+            if 0 <= end < found:
+                raise OptionError(
+                    f"option '{name}' starts stream {sid} at offset {found} ({why}), past "
+                    f"option 'endingOffsets', which ends it at offset {end}")
             starting[sid] = found
         if ending_time is not None and (end_ms := ending_time.for_stream(sid)) is not None:
             begin = starting.get(sid, options.starting.default)

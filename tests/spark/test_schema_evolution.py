@@ -86,6 +86,51 @@ def test_a_stream_outlives_its_first_schema(spark, pd, sbp_client):
         arrow_read(spark, pd, sid, "id INT, name STRING").collect()
 
 
+def test_nested_fields_that_spark_wrote_as_not_null_evolve_like_top_level_columns(
+        spark, pd, sbp_client):
+    """Spark marks struct fields, array elements and map values built from non-null
+    expressions NOT NULL. A struct that gains such a field, or whose field stops being null,
+    must still read its older batches with the inferred schema, and pass the writer guard."""
+    sid = new_stream(sbp_client)
+    write_arrow(spark.sql("SELECT 1 AS id, named_struct('a', CAST(NULL AS INT)) AS st, "
+                          "array(CAST(NULL AS INT)) AS l"), pd, sid)
+    write_arrow(spark.sql("SELECT 2 AS id, named_struct('a', 2) AS st, array(2) AS l"), pd, sid)
+    write_arrow(spark.sql("SELECT 3 AS id, named_struct('a', 3, 'b', 'x') AS st, array(3) AS l, "
+                          "map('k', 3) AS m"), pd, sid, schemaCompatibility="backward")
+
+    df = arrow_read(spark, pd, sid)
+    assert df.schema["st"].dataType.simpleString() == "struct<a:int,b:string>"
+    assert [f.nullable for f in df.schema["st"].dataType.fields] == [True, True]
+    assert df.schema["l"].dataType.containsNull and df.schema["m"].dataType.valueContainsNull
+    got = [row.asDict(recursive=True) for row in df.orderBy("offset").select(
+        "id", "st", "l", "m").collect()]
+    assert got == [
+        {"id": 1, "st": {"a": None, "b": None}, "l": [None], "m": None},
+        {"id": 2, "st": {"a": 2, "b": None}, "l": [2], "m": None},
+        {"id": 3, "st": {"a": 3, "b": "x"}, "l": [3], "m": {"k": 3}}]
+
+
+def test_data_columns_named_like_metadata_are_null_where_older_batches_lack_them(
+        spark, pd, sbp_client):
+    """A stream gains columns that happen to be called 'timestamp' (epoch ms, a bigint) and
+    'offset' (a string). They are data: the batches written before them read them as nulls,
+    never as the record's time or offset cast to the data's type."""
+    sid = new_stream(sbp_client)
+    write_arrow(spark.sql("SELECT 1 AS a"), pd, sid)
+    write_arrow(spark.sql("SELECT 2 AS a, 1700000000000L AS timestamp, 'UTC+2' AS offset"),
+                pd, sid)
+    expected = [(1, None, None), (2, 1_700_000_000_000, "UTC+2")]
+    inferred = arrow_read(spark, pd, sid)
+    assert inferred.columns == ["a", "timestamp", "offset", "stream_id"]
+    assert sorted(tuple(r) for r in inferred.select("a", "timestamp", "offset").collect()
+                  ) == expected
+    given = arrow_read(spark, pd, sid, "a INT, timestamp BIGINT, offset STRING")
+    assert sorted(tuple(r) for r in given.collect()) == expected
+    # a given type that is not the metadata column's: data too, never the time cast to it
+    day = arrow_read(spark, pd, sid, "a INT, timestamp DATE", endingOffsets=f'{{"{sid}": 1}}')
+    assert [tuple(r) for r in day.collect()] == [(1, None)]
+
+
 def test_merge_schema_fails_clearly_on_unrelated_types(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int32())}))

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sbp_spark.protocol.records import PAYLOAD_ARROW, encode_arrow_batch, with_payload_kind
+from sbp_spark.spark.tables import DEFINITION_KEY
 
 from .streaming.helpers import append_values, drain_to_memory, stored_schemas, stored_values
 from .test_batch import new_stream, read
@@ -49,7 +50,8 @@ def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp
                          ).first()[0] == 2
         with pytest.raises(Exception, match="option 'fetchMaxBytes' = '0' is not valid"):
             spark.sql(f"SELECT * FROM {name} WITH ('fetchMaxBytes' = '0')").collect()
-        with pytest.raises(Exception, match="cannot overwrite.*append-only.*mode\\('append'\\)"):
+        with pytest.raises(Exception, match="cannot overwrite.*append-only, so INSERT "
+                                            "OVERWRITE.*use INSERT INTO or mode\\('append'\\)"):
             spark.sql(f"INSERT OVERWRITE {name} SELECT NULL, NULL, NULL, NULL, NULL, X'00'")
 
         drain_to_memory(spark.readStream.table(name), f"table_stream_{sid}", tmp_path / "chk")
@@ -93,6 +95,28 @@ def test_arrow_table_stores_only_its_data_columns(spark, pd, sbp_client):
     assert {tuple(s.names) for s in stored_schemas(sbp_client, sid)} == {("id", "name")}
 
 
+def test_a_tables_definition_is_not_stored_in_the_records_it_writes(spark, pd, sbp_client):
+    """The table keeps its OPTIONS in its schema's column metadata; the rows INSERT INTO
+    stores must not carry them (every stored batch would repeat the table's settings, and a
+    plain read of the stream would look like a read of that table)."""
+    sid = new_stream(sbp_client)
+    first = pa.record_batch({"id": pa.array([1], pa.int64())})
+    sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(first, PAYLOAD_ARROW))])
+    name = f"untagged_{sid}"
+    with table(spark, name, f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', payload 'arrow')"):
+        spark.sql(f"INSERT INTO {name} (id) VALUES (2)")
+        # a write of the table's own rows, which keep its first column (ids 1 and 2)
+        spark.table(name).select("id").write.format("sbp").mode("append").save()
+    stored = stored_schemas(sbp_client, sid)
+    assert len(stored) == 3
+    assert all(DEFINITION_KEY not in json.dumps(
+        {k.decode(): v.decode() for k, v in (f.metadata or {}).items()})
+        for schema in stored for f in schema)
+    plain = read(spark, pd, sid, payload="arrow")
+    assert DEFINITION_KEY not in plain.schema["id"].metadata
+    assert sorted(r.id for r in plain.collect()) == [1, 1, 2, 2]
+
+
 def test_tables_that_cannot_carry_their_options_say_what_to_do(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     advice = r"CREATE TABLE t USING sbp OPTIONS \(pd 'host:port', streams '7'\)"
@@ -109,6 +133,23 @@ def test_tables_that_cannot_carry_their_options_say_what_to_do(spark, pd, sbp_cl
         spark.sql(f"CREATE TABLE typo_{sid} USING sbp OPTIONS (pd '{pd}', streams '{sid}', "
                   "fetchMaxBytez '1k')")
     assert not spark.catalog.tableExists(f"typo_{sid}")
+
+
+def test_an_arrow_table_on_an_empty_stream_says_what_sql_can_do(spark, pd, sbp_client):
+    """Nothing to infer the columns from, and SQL has no .schema(...): the message names
+    what works in SQL, and following it works."""
+    sid = new_stream(sbp_client)
+    options = f"pd '{pd}', stream '{sid}', payload 'arrow'"
+    with pytest.raises(Exception, match=(
+            rf"CREATE TABLE over payload=arrow stream {sid}: it holds no records.*"
+            r"CREATE TEMPORARY VIEW v \(id BIGINT, name STRING\) USING sbp")):
+        spark.sql(f"CREATE TABLE empty_{sid} USING sbp OPTIONS ({options})")
+    assert not spark.catalog.tableExists(f"empty_{sid}")
+    spark.sql(f"CREATE TEMPORARY VIEW first_{sid} (id BIGINT, name STRING) USING sbp "
+              f"OPTIONS ({options})")
+    spark.sql(f"INSERT INTO first_{sid} VALUES (1, 'a')")
+    with table(spark, f"empty_{sid}", f"USING sbp OPTIONS ({options})") as name:
+        assert [(r.id, r.name) for r in spark.table(name).collect()] == [(1, "a")]
 
 
 def test_temporary_view_select_and_insert(spark, pd, sbp_client):

@@ -80,6 +80,20 @@ def test_a_time_past_every_record(spark, pd, timed):
     assert offsets_summary(read(spark, pd, timed, endingTimestamp=late)) == (300, 0, 299)
 
 
+def test_a_starting_time_past_the_ending_offset_names_both_options(spark, pd, timed):
+    # The time resolves to offset 125; the error must say that the user's starting time, not
+    # a 'startingOffsets' they never gave, lies past their ending offset.
+    with pytest.raises(Exception, match=(
+            rf"option 'startingTimestamp' starts stream {timed} at offset 125 \(its first "
+            rf"record at or after {T0 + 124_500} .*\), past option 'endingOffsets', which "
+            r"ends it at offset 100")):
+        read(spark, pd, timed, startingTimestamp=str(T0 + 124_500),
+             endingOffsets=json.dumps({str(timed): 100})).collect()
+    # A starting time on or before the ending offset reads up to it.
+    assert offsets_summary(read(spark, pd, timed, startingTimestamp=str(T0 + 95_000),
+                                endingOffsets=json.dumps({str(timed): 100}))) == (5, 95, 99)
+
+
 def test_streaming_query_starts_at_a_time(spark, pd, sbp_client, timed, tmp_path):
     def run(name: str, **options: str) -> list[int]:
         reader = spark.readStream.format("sbp").option("pd", pd).option("streams", str(timed))

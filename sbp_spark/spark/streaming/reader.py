@@ -68,7 +68,7 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reads of SBP streams with admission control and data-loss checks."""
 
     def __init__(self, options: StreamReadOptions, schema: StructType,
-                 metadata_columns: frozenset[str] = frozenset()) -> None:
+                 metadata_columns: frozenset[str] | None = None) -> None:
         self.options = options
         self.schema = schema
         # Filled from where records are stored in every batch, as in a batch read (a stored
