@@ -10,16 +10,25 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def register(spark: SparkSession) -> None:
-    """Register ``format("sbp")`` in ``spark`` with filter pushdown turned on.
+def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
+    """Register ``format("sbp")`` in ``spark``, replacing the automatically discovered source.
 
-    Sets ``spark.sql.python.filterPushdown.enabled=true`` (pyspark's switch for Python data
-    sources) and registers the source, replacing the automatically discovered one.
+    ``filter_pushdown=True`` also sets ``spark.sql.python.filterPushdown.enabled=true``
+    (pyspark's switch for Python data sources) and registers the variant that pushes filters
+    on the metadata columns down to planning. It is off by default because pyspark (4.3.0
+    checked) keeps the partitions a Python source planned with pushed filters on the source's
+    relation and reuses them for other scans of it: a DataFrame or view queried again, or
+    scanned twice in one query with different filters, silently returns the first scan's
+    rows. Turn it on only where each query loads its DataFrame anew and scans it once (the
+    README's "Filter pushdown" says more).
     """
-    from sbp_spark.spark.source import SbpDataSource
+    from sbp_spark.spark.source import SbpDataSource, SbpDataSourceNoPushdown
 
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(SbpDataSource)
+    if filter_pushdown:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+        spark.dataSource.register(SbpDataSource)
+    else:
+        spark.dataSource.register(SbpDataSourceNoPushdown)
 
 
 __all__ = ["__version__", "register"]

@@ -69,8 +69,10 @@ def use_this_python_for_workers() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", **conf: str):
-    """A local SparkSession with the sbp source registered, after checking Java.
+def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]",
+                        filter_pushdown: bool = False, **conf: str):
+    """A local SparkSession with the sbp source registered (``sbp_spark.register``, with
+    ``filter_pushdown``), after checking Java.
 
     ``conf`` entries are Spark settings (e.g. ``**{"spark.sql.shuffle.partitions": "2"}``).
     """
@@ -88,12 +90,11 @@ def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", *
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     from sbp_spark import register
 
-    register(spark)
+    register(spark, filter_pushdown=filter_pushdown)
     return spark

@@ -1,11 +1,13 @@
 """The ``sbp`` data source: what Spark calls for ``format("sbp")``.
 
 Two classes share one implementation. ``SbpDataSource`` (registered by
-``sbp_spark.register(spark)``, which also turns on Python filter pushdown) pushes filters on the
-metadata columns down to planning. ``SbpDataSourceNoPushdown`` (what ``pyspark_sbp`` offers for
-automatic discovery) reads the same data with Spark evaluating every filter itself: pyspark
-fails every read of a reader that implements ``pushFilters`` while pushdown is disabled, and a
-data source cannot see that setting.
+``sbp_spark.register(spark, filter_pushdown=True)``, which also turns on Python filter
+pushdown) pushes filters on the metadata columns down to planning. ``SbpDataSourceNoPushdown``
+(what ``sbp_spark.register(spark)`` registers and ``pyspark_sbp`` offers for automatic
+discovery) reads the same data with Spark evaluating every filter itself: pyspark fails every
+read of a reader that implements ``pushFilters`` while pushdown is disabled, and a data source
+cannot see that setting. Pushdown is not the default because pyspark reuses one scan's pushed
+plan for other scans of the same relation (``sbp_spark.register`` says more).
 
 Streaming lives in ``sbp_spark.spark.streaming``; ``streamReader``/``streamWriter`` below only
 delegate to it; the batch parts here are what it builds on (options, schema,

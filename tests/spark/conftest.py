@@ -1,6 +1,8 @@
 """Spark test fixtures: one local[2] SparkSession and one embedded SBP cluster per test session.
 
-``spark`` has the source registered with ``sbp_spark.register`` (filter pushdown on);
+``spark`` has the source registered with ``sbp_spark.register(filter_pushdown=True)``, so the
+pushdown path, which has the most logic, is what most tests run (``test_pushdown_default.py``
+runs the default registration);
 ``plain_spark`` is a second session on the same SparkContext where nothing was registered, so
 ``format("sbp")`` resolves to the automatically discovered ``pyspark_sbp.DefaultSource``.
 ``spark`` stays the active session: Spark plans some calls (``df.rdd``) with the active
@@ -21,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    """The session, with ``sbp_spark.register`` applied (filter pushdown on); tables made with
+    """The session, with ``sbp_spark.register(filter_pushdown=True)`` applied; tables made with
     CREATE TABLE live in a temporary warehouse and an in-memory catalog."""
     # pyspark discovers pyspark_sbp by listing top-level modules on the workers' sys.path. A
     # wheel install puts it in site-packages; an editable install only adds an import hook,
@@ -30,7 +32,7 @@ def spark(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     from sbp_spark.environment import local_spark_session
 
-    session = local_spark_session("sbp-spark-tests", **{
+    session = local_spark_session("sbp-spark-tests", filter_pushdown=True, **{
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",

@@ -28,7 +28,8 @@ def main(pd: str, workdir: str) -> dict:
              .getOrCreate())
     out: dict = {"session": type(spark).__module__}
     try:
-        sbp_spark.register(spark)  # sets a conf and registers the source: both work remotely
+        # Sets a conf and registers the source: both work remotely.
+        sbp_spark.register(spark, filter_pushdown=True)
         out["pushdown_conf"] = spark.conf.get("spark.sql.python.filterPushdown.enabled")
         client = SbpClient(pd)
         source, relay, tabled = (s.stream_id for s in client.create_streams(3))
