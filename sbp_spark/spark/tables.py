@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
-from .options import OptionError
+from .options import INCLUDE_HEADERS, MERGE_SCHEMA, PAYLOAD, OptionError, OptionSpec
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -145,6 +145,28 @@ _POSITIONS = (
 _TIME_STRATEGY = "startingoffsetsbytimestampstrategy"
 
 
+# Options that decide a table's columns: CREATE TABLE fixed them, so a query may not change
+# them (its rows would silently keep the table's columns, or a write would store batches of
+# another payload that the table's reads cannot take).
+_READ_SCHEMA_OPTIONS = (PAYLOAD, INCLUDE_HEADERS, MERGE_SCHEMA)
+_WRITE_SCHEMA_OPTIONS = (PAYLOAD,)
+
+
+def _check_fixed(given: Mapping[str, str], table: TableDefinition,
+                 specs: tuple[OptionSpec, ...]) -> None:
+    for spec in specs:
+        key = spec.name.lower()
+        if key not in given:
+            continue
+        fixed = table.options.get(key, spec.default)
+        if spec.check(spec.name, given[key]) != spec.check(spec.name, fixed):
+            raise OptionError(
+                f"option '{spec.name}' = '{given[key]}' cannot be given per query on an sbp "
+                f"table: CREATE TABLE fixed its columns with {spec.name} '{fixed}'; create "
+                f"another table with OPTIONS ({spec.name} '{given[key]}'), or use "
+                f"spark.read/df.write with format('sbp') and option pd")
+
+
 def _query_options(options: Mapping[str, str], table: TableDefinition | None
                    ) -> tuple[dict[str, str], bool]:
     """A query's own options (names in lower case), and whether they stand alone: a query
@@ -162,6 +184,7 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None) -> d
     given, alone = _query_options(options, table)
     if alone or table is None:
         return given
+    _check_fixed(given, table, _READ_SCHEMA_OPTIONS)
     inherited = dict(table.options)
     for group in _POSITIONS:
         if any(name in given for name in group):
@@ -181,6 +204,7 @@ def write_options(options: Mapping[str, str], table: TableDefinition | None) -> 
     given, alone = _query_options(options, table)
     if alone or table is None:
         return dict(options)
+    _check_fixed(given, table, _WRITE_SCHEMA_OPTIONS)
     return {**table.options, **given}
 
 

@@ -288,3 +288,22 @@ def test_a_batch_write_of_table_rows_without_pd_writes_as_an_insert_would(spark,
     assert stored_values(sbp_client, source) == ["a", "b"]
     assert stored_values(sbp_client, target) == ["a", "b"]
     assert stored_values(sbp_client, other) == ["a", "b"]
+
+
+def test_a_query_may_not_change_the_options_that_fixed_a_tables_columns(spark, pd, sbp_client):
+    # The columns come from CREATE TABLE: includeHeaders, payload or mergeSchema given per
+    # query used to change nothing (SELECT) or store batches of another payload (INSERT).
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["a"])
+    name = f"fixed_{sid}"
+    with table(spark, name, f"USING sbp OPTIONS (pd '{pd}', streams '{sid}', stream '{sid}')"):
+        with pytest.raises(Exception, match="option 'includeHeaders' = 'true' cannot be given "
+                                            "per query on an sbp table.*includeHeaders 'false'"):
+            spark.sql(f"SELECT * FROM {name} WITH ('includeHeaders' = 'true')").collect()
+        with pytest.raises(Exception, match="option 'payload' = 'arrow' cannot be given"):
+            spark.sql(f"INSERT INTO {name} WITH ('payload' = 'arrow') (value) "
+                      "SELECT BINARY('x')")
+        # Restating the table's own value is no change.
+        assert spark.sql(f"SELECT count(*) FROM {name} WITH ('includeHeaders' = 'FALSE', "
+                         "'payload' = 'records')").first()[0] == 1
+    assert stored_values(sbp_client, sid) == ["a"]
