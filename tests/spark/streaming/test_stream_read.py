@@ -123,6 +123,33 @@ def test_processing_time_follows_new_records_and_seals(spark, pd, sbp_client, tm
         ("a1", 0, 1), ("a2", 0, 2), ("b1", 1, 3), ("c1", 2, 4), ("c2", 2, 5)]
 
 
+def test_starting_offsets_latest_named_explicitly(spark, pd, sbp_client, tmp_path):
+    # "latest" (and -1 for one stream) is a streaming read's own starting point; load() runs
+    # the source's schema(), which cannot tell a streaming read from a batch one, and refused
+    # it as a batch read would.
+    at_end, by_offset = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, at_end, ["end-old"])
+    append_values(sbp_client, by_offset, ["offset-0", "offset-1"])
+    df = stream_df(spark, pd, [at_end, by_offset], startingOffsets="latest")
+    assert df.isStreaming
+    query = to_memory(
+        stream_df(spark, pd, [at_end, by_offset],
+                  startingOffsets=json.dumps({str(at_end): -1, str(by_offset): 1})),
+        "explicit", tmp_path / "ck", processingTime="0 seconds")
+    try:
+        wait_for(lambda: "offset-1" in memory_values(spark, "explicit"),
+                 what="the record at the given offset")
+        append_values(sbp_client, at_end, ["end-new"])
+        wait_for(lambda: len(memory_values(spark, "explicit")) == 2, what="the new record")
+    finally:
+        query.stop()
+    assert sorted(memory_values(spark, "explicit")) == ["end-new", "offset-1"]
+    # a batch read still refuses "latest", when it is planned
+    with pytest.raises(Exception, match="option 'startingOffsets' = 'latest'"):
+        (spark.read.format("sbp").option("pd", pd).option("streams", str(at_end))
+         .option("startingOffsets", "latest").load().collect())
+
+
 def test_restart_from_checkpoint_reads_exactly_the_new_records(spark, pd, sbp_client, tmp_path):
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, [f"old-{i}" for i in range(50)])
