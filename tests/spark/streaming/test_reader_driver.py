@@ -11,6 +11,7 @@ import time
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from sbp_spark.spark.reader import ReadFailedError
 from sbp_spark.spark.schemas import records_schema
 from sbp_spark.spark.streaming.offsets import from_spark
 from sbp_spark.spark.streaming.reader import DataLossError, stream_reader
@@ -217,3 +218,25 @@ def test_a_planned_end_past_the_stream_after_a_seal_is_data_loss(pd, sbp_cluster
     tolerant = make_reader(pd, [sid], failOnDataLoss="false")
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in tolerant.partitions(start, end)] == [(0, 5, 10)]
+
+
+def test_a_stream_deleted_after_planning(pd, sbp_client):
+    # A micro-batch was planned, then its stream deleted before the tasks read it. The
+    # failure named no data loss ("no replica could serve it"), and failOnDataLoss=false,
+    # which drops a deleted stream from the query, failed the micro-batch all the same.
+    def planned(fail_on_data_loss):
+        sid = new_stream(sbp_client)
+        append_values(sbp_client, sid, ["x"] * 5)
+        reader = make_reader(pd, [sid], startingOffsets="earliest",
+                             failOnDataLoss=fail_on_data_loss)
+        start = reader.initialOffset()
+        (partition,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+        sbp_client.delete_streams([sid])
+        return sid, reader, partition
+
+    sid, reader, partition = planned("true")
+    with pytest.raises(ReadFailedError, match=rf"data loss: .*stream {sid} was deleted after "
+                       r"the read was planned; its records \[0, 5\) are gone.*failOnDataLoss"):
+        list(reader.read(partition))
+    _, tolerant, partition = planned("false")
+    assert list(tolerant.read(partition)) == []
