@@ -240,3 +240,26 @@ def test_a_stream_deleted_after_planning(pd, sbp_client):
         list(reader.read(partition))
     _, tolerant, partition = planned("false")
     assert list(tolerant.read(partition)) == []
+
+
+def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
+    # When the primary does not answer, a stream's layout gives the open range's end that a
+    # secondary vouches for, which may lag what the query already read. Only the primary's
+    # word may make that data loss; here it still holds every record.
+    from dataclasses import replace
+
+    from sbp_spark.spark import cluster
+
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 10)
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert from_spark(read_to) == {sid: 10}
+    real = cluster.stream_layouts
+
+    def lagging(*args):
+        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=6),))
+                for lay in real(*args)]
+
+    monkeypatch.setattr(cluster, "stream_layouts", lagging)
+    assert from_spark(reader.latestOffset(read_to, ReadAllAvailable())) == {sid: 10}

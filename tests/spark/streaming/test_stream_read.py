@@ -264,3 +264,34 @@ def test_a_query_notices_history_rewritten_under_its_checkpoint(
     run(failOnDataLoss="false")
     values = sorted(r.v for r in spark.read.parquet(str(out)).collect())
     assert values == sorted([f"old-{i}" for i in range(8)] + [f"new-{i}" for i in range(5, 9)])
+
+
+def test_a_stream_that_ends_below_the_checkpoint_is_data_loss(spark, tmp_path):
+    # The query read stream 1 of a cluster up to offset 10; the cluster was then rebuilt and
+    # its new stream 1 holds 3 records. The restarted query waited silently for the stream to
+    # pass offset 10, then read from there on, skipping the new records below it.
+    from sbp_spark.client import SbpClient
+    from sbp_spark.server.cluster import EmbeddedCluster
+
+    def run(pd, sid, **options):
+        values_to_parquet(spark, pd, [sid], tmp_path, **options)
+
+    with EmbeddedCluster(str(tmp_path / "old"), range_servers=1) as old:
+        client = SbpClient(old.pd_address)
+        sid = new_stream(client)
+        append_values(client, sid, [f"old-{i}" for i in range(10)])
+        run(old.pd_address, sid)
+    with EmbeddedCluster(str(tmp_path / "rebuilt"), range_servers=1) as rebuilt:
+        client = SbpClient(rebuilt.pd_address)
+        assert new_stream(client) == sid
+        append_values(client, sid, [f"new-{i}" for i in range(3)])
+        with pytest.raises(StreamingQueryException) as info:
+            run(rebuilt.pd_address, sid)
+        assert (f"history rewritten in stream {sid}: it now ends at offset 3, but this query "
+                "had already read it up to offset 10; the records [3, 10)") in str(info.value)
+        # failOnDataLoss=false goes on from the stream's end, as from a seal
+        run(rebuilt.pd_address, sid, failOnDataLoss="false")
+        append_values(client, sid, [f"new-{i}" for i in range(3, 12)])
+        run(rebuilt.pd_address, sid, failOnDataLoss="false")
+    values = sorted(r.v for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert values == sorted([f"old-{i}" for i in range(10)] + [f"new-{i}" for i in range(3, 12)])
