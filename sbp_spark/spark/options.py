@@ -815,7 +815,14 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     """Options of ``df.write.format("sbp")``."""
-    return _parse_common_write(_Options(options))
+    opts = _Options(options)
+    if opts.value(IDEMPOTENT):
+        # Taken silently, it would promise exactly once to a write that is at least once.
+        raise OptionError(
+            "option 'idempotent' = 'true' is for streaming writes (writeStream), whose "
+            "micro-batch ids let a re-run find what an earlier attempt wrote; a batch write is "
+            "at least once (a retried task appends its records again), so leave it out here")
+    return _parse_common_write(opts)
 
 
 def parse_stream_write_options(options: Mapping[str, Any]) -> StreamWriteOptions:

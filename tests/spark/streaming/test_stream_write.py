@@ -129,3 +129,16 @@ def test_stream_writer_refuses_what_a_stream_cannot_do(pd, sbp_client):
         stream_writer({"pd": pd, "stream": str(sid), "idempotent": "maybe"}, schema, False)
     assert stream_writer({"pd": pd, "stream": str(sid), "idempotent": "true"}, schema,
                          False).options.idempotent
+
+
+def test_a_batch_write_refuses_idempotent(spark, pd, sbp_client):
+    # idempotent=true on df.write was taken and ignored: a batch write that a user was told
+    # is written once is at least once (a retried task appends its records again).
+    sid = new_stream(sbp_client)
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match="option 'idempotent' = 'true' is for streaming writes"):
+        (df.write.format("sbp").option("pd", pd).option("stream", str(sid))
+         .option("idempotent", "true").mode("append").save())
+    df.write.format("sbp").option("pd", pd).option("stream", str(sid)).option(
+        "idempotent", "false").mode("append").save()
+    assert stored_values(sbp_client, sid) == ["v"]
