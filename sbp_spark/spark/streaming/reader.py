@@ -188,8 +188,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             cut = _sealed_end(layout, finish_ranges.get(sid))
             if cut is not None and cut < hi:
-                self._ends_below(sid, hi, cut)
+                self._ends_below(sid, hi, cut, "the range that held its last record")
                 hi = cut
+            elif layout.end_offset < hi and (
+                    (stream_end := cluster.authoritative_end(self.client, layout)) is not None
+                    and stream_end < hi):
+                self._ends_below(sid, hi, stream_end, "the stream")
+                hi = stream_end
             if layout.start_offset > lo:
                 self._trimmed(sid, lo, layout.start_offset)
                 lo = min(layout.start_offset, hi)
@@ -332,16 +337,16 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                              "sbp data loss (failOnDataLoss=false): %s; continuing from there",
                              message)
 
-    def _ends_below(self, sid: int, planned_end: int, end: int) -> None:
-        """The range that held the last record of the micro-batch (as ``latestOffset`` planned
-        it, perhaps before a restart) was since sealed below its end: below records the query
-        saw. Fail (failOnDataLoss), or read up to the seal; the next micro-batch then goes
-        on from there (``_rewound``)."""
+    def _ends_below(self, sid: int, planned_end: int, end: int, what: str) -> None:
+        """``what`` (the range that held the last record of the micro-batch as
+        ``latestOffset`` planned it, perhaps before a restart, or the whole stream) now ends
+        below that end: below records the query saw. Fail (failOnDataLoss), or read up to
+        there; the next micro-batch then goes on from there (``_rewound``)."""
         message = (f"stream {sid}: this micro-batch was planned to read up to offset "
-                   f"{planned_end}, but the range that held its last record now ends at offset "
-                   f"{end}; the records [{end}, {planned_end}) it was planned with are not part "
-                   "of the stream any more (the range's history was rewritten, e.g. by a "
-                   "failover that ended it below them)")
+                   f"{planned_end}, but {what} now ends at offset {end}; the records [{end}, "
+                   f"{planned_end}) it was planned with are not part of the stream any more "
+                   "(its history was rewritten: a failover that ended a range below them, "
+                   "records lost, or the stream made anew)")
         if self.options.read.fail_on_data_loss:
             raise DataLossError(
                 f"history rewritten in {message}. Set failOnDataLoss=false to read only what "

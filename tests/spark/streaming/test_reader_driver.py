@@ -263,3 +263,19 @@ def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
 
     monkeypatch.setattr(cluster, "stream_layouts", lagging)
     assert from_spark(reader.latestOffset(read_to, ReadAllAvailable())) == {sid: 10}
+
+
+def test_a_planned_end_past_the_end_of_an_open_stream_is_data_loss(pd, sbp_client):
+    # A micro-batch planned up to offset 10 (then the query stopped before it ran) is replayed
+    # against a stream that now ends at 3 in an open range: a rebuilt cluster, say. This failed
+    # with "endingOffsets asks for stream ...", an option a streaming read does not have,
+    # also with failOnDataLoss=false.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 3)
+    start, end = {str(sid): 0}, {str(sid): 10, "ranges": {str(sid): 0}}
+    with pytest.raises(DataLossError, match=rf"history rewritten in stream {sid}: this "
+                       r"micro-batch was planned to read up to offset 10, but the stream now "
+                       r"ends at offset 3; the records \[3, 10\)"):
+        make_reader(pd, [sid]).partitions(start, end)
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    assert [(p.start_offset, p.end_offset) for p in tolerant.partitions(start, end)] == [(0, 3)]
