@@ -10,6 +10,8 @@ import json
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from sbp_spark.client import SbpClient
+from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.spark.streaming.offsets import from_spark
 from tests.rewrite import rewrite_history
 
@@ -270,9 +272,6 @@ def test_a_stream_that_ends_below_the_checkpoint_is_data_loss(spark, tmp_path):
     # The query read stream 1 of a cluster up to offset 10; the cluster was then rebuilt and
     # its new stream 1 holds 3 records. The restarted query waited silently for the stream to
     # pass offset 10, then read from there on, skipping the new records below it.
-    from sbp_spark.client import SbpClient
-    from sbp_spark.server.cluster import EmbeddedCluster
-
     def run(pd, sid, **options):
         values_to_parquet(spark, pd, [sid], tmp_path, **options)
 
