@@ -115,6 +115,28 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
     return layouts
 
 
+def authoritative_end(client: SbpClient, layout: StreamLayout) -> int | None:
+    """Where the stream ends as only its authority can say: the end of a sealed last range, or
+    the open range's next offset from its primary. None when the primary does not answer:
+    ``stream_layouts`` then settles for what a secondary vouches for, which may lag what the
+    primary acknowledged."""
+    tail = layout.ranges[-1] if layout.ranges else None
+    if tail is None or not tail.is_open:
+        return layout.end_offset
+    primary = next((r for r in tail.replicas if r.is_primary), None)
+    if primary is None:
+        return None
+    try:
+        (result,) = client.range_server(primary.address).describe_ranges(
+            [(layout.stream_id, tail.range_index)])
+        described = result.unwrap()
+    except SbpError:
+        return None
+    if described is None:
+        return None
+    return described.next_offset if described.is_open else described.end_offset
+
+
 def layout_ranges(layout: StreamLayout) -> list[Range]:
     """The client's description of a stream's ranges as planned (an open range's
     ``next_offset`` is the planned end)."""

@@ -702,7 +702,8 @@ def _check_all_values(opts: _Options) -> None:
             opts.value(spec)
 
 
-def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
+def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions:
+    """The read options; ``streaming`` None: not known yet (``parse_schema_options``)."""
     if opts.has("stream") and not opts.has("streams"):
         raise OptionError(
             "option 'stream' is for writing; to read, name the streams with option 'streams' "
@@ -713,7 +714,7 @@ def _parse_common_read(opts: _Options, *, streaming: bool) -> ReadOptions:
     starting = opts.parse(
         STARTING_OFFSETS.name,
         lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
-                                   allow_latest=streaming, streams=streams),
+                                   allow_latest=streaming is not False, streams=streams),
         OffsetSpec(LATEST if streaming else EARLIEST))
     starting_time = _time_spec(opts, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
                                STARTING_OFFSETS, streams)
@@ -778,6 +779,13 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
     return _parse_common_read(_Options(options), streaming=False)
 
 
+def parse_schema_options(options: Mapping[str, Any]) -> ReadOptions:
+    """Read options as ``DataSource.schema()`` sees them: it runs for batch and streaming reads
+    alike and cannot tell which, so it accepts what either allows (``startingOffsets=latest``
+    is a streaming read's); the reader made next checks them for its kind of read."""
+    return _parse_common_read(_Options(options), streaming=None)
+
+
 def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
     """Options of ``spark.readStream.format("sbp")``."""
     opts = _Options(options)
@@ -827,7 +835,14 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     """Options of ``df.write.format("sbp")``."""
-    return _parse_common_write(_Options(options))
+    opts = _Options(options)
+    if opts.value(IDEMPOTENT):
+        # Taken silently, it would promise exactly once to a write that is at least once.
+        raise OptionError(
+            "option 'idempotent' = 'true' is for streaming writes (writeStream), whose "
+            "micro-batch ids let a re-run find what an earlier attempt wrote; a batch write is "
+            "at least once (a retried task appends its records again), so leave it out here")
+    return _parse_common_write(opts)
 
 
 def parse_stream_write_options(options: Mapping[str, Any]) -> StreamWriteOptions:
@@ -849,6 +864,6 @@ __all__ = [
     "OptionSpec", "ReadOptions", "StreamReadOptions", "StreamWriteOptions", "TimeSpec",
     "WriteOptions",
     "check_option_names", "options_table_markdown", "parse_read_options",
-    "parse_offsets", "parse_stream_read_options", "parse_stream_write_options",
-    "parse_write_options",
+    "parse_offsets", "parse_schema_options", "parse_stream_read_options",
+    "parse_stream_write_options", "parse_write_options",
 ]

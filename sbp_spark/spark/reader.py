@@ -14,7 +14,12 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from sbp_spark.protocol.errors import HistoryRewrittenError, OffsetOutOfRangeError, SbpError
+from sbp_spark.protocol.errors import (
+    HistoryRewrittenError,
+    OffsetOutOfRangeError,
+    SbpError,
+    StreamNotFoundError,
+)
 
 from . import cluster
 from .decode import PartitionDecoder, SkipTally
@@ -58,17 +63,50 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
         except HistoryRewrittenError as exc:
             _after_rewrite(options, partition, exc)
             break
+        except StreamNotFoundError as exc:
+            if not _deleted(client, partition.stream_id):
+                raise _unreadable(partition, decoder.next_offset, exc) from exc
+            _after_delete(options, partition, decoder.next_offset, exc)
+            break
         except SbpError as exc:
-            raise ReadFailedError(
-                f"reading {partition.describe()} failed at offset {decoder.next_offset}; no "
-                f"replica could serve it ({cluster.describe_replicas(partition.replicas)}): "
-                f"{type(exc).__name__}: {exc}") from exc
+            raise _unreadable(partition, decoder.next_offset, exc) from exc
         if decoder.next_offset <= position:
             raise ReadFailedError(
                 f"reading {partition.describe()}: the range server returned no records at "
                 f"offset {position}, though the range held them when the query was planned")
         position = decoder.next_offset
     yield from decoder.finish()
+
+
+def _unreadable(partition: SbpPartition, offset: int, exc: SbpError) -> ReadFailedError:
+    return ReadFailedError(
+        f"reading {partition.describe()} failed at offset {offset}; no replica could serve it "
+        f"({cluster.describe_replicas(partition.replicas)}): {type(exc).__name__}: {exc}")
+
+
+def _deleted(client, stream_id: int) -> bool:
+    """Whether the PD says the stream is gone (a range server's word alone does not drop
+    records)."""
+    try:
+        return client.describe_streams([stream_id])[0].deleted
+    except StreamNotFoundError:
+        return True
+    except SbpError:
+        return False
+
+
+def _after_delete(options: ReadOptions, partition: SbpPartition, offset: int,
+                  exc: StreamNotFoundError) -> None:
+    """The stream was deleted after the read was planned: fail, or (failOnDataLoss=false)
+    end the partition where the records ran out, as a query drops a deleted stream."""
+    message = (f"reading {partition.describe()}: stream {partition.stream_id} was deleted "
+               f"after the read was planned; its records [{offset}, {partition.end_offset}) "
+               f"are gone ({exc})")
+    if options.fail_on_data_loss:
+        raise ReadFailedError(f"data loss: {message}. Set failOnDataLoss=false to drop the "
+                              "stream and go on with the others.") from exc
+    log.warning("sbp data loss (failOnDataLoss=false): %s; the partition ends at %d", message,
+                offset)
 
 
 def _after_trim(client, options: ReadOptions, partition: SbpPartition, position: int,

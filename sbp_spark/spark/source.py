@@ -30,7 +30,12 @@ from pyspark.sql.types import StructType
 from . import cluster, tables
 from .encode import RowEncoder
 from .evolution import NothingToInferError, check_backward, infer_arrow_schema
-from .options import check_option_names, parse_read_options, parse_write_options
+from .options import (
+    check_option_names,
+    parse_read_options,
+    parse_schema_options,
+    parse_write_options,
+)
 from .reader import SbpBatchReader, SbpPushdownBatchReader, metadata_columns_of
 from .schemas import (
     arrow_payload_schema,
@@ -61,7 +66,7 @@ class SbpDataSource(DataSource):
         return "sbp"
 
     def schema(self) -> StructType:
-        options = parse_read_options(self.options)
+        options = parse_schema_options(self.options)
         if options.payload == "records":
             schema = records_schema(options.include_headers)
         else:

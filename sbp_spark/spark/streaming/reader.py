@@ -188,8 +188,13 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             cut = _sealed_end(layout, finish_ranges.get(sid))
             if cut is not None and cut < hi:
-                self._ends_below(sid, hi, cut)
+                self._ends_below(sid, hi, cut, "the range that held its last record")
                 hi = cut
+            elif layout.end_offset < hi and (
+                    (stream_end := cluster.authoritative_end(self.client, layout)) is not None
+                    and stream_end < hi):
+                self._ends_below(sid, hi, stream_end, "the stream")
+                hi = stream_end
             if layout.start_offset > lo:
                 self._trimmed(sid, lo, layout.start_offset)
                 lo = min(layout.start_offset, hi)
@@ -283,27 +288,43 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                  layout: StreamLayout) -> int:
         """Where the stream's next micro-batch really starts, given that the query read it up
         to ``position``, the last record read being in range ``range_index``: ``position``,
-        unless that range was since sealed below it. Then the records the query read past the
-        seal are not part of the stream any more (other records now stand at their offsets):
-        fail (failOnDataLoss), or go on from the seal and report it."""
+        unless that range was since sealed below it, or the stream now ends below it. Then the
+        records the query read past that point are not part of the stream any more (other
+        records stand, or will stand, at their offsets): fail (failOnDataLoss), or go on from
+        there and report it."""
         rng = next((r for r in layout.ranges if r.range_index == range_index), None)
-        if rng is None or rng.is_open or rng.end_offset >= position:
+        if rng is not None and not rng.is_open and rng.end_offset < position:
+            back_to = rng.end_offset
+            seen: dict[str, int] = {"range": rng.range_index, "sealedAt": back_to}
+            message = (f"stream {sid}: range {range_index} was sealed at offset {back_to}, "
+                       f"but this query had already read it up to offset {position}; the "
+                       f"records [{back_to}, {position}) it read are not part of the stream "
+                       "any more (the range's history was rewritten, e.g. by a failover that "
+                       "ended it below them)")
+        elif layout.end_offset < position and (
+                (end := cluster.authoritative_end(self.client, layout)) is not None
+                and end < position):
+            # No range says so (an open range, or offsets checkpointed without ranges), but
+            # the stream ends below where the query read: without this the query would wait
+            # for the stream to pass that offset, then skip the records below it. Only the
+            # primary's word counts: a secondary may not know yet how far the query read.
+            back_to = end
+            seen = {"endsAt": back_to}
+            message = (f"stream {sid}: it now ends at offset {back_to}, but this query had "
+                       f"already read it up to offset {position}; the records [{back_to}, "
+                       f"{position}) it read are not part of the stream any more (were they "
+                       "lost, or the stream made anew, e.g. on a rebuilt cluster?)")
+        else:
             return position
-        message = (f"stream {sid}: range {range_index} was sealed at offset {rng.end_offset}, "
-                   f"but this query had already read it up to offset {position}; the records "
-                   f"[{rng.end_offset}, {position}) it read are not part of the stream any "
-                   "more (the range's history was rewritten, e.g. by a failover that ended it "
-                   "below them)")
         if self.options.read.fail_on_data_loss:
             raise DataLossError(
                 f"history rewritten in {message}. Set failOnDataLoss=false to go on from "
-                f"offset {rng.end_offset}, reading the records that stand there now.")
-        self.state.rewound[sid] = {"range": rng.range_index, "sealedAt": rng.end_offset,
-                                   "hadReadTo": position}
+                f"offset {back_to}, reading the records that stand there now.")
+        self.state.rewound[sid] = {**seen, "hadReadTo": position}
         self.state.warn_once(("rewound", sid, range_index, position), logging.WARNING,
                              "sbp data loss (failOnDataLoss=false): %s; going on from offset "
-                             "%d", message, rng.end_offset)
-        return rng.end_offset
+                             "%d", message, back_to)
+        return back_to
 
     def _trimmed(self, sid: int, wanted: int, first: int) -> None:
         message = (f"stream {sid}: offsets [{wanted}, {first}) were trimmed before the query "
@@ -316,16 +337,16 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                              "sbp data loss (failOnDataLoss=false): %s; continuing from there",
                              message)
 
-    def _ends_below(self, sid: int, planned_end: int, end: int) -> None:
-        """The range that held the last record of the micro-batch (as ``latestOffset`` planned
-        it, perhaps before a restart) was since sealed below its end: below records the query
-        saw. Fail (failOnDataLoss), or read up to the seal; the next micro-batch then goes
-        on from there (``_rewound``)."""
+    def _ends_below(self, sid: int, planned_end: int, end: int, what: str) -> None:
+        """``what`` (the range that held the last record of the micro-batch as
+        ``latestOffset`` planned it, perhaps before a restart, or the whole stream) now ends
+        below that end: below records the query saw. Fail (failOnDataLoss), or read up to
+        there; the next micro-batch then goes on from there (``_rewound``)."""
         message = (f"stream {sid}: this micro-batch was planned to read up to offset "
-                   f"{planned_end}, but the range that held its last record now ends at offset "
-                   f"{end}; the records [{end}, {planned_end}) it was planned with are not part "
-                   "of the stream any more (the range's history was rewritten, e.g. by a "
-                   "failover that ended it below them)")
+                   f"{planned_end}, but {what} now ends at offset {end}; the records [{end}, "
+                   f"{planned_end}) it was planned with are not part of the stream any more "
+                   "(its history was rewritten: a failover that ended a range below them, "
+                   "records lost, or the stream made anew)")
         if self.options.read.fail_on_data_loss:
             raise DataLossError(
                 f"history rewritten in {message}. Set failOnDataLoss=false to read only what "

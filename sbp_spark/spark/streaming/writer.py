@@ -57,7 +57,8 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
     if overwrite:
         raise OptionError(
             "format sbp cannot truncate: SBP streams are append-only, so output mode "
-            "'complete' cannot replace their records; use outputMode('append') or 'update'")
+            "'complete' cannot replace their records; use outputMode('append') (pyspark's "
+            "Python sinks cannot take 'update'), or foreachBatch with df.write.format('sbp')")
     parsed = parse_stream_write_options(options)
     write = parsed.write
     if write.create_if_missing:

@@ -11,6 +11,7 @@ import time
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from sbp_spark.spark.reader import ReadFailedError
 from sbp_spark.spark.schemas import records_schema
 from sbp_spark.spark.streaming.offsets import from_spark
 from sbp_spark.spark.streaming.reader import DataLossError, stream_reader
@@ -217,3 +218,64 @@ def test_a_planned_end_past_the_stream_after_a_seal_is_data_loss(pd, sbp_cluster
     tolerant = make_reader(pd, [sid], failOnDataLoss="false")
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in tolerant.partitions(start, end)] == [(0, 5, 10)]
+
+
+def test_a_stream_deleted_after_planning(pd, sbp_client):
+    # A micro-batch was planned, then its stream deleted before the tasks read it. The
+    # failure named no data loss ("no replica could serve it"), and failOnDataLoss=false,
+    # which drops a deleted stream from the query, failed the micro-batch all the same.
+    def planned(fail_on_data_loss):
+        sid = new_stream(sbp_client)
+        append_values(sbp_client, sid, ["x"] * 5)
+        reader = make_reader(pd, [sid], startingOffsets="earliest",
+                             failOnDataLoss=fail_on_data_loss)
+        start = reader.initialOffset()
+        (partition,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+        sbp_client.delete_streams([sid])
+        return sid, reader, partition
+
+    sid, reader, partition = planned("true")
+    with pytest.raises(ReadFailedError, match=rf"data loss: .*stream {sid} was deleted after "
+                       r"the read was planned; its records \[0, 5\) are gone.*failOnDataLoss"):
+        list(reader.read(partition))
+    _, tolerant, partition = planned("false")
+    assert list(tolerant.read(partition)) == []
+
+
+def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
+    # When the primary does not answer, a stream's layout gives the open range's end that a
+    # secondary vouches for, which may lag what the query already read. Only the primary's
+    # word may make that data loss; here it still holds every record.
+    from dataclasses import replace
+
+    from sbp_spark.spark import cluster
+
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 10)
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert from_spark(read_to) == {sid: 10}
+    real = cluster.stream_layouts
+
+    def lagging(*args):
+        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=6),))
+                for lay in real(*args)]
+
+    monkeypatch.setattr(cluster, "stream_layouts", lagging)
+    assert from_spark(reader.latestOffset(read_to, ReadAllAvailable())) == {sid: 10}
+
+
+def test_a_planned_end_past_the_end_of_an_open_stream_is_data_loss(pd, sbp_client):
+    # A micro-batch planned up to offset 10 (then the query stopped before it ran) is replayed
+    # against a stream that now ends at 3 in an open range: a rebuilt cluster, say. This failed
+    # with "endingOffsets asks for stream ...", an option a streaming read does not have,
+    # also with failOnDataLoss=false.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 3)
+    start, end = {str(sid): 0}, {str(sid): 10, "ranges": {str(sid): 0}}
+    with pytest.raises(DataLossError, match=rf"history rewritten in stream {sid}: this "
+                       r"micro-batch was planned to read up to offset 10, but the stream now "
+                       r"ends at offset 3; the records \[3, 10\)"):
+        make_reader(pd, [sid]).partitions(start, end)
+    tolerant = make_reader(pd, [sid], failOnDataLoss="false")
+    assert [(p.start_offset, p.end_offset) for p in tolerant.partitions(start, end)] == [(0, 3)]

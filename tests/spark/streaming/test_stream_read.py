@@ -10,6 +10,8 @@ import json
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from sbp_spark.client import SbpClient
+from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.spark.streaming.offsets import from_spark
 from tests.rewrite import rewrite_history
 
@@ -121,6 +123,33 @@ def test_processing_time_follows_new_records_and_seals(spark, pd, sbp_client, tm
                      "ORDER BY offset").collect()
     assert [(r.v, r.range_index, r.offset) for r in rows] == [
         ("a1", 0, 1), ("a2", 0, 2), ("b1", 1, 3), ("c1", 2, 4), ("c2", 2, 5)]
+
+
+def test_starting_offsets_latest_named_explicitly(spark, pd, sbp_client, tmp_path):
+    # "latest" (and -1 for one stream) is a streaming read's own starting point; load() runs
+    # the source's schema(), which cannot tell a streaming read from a batch one, and refused
+    # it as a batch read would.
+    at_end, by_offset = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, at_end, ["end-old"])
+    append_values(sbp_client, by_offset, ["offset-0", "offset-1"])
+    df = stream_df(spark, pd, [at_end, by_offset], startingOffsets="latest")
+    assert df.isStreaming
+    query = to_memory(
+        stream_df(spark, pd, [at_end, by_offset],
+                  startingOffsets=json.dumps({str(at_end): -1, str(by_offset): 1})),
+        "explicit", tmp_path / "ck", processingTime="0 seconds")
+    try:
+        wait_for(lambda: "offset-1" in memory_values(spark, "explicit"),
+                 what="the record at the given offset")
+        append_values(sbp_client, at_end, ["end-new"])
+        wait_for(lambda: len(memory_values(spark, "explicit")) == 2, what="the new record")
+    finally:
+        query.stop()
+    assert sorted(memory_values(spark, "explicit")) == ["end-new", "offset-1"]
+    # a batch read still refuses "latest", when it is planned
+    with pytest.raises(Exception, match="option 'startingOffsets' = 'latest'"):
+        (spark.read.format("sbp").option("pd", pd).option("streams", str(at_end))
+         .option("startingOffsets", "latest").load().collect())
 
 
 def test_restart_from_checkpoint_reads_exactly_the_new_records(spark, pd, sbp_client, tmp_path):
@@ -237,3 +266,31 @@ def test_a_query_notices_history_rewritten_under_its_checkpoint(
     run(failOnDataLoss="false")
     values = sorted(r.v for r in spark.read.parquet(str(out)).collect())
     assert values == sorted([f"old-{i}" for i in range(8)] + [f"new-{i}" for i in range(5, 9)])
+
+
+def test_a_stream_that_ends_below_the_checkpoint_is_data_loss(spark, tmp_path):
+    # The query read stream 1 of a cluster up to offset 10; the cluster was then rebuilt and
+    # its new stream 1 holds 3 records. The restarted query waited silently for the stream to
+    # pass offset 10, then read from there on, skipping the new records below it.
+    def run(pd, sid, **options):
+        values_to_parquet(spark, pd, [sid], tmp_path, **options)
+
+    with EmbeddedCluster(str(tmp_path / "old"), range_servers=1) as old:
+        client = SbpClient(old.pd_address)
+        sid = new_stream(client)
+        append_values(client, sid, [f"old-{i}" for i in range(10)])
+        run(old.pd_address, sid)
+    with EmbeddedCluster(str(tmp_path / "rebuilt"), range_servers=1) as rebuilt:
+        client = SbpClient(rebuilt.pd_address)
+        assert new_stream(client) == sid
+        append_values(client, sid, [f"new-{i}" for i in range(3)])
+        with pytest.raises(StreamingQueryException) as info:
+            run(rebuilt.pd_address, sid)
+        assert (f"history rewritten in stream {sid}: it now ends at offset 3, but this query "
+                "had already read it up to offset 10; the records [3, 10)") in str(info.value)
+        # failOnDataLoss=false goes on from the stream's end, as from a seal
+        run(rebuilt.pd_address, sid, failOnDataLoss="false")
+        append_values(client, sid, [f"new-{i}" for i in range(3, 12)])
+        run(rebuilt.pd_address, sid, failOnDataLoss="false")
+    values = sorted(r.v for r in spark.read.parquet(str(tmp_path / "out")).collect())
+    assert values == sorted([f"old-{i}" for i in range(10)] + [f"new-{i}" for i in range(3, 12)])
