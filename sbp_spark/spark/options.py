@@ -399,11 +399,11 @@ FETCH_MAX_WAIT_MS = OptionSpec(
     "how long a FETCH at the end of an open range waits for new records",
     lambda n, v: parse_int(n, v, 0, 3_600_000), 500)
 MAX_RECORDS_PER_PARTITION = OptionSpec(
-    "maxRecordsPerPartition", "(none)", "batch read",
+    "maxRecordsPerPartition", "(none)", "read",
     "split a range holding more records than this into several partitions",
     lambda n, v: parse_int(n, v, 1), None)
 MIN_PARTITIONS = OptionSpec(
-    "minPartitions", "(none)", "batch read",
+    "minPartitions", "(none)", "read",
     "split ranges (by offset, in proportion to their size) to reach this many "
     "partitions",
     lambda n, v: parse_int(n, v, 1), None)
