@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sbp_spark.client.config import (
@@ -423,9 +423,14 @@ REQUEST_TIMEOUT_MS = OptionSpec(
     "how long to wait for each answer frame of a request",
     lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000)
 RETRIES = OptionSpec(
-    "retries", "5", "read/write",
-    "retries of a retriable failure (sealed range, busy or restarting server)",
+    "retries", "5; streaming reads 1000", "read/write",
+    "retries of a retriable failure (sealed range, busy or restarting server), each within "
+    "a minute of the first attempt; a streaming query so waits out a server restart",
     lambda n, v: parse_int(n, v, 0, 1000), 5)
+# A streaming query runs for days: a range server restarting (its streams' only replica, or
+# the PD's) must not end it, so unless told otherwise its reads retry until the retry deadline
+# (ClientConfig.retry_deadline_s, a minute) instead of giving up after 5 attempts (~1.5 s).
+STREAMING_READ_RETRIES = 1000
 CREATE_IF_MISSING = OptionSpec(
     "createIfMissing", "false", "write",
     "without a stream option or stream_id column, create a new stream for the rows",
@@ -745,8 +750,11 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
     if include_headers and payload == "arrow":
         raise OptionError("option 'includeHeaders' = 'true' needs payload=records: "
                           "payload=arrow rows have no headers")
+    client = _client_options(opts)
+    if streaming and not opts.has(RETRIES.name):
+        client = replace(client, retries=STREAMING_READ_RETRIES)
     return ReadOptions(
-        client=_client_options(opts),
+        client=client,
         streams=streams,
         starting=starting,
         ending=ending,
