@@ -9,6 +9,7 @@ item does not hide the others.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +56,13 @@ from .range_server import _range_id
 from .retry import call_with_retries
 from .types import ItemResult
 
+# How long one call waits for a PD cluster to have a leader it can reach, from the first node
+# that answered PD_NOT_LEADER: a dead leader's lease (3 s by default) must run out before
+# another node can win, and the fault suite saw a new leader serve 2.4-3.5 s after a kill.
+# These failures do not use up the retry policy's attempts (5 take about 1.5 s); the call's
+# deadline still ends the wait.
+PD_ELECTION_WAIT_S = 10.0
+
 
 def parse_pd_addresses(pd_addresses: str | Sequence[str]) -> list[str]:
     """``"h1:p1,h2:p2"`` or a list of ``host:port`` strings, checked, without duplicates."""
@@ -100,6 +108,9 @@ class PdClient:
     def call(self, msg: Any, deadline: float | None = None, resend: bool = True) -> Any:
         """Send ``msg`` to the leader (following redirects, retrying within the config's
         policy) and return the response; a failed top-level status raises ``ServerError``.
+        While the PD cluster elects a new leader (a node answered PD_NOT_LEADER and none
+        serves yet), the call waits for it up to ``PD_ELECTION_WAIT_S`` without using up
+        the policy's retries.
         ``deadline`` (a ``time.monotonic()`` value) ends the retries sooner than the config's
         ``retry_deadline_s``: a caller inside its own retry loop passes its deadline.
 
@@ -113,6 +124,17 @@ class PdClient:
         """``call``, and whether the response answers a resend: an earlier attempt sent
         ``msg`` and its answer was lost, so the PD may have carried that one out already."""
         lost = False
+        electing_since: float | None = None
+
+        def electing(error: SbpError) -> bool:
+            # A node answered but cannot serve: the cluster is between leaders. Until a leader
+            # answers, the old one refusing connections is part of the same wait.
+            nonlocal electing_since
+            now = time.monotonic()
+            if isinstance(error, PdNotLeaderError) and electing_since is None:
+                electing_since = now
+            return (electing_since is not None and error.invalid_metadata
+                    and now < electing_since + PD_ELECTION_WAIT_S)
 
         def note_lost(exc: SbpError) -> SbpError:
             nonlocal lost
@@ -127,7 +149,7 @@ class PdClient:
                 exc, msg, conn.address)), False
 
         return call_with_retries(attempt, self.config, on_error=self._on_error,
-                                 deadline=deadline)
+                                 deadline=deadline, spare=electing)
 
     def _on_error(self, error: SbpError) -> bool:
         if isinstance(error, PdNotLeaderError):

@@ -42,7 +42,10 @@ class Retrier:
 
     ``on_error(error)`` runs before each retry (to refresh placement, follow a PD leader, move
     to another replica); returning True retries at once, without backoff (a redirect, not a
-    failure). A server's throttle time is always honoured.
+    failure). ``spare(error)``, asked first, says whether the failure belongs to a passing
+    state of the service that the caller knows to wait for (a PD cluster electing a leader):
+    such a failure is backed off as usual but not counted against ``config.retries``, so only
+    the deadline ends the wait. A server's throttle time is always honoured.
     """
 
     # Redirects cost no wait, but only a few in a row: a ring of PDs that keep naming each
@@ -54,20 +57,23 @@ class Retrier:
         config: ClientConfig,
         on_error: Callable[[SbpError], bool] | None = None,
         deadline: float | None = None,
+        spare: Callable[[SbpError], bool] | None = None,
     ) -> None:
         self.config = config
         self.on_error = on_error
+        self.spare = spare
         self._own_deadline = deadline is None
         self.deadline = (time.monotonic() + config.retry_deadline_s if deadline is None
                          else deadline)
         self.attempt = 0
         self._immediate = 0
+        self._spared = 0
 
     def progressed(self) -> None:
         """The operation moved on since its last failure (a long read got further): the
         failures before are over, so the next one gets the retries and the time a new
         operation would (a caller's own deadline stays)."""
-        self.attempt = self._immediate = 0
+        self.attempt = self._immediate = self._spared = 0
         if self._own_deadline:
             self.deadline = time.monotonic() + self.config.retry_deadline_s
 
@@ -75,12 +81,19 @@ class Retrier:
         """Called with the failure of an attempt: waits as long as needed and returns when
         another attempt may start; raises ``error`` when it may not be retried, retries are
         used up (``config.retries``) or the wait would pass the deadline."""
-        if not is_retriable(error) or self.attempt >= self.config.retries:
+        if not is_retriable(error):
+            raise error
+        spared = self.spare is not None and self.spare(error)
+        if not spared and self.attempt >= self.config.retries:
             raise error
         immediate = bool(self.on_error(error)) if self.on_error is not None else False
         if immediate and self._immediate < self.MAX_IMMEDIATE:
             self._immediate += 1
             delay = 0.0
+        elif spared:
+            self._immediate = 0
+            delay = backoff_s(self._spared, self.config)
+            self._spared += 1
         else:
             self._immediate = 0
             delay = backoff_s(self.attempt, self.config)
@@ -97,13 +110,14 @@ def call_with_retries(
     config: ClientConfig,
     on_error: Callable[[SbpError], bool] | None = None,
     deadline: float | None = None,
+    spare: Callable[[SbpError], bool] | None = None,
 ) -> T:
     """Run ``op()``; after a retriable failure wait and run it again, at most ``config.retries``
     more times and never past ``deadline`` (a ``time.monotonic()`` value; default: the
-    config's ``retry_deadline_s`` from now). See ``Retrier`` for ``on_error``. The last error
-    is raised when retries run out.
+    config's ``retry_deadline_s`` from now). See ``Retrier`` for ``on_error`` and ``spare``.
+    The last error is raised when retries run out.
     """
-    retrier = Retrier(config, on_error, deadline)
+    retrier = Retrier(config, on_error, deadline, spare)
     while True:
         try:
             return op()

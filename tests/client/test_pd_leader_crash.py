@@ -1,0 +1,85 @@
+"""Clients of a PD cluster whose leader crashes: with their default retry policy, and the
+``sbp`` command's shorter one, calls wait for the new leader instead of failing while the
+cluster elects it.
+
+The PD nodes run in this process on the session's etcd, with the default 3 s lease. A crash
+is a stop that does not revoke the node's lease: the listening socket closes at once (clients
+get connection refused) and the leader key stays until etcd expires it, as after a kill -9.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sbp_spark.cli import main
+from sbp_spark.client import ClientConfig, ConnectionPool
+from sbp_spark.client.pd import PD_ELECTION_WAIT_S, PdClient
+from sbp_spark.server.pd import PdConfig, PlacementDriver
+from tests.polling import wait_until
+
+
+@pytest.fixture
+def nodes(etcd_endpoints, etcd_prefix) -> Iterator[list[PlacementDriver]]:
+    started = [PlacementDriver(PdConfig(None, name=f"pd-{i}", etcd=etcd_endpoints,
+                                        etcd_prefix=etcd_prefix)).start() for i in range(3)]
+    yield started
+    for node in started:
+        node.stop()
+
+
+def leader_of(nodes: list[PlacementDriver]) -> PlacementDriver:
+    wait_until(lambda: sum(n.is_leader() for n in nodes) == 1, "exactly one PD node to lead",
+               timeout=15)
+    leader = next(n for n in nodes if n.is_leader())
+    wait_until(lambda: all(n.leadership.leader == leader.leadership.me for n in nodes
+                           if n.leadership is not None),
+               "every node to know the leader")
+    return leader
+
+
+def crash(node: PlacementDriver, monkeypatch) -> None:
+    assert node.leadership is not None
+    monkeypatch.setattr(node.leadership.etcd, "lease_revoke", lambda lease: None)
+    node.stop()
+
+
+def addresses(nodes: list[PlacementDriver]) -> str:
+    return ",".join(n.address for n in nodes)
+
+
+def test_a_call_during_the_election_waits_for_the_new_leader(nodes, monkeypatch):
+    leader = leader_of(nodes)
+    with ConnectionPool(ClientConfig()) as pool:
+        pd = PdClient(addresses(nodes), pool=pool)
+        assert pd.list_streams() == []
+        crashed_at = time.monotonic()
+        crash(leader, monkeypatch)
+        # Five retries take about 1.5 s; the old leader's lease alone lasts 3 s.
+        assert pd.allocate_id("after the crash") >= 1
+        took = time.monotonic() - crashed_at
+    rest = [n for n in nodes if n is not leader]
+    assert pd.leader == leader_of(rest).address
+    assert took < PD_ELECTION_WAIT_S
+
+
+def test_a_redirect_is_followed_with_no_retries_left(nodes):
+    leader = leader_of(nodes)
+    followers = [n for n in nodes if n is not leader]
+    with ConnectionPool(ClientConfig(retries=0)) as pool:
+        pd = PdClient(addresses([*followers, leader]), ClientConfig(retries=0), pool)
+        assert pd.list_streams() == []
+    assert pd.leader == leader.address
+
+
+def test_sbp_commands_during_the_election_wait_for_the_new_leader(nodes, monkeypatch, capsys):
+    leader = leader_of(nodes)
+    pd = addresses(nodes)
+    assert main(["streams", "list", "--pd", pd]) == 0
+    capsys.readouterr()
+    crash(leader, monkeypatch)
+    # Three retries take about 0.3 s.
+    assert main(["streams", "list", "--pd", pd]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().err == ""
