@@ -119,10 +119,11 @@ class PdClient:
         no longer retriable, instead of sending the request again."""
         return self._call(msg, deadline, resend)[0]
 
-    def _call(self, msg: Any, deadline: float | None = None, resend: bool = True
-              ) -> tuple[Any, bool]:
+    def _call(self, msg: Any, deadline: float | None = None, resend: bool = True,
+              check: Callable[[Any, str], None] | None = None) -> tuple[Any, bool]:
         """``call``, and whether the response answers a resend: an earlier attempt sent
-        ``msg`` and its answer was lost, so the PD may have carried that one out already."""
+        ``msg`` and its answer was lost, so the PD may have carried that one out already.
+        ``check(response, address)`` may refuse an answer by raising, as if the node had."""
         lost = False
         electing_since: float | None = None
 
@@ -144,9 +145,13 @@ class PdClient:
         def attempt() -> tuple[Any, bool]:
             conn = self.pool.get(self.leader, self.config)
             if resend:
-                return checked_call(conn, msg, on_lost=note_lost), lost
-            return checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
-                exc, msg, conn.address)), False
+                response = checked_call(conn, msg, on_lost=note_lost)
+            else:
+                response = checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
+                    exc, msg, conn.address))
+            if check is not None:
+                check(response, conn.address)
+            return response, lost
 
         return call_with_retries(attempt, self.config, on_error=self._on_error,
                                  deadline=deadline, spare=electing)
@@ -295,16 +300,11 @@ class PdClient:
     def range_servers(self) -> list[RangeServerState]:
         """Every range server the PD knows: address, liveness, open ranges, last metrics.
 
-        Any PD node answers DESCRIBE_PD_CLUSTER, but only the leader knows the range servers;
-        an answer from a follower naming another leader is asked again there."""
+        Any PD node answers DESCRIBE_PD_CLUSTER, but only the leader knows the range servers:
+        a follower's answer (which lists none) is refused like its PD_NOT_LEADER, and the
+        call goes on to the leader it names, or waits for one to be elected."""
         request = DescribePdClusterRequest(None, self.config.server_timeout_ms)
-        asked = self.leader
-        response = self.call(request)
-        leader = response.cluster.leader if response.cluster is not None else None
-        if leader is not None and leader.advertise_addr not in ("", asked):
-            with self._lock:
-                self._leader = leader.advertise_addr
-            response = self.call(request)
+        response, _ = self._call(request, check=_from_the_leader)
         return list(response.range_servers)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
@@ -342,6 +342,21 @@ def _outcome_unknown(error: SbpError, msg: Any, address: str) -> SbpError:
                         f"the PD may have carried it out, so it was not sent again")
     fresh.retriable = False
     return fresh
+
+
+def _from_the_leader(response: Any, address: str) -> None:
+    """Raise PD_NOT_LEADER unless the DESCRIBE_PD_CLUSTER answer from ``address`` says that
+    node leads (a PD that lists no members is taken at its word)."""
+    cluster = response.cluster
+    if cluster is None or not cluster.members:
+        return
+    leader = cluster.leader
+    if leader is not None and leader.advertise_addr in ("", address):
+        return
+    where = (f"it names {leader.name} at {leader.advertise_addr}" if leader is not None
+             else "no leader is elected right now")
+    raise PdNotLeaderError(f"the PD node at {address} is not the leader and does not know "
+                           f"the range servers: {where}", detail=cluster.to_flatbuffers())
 
 
 def _leader_from_detail(detail: bytes) -> str | None:

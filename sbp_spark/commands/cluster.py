@@ -58,6 +58,9 @@ def gather(client: Any, pd_only: bool = False, range_server: str | None = None
     every stream's ranges: cheap enough to run as a health check every few seconds. Raises
     ``CommandError`` when the PD does not know that address.
     """
+    # The range servers first: only the leader knows them, so the members are then asked of
+    # the node that leads, not of a follower whose view may still name a dead leader.
+    states = [] if pd_only else client.pd.range_servers()
     pd_cluster = client.pd.describe_pd_cluster()
     members = [{"name": n.name, "address": n.advertise_addr, "leader": n.is_leader}
                for n in pd_cluster.members]
@@ -65,7 +68,7 @@ def gather(client: Any, pd_only: bool = False, range_server: str | None = None
         return {"pd": pd_of_client(client), "members": members}
     now_ms = int(time.time() * 1000)
     servers: dict[int, ServerView] = {}
-    for state in client.pd.range_servers():
+    for state in states:
         if range_server is not None and state.server.advertise_addr != range_server:
             continue
         view = ServerView(state.server.server_id, state.server.advertise_addr, live=state.live,
