@@ -262,8 +262,15 @@ class _PdHandler(RequestHandler):
     def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
         results = []
         for item in req.streams:
-            created, status = _ok_or_error(self.pd.create_stream, item.replica_nums,
-                                           item.retention_period_ms, item.stream_id)
+            try:
+                created, status = _ok_or_error(self.pd.create_stream, item.replica_nums,
+                                               item.retention_period_ms, item.stream_id)
+            except PdNotLeaderError as exc:
+                if not any(r.status.code == ErrorCode.NONE for r in results):
+                    raise
+                # This node stopped leading after it made the streams above: a whole request
+                # refused would be sent again to the new leader, which would make them twice.
+                created, status = None, m.Status.from_error(exc)
             stream = self.pd.stream_msg(created[0]) if created else m.Stream(
                 stream_id=item.stream_id, replica_nums=item.replica_nums,
                 retention_period_ms=item.retention_period_ms)

@@ -18,6 +18,9 @@ import pytest
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, ConnectionPool
 from sbp_spark.client.pd import PD_ELECTION_WAIT_S, PdClient
+from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.messages import Stream
+from sbp_spark.server.etcd_client import EtcdClient
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from tests.polling import wait_until
@@ -108,3 +111,36 @@ def test_sbp_cluster_during_the_election_shows_the_new_leader_and_its_range_serv
     new = leader_of([n for n in nodes if n is not leader])
     assert [m["address"] for m in facts["members"] if m["leader"]] == [new.address]
     assert [s["address"] for s in facts["range_servers"]] == [rs.advertise_addr]
+
+
+def test_a_create_batch_cut_by_the_end_of_office_makes_no_stream_twice(
+        nodes, monkeypatch, tmp_path, etcd_endpoints, etcd_prefix):
+    leader = leader_of(nodes)
+    pd = addresses(nodes)
+    rs = RangeServer(RangeServerConfig(data_dir=str(tmp_path / "rs"), pd_addresses=pd.split(","),
+                                       heartbeat_interval_s=0.2)).start()
+    etcd = EtcdClient(etcd_endpoints)
+    create_stream = leader.create_stream
+
+    def then_lose_office(*args):
+        made = create_stream(*args)
+        # The leader key vanishes as with an expired lease: the next write is fenced off.
+        etcd.delete(f"{etcd_prefix}leader".encode())
+        return made
+
+    try:
+        wait_until(lambda: rs.server_id >= 0 and leader.liveness.is_live(rs.server_id),
+                   "the range server to heartbeat to the leader")
+        monkeypatch.setattr(leader, "create_stream", then_lose_office)
+        with ConnectionPool(ClientConfig()) as pool:
+            client = PdClient(pd, pool=pool)
+            results = client.create_streams([Stream(), Stream()])
+            made = [r.value.stream_id for r in results if r.ok and r.value is not None]
+            listed = [s.stream_id for s in client.list_streams()]
+    finally:
+        etcd.close()
+        rs.stop()
+    # The first stream was made before the office ended; the whole batch used to be refused
+    # with PD_NOT_LEADER and sent again to the next leader, which made it a second time.
+    assert listed == made and len(made) == 1
+    assert results[1].status.code == ErrorCode.PD_NOT_LEADER
