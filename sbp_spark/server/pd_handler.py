@@ -66,6 +66,23 @@ def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
         return None, m.Status(int(ErrorCode.UNKNOWN), f"{type(exc).__name__}: {exc}")
 
 
+def _batch_item(done: bool, fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
+    """``_ok_or_error`` for an item of a batch that is not safe to carry out twice (create,
+    delete), ``done`` telling whether an earlier item of it was carried out. Then this node
+    stopping to lead fails the item alone: refusing the whole request would have the client
+    send it again to the new leader, and the earlier items would be carried out twice."""
+    try:
+        return _ok_or_error(fn, *args)
+    except PdNotLeaderError as exc:
+        if not done:
+            raise
+        return None, m.Status.from_error(exc)
+
+
+def _any_done(results: Sequence[Any]) -> bool:
+    return any(r.status.code == ErrorCode.NONE for r in results)
+
+
 class _PdHandler(RequestHandler):
     """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""
 
@@ -260,17 +277,11 @@ class _PdHandler(RequestHandler):
             for s, st, r in items])
 
     def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
-        results = []
+        results: list[m.CreateStreamsResult] = []
         for item in req.streams:
-            try:
-                created, status = _ok_or_error(self.pd.create_stream, item.replica_nums,
-                                               item.retention_period_ms, item.stream_id)
-            except PdNotLeaderError as exc:
-                if not any(r.status.code == ErrorCode.NONE for r in results):
-                    raise
-                # This node stopped leading after it made the streams above: a whole request
-                # refused would be sent again to the new leader, which would make them twice.
-                created, status = None, m.Status.from_error(exc)
+            created, status = _batch_item(_any_done(results), self.pd.create_stream,
+                                          item.replica_nums, item.retention_period_ms,
+                                          item.stream_id)
             stream = self.pd.stream_msg(created[0]) if created else m.Stream(
                 stream_id=item.stream_id, replica_nums=item.replica_nums,
                 retention_period_ms=item.retention_period_ms)
@@ -278,9 +289,10 @@ class _PdHandler(RequestHandler):
         return m.CreateStreamsResponse(create_responses=results)
 
     def _delete_streams(self, req: m.DeleteStreamsRequest) -> m.DeleteStreamsResponse:
-        results = []
+        results: list[m.DeleteStreamsResult] = []
         for item in req.streams:
-            deleted, status = _ok_or_error(self.pd.delete_stream, item.stream_id)
+            deleted, status = _batch_item(_any_done(results), self.pd.delete_stream,
+                                          item.stream_id)
             stream = self.pd.stream_msg(deleted) if deleted else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.DeleteStreamsResult(deleted_stream=stream, status=status))

@@ -113,34 +113,62 @@ def test_sbp_cluster_during_the_election_shows_the_new_leader_and_its_range_serv
     assert [s["address"] for s in facts["range_servers"]] == [rs.advertise_addr]
 
 
-def test_a_create_batch_cut_by_the_end_of_office_makes_no_stream_twice(
-        nodes, monkeypatch, tmp_path, etcd_endpoints, etcd_prefix):
+@pytest.fixture
+def range_server(nodes, tmp_path) -> Iterator[RangeServer]:
     leader = leader_of(nodes)
-    pd = addresses(nodes)
-    rs = RangeServer(RangeServerConfig(data_dir=str(tmp_path / "rs"), pd_addresses=pd.split(","),
+    rs = RangeServer(RangeServerConfig(data_dir=str(tmp_path / "rs"),
+                                       pd_addresses=[n.address for n in nodes],
                                        heartbeat_interval_s=0.2)).start()
-    etcd = EtcdClient(etcd_endpoints)
-    create_stream = leader.create_stream
-
-    def then_lose_office(*args):
-        made = create_stream(*args)
-        # The leader key vanishes as with an expired lease: the next write is fenced off.
-        etcd.delete(f"{etcd_prefix}leader".encode())
-        return made
-
     try:
         wait_until(lambda: rs.server_id >= 0 and leader.liveness.is_live(rs.server_id),
                    "the range server to heartbeat to the leader")
-        monkeypatch.setattr(leader, "create_stream", then_lose_office)
-        with ConnectionPool(ClientConfig()) as pool:
-            client = PdClient(pd, pool=pool)
-            results = client.create_streams([Stream(), Stream()])
-            made = [r.value.stream_id for r in results if r.ok and r.value is not None]
-            listed = [s.stream_id for s in client.list_streams()]
+        yield rs
     finally:
-        etcd.close()
         rs.stop()
+
+
+def lose_office_after(leader: PlacementDriver, method: str, etcd_endpoints, etcd_prefix,
+                      monkeypatch) -> None:
+    """Make ``leader``'s ``method`` end its office once it has carried out one item."""
+    done = getattr(leader, method)
+
+    def then_lose_office(*args):
+        result = done(*args)
+        # The leader key vanishes as with an expired lease: the next write is fenced off.
+        etcd = EtcdClient(etcd_endpoints)
+        try:
+            etcd.delete(f"{etcd_prefix}leader".encode())
+        finally:
+            etcd.close()
+        return result
+
+    monkeypatch.setattr(leader, method, then_lose_office)
+
+
+def test_a_create_batch_cut_by_the_end_of_office_makes_no_stream_twice(
+        nodes, range_server, monkeypatch, etcd_endpoints, etcd_prefix):
+    lose_office_after(leader_of(nodes), "create_stream", etcd_endpoints, etcd_prefix,
+                      monkeypatch)
+    with ConnectionPool(ClientConfig()) as pool:
+        client = PdClient(addresses(nodes), pool=pool)
+        results = client.create_streams([Stream(), Stream()])
+        made = [r.value.stream_id for r in results if r.ok and r.value is not None]
+        listed = [s.stream_id for s in client.list_streams()]
     # The first stream was made before the office ended; the whole batch used to be refused
     # with PD_NOT_LEADER and sent again to the next leader, which made it a second time.
     assert listed == made and len(made) == 1
     assert results[1].status.code == ErrorCode.PD_NOT_LEADER
+
+
+def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
+        nodes, range_server, monkeypatch, etcd_endpoints, etcd_prefix):
+    with ConnectionPool(ClientConfig()) as pool:
+        client = PdClient(addresses(nodes), pool=pool)
+        ids = [r.unwrap().stream_id for r in client.create_streams([Stream(), Stream()])]
+        lose_office_after(leader_of(nodes), "delete_stream", etcd_endpoints, etcd_prefix,
+                          monkeypatch)
+        results = client.delete_streams(ids)
+        left = [s.stream_id for s in client.list_streams()]
+    # The first delete used to be sent again with the whole batch and fail as "not found".
+    assert results[0].ok, results[0].status
+    assert results[1].status.code == ErrorCode.PD_NOT_LEADER and left == ids[1:]
