@@ -153,8 +153,18 @@ class PdClient:
                 check(response, conn.address)
             return response, lost
 
-        return call_with_retries(attempt, self.config, on_error=self._on_error,
-                                 deadline=deadline, spare=electing)
+        try:
+            return call_with_retries(attempt, self.config, on_error=self._on_error,
+                                     deadline=deadline, spare=electing)
+        except PdNotLeaderError as exc:
+            if electing_since is None:
+                raise
+            # The last refusal alone names one node's view, often a leader that is gone.
+            waited = time.monotonic() - electing_since
+            raise PdNotLeaderError(
+                f"no PD node served as leader for {waited:.1f} s (asked "
+                f"{', '.join(self.addresses)}; none leads while the nodes cannot reach etcd); "
+                f"the last answer: {exc.message}", detail=exc.detail) from exc
 
     def _on_error(self, error: SbpError) -> bool:
         if isinstance(error, PdNotLeaderError):

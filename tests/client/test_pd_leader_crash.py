@@ -18,7 +18,7 @@ import pytest
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, ConnectionPool
 from sbp_spark.client.pd import PD_ELECTION_WAIT_S, PdClient
-from sbp_spark.protocol.errors import ErrorCode
+from sbp_spark.protocol.errors import ErrorCode, PdNotLeaderError
 from sbp_spark.protocol.messages import Stream
 from sbp_spark.server.etcd_client import EtcdClient
 from sbp_spark.server.pd import PdConfig, PlacementDriver
@@ -172,3 +172,22 @@ def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
     # The first delete used to be sent again with the whole batch and fail as "not found".
     assert results[0].ok, results[0].status
     assert results[1].status.code == ErrorCode.PD_NOT_LEADER and left == ids[1:]
+
+
+def test_a_cluster_without_a_leader_is_reported_as_such(nodes, monkeypatch, capsys):
+    leader_of(nodes)
+    # Every node stops leading and no election ends, as while etcd does not answer; the
+    # followers still name the last leader they saw.
+    for node in nodes:
+        assert node.leadership is not None
+        monkeypatch.setattr(node.leadership, "_leads", lambda: False)
+        monkeypatch.setattr(node.leadership, "_campaign", lambda: None)
+    config = ClientConfig(retry_deadline_s=2.0)
+    with ConnectionPool(config) as pool:
+        pd = PdClient(addresses(nodes), config, pool)
+        with pytest.raises(PdNotLeaderError) as err:
+            pd.list_streams()
+    message = str(err.value)
+    assert "no PD node served as leader for" in message
+    assert all(n.address in message for n in nodes)
+    assert "the last answer: PD pd-" in message and "reach etcd" in message
