@@ -83,11 +83,15 @@ def parse_pd_addresses(pd_addresses: str | Sequence[str]) -> list[str]:
 
 
 class PdClient:
-    """Calls the PD cluster at ``pd_addresses`` (one or more ``host:port``)."""
+    """Calls the PD cluster at ``pd_addresses`` (one or more ``host:port``).
+
+    ``wait_for_election=False`` leaves a call that meets a cluster electing a leader to the
+    retry policy alone (for callers that would rather fail and try again later)."""
 
     def __init__(self, pd_addresses: str | Sequence[str], config: ClientConfig | None = None,
-                 pool: ConnectionPool | None = None) -> None:
+                 pool: ConnectionPool | None = None, wait_for_election: bool = True) -> None:
         self.addresses = parse_pd_addresses(pd_addresses)
+        self.wait_for_election = wait_for_election
         self.config = config if config is not None else ClientConfig()
         self.pool = pool if pool is not None else get_pool()
         self._lock = threading.Lock()
@@ -155,7 +159,8 @@ class PdClient:
 
         try:
             return call_with_retries(attempt, self.config, on_error=self._on_error,
-                                     deadline=deadline, spare=electing)
+                                     deadline=deadline,
+                                     spare=electing if self.wait_for_election else None)
         except PdNotLeaderError as exc:
             if electing_since is None:
                 raise

@@ -109,7 +109,9 @@ class PdLink:
         # With TLS, the PD is called with the range server's own certificate.
         config = (client_config or _LINK_CLIENT).with_tls(tls)
         self.pool = ConnectionPool(config)
-        self.pd = PdClient(pd_addresses, config, pool=self.pool)
+        # A heartbeat stuck waiting out an election would reach the new leader later than
+        # the next one does: the link's calls fail fast instead.
+        self.pd = PdClient(pd_addresses, config, pool=self.pool, wait_for_election=False)
         self._stop = threading.Event()
         self._trims: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="range-server-pd-link",
