@@ -87,6 +87,25 @@ def test_on_error_redirect_skips_the_backoff():
     assert len(seen) == 1
 
 
+def test_spared_failures_do_not_use_up_the_retries():
+    op, calls = failing([TransportError(f"try {i}") for i in range(10)])
+    # Ten failures against four retries: only the last one counts.
+    assert call_with_retries(op, QUICK, spare=lambda e: str(e) != "try 9") == "done"
+    assert len(calls) == 11
+
+
+def test_spared_failures_stop_at_the_deadline_and_not_retriable_ones_at_once():
+    config = ClientConfig(retries=0, retry_backoff_ms=20, retry_backoff_max_ms=20)
+    op, calls = failing([TransportError("electing")] * 1000)
+    with pytest.raises(TransportError):
+        call_with_retries(op, config, deadline=time.monotonic() + 0.2, spare=lambda e: True)
+    assert 2 <= len(calls) <= 20
+    op, calls = failing([StreamNotFoundError("gone")])
+    with pytest.raises(StreamNotFoundError):
+        call_with_retries(op, config, spare=lambda e: True)
+    assert len(calls) == 1
+
+
 def test_which_errors_are_retriable():
     assert is_retriable(TransportError("x"))
     assert is_retriable(ChecksumError("x"))
