@@ -168,7 +168,8 @@ class PdClient:
             waited = time.monotonic() - electing_since
             raise PdNotLeaderError(
                 f"no PD node served as leader for {waited:.1f} s (asked "
-                f"{', '.join(self.addresses)}; none leads while the nodes cannot reach etcd); "
+                f"{', '.join(self.addresses)}; no node can lead while the nodes cannot reach "
+                f"etcd); "
                 f"the last answer: {exc.message}", detail=exc.detail) from exc
 
     def _on_error(self, error: SbpError) -> bool:
