@@ -659,3 +659,24 @@ def test_cluster_without_range_servers_fails_the_health_check(capsys, tmp_path):
         assert "no range server has registered with the PD" in err
         # The PD alone is healthy: --pd-only checks only that.
         assert main(["cluster", "--pd-only", "--pd", empty.pd_address]) == 0
+
+
+def test_cluster_health_check_fails_while_no_pd_node_leads(capsys, cluster, monkeypatch):
+    # What a PD cluster answers while it elects a leader (or cannot reach etcd): members,
+    # none of them leading. Nothing can be created or planned then, so the check fails.
+    import sbp_spark.commands.cluster as command
+
+    gather = command.gather
+
+    def electing(client, **kwargs):
+        facts = gather(client, **kwargs)
+        facts["members"] = [{**m, "leader": False} for m in facts["members"]]
+        return facts
+
+    monkeypatch.setattr(command, "gather", electing)
+    for argv in (["cluster", "--pd-only"], ["cluster"]):
+        status = main([*argv, "--pd", cluster.pd_address])
+        out, err = capsys.readouterr()
+        assert status == 1, argv
+        assert "no leader elected right now" in out
+        assert "no PD node leads right now" in err

@@ -175,6 +175,10 @@ def cluster_command(args: argparse.Namespace) -> int:
         print(json.dumps(facts))
     else:
         _print(facts)
+    if not any(m["leader"] for m in facts["members"]):
+        # No node serves metadata: nothing can be created, planned or failed over.
+        print("sbp cluster: unhealthy: no PD node leads right now", file=sys.stderr)
+        return 1
     if "range_servers" not in facts:
         return 0
     servers = facts["range_servers"]
@@ -194,8 +198,8 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         description="Show the PD members (and which leads), and every range server the PD "
                     "knows: whether it heartbeats, the ranges it holds, the load metrics it "
                     "last reported (all of them with --json) and a PING round trip. Exits 0 "
-                    "when the PD and every range server answer, 1 otherwise or when no range "
-                    "server has registered (usable as a "
+                    "when the PD (a leader among its nodes) and every range server answer, 1 "
+                    "otherwise or when no range server has registered (usable as a "
                     "health check; --pd-only and --range-server make cheaper ones).")
     add_pd_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
