@@ -69,10 +69,10 @@ def use_this_python_for_workers() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]",
-                        filter_pushdown: bool = False, **conf: str):
-    """A local SparkSession with the sbp source registered (``sbp_spark.register``, with
-    ``filter_pushdown``), after checking Java.
+def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", **conf: str):
+    """A local SparkSession with the sbp source registered (``sbp_spark.register``: no filter
+    pushdown; call ``register(spark, filter_pushdown=True)`` on it for pushdown), after
+    checking Java.
 
     ``conf`` entries are Spark settings (e.g. ``**{"spark.sql.shuffle.partitions": "2"}``).
     """
@@ -96,5 +96,5 @@ def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]",
     spark = builder.getOrCreate()
     from sbp_spark import register
 
-    register(spark, filter_pushdown=filter_pushdown)
+    register(spark)
     return spark

@@ -32,13 +32,16 @@ def spark(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     from sbp_spark.environment import local_spark_session
 
-    session = local_spark_session("sbp-spark-tests", filter_pushdown=True, **{
+    session = local_spark_session("sbp-spark-tests", **{
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
     })
     session.sparkContext.setLogLevel("ERROR")
+    import sbp_spark
+
+    sbp_spark.register(session, filter_pushdown=True)
     yield session
     session.stop()
 
