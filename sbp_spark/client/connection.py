@@ -161,7 +161,8 @@ class ResponseStream:
             self.connection._unanswered = True
             raise ReadTimeoutError(
                 f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
-                f"(stream_id {self.stream_id}) within {self.timeout:g}s") from None
+                f"(request {self.stream_id} on this connection) within {self.timeout:g}s"
+            ) from None
         if type(item) is _Failure:
             self.close()
             raise _fresh(item.error)
