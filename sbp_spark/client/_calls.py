@@ -15,10 +15,11 @@ T = TypeVar("T")
 
 
 def checked_call(conn: Connection, msg: Any, timeout: float | None = None,
-                 on_lost: Callable[[SbpError], SbpError] | None = None) -> Any:
+                 on_lost: Callable[[SbpError], SbpError] | None = None,
+                 probe_s: float | None = None) -> Any:
     """``conn.call(msg)``; honours the answer's throttle time and raises its top-level status.
-    ``on_lost``: as in ``Connection.call``."""
-    response, _ = conn.call(msg, timeout=timeout, on_lost=on_lost)
+    ``on_lost``, ``probe_s``: as in ``Connection.call``."""
+    response, _ = conn.call(msg, timeout=timeout, on_lost=on_lost, probe_s=probe_s)
     throttle = getattr(response, "throttle_time_ms", 0) or 0
     if throttle > 0:
         conn.throttle(throttle)

@@ -152,17 +152,21 @@ class ResponseStream:
         return self
 
     def __next__(self) -> Frame:
+        frame = self.poll(self.timeout)
+        if frame is None:
+            raise self.give_up(f"within {self.timeout:g}s")
+        return frame
+
+    def poll(self, seconds: float) -> Frame | None:
+        """The next frame, or None when none arrived within ``seconds``: unlike iteration, the
+        request stays outstanding, so the caller may look at the server meanwhile and wait
+        again. Raises as iteration does otherwise."""
         if self._done:
             raise StopIteration
         try:
-            item = self.connection._next_item(self._queue, self.timeout)
+            item = self.connection._next_item(self._queue, seconds)
         except Empty:
-            self.close()
-            self.connection._unanswered = True
-            raise ReadTimeoutError(
-                f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
-                f"(request {self.stream_id} on this connection) within {self.timeout:g}s"
-            ) from None
+            return None
         if type(item) is _Failure:
             self.close()
             raise _fresh(item.error)
@@ -173,6 +177,15 @@ class ResponseStream:
                 raise system_error_of(item)
             self.connection._release(self.stream_id, self._queue)
         return item
+
+    def give_up(self, how_long: str) -> ReadTimeoutError:
+        """Stop waiting for the answer, which did not come ``how_long`` ("within 30s"): the
+        error to raise. The connection counts as unanswered (see ``Connection.unanswered``)."""
+        self.close()
+        self.connection._unanswered = True
+        return ReadTimeoutError(
+            f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
+            f"(request {self.stream_id} on this connection) {how_long}")
 
     @property
     def done(self) -> bool:
@@ -288,6 +301,7 @@ class Connection:
         self._heard = False  # anything received from the server yet (see ``_tls_hint``)
         self._throttled_until = 0.0
         self._last_active = time.monotonic()
+        self._last_heard = 0.0  # when anything last arrived from the server
         self._turn = ReadTurn(self._lock, QUIET_S)
         self._reader = threading.Thread(
             target=self._background_reads, name=f"sbp-reader-{address}", daemon=True)
@@ -341,6 +355,12 @@ class Connection:
         with self._lock:
             self._retired = True
         self._after_answer()
+
+    @property
+    def last_heard(self) -> float:
+        """When the server last sent anything on this connection (a ``time.monotonic()``
+        value; 0.0 before it has)."""
+        return self._last_heard
 
     @property
     def outstanding(self) -> int:
@@ -402,18 +422,26 @@ class Connection:
 
     def call(self, msg: Any, payload: Buffer | Sequence[Buffer] = b"",
              timeout: float | None = None,
-             on_lost: Callable[[SbpError], SbpError] | None = None) -> tuple[Any, Buffer]:
+             on_lost: Callable[[SbpError], SbpError] | None = None,
+             probe_s: float | None = None) -> tuple[Any, Buffer]:
         """Send a typed request (a ``protocol.messages`` class) and return the decoded
         one-frame answer with its payload. ``on_lost`` turns a failure once the request was
         sent (the connection failed, no answer in time: the server may have carried it out)
         into the error raised instead (``exc`` itself raises it unchanged, for callers that
-        only take note); failures before it was sent are raised as they are."""
+        only take note); failures before it was sent are raised as they are.
+
+        ``probe_s``: each time the answer is ``probe_s`` seconds late, PING the server; when
+        the PING gets no answer within ``probe_s`` either, the server is taken as stopped or
+        hung and the call fails at once (``ReadTimeoutError``), instead of waiting out the
+        request timeout. A server that answers PINGs is waited for as long as that allows.
+        Only for requests the caller would send again after a timeout anyway."""
         from sbp_spark.protocol.messages import decode_response, request_frame
 
         stream = self.start(msg.OPCODE, lambda sid: request_frame(sid, msg, payload), timeout)
         with stream:
             try:
-                frame = next(stream)
+                frame = next(stream) if probe_s is None else self._probed_answer(stream,
+                                                                                 probe_s)
             except SbpError as exc:
                 if on_lost is None or isinstance(exc, ServerError):
                     raise
@@ -429,6 +457,39 @@ class Connection:
                     f"{self.address} answered {opcode_name(msg.OPCODE)} with a "
                     f"{opcode_name(frame.opcode)} frame")
             return decode_response(frame), frame.payload
+
+    def _probed_answer(self, stream: ResponseStream, probe_s: float) -> Frame:
+        """The first frame of ``stream``, PINGing the server while it is late (see ``call``)."""
+        began = time.monotonic()
+        give_up = began + stream.timeout
+        while True:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise stream.give_up(f"within {stream.timeout:g}s")
+            frame = stream.poll(min(probe_s, left))
+            if frame is not None:
+                return frame
+            if time.monotonic() < give_up and not self._answers_ping(probe_s):
+                raise stream.give_up(
+                    f"within {time.monotonic() - began:.1f}s, nor to a PING within "
+                    f"{probe_s:g}s: the server accepts connections but does not answer (its "
+                    f"process is stopped or hung)")
+
+    def _answers_ping(self, timeout: float) -> bool:
+        """False when the server let a PING go unanswered for ``timeout`` seconds, or another
+        request on this connection went unanswered since the server last sent anything. A
+        PING that could not be sent (the connection failed, or takes no new requests after
+        the server's GOAWAY) counts as answered: the request's own answer tells what
+        happened."""
+        if self._unanswered:
+            return False
+        try:
+            self.ping(timeout=timeout)
+        except ReadTimeoutError:
+            return False
+        except SbpError:
+            pass
+        return True
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
         """Round-trip a PING; returns the round-trip time in seconds."""
@@ -670,7 +731,7 @@ class Connection:
                     f"connection to {self.address} was closed by the server"
                     + (" after GOAWAY" if self._goaway else "") + self._tls_hint()))
                 return
-            self._last_active = time.monotonic()
+            self._last_active = self._last_heard = time.monotonic()
             self._unanswered = False
             self._heard = True
             decoder.buffer_updated(n)

@@ -18,6 +18,7 @@ from sbp_spark.protocol.errors import (
     ErrorCode,
     HeaderError,
     PdNotLeaderError,
+    ReadTimeoutError,
     SbpError,
 )
 from sbp_spark.protocol.messages import (
@@ -49,7 +50,7 @@ from sbp_spark.protocol.messages import (
 
 from ._calls import checked_call, item_results
 from .config import ClientConfig
-from .connection import parse_address
+from .connection import Connection, parse_address
 from .heartbeat import Heartbeat
 from .pool import ConnectionPool, get_pool
 from .range_server import _range_id
@@ -62,6 +63,13 @@ from .types import ItemResult
 # These failures do not use up the retry policy's attempts (5 take about 1.5 s); the call's
 # deadline still ends the wait.
 PD_ELECTION_WAIT_S = 10.0
+# A PD node whose process is stopped or hung still accepts connections (the kernel completes
+# the handshake) and takes requests, but answers nothing: without a check every call sent to
+# it would wait the whole request timeout (30 s) before trying another node. A node's network
+# core answers PING at once even while the node carries out a long request (a seal), so a
+# connection that has been quiet this long is PINGed before a request goes out, and an answer
+# this late is checked the same way (see ``PdClient.call``).
+PD_PROBE_S = 1.0
 
 
 def parse_pd_addresses(pd_addresses: str | Sequence[str]) -> list[str]:
@@ -120,7 +128,13 @@ class PdClient:
 
         ``resend=False`` is for requests that must not be carried out twice: once the request
         was sent, a lost answer (the connection failed, or no answer came in time) is raised,
-        no longer retriable, instead of sending the request again."""
+        no longer retriable, instead of sending the request again.
+
+        A node that does not answer a PING within ``PD_PROBE_S`` (its process is stopped or
+        hung) is passed over for the next one: before the request is sent to it, when the
+        connection has been quiet (any request), and while its answer is late (only requests
+        that may be sent again: others wait for their answer, which may be a refusal that
+        proves they were not carried out)."""
         return self._call(msg, deadline, resend)[0]
 
     def _call(self, msg: Any, deadline: float | None = None, resend: bool = True,
@@ -146,10 +160,13 @@ class PdClient:
             lost = True
             return exc
 
+        probe_s = min(PD_PROBE_S, self.config.request_timeout_s)
+
         def attempt() -> tuple[Any, bool]:
             conn = self.pool.get(self.leader, self.config)
+            _check_answers(conn, msg, probe_s)
             if resend:
-                response = checked_call(conn, msg, on_lost=note_lost)
+                response = checked_call(conn, msg, on_lost=note_lost, probe_s=probe_s)
             else:
                 response = checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
                     exc, msg, conn.address))
@@ -347,6 +364,21 @@ class PdClient:
                 on_response(response)
 
         return Heartbeat(beat, interval_s, name=f"sbp-pd-heartbeat-{self.addresses[0]}")
+
+
+def _check_answers(conn: Connection, msg: Any, probe_s: float) -> None:
+    """Raise ``ReadTimeoutError`` (retriable: the next node is tried) when ``conn`` has been
+    quiet for ``probe_s`` and its PD node does not answer a PING within ``probe_s``:
+    ``msg`` is then not sent to it."""
+    if time.monotonic() - conn.last_heard <= probe_s:
+        return
+    try:
+        conn.ping(timeout=probe_s)
+    except ReadTimeoutError as exc:
+        raise ReadTimeoutError(
+            f"the PD node at {conn.address} accepts connections but did not answer a PING "
+            f"within {probe_s:g}s (its process is stopped or hung): "
+            f"{opcode_name(msg.OPCODE)} was not sent to it") from exc
 
 
 def _outcome_unknown(error: SbpError, msg: Any, address: str) -> SbpError:

@@ -21,11 +21,15 @@ class Peer:
         self.send_lock = threading.Lock()
 
     def read_frame(self, timeout: float = 10.0) -> Frame | None:
-        """The next request frame, or None when the client closed the connection."""
+        """The next request frame, or None when the client closed the connection. A PING is
+        answered here, as every server's network core does, and not returned."""
         while True:
             event = self.decoder.next_event()
             if event is not None:
                 assert not isinstance(event, InvalidFrame), event.error
+                if event.opcode == Opcode.PING and not event.flags & Flags.RESPONSE:
+                    self.reply(event, bytes(event.header), bytes(event.payload))
+                    continue
                 return event
             try:
                 self.sock.settimeout(timeout)

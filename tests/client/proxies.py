@@ -8,6 +8,7 @@ import socket
 import threading
 
 from sbp_spark.client import SbpClient
+from sbp_spark.protocol.constants import Opcode
 
 
 class ForwardingProxy:
@@ -60,9 +61,15 @@ class ForwardingProxy:
             sock.close()
 
 
+def _opcode_at(data: bytes) -> int | None:
+    """The opcode of the frame ``data`` starts with (None if too short to tell)."""
+    return int.from_bytes(data[5:7], "big") if len(data) >= 7 else None
+
+
 class AnswerLosingProxy(ForwardingProxy):
     """Once armed, the next answer from the server is swallowed and that connection closed:
-    the server carried the request out, the client never hears of it."""
+    the server carried the request out, the client never hears of it. Answers to PING (which
+    the PD client may send before a request) are passed on: the request's answer is lost."""
 
     def __init__(self, target: str) -> None:
         self.armed = threading.Event()
@@ -70,7 +77,7 @@ class AnswerLosingProxy(ForwardingProxy):
         super().__init__(target)
 
     def forward(self, pair: int, answers: bool, data: bytes) -> bytes | None:
-        if answers and self.armed.is_set():
+        if answers and self.armed.is_set() and _opcode_at(data) != Opcode.PING:
             self.armed.clear()
             self.lost.set()
             return None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, PdClient, RangeServerClient
+from sbp_spark.client import pd as pd_module
 from sbp_spark.client.range_server import plan_append_frames
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, Opcode
@@ -95,6 +97,84 @@ def test_pd_client_skips_an_unreachable_address(pool):
         assert seen == ["DescribeStreamsRequest"]
 
 
+@pytest.fixture
+def quick_probe(monkeypatch) -> float:
+    """A PD node's PING must be answered within 0.2 s (instead of a second)."""
+    monkeypatch.setattr(pd_module, "PD_PROBE_S", 0.2)
+    return 0.2
+
+
+def frozen_pd(answered: int, release: threading.Event) -> callable:
+    """A PD node that answers ``answered`` requests, then stops reading and answering (as a
+    stopped process: the kernel still takes connections and data) until ``release``."""
+
+    def handler(peer: Peer) -> None:
+        for _ in range(answered):
+            frame = peer.read_frame()
+            if frame is None:
+                return
+            respond(peer, frame, m.DescribeStreamsResponse(describe_responses=[
+                m.DescribeStreamsResult(m.Stream(stream_id=s))
+                for s in m.decode_request(frame).stream_ids]))
+        release.wait(10)
+
+    return handler
+
+
+def test_a_pd_node_that_takes_connections_but_never_answers_is_passed_over(
+        pool, quick_probe):
+    seen: list = []
+    release = threading.Event()
+    with FakeServer(frozen_pd(0, release)) as frozen, FakeServer(stream_pd(seen)) as live:
+        try:
+            pd = PdClient(f"{frozen.address},{live.address}", CONFIG, pool)
+            began = time.monotonic()
+            assert pd.describe_streams([7])[0].unwrap().stream_id == 7
+            took = time.monotonic() - began
+        finally:
+            release.set()
+    # It used to wait out the request timeout (5 s here) on the frozen node first.
+    assert took < 4 * quick_probe and pd.leader == live.address
+    assert seen == ["DescribeStreamsRequest"]
+
+
+def test_a_pd_node_that_freezes_after_answering_is_passed_over(pool, quick_probe):
+    seen: list = []
+    release = threading.Event()
+    with FakeServer(frozen_pd(1, release)) as frozen, FakeServer(stream_pd(seen)) as live:
+        try:
+            pd = PdClient(f"{frozen.address},{live.address}", CONFIG, pool)
+            assert pd.describe_streams([1])[0].ok and pd.leader == frozen.address
+            began = time.monotonic()
+            # Sent to the node that has just answered: its answer is late, and so is the
+            # answer to a PING.
+            assert pd.describe_streams([2])[0].unwrap().stream_id == 2
+            took = time.monotonic() - began
+        finally:
+            release.set()
+    assert took < 6 * quick_probe and pd.leader == live.address
+    assert seen == ["DescribeStreamsRequest"]
+
+
+def test_a_slow_answer_is_waited_for_while_the_pd_node_answers_pings(pool, quick_probe):
+    requests: list = []
+
+    def slow(peer: Peer) -> None:
+        # Answers each request after 4 probe intervals (as a seal that takes a while), and
+        # PINGs at once meanwhile (read_frame answers them).
+        while (frame := peer.read_frame()) is not None:
+            requests.append(frame)
+            threading.Timer(4 * quick_probe, respond, (peer, frame, m.DescribeStreamsResponse(
+                describe_responses=[m.DescribeStreamsResult(m.Stream(stream_id=3))]))).start()
+
+    with FakeServer(slow) as server:
+        began = time.monotonic()
+        result = PdClient(server.address, CONFIG, pool).describe_streams([3])
+        took = time.monotonic() - began
+    assert result[0].unwrap().stream_id == 3
+    assert len(requests) == 1 and took >= 4 * quick_probe
+
+
 def test_throttled_answer_is_retried_after_the_throttle_time(pool):
     calls = []
 
@@ -108,7 +188,6 @@ def test_throttled_answer_is_retried_after_the_throttle_time(pool):
                 respond(peer, frame, m.DescribeStreamsResponse(describe_responses=[
                     m.DescribeStreamsResult(m.Stream(stream_id=5))]))
 
-    import time
     with FakeServer(throttling) as server:
         began = time.monotonic()
         result = PdClient(server.address, CONFIG, pool).describe_streams([5])
