@@ -67,8 +67,9 @@ PD_ELECTION_WAIT_S = 10.0
 # the handshake) and takes requests, but answers nothing: without a check every call sent to
 # it would wait the whole request timeout (30 s) before trying another node. A node's network
 # core answers PING at once even while the node carries out a long request (a seal), so a
-# connection that has been quiet this long is PINGed before a request goes out, and an answer
-# this late is checked the same way (see ``PdClient.call``).
+# node is PINGed before a request goes out on a connection that has heard nothing yet (or,
+# for a request not sent again, nothing for this long), and when an answer is this late
+# (see ``PdClient.call``).
 PD_PROBE_S = 1.0
 
 
@@ -131,10 +132,10 @@ class PdClient:
         no longer retriable, instead of sending the request again.
 
         A node that does not answer a PING within ``PD_PROBE_S`` (its process is stopped or
-        hung) is passed over for the next one: before the request is sent to it, when the
-        connection has been quiet (any request), and while its answer is late (only requests
-        that may be sent again: others wait for their answer, which may be a refusal that
-        proves they were not carried out)."""
+        hung) is passed over for the next one: before the request is sent to it on a new
+        connection (with ``resend=False``: on one quiet for ``PD_PROBE_S``), and while its
+        answer is late (only requests that may be sent again: others wait for their answer,
+        which may be a refusal that proves they were not carried out)."""
         return self._call(msg, deadline, resend)[0]
 
     def _call(self, msg: Any, deadline: float | None = None, resend: bool = True,
@@ -164,7 +165,9 @@ class PdClient:
 
         def attempt() -> tuple[Any, bool]:
             conn = self.pool.get(self.leader, self.config)
-            _check_answers(conn, msg, probe_s)
+            if conn.last_heard == 0.0 or (
+                    not resend and time.monotonic() - conn.last_heard > probe_s):
+                _check_answers(conn, msg, probe_s)
             if resend:
                 response = checked_call(conn, msg, on_lost=note_lost, probe_s=probe_s)
             else:
@@ -367,11 +370,9 @@ class PdClient:
 
 
 def _check_answers(conn: Connection, msg: Any, probe_s: float) -> None:
-    """Raise ``ReadTimeoutError`` (retriable: the next node is tried) when ``conn`` has been
-    quiet for ``probe_s`` and its PD node does not answer a PING within ``probe_s``:
-    ``msg`` is then not sent to it."""
-    if time.monotonic() - conn.last_heard <= probe_s:
-        return
+    """Raise ``ReadTimeoutError`` (retriable: the next node is tried) when the PD node at
+    the other end of ``conn`` does not answer a PING within ``probe_s``: ``msg`` is then
+    not sent to it."""
     try:
         conn.ping(timeout=probe_s)
     except ReadTimeoutError as exc:
