@@ -264,3 +264,39 @@ def test_ready_file_where_none_can_be_written_is_a_usage_error(tmp_path, capsys,
     args = build_parser().parse_args([*command.split(), "--data-dir", str(tmp_path / "data"),
                                       "--ready-file", str(tmp_path / "r.json")])
     assert args.ready_file == tmp_path / "r.json"
+
+
+def test_a_data_dir_in_use_is_refused_and_freed_on_stop(tmp_path):
+    # A second server on a running one's data directory recovered (and truncated) the same
+    # segment files and took over its server id; it must refuse, and touch nothing.
+    proc, info, _ = start_sbp_server(tmp_path)
+    data = tmp_path / "data"
+    try:
+        created = run_sbp("streams", "create", "--pd", info["pd"])
+        assert created.returncode == 0, created.stderr
+        for argv, where in ((["server", "--data-dir", str(data)], data / "pd"),
+                            (["pd", "--data-dir", str(data / "pd")], data / "pd"),
+                            (["range-server", "--pd", info["pd"], "--data-dir",
+                              str(data / "rs-0")], data / "rs-0")):
+            second = run_sbp(*argv, "--port", "0", timeout=30)
+            assert second.returncode == 1, second.stderr
+            assert "Traceback" not in second.stderr
+            assert f"data directory {where} is in use by process {proc.pid}" in second.stderr
+        # The running cluster still serves, and still knows its stream.
+        listed = run_sbp("streams", "list", "--pd", info["pd"])
+        assert listed.returncode == 0 and created.stdout.split()[0] in listed.stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Stopped: the directory is free again, and the data is still there.
+    (tmp_path / "ready.json").unlink()
+    proc, info, _ = start_sbp_server(tmp_path)
+    try:
+        listed = run_sbp("streams", "list", "--pd", info["pd"])
+        assert listed.returncode == 0 and created.stdout.split()[0] in listed.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -74,6 +74,7 @@ from sbp_spark.protocol.errors import (
 )
 
 from .advertise import advertised, check_advertised
+from .dirlock import DataDirLock
 from .etcd_client import EtcdClient
 from .net import FrameServer, NetConfig
 from .pd_calls import RangeServerCalls
@@ -177,6 +178,7 @@ class PlacementDriver:
         self.leadership: Leadership | None = None
         self._etcd: EtcdClient | None = None
         self.store: MetadataStore
+        self._dir_lock: DataDirLock | None = None
         if config.etcd:
             self.data_dir: Path | None = None
             self._etcd = EtcdClient(config.etcd)
@@ -184,7 +186,13 @@ class PlacementDriver:
             assert config.data_dir is not None
             self.data_dir = Path(config.data_dir)
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            # Two lone PDs on one database would each allocate the same ids.
+            lock = self._dir_lock = DataDirLock(self.data_dir, "PD")
+            try:
+                self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            except BaseException:
+                lock.release()
+                raise
         # Serialises placement decisions, so concurrent creates see each other's load.
         self.placement_lock = threading.Lock()
         self._stream_locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
@@ -231,6 +239,8 @@ class PlacementDriver:
             self._etcd.close()
         else:
             self.store.close()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
 
     # -- leadership ---------------------------------------------------------------------------
 
