@@ -680,3 +680,14 @@ def test_cluster_health_check_fails_while_no_pd_node_leads(capsys, cluster, monk
         assert status == 1, argv
         assert "no leader elected right now" in out
         assert "no PD node leads right now" in err
+
+
+def test_produce_with_stdin_closed_says_so(sbp, monkeypatch):
+    # `sbp produce 1 <&-` (or a service started without stdin): Python has no sys.stdin.
+    (stream,) = _create(sbp)
+    monkeypatch.setattr(sys, "stdin", None)
+    status, _, err = sbp("produce", str(stream))
+    _assert_one_line_error(status, err, "produce", "stdin is closed")
+    # Files are still read with no stdin at all.
+    status, _, err = sbp("produce", str(stream), os.devnull)
+    assert status == 0, err

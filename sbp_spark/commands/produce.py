@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .common import add_pd_argument, cli_errors, connect, positive_int, stream_id_arg
+from .common import CommandError, add_pd_argument, cli_errors, connect, positive_int, stream_id_arg
 from .progress import Progress
 
 DEFAULT_BATCH_RECORDS = 10_000
@@ -50,6 +50,9 @@ class _Source:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        if name == "-" and sys.stdin is None:
+            # Started with stdin closed (`sbp produce 1 <&-`, a daemon without one).
+            raise CommandError("stdin is closed: give the input FILEs, or pipe the lines in")
         self.stream: IO[bytes] = sys.stdin.buffer if name == "-" else open(name, "rb")
         self.size = None if name == "-" else os.fstat(self.stream.fileno()).st_size
         self.finished = False  # read to its end
