@@ -29,6 +29,7 @@ from sbp_spark.commands.common import (
     add_pd_argument,
     address_arg,
     cli_errors,
+    collect_more_positionals,
     connect,
     pd_addresses_arg,
 )
@@ -533,7 +534,11 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sbp`` with ``argv`` (default: the process arguments); returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        problem = collect_more_positionals(args, extra)
+        if problem is not None:
+            parser.error(problem)
     _configure_logging(args.log_level)
     prog = getattr(args, "command", "sbp")
     try:

@@ -691,3 +691,28 @@ def test_produce_with_stdin_closed_says_so(sbp, monkeypatch):
     # Files are still read with no stdin at all.
     status, _, err = sbp("produce", str(stream), os.devnull)
     assert status == 0, err
+
+
+def test_files_and_stream_ids_may_follow_options(sbp, tmp_path):
+    # argparse took FILE/STREAM_ID positionals only before the first option: those after
+    # it were refused as "unrecognized arguments" (and --whole-files FILE never worked).
+    stream, other = _create(sbp, 2)
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_bytes(b"a\nb\n")
+    two.write_bytes(b"c\n")
+    status, out, err = sbp("produce", str(stream), "--whole-files", str(one), str(two))
+    assert status == 0 and "offsets 0 .. 1" in out, err
+    status, out, err = sbp("produce", str(stream), str(one), "--key", "k", str(two))
+    assert status == 0 and "offsets 2 .. 4" in out, err
+    status, out, err = sbp("streams", "describe", str(stream), "--json", str(other))
+    assert status == 0, err
+    assert [json.loads(line)["stream_id"] for line in out.splitlines()] == [stream, other]
+    status, out, err = sbp("ranges", "list", str(stream), "--json", str(other))
+    assert status == 0 and len(out.splitlines()) == 2, err
+    # What is not a positional is still refused, as before.
+    for argv in (["produce", str(stream), "--key", "k", "--bogus"],
+                 ["streams", "describe", str(stream), "--json", "x"],
+                 ["streams", "trim", str(stream), "--pd", "127.0.0.1:1", "3", "4"]):
+        with pytest.raises(SystemExit) as exit_info:
+            sbp(*argv)
+        assert exit_info.value.code == 2
