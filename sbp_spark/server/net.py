@@ -304,6 +304,10 @@ class RequestHandler(abc.ABC):
     def connection_closed(self, conn: Connection) -> None:  # noqa: B027 - an optional hook
         """Called once per connection after it closed."""
 
+    def peer_goaway(self, conn: Connection) -> None:  # noqa: B027 - an optional hook
+        """Called on the reader thread when the peer sent GOAWAY on ``conn``: after every
+        request it sent before (the reader serves them first, or has handed them on)."""
+
 
 class Connection:
     """One accepted peer: a socket, its send lock and its in-flight accounting."""
@@ -1057,6 +1061,10 @@ class FrameServer:
             log.debug("%r: peer sent GOAWAY", conn)
             with conn._state:
                 conn._draining = True
+            try:
+                self.handler.peer_goaway(conn)
+            except Exception:
+                log.exception("handler.peer_goaway failed")
             return
         if opcode not in self.handler.opcodes:
             if opcode in KNOWN_OPCODES:

@@ -490,6 +490,17 @@ class PlacementDriver:
         if self.calls.resync_owed(server_id) and self._started:
             self._server.submit(self.calls.resync_server, server_id)
 
+    def range_server_stopping(self, server_id: int) -> None:
+        """A range server said it stops (GOAWAY on the connection of its heartbeats): not
+        live from now on, so no new range is placed on it, and its open ranges are failed
+        over on the next sweep instead of after the heartbeat timeout. Its next heartbeat
+        (it restarted) makes it live again."""
+        if not self.liveness.is_live(server_id):
+            return
+        self.liveness.forget(server_id)
+        self.failover.owe(server_id)
+        log.info("range server %d is stopping: not live", server_id)
+
     def report_metrics(self, server_id: int, metrics: dict[str, int]) -> None:
         self.store.record_metrics(server_id, metrics)
 

@@ -126,9 +126,14 @@ class PdLink:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop reporting, and tell the PD: a GOAWAY on the connection of the heartbeats makes
+        it count this server out at once, not once the heartbeats are overdue."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(10)
+        reason = f"range server {self.server.server_id()} stopping"
+        for conn in self.pool.connections().values():
+            conn.send_goaway(reason)
         self.pool.close()
 
     def report_trim(self, stream_id: int, start_offset: int) -> None:
