@@ -14,12 +14,13 @@ JSON file with their addresses once every role accepts connections, for scripts 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -138,9 +139,33 @@ def _ready_file(path: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _ready_file_writer(path: Path | None) -> Iterator[Callable[[dict], None]]:
+    """A function writing the ready file (none without ``--ready-file``); the file written is
+    removed when the servers stop, so a script never takes a stopped server for a serving
+    one. (One left by a crash stays: whoever waits for the file removes it first, as
+    ``ServerProcess`` does; a server refused at start must not remove a running one's.)"""
+    from sbp_spark.server.cluster import write_ready_file
+
+    written = False
+
+    def write(info: dict) -> None:
+        nonlocal written
+        if path is not None:
+            write_ready_file(path, info)
+            written = True
+
+    try:
+        yield write
+    finally:
+        if written and path is not None:
+            path.unlink(missing_ok=True)
+
+
 def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", metavar="FILE", type=_ready_file,
-                        help="write the listening addresses to FILE as JSON once serving")
+                        help="write the listening addresses to FILE as JSON once serving "
+                             "(removed again when the servers stop)")
 
 
 def _add_tls_args(parser: argparse.ArgumentParser) -> None:
@@ -230,7 +255,7 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 def server_command(args: argparse.Namespace) -> int:
     if args.pd_nodes is not None:
         return _pd_cluster_command(args)
-    from sbp_spark.server.cluster import EmbeddedCluster, write_ready_file
+    from sbp_spark.server.cluster import EmbeddedCluster
 
     data_dir = _data_dir(args.data_dir)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
@@ -238,7 +263,7 @@ def server_command(args: argparse.Namespace) -> int:
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
                               page_cache_bytes=args.page_cache_mib << 20,
                               advertise_host=args.advertise_host)
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
             log.info("PD serving clients at %s", cluster.pd_address)
@@ -246,7 +271,7 @@ def server_command(args: argparse.Namespace) -> int:
                 log.info("range server %d (id %d) serving clients at %s", i,
                          cluster.server_id(i), addr)
             if args.ready_file is not None:
-                write_ready_file(args.ready_file, {
+                ready({
                     "pd": cluster.pd_address,
                     "range_servers": cluster.range_server_addresses})
             stop.wait()
@@ -258,7 +283,7 @@ def server_command(args: argparse.Namespace) -> int:
 
 def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
-    from sbp_spark.server.cluster import ProcessCluster, write_ready_file
+    from sbp_spark.server.cluster import ProcessCluster
     from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS
 
     if args.advertise_host is not None:
@@ -273,14 +298,14 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
     cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
                              tls=_tls_of(args), pd_nodes=args.pd_nodes)
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
             log.info("etcd on %s; PD nodes %s; range servers %s",
                      ",".join(cluster.etcd_endpoints), cluster.pd_address,
                      ", ".join(cluster.range_server_addresses))
             if args.ready_file is not None:
-                write_ready_file(args.ready_file, {
+                ready({
                     "pd": cluster.pd_address,
                     "range_servers": cluster.range_server_addresses,
                     "pd_nodes": cluster.pd_node_info(),
@@ -342,7 +367,6 @@ def _etcd_arg(text: str) -> list[str]:
 
 
 def pd_command(args: argparse.Namespace) -> int:
-    from sbp_spark.server.cluster import write_ready_file
     from sbp_spark.server.net import NetConfig
     from sbp_spark.server.pd import PdConfig, PlacementDriver
 
@@ -356,7 +380,7 @@ def pd_command(args: argparse.Namespace) -> int:
                                   name=args.name or "pd-1", fsync=args.fsync != "never",
                                   etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
                                   net=NetConfig(tls=_tls_of(args))))
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             pd.start()
             log.info("PD %s listening on %s", pd.config.name, pd.address)
@@ -364,7 +388,7 @@ def pd_command(args: argparse.Namespace) -> int:
                 info = {"pd": pd.address}
                 if args.etcd:
                     info["name"] = pd.config.name
-                write_ready_file(args.ready_file, info)
+                ready(info)
             stop.wait()
         finally:
             pd.stop()
@@ -401,7 +425,6 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
 
 def range_server_command(args: argparse.Namespace) -> int:
     from sbp_spark.client.pd import parse_pd_addresses
-    from sbp_spark.server.cluster import write_ready_file
     from sbp_spark.server.net import NetConfig
     from sbp_spark.server.range_server import RangeServer, RangeServerConfig
     from sbp_spark.server.storage import StorageConfig
@@ -426,10 +449,9 @@ def range_server_command(args: argparse.Namespace) -> int:
         log.info("range server %d listening on %s, registered with the PD at %s",
                  rs.server_id, rs.advertise_addr, args.pd)
         if args.ready_file is not None:
-            write_ready_file(args.ready_file, {"range_server": rs.advertise_addr,
-                                               "server_id": rs.server_id})
+            ready({"range_server": rs.advertise_addr, "server_id": rs.server_id})
 
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             rs.start()
             announce_when_registered()

@@ -65,6 +65,8 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # A ready file left behind would tell the next script waiting for it that it serves.
+    assert not (tmp_path / "ready.json").exists()
     text = log_path.read_text()
     assert f"PD serving clients at {info['pd']}" in text
     assert "SIGTERM received" in text and "Traceback" not in text
@@ -292,7 +294,6 @@ def test_a_data_dir_in_use_is_refused_and_freed_on_stop(tmp_path):
             proc.kill()
             proc.wait()
     # Stopped: the directory is free again, and the data is still there.
-    (tmp_path / "ready.json").unlink()
     proc, info, _ = start_sbp_server(tmp_path)
     try:
         listed = run_sbp("streams", "list", "--pd", info["pd"])
