@@ -209,6 +209,15 @@ def test_port_in_use(tmp_path, capsys):
         assert main(["pd", "--data-dir", str(tmp_path), "--port", str(port)]) == 1
     line = one_error_line(capsys)
     assert line.startswith("sbp pd: error:") and "in use" in line
+    # Which address: `sbp server` listens on several ports, and --host may be a name.
+    assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+def test_a_host_to_listen_on_that_is_not_here_is_named(tmp_path, capsys):
+    for host, why in (("nosuchhost.invalid", ""), ("192.0.2.1", "not an address of this")):
+        assert main(["server", "--data-dir", str(tmp_path), "--port", "0", "--host", host]) == 1
+        line = one_error_line(capsys)
+        assert f"cannot listen on {host}:" in line and why in line, line
 
 
 def test_unreachable_pd(capsys):

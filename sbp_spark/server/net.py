@@ -60,6 +60,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import errno
 import functools
 import itertools
 import logging
@@ -247,6 +248,20 @@ class Route(NamedTuple):
 
 # Opcodes a role answers whether or not it serves them: GOAWAY is a notice, never answered.
 _ANSWERED_OPCODES = KNOWN_OPCODES - {Opcode.GOAWAY}
+
+
+_LISTEN_HINTS = {errno.EADDRINUSE: "another process listens there",
+                 errno.EADDRNOTAVAIL: "not an address of this machine",
+                 errno.EACCES: "a port below 1024 needs privileges"}
+
+
+def _listen_error(exc: OSError, host: str, port: int) -> OSError:
+    """``exc`` of a failed bind or listen, naming the address (the same errno, so callers
+    can still tell a port in use)."""
+    hint = _LISTEN_HINTS.get(exc.errno or 0, "")
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return type(exc)(exc.errno, f"cannot listen on {where}: {exc.strerror}"
+                     f"{f' ({hint})' if hint else ''}")
 
 
 class RequestHandler(abc.ABC):
@@ -783,9 +798,9 @@ class FrameServer:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((self.config.host, self.config.port))
             listener.listen(min(socket.SOMAXCONN, 1024))
-        except OSError:
+        except OSError as exc:
             listener.close()
-            raise
+            raise _listen_error(exc, self.config.host, self.config.port) from exc
         # accept() wakes at least this often to notice stop().
         listener.settimeout(0.2)
         self._listener = listener
