@@ -310,3 +310,15 @@ def test_a_data_dir_in_use_is_refused_and_freed_on_stop(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def test_a_corrupt_pd_database_is_named_and_left_alone(tmp_path, capsys):
+    # A torn copy or a stray file where the PD keeps its metadata: a traceback before.
+    db = tmp_path / "pd" / "pd.sqlite"
+    db.parent.mkdir()
+    db.write_bytes(b"not a database\n" * 100)
+    assert main(["server", "--data-dir", str(tmp_path), "--port", "0"]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith(f"sbp server: error: {db} is not a readable PD metadata database")
+    assert "backup" in line
+    assert db.read_bytes() == b"not a database\n" * 100
