@@ -180,7 +180,7 @@ def _add_tls_args(parser: argparse.ArgumentParser) -> None:
 
 def _tls_of(args: argparse.Namespace):
     """The server TLS settings of the command line (None without --tls-cert/--tls-key)."""
-    from sbp_spark.transport.tls import TlsConfig
+    from sbp_spark.transport.tls import TlsConfig, unusable_file
 
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_ca is not None:
@@ -189,7 +189,13 @@ def _tls_of(args: argparse.Namespace):
         return None
     if args.tls_cert is None or args.tls_key is None:
         raise ValueError("--tls-cert and --tls-key go together")
-    return TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    # Checked before anything starts, in the command line's terms (the servers' own check
+    # speaks of the client configuration they call each other with).
+    unusable = unusable_file(tls)
+    if unusable:
+        raise ValueError(f"TLS files cannot be used: {unusable}")
+    return tls
 
 
 # -- running servers in the foreground ----------------------------------------------------------

@@ -322,3 +322,24 @@ def test_a_corrupt_pd_database_is_named_and_left_alone(tmp_path, capsys):
     assert line.startswith(f"sbp server: error: {db} is not a readable PD metadata database")
     assert "backup" in line
     assert db.read_bytes() == b"not a database\n" * 100
+
+
+@pytest.mark.parametrize("command", ["server", "pd", "range-server --pd 127.0.0.1:1"])
+def test_unusable_server_tls_files_name_the_file_at_fault(tmp_path, capsys, certs, command):
+    # OpenSSL says "PEM lib" for all of these; the operator must learn which file is wrong.
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN CERTIFICATE-----\n")
+    for files, expected in (
+            ([certs.cert, certs.rogue_key], f"the key file {certs.rogue_key!r} is not the "
+                                            f"private key of the certificate {certs.cert!r}"),
+            ([certs.key, certs.cert], f"the certificate file {certs.key!r} holds no PEM "
+                                      "certificate"),
+            ([certs.cert, certs.cert], f"the key file {certs.cert!r} holds no PEM private key"),
+            ([certs.cert, certs.key, str(junk)], f"the CA file {str(junk)!r} holds no PEM")):
+        tls = ["--tls-cert", files[0], "--tls-key", files[1]] + (
+            ["--tls-ca", files[2]] if len(files) > 2 else [])
+        assert main([*command.split(), "--data-dir", str(tmp_path / "d"), "--port", "0",
+                     *tls]) == 2
+        line = one_error_line(capsys)
+        assert line.startswith(f"sbp {command.split()[0]}: error: TLS files cannot be used: "
+                               f"{expected}"), line

@@ -97,7 +97,7 @@ from ..protocol.frame import (
     frame_prefix,
 )
 from ..transport.sockets import send_buffers
-from ..transport.tls import TlsConfig, TlsSocket
+from ..transport.tls import TlsConfig, TlsSocket, unusable_file
 from .advertise import format_address
 from .conditions import WaitedCondition
 
@@ -791,7 +791,11 @@ class FrameServer:
         if self._listener is not None:
             raise RuntimeError("server already started")
         if self.config.tls is not None:  # bad certificate files fail here, not per peer
-            self._tls_context = self.config.tls.server_context()
+            try:
+                self._tls_context = self.config.tls.server_context()
+            except ssl.SSLError as exc:
+                why = unusable_file(self.config.tls) or str(exc)
+                raise ValueError(f"{self.config.name}: TLS files cannot be used: {why}") from exc
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
