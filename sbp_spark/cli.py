@@ -77,6 +77,9 @@ def _retention_ms(text: str) -> int:
 
 
 def _data_dir(path: str) -> Path:
+    if not path.strip():
+        # Path("") is the working directory: `--data-dir "$UNSET"` would put data there.
+        raise ValueError("--data-dir is empty: name the directory to keep the data in")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--data-dir {path}: exists and is not a directory")

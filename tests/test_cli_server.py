@@ -193,6 +193,15 @@ def test_range_server_takes_the_pd_from_the_environment(monkeypatch):
                                       "pd:1"]).pd == "pd:1"
 
 
+@pytest.mark.parametrize("command", ["server", "pd", "range-server --pd 127.0.0.1:1"])
+def test_an_empty_data_dir_is_refused(tmp_path, capsys, monkeypatch, command):
+    # `--data-dir "$DATA"` with DATA unset kept the data in the working directory.
+    monkeypatch.chdir(tmp_path)
+    assert main([*command.split(), "--data-dir", "", "--port", "0"]) == 2
+    assert "--data-dir is empty" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_data_dir_that_is_a_file(tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("x")
