@@ -716,3 +716,49 @@ def test_files_and_stream_ids_may_follow_options(sbp, tmp_path):
         with pytest.raises(SystemExit) as exit_info:
             sbp(*argv)
         assert exit_info.value.code == 2
+
+
+def test_tail_follow_waits_out_a_range_server_restart(tmp_path):
+    # A rolling restart ended `sbp tail -f` with "cannot connect to ...".
+    with EmbeddedCluster(tmp_path, range_servers=1, heartbeat_interval_s=0.2) as cluster:
+        pd = cluster.pd_address
+
+        def produce(text: str) -> None:
+            old = sys.stdin
+            sys.stdin = io.TextIOWrapper(io.BytesIO(text.encode()))
+            try:
+                assert main(["produce", "1", "--pd", pd]) == 0
+            finally:
+                sys.stdin = old
+
+        assert main(["streams", "create", "--pd", pd]) == 0
+        produce("before\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sbp_spark.cli", "tail", "1", "-f", "--wait-ms", "200",
+             "--pd", pd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = _LineReader(proc), _LineReader(proc)
+        err.fd = proc.stderr.fileno()
+        try:
+            assert out.read_until(lambda got: "before" in got, timeout=30) == ["before"]
+            cluster.stop_range_server(0)
+            said = err.read_until(lambda got: any("waiting for stream 1" in g for g in got),
+                                  timeout=30)
+            assert any("waiting for stream 1" in g for g in said), said
+            cluster.start_range_server(0)
+            produce("after\n")
+            assert out.read_until(lambda got: "after" in got, timeout=30) == ["after"]
+            said = err.read_until(lambda got: any("readable again" in g for g in got),
+                                  timeout=30)
+            assert said == ["sbp tail: stream 1 is readable again"], said
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                status = proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            stderr = proc.stderr.read().decode()
+            proc.stdout.close()
+            proc.stderr.close()
+    assert status == 130 and "Traceback" not in stderr, stderr
