@@ -86,6 +86,23 @@ def _data_dir(path: str) -> Path:
     return p
 
 
+def _check_range_server_count(data_dir: Path, count: int) -> None:
+    """Refuse ``--range-servers`` below the range servers ``data_dir`` holds data of: the
+    ones left out would not run, and the streams they hold could not be read or written."""
+    from sbp_spark.server.identity import SERVER_FILE
+
+    indexes = (int(d.name[3:]) for d in data_dir.glob("rs-*")
+               if d.name[3:].isdigit() and (d / SERVER_FILE).exists())
+    left_out = sorted(i for i in indexes if i >= count)
+    if left_out:
+        names = ", ".join(f"rs-{i}" for i in left_out)
+        raise ValueError(
+            f"--data-dir {data_dir} holds the data of range servers {names}, which "
+            f"--range-servers {count} would not start (their streams could not be read or "
+            f"written): give --range-servers {left_out[-1] + 1}, or move those directories "
+            "away if their data is to be dropped")
+
+
 def _add_listen_args(parser: argparse.ArgumentParser, what: str, port: int = 0) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help=f"address to listen on for the {what} (default 127.0.0.1)")
@@ -267,6 +284,7 @@ def server_command(args: argparse.Namespace) -> int:
     from sbp_spark.server.cluster import EmbeddedCluster
 
     data_dir = _data_dir(args.data_dir)
+    _check_range_server_count(data_dir, args.range_servers)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
                               pd_port=args.port, fsync=args.fsync,
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
@@ -304,7 +322,9 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
         if value != default:
             raise ValueError(f"{option} is not passed on to range server processes; run "
                              "without --pd-nodes, or start `sbp range-server` yourself")
-    cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
+    data_dir = _data_dir(args.data_dir)
+    _check_range_server_count(data_dir, args.range_servers)
+    cluster = ProcessCluster(data_dir, range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
                              tls=_tls_of(args), pd_nodes=args.pd_nodes)
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:

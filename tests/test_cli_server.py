@@ -352,3 +352,16 @@ def test_unusable_server_tls_files_name_the_file_at_fault(tmp_path, capsys, cert
         line = one_error_line(capsys)
         assert line.startswith(f"sbp {command.split()[0]}: error: TLS files cannot be used: "
                                f"{expected}"), line
+
+
+def test_fewer_range_servers_than_the_data_dir_holds_is_refused(tmp_path, capsys):
+    # Restarted with a smaller --range-servers, the cluster came up without the others: their
+    # streams answered "cannot connect" to every read and write, with nothing said at start.
+    for i in range(3):
+        (tmp_path / f"rs-{i}").mkdir()
+        (tmp_path / f"rs-{i}" / "server.json").write_text(f'{{"server_id": {i + 1}}}')
+    assert main(["server", "--data-dir", str(tmp_path), "--range-servers", "1",
+                 "--port", "0"]) == 2
+    line = one_error_line(capsys)
+    assert "range servers rs-1, rs-2" in line and "--range-servers 3" in line, line
+    assert not (tmp_path / "pd").exists()  # nothing was started
