@@ -245,7 +245,8 @@ def add_tail_command(subparsers: argparse._SubParsersAction) -> None:
                    help="first record: the stream's first (default), its end, offset N, or "
                         "N records before the end")
     p.add_argument("-f", "--follow", action="store_true",
-                   help="keep printing new records as they are appended (Ctrl-C to stop)")
+                   help="keep printing new records as they are appended, waiting out range "
+                        "server restarts (Ctrl-C to stop)")
     p.add_argument("-n", "--max", type=int, metavar="N", help="stop after N records")
     p.add_argument("--print-offsets", action="store_true",
                    help="start each line with the record's offset and a tab")
