@@ -14,12 +14,13 @@ JSON file with their addresses once every role accepts connections, for scripts 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +30,7 @@ from sbp_spark.commands.common import (
     add_pd_argument,
     address_arg,
     cli_errors,
+    collect_more_positionals,
     connect,
     pd_addresses_arg,
 )
@@ -75,10 +77,30 @@ def _retention_ms(text: str) -> int:
 
 
 def _data_dir(path: str) -> Path:
+    if not path.strip():
+        # Path("") is the working directory: `--data-dir "$UNSET"` would put data there.
+        raise ValueError("--data-dir is empty: name the directory to keep the data in")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--data-dir {path}: exists and is not a directory")
     return p
+
+
+def _check_range_server_count(data_dir: Path, count: int) -> None:
+    """Refuse ``--range-servers`` below the range servers ``data_dir`` holds data of: the
+    ones left out would not run, and the streams they hold could not be read or written."""
+    from sbp_spark.server.identity import SERVER_FILE
+
+    indexes = (int(d.name[3:]) for d in data_dir.glob("rs-*")
+               if d.name[3:].isdigit() and (d / SERVER_FILE).exists())
+    left_out = sorted(i for i in indexes if i >= count)
+    if left_out:
+        names = ", ".join(f"rs-{i}" for i in left_out)
+        raise ValueError(
+            f"--data-dir {data_dir} holds the data of range servers {names}, which "
+            f"--range-servers {count} would not start (their streams could not be read or "
+            f"written): give --range-servers {left_out[-1] + 1}, or move those directories "
+            "away if their data is to be dropped")
 
 
 def _add_listen_args(parser: argparse.ArgumentParser, what: str, port: int = 0) -> None:
@@ -137,9 +159,33 @@ def _ready_file(path: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _ready_file_writer(path: Path | None) -> Iterator[Callable[[dict], None]]:
+    """A function writing the ready file (none without ``--ready-file``); the file written is
+    removed when the servers stop, so a script never takes a stopped server for a serving
+    one. (One left by a crash stays: whoever waits for the file removes it first, as
+    ``ServerProcess`` does; a server refused at start must not remove a running one's.)"""
+    from sbp_spark.server.cluster import write_ready_file
+
+    written = False
+
+    def write(info: dict) -> None:
+        nonlocal written
+        if path is not None:
+            write_ready_file(path, info)
+            written = True
+
+    try:
+        yield write
+    finally:
+        if written and path is not None:
+            path.unlink(missing_ok=True)
+
+
 def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", metavar="FILE", type=_ready_file,
-                        help="write the listening addresses to FILE as JSON once serving")
+                        help="write the listening addresses to FILE as JSON once serving "
+                             "(removed again when the servers stop)")
 
 
 def _add_tls_args(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +200,7 @@ def _add_tls_args(parser: argparse.ArgumentParser) -> None:
 
 def _tls_of(args: argparse.Namespace):
     """The server TLS settings of the command line (None without --tls-cert/--tls-key)."""
-    from sbp_spark.transport.tls import TlsConfig
+    from sbp_spark.transport.tls import TlsConfig, unusable_file
 
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_ca is not None:
@@ -163,7 +209,13 @@ def _tls_of(args: argparse.Namespace):
         return None
     if args.tls_cert is None or args.tls_key is None:
         raise ValueError("--tls-cert and --tls-key go together")
-    return TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    # Checked before anything starts, in the command line's terms (the servers' own check
+    # speaks of the client configuration they call each other with).
+    unusable = unusable_file(tls)
+    if unusable:
+        raise ValueError(f"TLS files cannot be used: {unusable}")
+    return tls
 
 
 # -- running servers in the foreground ----------------------------------------------------------
@@ -229,15 +281,16 @@ def add_server_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 def server_command(args: argparse.Namespace) -> int:
     if args.pd_nodes is not None:
         return _pd_cluster_command(args)
-    from sbp_spark.server.cluster import EmbeddedCluster, write_ready_file
+    from sbp_spark.server.cluster import EmbeddedCluster
 
     data_dir = _data_dir(args.data_dir)
+    _check_range_server_count(data_dir, args.range_servers)
     cluster = EmbeddedCluster(data_dir, range_servers=args.range_servers, host=args.host,
                               pd_port=args.port, fsync=args.fsync,
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
                               page_cache_bytes=args.page_cache_mib << 20,
                               advertise_host=args.advertise_host)
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
             log.info("PD serving clients at %s", cluster.pd_address)
@@ -245,7 +298,7 @@ def server_command(args: argparse.Namespace) -> int:
                 log.info("range server %d (id %d) serving clients at %s", i,
                          cluster.server_id(i), addr)
             if args.ready_file is not None:
-                write_ready_file(args.ready_file, {
+                ready({
                     "pd": cluster.pd_address,
                     "range_servers": cluster.range_server_addresses})
             stop.wait()
@@ -257,7 +310,7 @@ def server_command(args: argparse.Namespace) -> int:
 
 def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
-    from sbp_spark.server.cluster import ProcessCluster, write_ready_file
+    from sbp_spark.server.cluster import ProcessCluster
     from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS
 
     if args.advertise_host is not None:
@@ -269,17 +322,19 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
         if value != default:
             raise ValueError(f"{option} is not passed on to range server processes; run "
                              "without --pd-nodes, or start `sbp range-server` yourself")
-    cluster = ProcessCluster(_data_dir(args.data_dir), range_servers=args.range_servers,
+    data_dir = _data_dir(args.data_dir)
+    _check_range_server_count(data_dir, args.range_servers)
+    cluster = ProcessCluster(data_dir, range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
                              tls=_tls_of(args), pd_nodes=args.pd_nodes)
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
             log.info("etcd on %s; PD nodes %s; range servers %s",
                      ",".join(cluster.etcd_endpoints), cluster.pd_address,
                      ", ".join(cluster.range_server_addresses))
             if args.ready_file is not None:
-                write_ready_file(args.ready_file, {
+                ready({
                     "pd": cluster.pd_address,
                     "range_servers": cluster.range_server_addresses,
                     "pd_nodes": cluster.pd_node_info(),
@@ -341,7 +396,6 @@ def _etcd_arg(text: str) -> list[str]:
 
 
 def pd_command(args: argparse.Namespace) -> int:
-    from sbp_spark.server.cluster import write_ready_file
     from sbp_spark.server.net import NetConfig
     from sbp_spark.server.pd import PdConfig, PlacementDriver
 
@@ -355,7 +409,7 @@ def pd_command(args: argparse.Namespace) -> int:
                                   name=args.name or "pd-1", fsync=args.fsync != "never",
                                   etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
                                   net=NetConfig(tls=_tls_of(args))))
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             pd.start()
             log.info("PD %s listening on %s", pd.config.name, pd.address)
@@ -363,7 +417,7 @@ def pd_command(args: argparse.Namespace) -> int:
                 info = {"pd": pd.address}
                 if args.etcd:
                     info["name"] = pd.config.name
-                write_ready_file(args.ready_file, info)
+                ready(info)
             stop.wait()
         finally:
             pd.stop()
@@ -400,7 +454,6 @@ def add_range_server_parser(subparsers: argparse._SubParsersAction) -> argparse.
 
 def range_server_command(args: argparse.Namespace) -> int:
     from sbp_spark.client.pd import parse_pd_addresses
-    from sbp_spark.server.cluster import write_ready_file
     from sbp_spark.server.net import NetConfig
     from sbp_spark.server.range_server import RangeServer, RangeServerConfig
     from sbp_spark.server.storage import StorageConfig
@@ -425,10 +478,9 @@ def range_server_command(args: argparse.Namespace) -> int:
         log.info("range server %d listening on %s, registered with the PD at %s",
                  rs.server_id, rs.advertise_addr, args.pd)
         if args.ready_file is not None:
-            write_ready_file(args.ready_file, {"range_server": rs.advertise_addr,
-                                               "server_id": rs.server_id})
+            ready({"range_server": rs.advertise_addr, "server_id": rs.server_id})
 
-    with _StopSignals() as stop:
+    with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             rs.start()
             announce_when_registered()
@@ -533,7 +585,11 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sbp`` with ``argv`` (default: the process arguments); returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        problem = collect_more_positionals(args, extra)
+        if problem is not None:
+            parser.error(problem)
     _configure_logging(args.log_level)
     prog = getattr(args, "command", "sbp")
     try:

@@ -680,3 +680,85 @@ def test_cluster_health_check_fails_while_no_pd_node_leads(capsys, cluster, monk
         assert status == 1, argv
         assert "no leader elected right now" in out
         assert "no PD node leads right now" in err
+
+
+def test_produce_with_stdin_closed_says_so(sbp, monkeypatch):
+    # `sbp produce 1 <&-` (or a service started without stdin): Python has no sys.stdin.
+    (stream,) = _create(sbp)
+    monkeypatch.setattr(sys, "stdin", None)
+    status, _, err = sbp("produce", str(stream))
+    _assert_one_line_error(status, err, "produce", "stdin is closed")
+    # Files are still read with no stdin at all.
+    status, _, err = sbp("produce", str(stream), os.devnull)
+    assert status == 0, err
+
+
+def test_files_and_stream_ids_may_follow_options(sbp, tmp_path):
+    # argparse took FILE/STREAM_ID positionals only before the first option: those after
+    # it were refused as "unrecognized arguments" (and --whole-files FILE never worked).
+    stream, other = _create(sbp, 2)
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_bytes(b"a\nb\n")
+    two.write_bytes(b"c\n")
+    status, out, err = sbp("produce", str(stream), "--whole-files", str(one), str(two))
+    assert status == 0 and "offsets 0 .. 1" in out, err
+    status, out, err = sbp("produce", str(stream), str(one), "--key", "k", str(two))
+    assert status == 0 and "offsets 2 .. 4" in out, err
+    status, out, err = sbp("streams", "describe", str(stream), "--json", str(other))
+    assert status == 0, err
+    assert [json.loads(line)["stream_id"] for line in out.splitlines()] == [stream, other]
+    status, out, err = sbp("ranges", "list", str(stream), "--json", str(other))
+    assert status == 0 and len(out.splitlines()) == 2, err
+    # What is not a positional is still refused, as before.
+    for argv in (["produce", str(stream), "--key", "k", "--bogus"],
+                 ["streams", "describe", str(stream), "--json", "x"],
+                 ["streams", "trim", str(stream), "--pd", "127.0.0.1:1", "3", "4"]):
+        with pytest.raises(SystemExit) as exit_info:
+            sbp(*argv)
+        assert exit_info.value.code == 2
+
+
+def test_tail_follow_waits_out_a_range_server_restart(tmp_path):
+    # A rolling restart ended `sbp tail -f` with "cannot connect to ...".
+    with EmbeddedCluster(tmp_path, range_servers=1, heartbeat_interval_s=0.2) as cluster:
+        pd = cluster.pd_address
+
+        def produce(text: str) -> None:
+            old = sys.stdin
+            sys.stdin = io.TextIOWrapper(io.BytesIO(text.encode()))
+            try:
+                assert main(["produce", "1", "--pd", pd]) == 0
+            finally:
+                sys.stdin = old
+
+        assert main(["streams", "create", "--pd", pd]) == 0
+        produce("before\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sbp_spark.cli", "tail", "1", "-f", "--wait-ms", "200",
+             "--pd", pd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = _LineReader(proc), _LineReader(proc)
+        err.fd = proc.stderr.fileno()
+        try:
+            assert out.read_until(lambda got: "before" in got, timeout=30) == ["before"]
+            cluster.stop_range_server(0)
+            said = err.read_until(lambda got: any("waiting for stream 1" in g for g in got),
+                                  timeout=30)
+            assert any("waiting for stream 1" in g for g in said), said
+            cluster.start_range_server(0)
+            produce("after\n")
+            assert out.read_until(lambda got: "after" in got, timeout=30) == ["after"]
+            said = err.read_until(lambda got: any("readable again" in g for g in got),
+                                  timeout=30)
+            assert said == ["sbp tail: stream 1 is readable again"], said
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                status = proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            stderr = proc.stderr.read().decode()
+            proc.stdout.close()
+            proc.stderr.close()
+    assert status == 130 and "Traceback" not in stderr, stderr

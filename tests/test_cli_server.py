@@ -65,6 +65,8 @@ def test_sbp_server_ready_file_streams_create_and_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # A ready file left behind would tell the next script waiting for it that it serves.
+    assert not (tmp_path / "ready.json").exists()
     text = log_path.read_text()
     assert f"PD serving clients at {info['pd']}" in text
     assert "SIGTERM received" in text and "Traceback" not in text
@@ -191,6 +193,15 @@ def test_range_server_takes_the_pd_from_the_environment(monkeypatch):
                                       "pd:1"]).pd == "pd:1"
 
 
+@pytest.mark.parametrize("command", ["server", "pd", "range-server --pd 127.0.0.1:1"])
+def test_an_empty_data_dir_is_refused(tmp_path, capsys, monkeypatch, command):
+    # `--data-dir "$DATA"` with DATA unset kept the data in the working directory.
+    monkeypatch.chdir(tmp_path)
+    assert main([*command.split(), "--data-dir", "", "--port", "0"]) == 2
+    assert "--data-dir is empty" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_data_dir_that_is_a_file(tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("x")
@@ -207,6 +218,15 @@ def test_port_in_use(tmp_path, capsys):
         assert main(["pd", "--data-dir", str(tmp_path), "--port", str(port)]) == 1
     line = one_error_line(capsys)
     assert line.startswith("sbp pd: error:") and "in use" in line
+    # Which address: `sbp server` listens on several ports, and --host may be a name.
+    assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+def test_a_host_to_listen_on_that_is_not_here_is_named(tmp_path, capsys):
+    for host, why in (("nosuchhost.invalid", ""), ("192.0.2.1", "not an address of this")):
+        assert main(["server", "--data-dir", str(tmp_path), "--port", "0", "--host", host]) == 1
+        line = one_error_line(capsys)
+        assert f"cannot listen on {host}:" in line and why in line, line
 
 
 def test_unreachable_pd(capsys):
@@ -264,3 +284,84 @@ def test_ready_file_where_none_can_be_written_is_a_usage_error(tmp_path, capsys,
     args = build_parser().parse_args([*command.split(), "--data-dir", str(tmp_path / "data"),
                                       "--ready-file", str(tmp_path / "r.json")])
     assert args.ready_file == tmp_path / "r.json"
+
+
+def test_a_data_dir_in_use_is_refused_and_freed_on_stop(tmp_path):
+    # A second server on a running one's data directory recovered (and truncated) the same
+    # segment files and took over its server id; it must refuse, and touch nothing.
+    proc, info, _ = start_sbp_server(tmp_path)
+    data = tmp_path / "data"
+    try:
+        created = run_sbp("streams", "create", "--pd", info["pd"])
+        assert created.returncode == 0, created.stderr
+        for argv, where in ((["server", "--data-dir", str(data)], data / "pd"),
+                            (["pd", "--data-dir", str(data / "pd")], data / "pd"),
+                            (["range-server", "--pd", info["pd"], "--data-dir",
+                              str(data / "rs-0")], data / "rs-0")):
+            second = run_sbp(*argv, "--port", "0", timeout=30)
+            assert second.returncode == 1, second.stderr
+            assert "Traceback" not in second.stderr
+            assert f"data directory {where} is in use by process {proc.pid}" in second.stderr
+        # The running cluster still serves, and still knows its stream.
+        listed = run_sbp("streams", "list", "--pd", info["pd"])
+        assert listed.returncode == 0 and created.stdout.split()[0] in listed.stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Stopped: the directory is free again, and the data is still there.
+    proc, info, _ = start_sbp_server(tmp_path)
+    try:
+        listed = run_sbp("streams", "list", "--pd", info["pd"])
+        assert listed.returncode == 0 and created.stdout.split()[0] in listed.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_a_corrupt_pd_database_is_named_and_left_alone(tmp_path, capsys):
+    # A torn copy or a stray file where the PD keeps its metadata: a traceback before.
+    db = tmp_path / "pd" / "pd.sqlite"
+    db.parent.mkdir()
+    db.write_bytes(b"not a database\n" * 100)
+    assert main(["server", "--data-dir", str(tmp_path), "--port", "0"]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith(f"sbp server: error: {db} is not a readable PD metadata database")
+    assert "backup" in line
+    assert db.read_bytes() == b"not a database\n" * 100
+
+
+@pytest.mark.parametrize("command", ["server", "pd", "range-server --pd 127.0.0.1:1"])
+def test_unusable_server_tls_files_name_the_file_at_fault(tmp_path, capsys, certs, command):
+    # OpenSSL says "PEM lib" for all of these; the operator must learn which file is wrong.
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN CERTIFICATE-----\n")
+    for files, expected in (
+            ([certs.cert, certs.rogue_key], f"the key file {certs.rogue_key!r} is not the "
+                                            f"private key of the certificate {certs.cert!r}"),
+            ([certs.key, certs.cert], f"the certificate file {certs.key!r} holds no PEM "
+                                      "certificate"),
+            ([certs.cert, certs.cert], f"the key file {certs.cert!r} holds no PEM private key"),
+            ([certs.cert, certs.key, str(junk)], f"the CA file {str(junk)!r} holds no PEM")):
+        tls = ["--tls-cert", files[0], "--tls-key", files[1]] + (
+            ["--tls-ca", files[2]] if len(files) > 2 else [])
+        assert main([*command.split(), "--data-dir", str(tmp_path / "d"), "--port", "0",
+                     *tls]) == 2
+        line = one_error_line(capsys)
+        assert line.startswith(f"sbp {command.split()[0]}: error: TLS files cannot be used: "
+                               f"{expected}"), line
+
+
+def test_fewer_range_servers_than_the_data_dir_holds_is_refused(tmp_path, capsys):
+    # Restarted with a smaller --range-servers, the cluster came up without the others: their
+    # streams answered "cannot connect" to every read and write, with nothing said at start.
+    for i in range(3):
+        (tmp_path / f"rs-{i}").mkdir()
+        (tmp_path / f"rs-{i}" / "server.json").write_text(f'{{"server_id": {i + 1}}}')
+    assert main(["server", "--data-dir", str(tmp_path), "--range-servers", "1",
+                 "--port", "0"]) == 2
+    line = one_error_line(capsys)
+    assert "range servers rs-1, rs-2" in line and "--range-servers 3" in line, line
+    assert not (tmp_path / "pd").exists()  # nothing was started

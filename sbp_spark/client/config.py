@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
-from ..transport.tls import TlsConfig, client_context
+from ..transport.tls import TlsConfig, client_context, unusable_file
 
 # Default byte budget of one FETCH request (it bounds the whole streamed answer, not one batch).
 # The client queues an answer's frames as fast as the socket delivers them, so this is also what
@@ -106,7 +106,9 @@ class ClientConfig:
             given = ", ".join(f"{name} {value!r}" for name, value in (
                 ("tls_ca_file", self.tls_ca_file), ("tls_cert_file", self.tls_cert_file),
                 ("tls_key_file", self.tls_key_file)) if value)
-            reason = exc.reason.replace("_", " ").lower() if exc.reason else str(exc)
+            reason = unusable_file(settings) if settings is not None else ""
+            if not reason:
+                reason = exc.reason.replace("_", " ").lower() if exc.reason else str(exc)
             raise ValueError(f"ClientConfig: TLS files cannot be used ({given}): {reason}") \
                 from exc
 

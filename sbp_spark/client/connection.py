@@ -518,6 +518,16 @@ class Connection:
         return Heartbeat(beat, interval_s, name=f"sbp-heartbeat-{self.address}",
                          stop_when=lambda: self._closed)
 
+    def send_goaway(self, reason: str = "") -> None:
+        """Tell the server this side sends no more requests on this connection (GOAWAY, best
+        effort: a connection that failed is left as it is); ``close()`` it afterwards."""
+        from sbp_spark.protocol.messages import GoAwayRequest, request_frame
+
+        try:
+            self._send(request_frame(0, GoAwayRequest(message=reason)))
+        except SbpError as exc:
+            log.debug("GOAWAY to %s not sent: %s", self.address, exc)
+
     def close(self) -> None:
         """Close the socket; anything still outstanding fails with ``TransportError``."""
         self._fail(TransportError(f"connection to {self.address} was closed by the client"))

@@ -93,6 +93,33 @@ def add_pd_argument(parser: argparse.ArgumentParser) -> None:
              f"else {DEFAULT_PD})")
 
 
+# The namespace attribute naming a command's list positional (see ``more_positionals``).
+MORE_POSITIONALS = "more_positionals"
+
+
+def more_positionals(parser: argparse.ArgumentParser, dest: str,
+                     convert: Callable[[str], object] = str) -> None:
+    """Let ``dest``, a list positional, also take values given after an option
+    (``sbp produce 7 --key k a.txt b.txt``): argparse fills a command's positionals in one go
+    and would refuse the later ones as unrecognized; ``collect_more_positionals`` adds them."""
+    parser.set_defaults(**{MORE_POSITIONALS: (dest, convert)})
+
+
+def collect_more_positionals(args: argparse.Namespace, extra: list[str]) -> str | None:
+    """Add the arguments argparse left over to the command's list positional; the usage
+    error to report when that cannot be done (None: done)."""
+    target = getattr(args, MORE_POSITIONALS, None)
+    unknown = [a for a in extra if a.startswith("-") and a != "-"]
+    if target is None or unknown:
+        return f"unrecognized arguments: {' '.join(unknown or extra)}"
+    dest, convert = target
+    try:
+        getattr(args, dest).extend(convert(a) for a in extra)
+    except argparse.ArgumentTypeError as exc:
+        return f"argument {dest}: {exc}"
+    return None
+
+
 def pd_of(args: argparse.Namespace) -> str:
     return args.pd or default_pd()
 

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .common import add_pd_argument, cli_errors, connect, positive_int, stream_id_arg
+from .common import (
+    CommandError,
+    add_pd_argument,
+    cli_errors,
+    connect,
+    more_positionals,
+    positive_int,
+    stream_id_arg,
+)
 from .progress import Progress
 
 DEFAULT_BATCH_RECORDS = 10_000
@@ -50,6 +58,9 @@ class _Source:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        if name == "-" and sys.stdin is None:
+            # Started with stdin closed (`sbp produce 1 <&-`, a daemon without one).
+            raise CommandError("stdin is closed: give the input FILEs, or pipe the lines in")
         self.stream: IO[bytes] = sys.stdin.buffer if name == "-" else open(name, "rb")
         self.size = None if name == "-" else os.fstat(self.stream.fileno()).st_size
         self.finished = False  # read to its end
@@ -223,6 +234,7 @@ def add_produce_command(subparsers: argparse._SubParsersAction) -> None:
     add_pd_argument(p)
     p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
     p.add_argument("files", nargs="*", metavar="FILE", help="input files ('-' = stdin)")
+    more_positionals(p, "files")
     p.add_argument("--key", help="the same key for every record (default: no key)")
     p.add_argument("--key-separator", metavar="SEP",
                    help="split each line at the first SEP into key and value")

@@ -17,6 +17,7 @@ from .common import (
     cli_errors,
     connect,
     describe_error,
+    more_positionals,
     non_negative_int,
     print_table,
     replicas_arg,
@@ -227,6 +228,7 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
                                        "of ranges of the given streams.")
     add_pd_argument(p)
     p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
+    more_positionals(p, "stream_ids", stream_id_arg)
     _json_flag(p)
     _named(p, "streams describe", describe_command)
 
@@ -255,6 +257,7 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
                            description="Delete streams and their data.")
     add_pd_argument(p)
     p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
+    more_positionals(p, "stream_ids", stream_id_arg)
     _named(p, "streams delete", delete_command)
 
 
@@ -270,6 +273,7 @@ def add_ranges_command(subparsers: argparse._SubParsersAction) -> None:
                                    "sealed) and the range servers holding it.")
     add_pd_argument(p)
     p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
+    more_positionals(p, "stream_ids", stream_id_arg)
     _json_flag(p)
     _named(p, "ranges list", ranges_list_command)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from sbp_spark.protocol.errors import ServerError
+from sbp_spark.protocol.errors import SbpError, ServerError
 
 from .common import CommandError, add_pd_argument, cli_errors, connect, stream_id_arg
 from .streams import next_offset_of
@@ -24,6 +24,10 @@ DEFAULT_WAIT_MS = 1_000
 # Pause before asking the PD again after a range was sealed under a reader, so a PD that has
 # not caught up yet is not asked in a tight loop.
 METADATA_RETRY_S = 0.05
+# While following, a range server that cannot be reached (restarting, failing over) is tried
+# again, via the PD, after this long, doubling up to the most.
+UNREACHABLE_RETRY_S = 0.1
+UNREACHABLE_RETRY_MAX_S = 2.0
 
 
 def from_arg(text: str) -> str | int:
@@ -140,9 +144,36 @@ def resolve_start(client: Any, stream_id: int, start: str | int) -> tuple[int, i
     return start, first, end
 
 
+class _Unreachable:
+    """The waits of ``follow`` while the range being read cannot be reached."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self.retry_s = 0.0
+
+    def wait(self, exc: SbpError) -> None:
+        if not self.retry_s:
+            print(f"sbp tail: {exc}; waiting for stream {self.stream_id} to be readable again",
+                  file=sys.stderr, flush=True)
+        self.retry_s = min(max(self.retry_s * 2, UNREACHABLE_RETRY_S), UNREACHABLE_RETRY_MAX_S)
+        time.sleep(self.retry_s)
+
+    def over(self) -> None:
+        if self.retry_s:
+            print(f"sbp tail: stream {self.stream_id} is readable again", file=sys.stderr,
+                  flush=True)
+            self.retry_s = 0.0
+
+
 def follow(client: Any, stream_id: int, offset: int, stop_at: int | None, wait_ms: int,
            printer: _Printer) -> None:
-    """Print records from ``offset``; stop before ``stop_at`` (None = follow for ever)."""
+    """Print records from ``offset``; stop before ``stop_at`` (None = follow for ever).
+
+    Following, a range server that cannot be reached is waited for (said once on stderr):
+    a restart or a failover must not end ``tail -f``. The PD is asked where the range is
+    before each try, so a server back on another port is found; a PD that cannot be reached
+    ends it."""
+    unreachable = _Unreachable(stream_id)
     while not printer.done and (stop_at is None or offset < stop_at):
         rng = _find_range(client.list_ranges(stream_id), offset)
         if rng is None:
@@ -167,13 +198,18 @@ def follow(client: Any, stream_id: int, offset: int, stop_at: int | None, wait_m
                 printer.out.flush()
                 if printer.done:
                     return
-        except ServerError as exc:
-            # The range was sealed or moved while being read: ask the PD again.
-            if not exc.invalid_metadata:
+        except SbpError as exc:
+            if isinstance(exc, ServerError) and exc.invalid_metadata:
+                # The range was sealed or moved while being read: ask the PD again.
+                if not progressed:
+                    time.sleep(METADATA_RETRY_S)
+                continue
+            # Following, what may pass (a server restarting or shutting down) is waited out.
+            if stop_at is not None or not exc.retriable:
                 raise
-            if not progressed:
-                time.sleep(METADATA_RETRY_S)
+            unreachable.wait(exc)
             continue
+        unreachable.over()
         if not progressed and not waiting and rng.is_open:
             return  # caught up with an open range and not following
 
@@ -209,7 +245,8 @@ def add_tail_command(subparsers: argparse._SubParsersAction) -> None:
                    help="first record: the stream's first (default), its end, offset N, or "
                         "N records before the end")
     p.add_argument("-f", "--follow", action="store_true",
-                   help="keep printing new records as they are appended (Ctrl-C to stop)")
+                   help="keep printing new records as they are appended, waiting out range "
+                        "server restarts (Ctrl-C to stop)")
     p.add_argument("-n", "--max", type=int, metavar="N", help="stop after N records")
     p.add_argument("--print-offsets", action="store_true",
                    help="start each line with the record's offset and a tab")

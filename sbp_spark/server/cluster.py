@@ -237,7 +237,7 @@ class EmbeddedCluster:
             rs.start()
         except OSError as exc:
             # Never started: only its storage is open (stop() expects a started server).
-            rs.storage.close()
+            rs.close_unstarted()
             if not port:
                 raise
             log.info("range server %d cannot have port %d again (%s); taking a free one",

@@ -60,6 +60,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import enum
+import errno
 import functools
 import itertools
 import logging
@@ -96,7 +97,7 @@ from ..protocol.frame import (
     frame_prefix,
 )
 from ..transport.sockets import send_buffers
-from ..transport.tls import TlsConfig, TlsSocket
+from ..transport.tls import TlsConfig, TlsSocket, unusable_file
 from .advertise import format_address
 from .conditions import WaitedCondition
 
@@ -249,6 +250,20 @@ class Route(NamedTuple):
 _ANSWERED_OPCODES = KNOWN_OPCODES - {Opcode.GOAWAY}
 
 
+_LISTEN_HINTS = {errno.EADDRINUSE: "another process listens there",
+                 errno.EADDRNOTAVAIL: "not an address of this machine",
+                 errno.EACCES: "a port below 1024 needs privileges"}
+
+
+def _listen_error(exc: OSError, host: str, port: int) -> OSError:
+    """``exc`` of a failed bind or listen, naming the address (the same errno, so callers
+    can still tell a port in use)."""
+    hint = _LISTEN_HINTS.get(exc.errno or 0, "")
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return type(exc)(exc.errno, f"cannot listen on {where}: {exc.strerror}"
+                     f"{f' ({hint})' if hint else ''}")
+
+
 class RequestHandler(abc.ABC):
     """What a server does with requests. Subclass and declare ``routes`` (or set ``opcodes``,
     ``long_opcodes`` and ``ordered_opcodes`` directly)."""
@@ -303,6 +318,10 @@ class RequestHandler(abc.ABC):
 
     def connection_closed(self, conn: Connection) -> None:  # noqa: B027 - an optional hook
         """Called once per connection after it closed."""
+
+    def peer_goaway(self, conn: Connection) -> None:  # noqa: B027 - an optional hook
+        """Called on the reader thread when the peer sent GOAWAY on ``conn``: after every
+        request it sent before (the reader serves them first, or has handed them on)."""
 
 
 class Connection:
@@ -772,16 +791,20 @@ class FrameServer:
         if self._listener is not None:
             raise RuntimeError("server already started")
         if self.config.tls is not None:  # bad certificate files fail here, not per peer
-            self._tls_context = self.config.tls.server_context()
+            try:
+                self._tls_context = self.config.tls.server_context()
+            except ssl.SSLError as exc:
+                why = unusable_file(self.config.tls) or str(exc)
+                raise ValueError(f"{self.config.name}: TLS files cannot be used: {why}") from exc
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((self.config.host, self.config.port))
             listener.listen(min(socket.SOMAXCONN, 1024))
-        except OSError:
+        except OSError as exc:
             listener.close()
-            raise
+            raise _listen_error(exc, self.config.host, self.config.port) from exc
         # accept() wakes at least this often to notice stop().
         listener.settimeout(0.2)
         self._listener = listener
@@ -1057,6 +1080,10 @@ class FrameServer:
             log.debug("%r: peer sent GOAWAY", conn)
             with conn._state:
                 conn._draining = True
+            try:
+                self.handler.peer_goaway(conn)
+            except Exception:
+                log.exception("handler.peer_goaway failed")
             return
         if opcode not in self.handler.opcodes:
             if opcode in KNOWN_OPCODES:

@@ -74,6 +74,7 @@ from sbp_spark.protocol.errors import (
 )
 
 from .advertise import advertised, check_advertised
+from .dirlock import DataDirLock
 from .etcd_client import EtcdClient
 from .net import FrameServer, NetConfig
 from .pd_calls import RangeServerCalls
@@ -177,6 +178,7 @@ class PlacementDriver:
         self.leadership: Leadership | None = None
         self._etcd: EtcdClient | None = None
         self.store: MetadataStore
+        self._dir_lock: DataDirLock | None = None
         if config.etcd:
             self.data_dir: Path | None = None
             self._etcd = EtcdClient(config.etcd)
@@ -184,7 +186,13 @@ class PlacementDriver:
             assert config.data_dir is not None
             self.data_dir = Path(config.data_dir)
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            # Two lone PDs on one database would each allocate the same ids.
+            lock = self._dir_lock = DataDirLock(self.data_dir, "PD")
+            try:
+                self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            except BaseException:
+                lock.release()
+                raise
         # Serialises placement decisions, so concurrent creates see each other's load.
         self.placement_lock = threading.Lock()
         self._stream_locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
@@ -231,6 +239,8 @@ class PlacementDriver:
             self._etcd.close()
         else:
             self.store.close()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -479,6 +489,17 @@ class PlacementDriver:
             self.calls.owe_resync(server_id)
         if self.calls.resync_owed(server_id) and self._started:
             self._server.submit(self.calls.resync_server, server_id)
+
+    def range_server_stopping(self, server_id: int) -> None:
+        """A range server said it stops (GOAWAY on the connection of its heartbeats): not
+        live from now on, so no new range is placed on it, and its open ranges are failed
+        over on the next sweep instead of after the heartbeat timeout. Its next heartbeat
+        (it restarted) makes it live again."""
+        if not self.liveness.is_live(server_id):
+            return
+        self.liveness.forget(server_id)
+        self.failover.owe(server_id)
+        log.info("range server %d is stopping: not live", server_id)
 
     def report_metrics(self, server_id: int, metrics: dict[str, int]) -> None:
         self.store.record_metrics(server_id, metrics)

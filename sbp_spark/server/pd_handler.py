@@ -19,6 +19,7 @@ whole request with PAYLOAD_TOO_LARGE saying what to ask instead.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +36,7 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
-from .net import RequestContext, RequestHandler, Route, Runs
+from .net import Connection, RequestContext, RequestHandler, Route, Runs
 from .pd_store import RangeMeta
 
 if TYPE_CHECKING:
@@ -106,6 +107,20 @@ class _PdHandler(RequestHandler):
 
     def __init__(self, pd: PlacementDriver) -> None:
         self.pd = pd
+        # The range server whose heartbeats each connection carried: a GOAWAY on it is that
+        # server saying it stops (``peer_goaway``).
+        self._heartbeats_of: dict[Connection, int] = {}
+        self._heartbeats_lock = threading.Lock()
+
+    def peer_goaway(self, conn: Connection) -> None:
+        with self._heartbeats_lock:
+            server_id = self._heartbeats_of.pop(conn, None)
+        if server_id is not None and self.pd.is_leader():
+            self.pd.range_server_stopping(server_id)
+
+    def connection_closed(self, conn: Connection) -> None:
+        with self._heartbeats_lock:
+            self._heartbeats_of.pop(conn, None)
 
     def handle(self, ctx: RequestContext) -> None:
         request_cls, serve = self.route(ctx)
@@ -116,6 +131,11 @@ class _PdHandler(RequestHandler):
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from None
         answer = serve(request)
+        if isinstance(answer, m.HeartbeatResponse) and answer.range_server is not None \
+                and answer.status.code == ErrorCode.NONE \
+                and answer.client_role == m.ClientRole.RANGE_SERVER:
+            with self._heartbeats_lock:
+                self._heartbeats_of[ctx.conn] = answer.range_server.server_id
         header = answer.to_flatbuffers()
         if len(header) > MAX_ANSWER_HEADER:
             header = self._cut_to_fit(request, answer, len(header)).to_flatbuffers()

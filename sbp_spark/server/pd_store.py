@@ -107,6 +107,18 @@ class PdStore:
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a transaction takes the
         # write lock up front and never fails half-way on an upgrade.
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            self._open(fsync)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            # Not repaired, not replaced: the file may be the only copy of the metadata.
+            raise RuntimeError(
+                f"{self.path} is not a readable PD metadata database ({exc}); it was left as "
+                "it is: restore it from a backup, or give the PD another data directory"
+            ) from exc
+        self._closed = False
+
+    def _open(self, fsync: bool) -> None:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
@@ -124,7 +136,6 @@ class PdStore:
                 raise ValueError(
                     f"{self.path}: metadata schema version {version} is not supported "
                     f"(this build reads version {SCHEMA_VERSION})")
-        self._closed = False
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from ..protocol.messages import RangeServer as RangeServerInfo
 from .advertise import advertised
 from .cap_notices import CapNotices
+from .dirlock import DataDirLock
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
@@ -52,13 +53,20 @@ class RangeServer:
     def __init__(self, config: RangeServerConfig) -> None:
         self.config = config
         os.makedirs(config.data_dir, exist_ok=True)
-        self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage)
+        # Before anything reads the directory: recovery truncates torn tails, which would cut
+        # the live appends of a server already running on it.
+        self.dir_lock = DataDirLock(config.data_dir, "range server")
+        try:
+            self.identity = ServerIdentity(config.data_dir, config.server_id)
+            self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage)
+        except BaseException:
+            self.dir_lock.release()
+            raise
         self.metrics = Metrics()
         self.fetcher = FetchServer(self.storage, config.fetch_frame_bytes,
                                    config.storage.verify_reads)
         self.cap_notices = CapNotices(self)
         self.handler = RangeServerHandler(self)
-        self.identity = ServerIdentity(config.data_dir, config.server_id)
         self.replicator = Replicator(lambda: self.identity.server_id, tls=config.net.tls)
         net = config.net
         net.host, net.port = config.host, config.port
@@ -156,7 +164,13 @@ class RangeServer:
         if self._maintenance is not None:
             self._maintenance.join(5)
         self.cap_notices.join(5)
+        self.close_unstarted()
+
+    def close_unstarted(self) -> None:
+        """Close the storage and free the data directory (all ``stop()`` does for a server
+        whose ``start()`` failed)."""
         self.storage.close()
+        self.dir_lock.release()
 
     def __enter__(self) -> RangeServer:
         return self if self._started else self.start()

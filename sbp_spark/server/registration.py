@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 # PD calls from the link fail fast: a late heartbeat is worth less than the next one.
 _LINK_CLIENT = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retries=1,
                             retry_deadline_s=5.0)
-# Retry period of a failed registration.
+# Retry period of a failed registration: doubling from the first to the most, so a PD that
+# is down for long does not get (nor the log show) several attempts a second.
 _REGISTER_BACKOFF_S = 0.2
+_REGISTER_BACKOFF_MAX_S = 5.0
 _INT16_MAX = (1 << 15) - 1
 
 
@@ -126,9 +128,14 @@ class PdLink:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop reporting, and tell the PD: a GOAWAY on the connection of the heartbeats makes
+        it count this server out at once, not once the heartbeats are overdue."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(10)
+        reason = f"range server {self.server.server_id()} stopping"
+        for conn in self.pool.connections().values():
+            conn.send_goaway(reason)
         self.pool.close()
 
     def report_trim(self, stream_id: int, start_offset: int) -> None:
@@ -169,6 +176,7 @@ class PdLink:
 
     def _register(self) -> bool:
         """Make sure the server has an id; False if stopped first."""
+        backoff = _REGISTER_BACKOFF_S
         while self.server.server_id() < 0:
             try:
                 server_id = self.pd.allocate_id(socket.gethostname())
@@ -177,9 +185,11 @@ class PdLink:
                 self.server.set_server_id(server_id)
                 log.info("range server registered as server %d", server_id)
             except SbpError as exc:
-                log.warning("allocating a server id from the PD failed (retrying): %s", exc)
-                if self._stop.wait(_REGISTER_BACKOFF_S):
+                log.warning("allocating a server id from the PD failed (retrying in %g s): %s",
+                            backoff, exc)
+                if self._stop.wait(backoff):
                     return False
+                backoff = min(backoff * 2, _REGISTER_BACKOFF_MAX_S)
         self.registered.set()
         return True
 

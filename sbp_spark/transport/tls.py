@@ -323,6 +323,33 @@ def _describe(exc: ssl.SSLError) -> str:
     return f"{reason}: {detail}" if detail else reason
 
 
+def unusable_file(config: TlsConfig) -> str:
+    """Which of ``config``'s files OpenSSL cannot use, and why, in words ('' when it cannot
+    tell): its own errors ("PEM lib") name no file."""
+
+    def holds_certificate(path: str) -> bool:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except ssl.SSLError:
+            return False
+        return True
+
+    if config.ca_file is not None and not holds_certificate(config.ca_file):
+        return f"the CA file {config.ca_file!r} holds no PEM certificate"
+    cert, key = config.cert_file, config.key_file
+    if cert is None or key is None:
+        return ""
+    if not holds_certificate(cert):
+        return f"the certificate file {cert!r} holds no PEM certificate"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return f"the key file {key!r} is not the private key of the certificate {cert!r}"
+        return f"the key file {key!r} holds no PEM private key"
+    return ""
+
+
 @functools.lru_cache(maxsize=32)
 def client_context(config: TlsConfig) -> ssl.SSLContext:
     """The client context of ``config``, built once per process (it reads files)."""

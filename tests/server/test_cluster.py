@@ -204,3 +204,25 @@ def test_the_pd_tells_deleted_streams_apart_by_lookup_or_by_listing(tmp_path, po
         assert calls._deleted([*ids, never]) == {*ids[::3], never}
         assert calls._deleted(ids[:4]) == set(ids[:4:3])
         assert calls._deleted([ids[1], never]) == {never}
+
+
+def test_a_gracefully_stopped_range_server_is_not_live_at_once(tmp_path, pool):
+    # Heartbeats every 5 s: the PD would take 15 s to notice a silent server. A graceful stop
+    # says goodbye (GOAWAY on the heartbeat connection), so no new range is placed on the
+    # stopped server meanwhile (its streams could not be written until it came back).
+    with EmbeddedCluster(tmp_path, range_servers=2, heartbeat_interval_s=5.0) as cluster:
+        client = client_of(cluster, pool)
+        stopped, running = cluster.server_id(0), cluster.server_id(1)
+        cluster.stop_range_server(0)
+        live = {s.server.server_id: s.live for s in client.pd.range_servers()}
+        assert live == {stopped: False, running: True}
+        for stream in client.create_streams(4, replicas=1):
+            [rng] = client.list_ranges(stream.stream_id)
+            assert [r.server.server_id for r in rng.servers] == [running]
+        with pytest.raises(NotEnoughServersError, match="2 replicas requested but only 1"):
+            client.create_streams(1, replicas=2)
+        # Back: its first heartbeat makes it live again, and ranges go to it again.
+        cluster.start_range_server(0)
+        [stream] = client.create_streams(1, replicas=2)
+        [rng] = client.list_ranges(stream.stream_id)
+        assert {r.server.server_id for r in rng.servers} == {stopped, running}

@@ -85,3 +85,41 @@ def test_ranges_from_the_pd_take_appends_and_retention_trims_reach_the_pd(tmp_pa
             [frame] = peer.response(rid)
         assert rs.storage.stream_ranges(sid)[0].start_offset == 3
         assert frame.is_end
+
+
+def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path, monkeypatch):
+    # A range server started before its PD tried (and logged a warning) every 0.2 s, for as
+    # long as the PD stayed down: 18,000 lines an hour.
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once it closes
+    waits: list[float] = []
+    done = threading.Event()
+
+    class CountedStop(threading.Event):
+        def wait(self, timeout=None):
+            if timeout is not None and not self.is_set():
+                waits.append(timeout)
+                if len(waits) == 8:
+                    done.set()
+                    return True  # as if stopped: the link gives up registering
+                return False
+            return super().wait(timeout)
+
+    from sbp_spark.server.registration import PdLink
+
+    start = PdLink.start
+
+    def counted_start(link: PdLink) -> None:
+        link._stop = CountedStop()  # before its thread first waits
+        start(link)
+
+    monkeypatch.setattr(PdLink, "start", counted_start)
+    config = RangeServerConfig(data_dir=str(tmp_path / "rs"), pd_addresses=[nowhere],
+                               storage=StorageConfig(fsync="never"))
+    with RangeServer(config):
+        assert done.wait(60)
+    assert waits == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
