@@ -29,8 +29,17 @@ from sbp_spark.protocol.records import (
 )
 
 from .filters import Predicate, row_mask
-from .resolve import ColumnPlan, Conversion, SchemaMismatchError, plan_schema, schema_text
+from .resolve import (
+    ColumnPlan,
+    Conversion,
+    SchemaMismatchError,
+    case_duplicates,
+    duplicates_problem,
+    plan_schema,
+    schema_text,
+)
 from .schemas import ARROW_TIMESTAMP, METADATA_TYPES, to_arrow
+from .settings import case_sensitive as session_case_sensitive
 
 # Batches handed to Spark: a stored batch with at least SOLO_ROWS rows or SOLO_BYTES bytes
 # (within the partition) is handed on by itself, its columns zero-copy views of the fetched
@@ -126,6 +135,9 @@ class PartitionDecoder:
     column is then data, read as nulls from batches that lack it. Without ``metadata_columns``
     (a schema the user gave), a column named and typed like a metadata column is data in the
     batches that store it and metadata in the others; any other column is data.
+
+    payload=arrow columns and struct fields match the stored ones ignoring case unless
+    ``case_sensitive`` (default: the task's session setting ``spark.sql.caseSensitive``).
     """
 
     def __init__(self, schema: StructType, payload: str, stream_id: int, range_index: int,
@@ -133,8 +145,15 @@ class PartitionDecoder:
                  row_predicates: Sequence[Predicate] = (),
                  target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES,
                  skipped: SkipTally | None = None,
-                 metadata_columns: frozenset[str] | None = None) -> None:
+                 metadata_columns: frozenset[str] | None = None,
+                 case_sensitive: bool | None = None) -> None:
         self.schema = schema
+        self.case_sensitive = (session_case_sensitive() if case_sensitive is None
+                               else case_sensitive)
+        if payload == "arrow" and not self.case_sensitive:
+            groups = case_duplicates(schema.fieldNames())
+            if groups:
+                raise SchemaMismatchError(duplicates_problem(groups))
         self.arrow_schema = to_arrow(schema)
         self.payload = payload
         self.stream_id = stream_id
@@ -389,7 +408,7 @@ class _Conformer:
             self.null_columns = [(n, decoder._types[n]) for n in wanted if n not in names]
             return
         read = [f for f in decoder.arrow_schema if f.name not in decoder.metadata_columns]
-        plan = plan_schema(schema, read, decoder.fillable)
+        plan = plan_schema(schema, read, decoder.fillable, decoder.case_sensitive)
         self.casts = plan.columns
         self.null_columns = plan.null_columns
         if plan.problems:
@@ -427,6 +446,8 @@ class _Conformer:
             if column.conversion is Conversion.RELABEL:
                 array = array.view(column.type)
             elif column.conversion is Conversion.CAST:
+                if column.view_as is not None:
+                    array = array.view(column.view_as)
                 try:
                     array = array.cast(column.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
