@@ -15,7 +15,6 @@ filter to every row.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -25,7 +24,15 @@ from sbp_spark.client.timesearch import TimeSearch
 
 from .cluster import layout_ranges
 from .filters import UNBOUNDED, Interval, PushedFilters
-from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, TimeSpec
+from .options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+    TimeSpec,
+    describe_time,
+)
 from .planning import StreamLayout, resolve_bounds
 
 log = logging.getLogger(__name__)
@@ -33,12 +40,6 @@ log = logging.getLogger(__name__)
 
 def _search(client: SbpClient, layout: StreamLayout) -> TimeSearch:
     return TimeSearch(client, layout_ranges(layout))
-
-
-def describe_time(ms: int) -> str:
-    """``1700000000000 (2023-11-14T22:13:20Z)`` for messages."""
-    when = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-    return f"{ms} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
 def _option_name(spec: TimeSpec, one: str, by_stream: str) -> str:
