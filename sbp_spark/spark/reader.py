@@ -217,6 +217,8 @@ class SbpPushdownBatchReader(SbpBatchReader):
     """The batch reader with filter pushdown (needs spark.sql.python.filterPushdown.enabled)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        # A payload=arrow schema the user gave pushes nothing (metadata_columns None): its
+        # columns named like metadata columns may be data in batches planning never sees.
         handled, unhandled = split_filters(filters, self.metadata_columns or ())
         self.pushed = PushedFilters.from_predicates(handled)
         return iter(unhandled)

@@ -131,6 +131,23 @@ def test_data_columns_named_like_metadata_are_null_where_older_batches_lack_them
     assert [tuple(r) for r in day.collect()] == [(1, None)]
 
 
+def test_a_given_schema_pushes_no_filter_on_columns_that_may_be_data(spark, pd, sbp_client):
+    """With .schema(...), 'offset' is data in the batches that store such a column and the
+    record's offset in the others, and which batches store one is not known when the read is
+    planned, so a filter on it cannot choose the offsets fetched: the source leaves it to
+    Spark, which keeps the rows whose column passes (pushed, it would return (1, 5))."""
+    sid = new_stream(sbp_client)
+    write_arrow(spark.sql("SELECT 1 AS a, 5L AS offset"), pd, sid)  # record offset 0
+    write_arrow(spark.sql("SELECT 2 AS a, 0L AS offset"), pd, sid)  # record offset 1
+    df = arrow_read(spark, pd, sid, "a INT, offset BIGINT").where("offset < 1")
+    plan = df._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "LessThan(offset" not in plan
+    assert [tuple(r) for r in df.collect()] == [(2, 0)]
+    # the inferred schema knows 'offset' is data: nothing of it is pushed either
+    assert [r.a for r in arrow_read(spark, pd, sid).where("offset < 1").collect()] == [2]
+
+
 def test_merge_schema_fails_clearly_on_unrelated_types(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int32())}))
