@@ -25,6 +25,7 @@ from sbp_spark.protocol.records import (
     BatchHeader,
     BodyFormat,
     body_to_arrow,
+    floor_timestamps,
     payload_kind,
 )
 
@@ -273,9 +274,10 @@ class PartitionDecoder:
         if row_ts is None:
             timestamps = pa.repeat(base_ts, take)
         else:
-            # A finer unit (another writer's ns) is cut to Spark's microseconds, as the time
-            # search cuts it to ms: a safe cast would fail on every value not whole in us.
-            timestamps = pc.cast(row_ts, ARROW_TIMESTAMP, safe=False).fill_null(base_ts)
+            # A finer unit (another writer's ns) is floored to Spark's microseconds, as the
+            # time search floors it to ms: a safe cast would fail on every value not whole in
+            # us, and an unsafe one would move times before 1970 forward.
+            timestamps = floor_timestamps(row_ts, "us").cast(ARROW_TIMESTAMP).fill_null(base_ts)
         return _Piece(columns, _arange(first, take), timestamps, data.nbytes)
 
     def _flush_opaque(self) -> None:
