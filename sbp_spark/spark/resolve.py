@@ -30,7 +30,8 @@ from dataclasses import field as dataclass_field
 import pyarrow as pa
 
 _TIME_UNITS = ("s", "ms", "us", "ns")  # coarsest first
-_LISTS = (pa.types.is_list, pa.types.is_large_list)
+# A fixed-size list (another writer's) is read as a list: Spark has no fixed-size arrays.
+_LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 _STRINGS = (pa.types.is_string, pa.types.is_large_string)
 _BINARIES = (pa.types.is_binary, pa.types.is_large_binary)
 # Decimal128 holds at most 38 digits (Spark's DecimalType too); wider unions fail.
@@ -59,10 +60,17 @@ def widens(source: pa.DataType, target: pa.DataType) -> bool:
     int8 -> int16 -> int32 -> int64, float16 -> float32 -> float64, a decimal to one with at
     least as many digits on both sides of the point, date -> timestamp (midnight; UTC for a
     time zone aware timestamp), a timestamp to a finer unit (or, both zone aware, another
-    zone: the same instants), string <-> large_string, binary <-> large_binary, and null (no
-    values) to anything.
+    zone: the same instants), a time of day to a finer unit, string <-> large_string, binary
+    <-> large_binary, fixed-size binary to binary, a dictionary-encoded column (another
+    writer's encoding) to what its values widen to, and null (no values) to anything.
     """
     if source.equals(target) or pa.types.is_null(source):
+        return True
+    if pa.types.is_dictionary(source):
+        return widens(source.value_type, target)
+    if pa.types.is_time(source) and pa.types.is_time(target):
+        return _TIME_UNITS.index(source.unit) <= _TIME_UNITS.index(target.unit)
+    if pa.types.is_fixed_size_binary(source) and any(test(target) for test in _BINARIES):
         return True
     if pa.types.is_signed_integer(source) and pa.types.is_signed_integer(target):
         return source.bit_width <= target.bit_width
@@ -195,6 +203,8 @@ def with_read_names(source: pa.DataType, target: pa.DataType) -> pa.DataType:
     if _same_family(source, target, _LISTS):
         item = source.value_field
         item = item.with_type(with_read_names(item.type, target.value_type))
+        if pa.types.is_fixed_size_list(source):
+            return pa.list_(item, source.list_size)
         return pa.large_list(item) if pa.types.is_large_list(source) else pa.list_(item)
     if pa.types.is_map(source) and pa.types.is_map(target):
         key, item = source.key_field, source.item_field
@@ -305,6 +315,10 @@ def merge_types(a: pa.DataType, b: pa.DataType, path: str,
     """The type both ``a`` and ``b`` are read as when a schema unions them (``mergeSchema``):
     the wider of the two, struct fields unioned by name (see ``merge_fields``); ``ValueError``
     when neither widens to a common type."""
+    if pa.types.is_dictionary(a):
+        a = a.value_type
+    if pa.types.is_dictionary(b):
+        b = b.value_type
     if a.equals(b) or pa.types.is_null(b):
         return a
     if pa.types.is_null(a):

@@ -334,3 +334,30 @@ def test_writer_guard_refuses_what_readers_of_the_new_schema_cannot_read(
                                          r"int32 in the read schema"):
         stream_writer(options, narrowed, False)
     assert stream_writer(options, spark.createDataFrame([(1,)], "id long").schema, False)
+
+
+def test_another_writers_encodings_read_with_the_schema_inferred_from_them(spark, pd,
+                                                                          sbp_client):
+    """Arrow writers other than Spark store dictionary-encoded strings, fixed-size binaries and
+    lists, and times of day in microseconds. Before, inference offered Spark's types for them
+    (string, binary, array, time) and then refused the very batch it inferred them from as
+    'unrelated types'; each holds the same values as the inferred type, so it is read."""
+    sid = new_stream(sbp_client)
+    columns = {
+        "label": pa.array(["a", None, "a"]).dictionary_encode(),
+        "digest": pa.array([b"ab", None, b"cd"], pa.binary(2)),
+        "pair": pa.array([[1, 2], None, [3, None]], pa.list_(pa.int32(), 2)),
+        "at": pa.array([1, None, 86_399_999_999], pa.time64("us")),
+    }
+    append_arrow(sbp_client, sid, pa.record_batch(columns))
+    df = arrow_read(spark, pd, sid)
+    assert data_fields(df) == [("label", "string", True), ("digest", "binary", True),
+                               ("pair", "array<int>", True), ("at", "time(6)", True)]
+    assert rows(df, *columns) == [
+        ("a", bytearray(b"ab"), [1, 2], dt.time(0, 0, 0, 1)),
+        (None, None, None, None),
+        ("a", bytearray(b"cd"), [3, None], dt.time(23, 59, 59, 999_999))]
+    # mergeSchema unions the encoded column with a plain one
+    append_arrow(sbp_client, sid, pa.record_batch({"label": pa.array(["b"], pa.large_string())}))
+    merged = arrow_read(spark, pd, sid, mergeSchema="true")
+    assert [r.label for r in merged.orderBy("offset").collect()] == ["a", None, "a", "b"]
