@@ -81,6 +81,18 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
             begin = starting.get(sid, options.starting.default)
             begin = first if begin == EARLIEST else last if begin == LATEST else begin
             found = search.first_at_or_after(end_ms, max(first, begin), last).offset
+            by_offset = starting_time is None or starting_time.for_stream(sid) is None
+            if by_offset and found is not None and found == begin > first:
+                # The time may fall before the starting offset: an empty read nobody asked
+                # for (the mirror of a starting time past the ending offset, refused above).
+                earlier = search.first_at_or_after(end_ms, first, begin).offset
+                if earlier is not None:
+                    name = _option_name(ending_time, "endingTimestamp",
+                                        "endingOffsetsByTimestamp")
+                    raise OptionError(
+                        f"option '{name}' ends stream {sid} at offset {earlier} (its first "
+                        f"record at or after {describe_time(end_ms)}), before option "
+                        f"'startingOffsets', which starts it at offset {begin}")
             ending[sid] = last if found is None else found
     return replace(options, starting=OffsetSpec(options.starting.default,
                                                 tuple(sorted(starting.items()))),

@@ -121,6 +121,23 @@ def test_a_per_stream_ending_time_before_its_starting_time_is_refused(spark, pd,
     assert sorted(tuple(r) for r in df.groupBy("stream_id").count().collect()) == [(timed, 2)]
 
 
+def test_an_ending_time_before_the_starting_offset_names_both_options(spark, pd, timed):
+    # The mirror of the case above: the ending time falls at offset 50, before the starting
+    # offset 100. Before, the read was silently empty; Kafka's source refuses such a range.
+    with pytest.raises(Exception, match=(
+            rf"option 'endingTimestamp' ends stream {timed} at offset 50 \(its first record at "
+            rf"or after {T0 + 50_000} .*\), before option 'startingOffsets', which starts it at "
+            r"offset 100")):
+        read(spark, pd, timed, startingOffsets=json.dumps({str(timed): 100}),
+             endingTimestamp=str(T0 + 50_000)).collect()
+    # an ending time at the starting offset's record reads nothing, past it reads up to it
+    start = json.dumps({str(timed): 100})
+    assert read(spark, pd, timed, startingOffsets=start,
+                endingTimestamp=str(T0 + 100_000)).count() == 0
+    assert offsets_summary(read(spark, pd, timed, startingOffsets=start,
+                                endingTimestamp=str(T0 + 105_000))) == (5, 100, 104)
+
+
 def test_streaming_query_starts_at_a_time(spark, pd, sbp_client, timed, tmp_path):
     def run(name: str, **options: str) -> list[int]:
         reader = spark.readStream.format("sbp").option("pd", pd).option("streams", str(timed))
