@@ -29,7 +29,7 @@ from sbp_spark.protocol.records import (
 
 from . import cluster
 from .planning import StreamLayout
-from .resolve import merge_fields, plan_schema
+from .resolve import case_duplicates, merge_fields, plan_schema
 from .schemas import METADATA_TYPES
 
 
@@ -145,8 +145,10 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
         raise ValueError(f"schemaCompatibility=backward refuses this write: the newest batch "
                          f"of stream {stream_id} is not payload=arrow data: {exc}") from None
     read = _nullable([f for f in schema if f.name != "stream_id"])
-    # Readers match names ignoring case unless their session says otherwise (the default).
-    problems = plan_schema(stored, read, METADATA_TYPES, case_sensitive=False).problems
+    # Readers match names ignoring case unless their session says otherwise (the default); a
+    # batch with names that differ only by case is read by case-sensitive readers only.
+    exact = bool(case_duplicates(stored.names))
+    problems = plan_schema(stored, read, METADATA_TYPES, case_sensitive=exact).problems
     if problems:
         raise ValueError(
             f"schemaCompatibility=backward refuses this write: readers using its schema could "

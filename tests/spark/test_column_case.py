@@ -82,3 +82,23 @@ def test_a_data_column_spelled_like_a_metadata_column_replaces_it(spark, pd, sbp
     df = arrow_read(spark, pd, sid)
     assert df.columns == ["Offset", "stream_id", "timestamp"]
     assert [r.Offset for r in df.collect()] == [7]
+
+
+def test_the_writer_guard_matches_names_as_default_readers_do(spark, pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int64())}))
+
+    def guarded(ddl, row):
+        (spark.createDataFrame([row], ddl).coalesce(1).write.format("sbp").option("pd", pd)
+         .option("stream", str(sid)).option("payload", "arrow")
+         .option("schemaCompatibility", "backward").mode("append").save())
+
+    # readers of 'ID int' read the stored 'id' as ID: a narrowing, refused
+    with pytest.raises(Exception, match=r"column 'ID' is int64 in the stored batch but int32"):
+        guarded("ID INT", (2,))
+    guarded("ID BIGINT", (2,))
+    # a newest batch with both spellings is read by case-sensitive readers only: the same
+    # columns again pass
+    append_arrow(sbp_client, sid, pa.record_batch({"ID": pa.array([3], pa.int64()),
+                                                   "id": pa.array([4], pa.int64())}))
+    guarded("ID BIGINT, id BIGINT", (5, 6))
