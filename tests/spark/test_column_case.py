@@ -102,3 +102,18 @@ def test_the_writer_guard_matches_names_as_default_readers_do(spark, pd, sbp_cli
     append_arrow(sbp_client, sid, pa.record_batch({"ID": pa.array([3], pa.int64()),
                                                    "id": pa.array([4], pa.int64())}))
     guarded("ID BIGINT, id BIGINT", (5, 6))
+
+
+def test_a_streaming_read_matches_names_as_its_session_says(spark, pd, sbp_client, tmp_path):
+    from .streaming.helpers import drain_to_memory
+    from .streaming.test_stream_schema import arrow_stream
+
+    sid = new_stream(sbp_client)
+    append_arrow(sbp_client, sid, pa.record_batch({"Amount": pa.array([5], pa.int64())}))
+    drain_to_memory(arrow_stream(spark, pd, sid, "amount BIGINT"), f"amounts_{sid}",
+                    tmp_path / "ci")
+    assert [r.amount for r in spark.table(f"amounts_{sid}").collect()] == [5]
+    with case_sensitive(spark):  # the setting reaches the micro-batches' tasks
+        drain_to_memory(arrow_stream(spark, pd, sid, "amount BIGINT"), f"exact_{sid}",
+                        tmp_path / "cs")
+        assert [r.amount for r in spark.table(f"exact_{sid}").collect()] == [None]
