@@ -98,10 +98,11 @@ def test_the_writer_guard_matches_names_as_default_readers_do(spark, pd, sbp_cli
         guarded("ID INT", (2,))
     guarded("ID BIGINT", (2,))
     # a newest batch with both spellings is read by case-sensitive readers only: the same
-    # columns again pass
+    # columns again pass (written where the setting allows such columns)
     append_arrow(sbp_client, sid, pa.record_batch({"ID": pa.array([3], pa.int64()),
                                                    "id": pa.array([4], pa.int64())}))
-    guarded("ID BIGINT, id BIGINT", (5, 6))
+    with case_sensitive(spark):
+        guarded("ID BIGINT, id BIGINT", (5, 6))
 
 
 def test_a_streaming_read_matches_names_as_its_session_says(spark, pd, sbp_client, tmp_path):
@@ -117,3 +118,22 @@ def test_a_streaming_read_matches_names_as_its_session_says(spark, pd, sbp_clien
         drain_to_memory(arrow_stream(spark, pd, sid, "amount BIGINT"), f"exact_{sid}",
                         tmp_path / "cs")
         assert [r.amount for r in spark.table(f"exact_{sid}").collect()] == [None]
+
+
+def test_a_write_of_columns_differing_only_by_case_is_refused_as_parquet_does(
+        spark, pd, sbp_client):
+    """Before, it was stored, and every read with Spark's default setting then failed on it."""
+    sid = new_stream(sbp_client)
+    df = spark.createDataFrame([(1, 2)], "ID INT, id INT")
+
+    def write():
+        (df.coalesce(1).write.format("sbp").option("pd", pd).option("stream", str(sid))
+         .option("payload", "arrow").mode("append").save())
+
+    with pytest.raises(Exception, match=r"columns 'ID' and 'id' differ only by case"):
+        write()
+    assert arrow_read(spark, pd, sid, "ID INT").count() == 0  # nothing was stored
+    with case_sensitive(spark):
+        write()
+        assert [tuple(r) for r in arrow_read(spark, pd, sid).select("ID", "id").collect()] == [
+            (1, 2)]
