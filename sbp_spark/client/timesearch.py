@@ -39,6 +39,7 @@ from sbp_spark.protocol.records import (
     BatchHeader,
     BodyFormat,
     body_to_arrow,
+    floor_timestamps,
     payload_kind,
 )
 
@@ -60,12 +61,10 @@ def record_timestamps_ms(header: BatchHeader, batch: memoryview) -> pa.Array:
                 and "timestamp" in body.schema.names):
             column = body.column(body.schema.get_field_index("timestamp"))
             if pa.types.is_timestamp(column.type):
-                # Readers show ns cut to us; that value is floored to whole ms: comparing the
-                # floor with a time in whole ms gives the same answer as comparing the value
-                # itself (a cut toward zero would not before 1970: -0.5 ms is before 0 ms).
-                unit = "us" if column.type.unit == "ns" else column.type.unit
-                shown = pc.cast(column, pa.timestamp(unit), safe=False)
-                millis = pc.floor_temporal(shown, unit="millisecond").cast(_MS)
+                # Floored to whole ms (as readers floor ns to us): comparing the floor with a
+                # time in whole ms gives the same answer as comparing the value itself (a cut
+                # toward zero would not before 1970: -0.5 ms is before 0 ms).
+                millis = floor_timestamps(column, "ms").cast(_MS)
                 return millis.cast(pa.int64()).fill_null(base)
     return pa.repeat(pa.scalar(base, pa.int64()), header.record_count)
 

@@ -23,6 +23,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .errors import BatchFormatError
 
@@ -233,6 +234,22 @@ def payload_kind(schema: pa.Schema) -> bytes | None:
     """``records``, ``arrow`` or None (not written by this project) for a body's schema."""
     meta = schema.metadata or {}
     return meta.get(PAYLOAD_METADATA_KEY)
+
+
+_TIME_UNITS = ("s", "ms", "us", "ns")  # coarsest first
+_TEMPORAL_UNITS = {"s": "second", "ms": "millisecond", "us": "microsecond"}
+
+
+def floor_timestamps(values: pa.Array, unit: str) -> pa.Array:
+    """Arrow timestamps ``values`` in ``unit``, keeping their zone. Finer digits are dropped by
+    flooring, toward the past, as Spark does (Java's ``floorDiv``): a cast cuts toward zero,
+    which moves a time before 1970 forward (-0.5 ms would become 0 ms, the next day)."""
+    target = pa.timestamp(unit, tz=values.type.tz)
+    source = values.type.unit
+    if _TIME_UNITS.index(unit) >= _TIME_UNITS.index(source):  # the same or finer: exact
+        return values.cast(target)
+    naive = values.cast(pa.timestamp(source))  # the same numbers, no zone to floor in
+    return pc.floor_temporal(naive, unit=_TEMPORAL_UNITS[unit]).cast(target)
 
 
 def make_records_batch(

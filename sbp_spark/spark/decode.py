@@ -25,12 +25,22 @@ from sbp_spark.protocol.records import (
     BatchHeader,
     BodyFormat,
     body_to_arrow,
+    floor_timestamps,
     payload_kind,
 )
 
 from .filters import Predicate, row_mask
-from .resolve import ColumnPlan, Conversion, SchemaMismatchError, plan_schema, schema_text
+from .resolve import (
+    ColumnPlan,
+    Conversion,
+    SchemaMismatchError,
+    case_duplicates,
+    duplicates_problem,
+    plan_schema,
+    schema_text,
+)
 from .schemas import ARROW_TIMESTAMP, METADATA_TYPES, to_arrow
+from .settings import case_sensitive as session_case_sensitive
 
 # Batches handed to Spark: a stored batch with at least SOLO_ROWS rows or SOLO_BYTES bytes
 # (within the partition) is handed on by itself, its columns zero-copy views of the fetched
@@ -126,6 +136,9 @@ class PartitionDecoder:
     column is then data, read as nulls from batches that lack it. Without ``metadata_columns``
     (a schema the user gave), a column named and typed like a metadata column is data in the
     batches that store it and metadata in the others; any other column is data.
+
+    payload=arrow columns and struct fields match the stored ones ignoring case unless
+    ``case_sensitive`` (default: the task's session setting ``spark.sql.caseSensitive``).
     """
 
     def __init__(self, schema: StructType, payload: str, stream_id: int, range_index: int,
@@ -133,8 +146,15 @@ class PartitionDecoder:
                  row_predicates: Sequence[Predicate] = (),
                  target_rows: int = TARGET_ROWS, target_bytes: int = TARGET_BYTES,
                  skipped: SkipTally | None = None,
-                 metadata_columns: frozenset[str] | None = None) -> None:
+                 metadata_columns: frozenset[str] | None = None,
+                 case_sensitive: bool | None = None) -> None:
         self.schema = schema
+        self.case_sensitive = (session_case_sensitive() if case_sensitive is None
+                               else case_sensitive)
+        if payload == "arrow" and not self.case_sensitive:
+            groups = case_duplicates(schema.fieldNames())
+            if groups:
+                raise SchemaMismatchError(duplicates_problem(groups))
         self.arrow_schema = to_arrow(schema)
         self.payload = payload
         self.stream_id = stream_id
@@ -254,9 +274,10 @@ class PartitionDecoder:
         if row_ts is None:
             timestamps = pa.repeat(base_ts, take)
         else:
-            # A finer unit (another writer's ns) is cut to Spark's microseconds, as the time
-            # search cuts it to ms: a safe cast would fail on every value not whole in us.
-            timestamps = pc.cast(row_ts, ARROW_TIMESTAMP, safe=False).fill_null(base_ts)
+            # A finer unit (another writer's ns) is floored to Spark's microseconds, as the
+            # time search floors it to ms: a safe cast would fail on every value not whole in
+            # us, and an unsafe one would move times before 1970 forward.
+            timestamps = floor_timestamps(row_ts, "us").cast(ARROW_TIMESTAMP).fill_null(base_ts)
         return _Piece(columns, _arange(first, take), timestamps, data.nbytes)
 
     def _flush_opaque(self) -> None:
@@ -389,7 +410,7 @@ class _Conformer:
             self.null_columns = [(n, decoder._types[n]) for n in wanted if n not in names]
             return
         read = [f for f in decoder.arrow_schema if f.name not in decoder.metadata_columns]
-        plan = plan_schema(schema, read, decoder.fillable)
+        plan = plan_schema(schema, read, decoder.fillable, decoder.case_sensitive)
         self.casts = plan.columns
         self.null_columns = plan.null_columns
         if plan.problems:
@@ -427,6 +448,8 @@ class _Conformer:
             if column.conversion is Conversion.RELABEL:
                 array = array.view(column.type)
             elif column.conversion is Conversion.CAST:
+                if column.view_as is not None:
+                    array = array.view(column.view_as)
                 try:
                     array = array.cast(column.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:

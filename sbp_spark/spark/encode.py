@@ -36,6 +36,7 @@ from sbp_spark.protocol.records import (
     HEADERS_TYPE,
     PAYLOAD_ARROW,
     encode_arrow_batch,
+    floor_timestamps,
     make_records_batch,
     with_payload_kind,
 )
@@ -218,8 +219,9 @@ class RowEncoder:
                                      "its values are in (RowEncoder.with_time_zone)")
                 # As Spark's CAST(ntz AS TIMESTAMP) does: the instant in the session's zone.
                 timestamp = wall_clock_to_instants(timestamp, self.time_zone)
-            # Spark's microseconds are stored as milliseconds (the records convention).
-            timestamp = pc.cast(timestamp, pa.timestamp("ms"), safe=False)
+            # Spark's microseconds are stored as milliseconds (the records convention),
+            # floored as Spark's own conversions to milliseconds do.
+            timestamp = floor_timestamps(timestamp, "ms")
         headers = get.get("headers")
         if headers is not None:
             try:

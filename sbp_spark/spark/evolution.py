@@ -29,7 +29,7 @@ from sbp_spark.protocol.records import (
 
 from . import cluster
 from .planning import StreamLayout
-from .resolve import merge_fields, plan_schema
+from .resolve import case_duplicates, merge_fields, plan_schema
 from .schemas import METADATA_TYPES
 
 
@@ -75,16 +75,20 @@ def _nullable_field(field: pa.Field) -> pa.Field:
 
 
 def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
-                       merge: bool = False) -> pa.Schema:
-    """The data schema of a payload=arrow read of ``layouts`` (see the module docstring)."""
+                       merge: bool = False, folded: list[str] | None = None) -> pa.Schema:
+    """The data schema of a payload=arrow read of ``layouts`` (see the module docstring).
+
+    ``mergeSchema`` unions names that differ only by case into one column (or struct field),
+    as Spark's file sources do while ``spark.sql.caseSensitive`` is false (its default: the
+    setting is not visible here); ``folded`` gets a description of each such pair."""
     if merge:
         fields: list[pa.Field] | None = None
         for layout in layouts:
             for fetched in _range_samples(client, layout):
                 schema = stored_schema(fetched)
                 try:
-                    fields = list(schema) if fields is None else merge_fields(fields,
-                                                                              list(schema))
+                    fields = list(schema) if fields is None else merge_fields(
+                        fields, list(schema), folded=folded)
                 except ValueError as exc:
                     raise ValueError(
                         f"mergeSchema cannot union the schema of stream {fetched.stream_id} "
@@ -141,7 +145,10 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
         raise ValueError(f"schemaCompatibility=backward refuses this write: the newest batch "
                          f"of stream {stream_id} is not payload=arrow data: {exc}") from None
     read = _nullable([f for f in schema if f.name != "stream_id"])
-    problems = plan_schema(stored, read, METADATA_TYPES).problems
+    # Readers match names ignoring case unless their session says otherwise (the default); a
+    # batch with names that differ only by case is read by case-sensitive readers only.
+    exact = bool(case_duplicates(stored.names))
+    problems = plan_schema(stored, read, METADATA_TYPES, case_sensitive=exact).problems
     if problems:
         raise ValueError(
             f"schemaCompatibility=backward refuses this write: readers using its schema could "

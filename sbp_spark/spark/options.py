@@ -8,6 +8,7 @@ option, the value and what is allowed.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import json
 import os
@@ -740,11 +741,8 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
             OffsetSpec(LATEST))
         ending_time = _time_spec(opts, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP,
                                  ENDING_OFFSETS, streams)
-        if (starting_time and ending_time and starting_time.default is not None
-                and ending_time.default is not None
-                and ending_time.default < starting_time.default):
-            raise OptionError(f"option 'endingTimestamp' ({ending_time.default}) is before "
-                              f"'startingTimestamp' ({starting_time.default})")
+        if starting_time and ending_time:
+            _check_time_order(starting_time, ending_time, streams)
     payload = opts.value(PAYLOAD)
     include_headers = opts.value(INCLUDE_HEADERS)
     if include_headers and payload == "arrow":
@@ -771,6 +769,33 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
         max_out_of_orderness_ms=opts.value(MAX_OUT_OF_ORDERNESS),
         merge_schema=_arrow_only(opts, MERGE_SCHEMA, payload),
     )
+
+
+def _check_time_order(starting: TimeSpec, ending: TimeSpec, streams: tuple[int, ...]) -> None:
+    """Refuse an end time before the start time, for every stream and whichever form (one
+    time for all streams, or per stream) gives each: the read would silently hold nothing."""
+    if (starting.default is not None and ending.default is not None
+            and ending.default < starting.default):
+        raise OptionError(f"option 'endingTimestamp' ({ending.default}) is before "
+                          f"'startingTimestamp' ({starting.default})")
+    start_named, end_named = dict(starting.per_stream), dict(ending.per_stream)
+    for sid in streams:
+        start, end = starting.for_stream(sid), ending.for_stream(sid)
+        if start is None or end is None or end >= start:
+            continue
+        start_name = ("startingOffsetsByTimestamp" if sid in start_named
+                      else "startingTimestamp")
+        end_name = "endingOffsetsByTimestamp" if sid in end_named else "endingTimestamp"
+        raise OptionError(
+            f"option '{end_name}' ends stream {sid} at {describe_time(end)}, before option "
+            f"'{start_name}' starts it at {describe_time(start)}: the read would hold none of "
+            "its records; give it an end time at or after its start time")
+
+
+def describe_time(ms: int) -> str:
+    """``1700000000000 (2023-11-14T22:13:20Z)`` for messages."""
+    when = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    return f"{ms} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
 def _arrow_only(opts: _Options, spec: OptionSpec, payload: str) -> bool:

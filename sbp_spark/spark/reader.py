@@ -27,6 +27,7 @@ from .filters import PushedFilters, split_filters
 from .options import ReadOptions
 from .planning import SbpPartition, plan_partitions
 from .schemas import METADATA_TYPES
+from .settings import case_sensitive
 from .times import resolve_time_positions, timestamp_bounds
 
 log = logging.getLogger(__name__)
@@ -38,17 +39,28 @@ class ReadFailedError(RuntimeError):
 
 def read_partition(options: ReadOptions, schema: StructType, partition: SbpPartition,
                    skipped: SkipTally | None = None,
-                   metadata_columns: frozenset[str] | None = None
-                   ) -> Iterator[pa.RecordBatch]:
+                   metadata_columns: frozenset[str] | None = None,
+                   case_folded: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
     """The records of ``partition`` as Arrow batches of ``schema`` (used by batch and
     streaming reads). Stored batches that do not fit ``schema`` fail the read, or, when
     ``skipped`` is given, are left out and counted there. ``metadata_columns`` are filled
-    from where records are stored in every batch (see ``PartitionDecoder``)."""
+    from where records are stored in every batch (see ``PartitionDecoder``). ``case_folded``:
+    the pairs of column names that differ only by case which ``mergeSchema`` took for one
+    column; a session with ``spark.sql.caseSensitive=true`` refuses such a schema."""
+    exact = case_sensitive()
+    if exact and case_folded:
+        raise ValueError(
+            f"mergeSchema inferred one column for each of {', '.join(case_folded)}, which differ "
+            "only by case (Spark's default, spark.sql.caseSensitive=false, takes them for one "
+            "column; the setting is not visible where the schema is inferred), but this session "
+            "sets spark.sql.caseSensitive=true: give the schema with .schema(...), or unset "
+            "spark.sql.caseSensitive")
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
                                partition.end_offset, partition.row_predicates,
-                               skipped=skipped, metadata_columns=metadata_columns)
+                               skipped=skipped, metadata_columns=metadata_columns,
+                               case_sensitive=exact)
     position = partition.start_offset
     while position < partition.end_offset:
         try:
@@ -169,9 +181,11 @@ class SbpBatchReader(DataSourceReader):
     """Plans one partition per range (or piece of one) and reads each with one FETCH."""
 
     def __init__(self, options: ReadOptions, schema: StructType,
-                 metadata_columns: frozenset[str] | None = None) -> None:
+                 metadata_columns: frozenset[str] | None = None,
+                 case_folded: Sequence[str] = ()) -> None:
         self.options = options
         self.schema = schema
+        self.case_folded = tuple(case_folded)  # see read_partition
         # Columns known to be filled from where records are stored (not from record bodies);
         # only filters on these can be pushed. None: not known (a schema the user gave).
         self.metadata_columns = known_metadata(schema, metadata_columns)
@@ -195,13 +209,16 @@ class SbpBatchReader(DataSourceReader):
             # plain InputPartition.
             return iter(())
         return read_partition(self.options, self.schema, partition,
-                              metadata_columns=self.metadata_columns)
+                              metadata_columns=self.metadata_columns,
+                              case_folded=self.case_folded)
 
 
 class SbpPushdownBatchReader(SbpBatchReader):
     """The batch reader with filter pushdown (needs spark.sql.python.filterPushdown.enabled)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        # A payload=arrow schema the user gave pushes nothing (metadata_columns None): its
+        # columns named like metadata columns may be data in batches planning never sees.
         handled, unhandled = split_filters(filters, self.metadata_columns or ())
         self.pushed = PushedFilters.from_predicates(handled)
         return iter(unhandled)

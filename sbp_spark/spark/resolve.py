@@ -4,6 +4,9 @@ A payload=arrow stream keeps each batch's own Arrow schema, so a stream that out
 producer's first schema holds batches of several schemas. A read resolves every stored batch
 against the read schema by column name, recursively inside structs, lists and maps:
 
+- names match ignoring case unless the session sets ``spark.sql.caseSensitive=true``, as in
+  Spark's file sources; a read name that matches several stored names differing only by case
+  is ambiguous, an error;
 - a column (or struct field) the batch lacks is read as nulls when the read schema lets it be
   null, and is an error otherwise; one the read schema lacks is dropped;
 - a type is read as a wider type of its family when every value survives unchanged
@@ -19,14 +22,16 @@ whole columns (``decode``), once per distinct stored schema planned.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
 import pyarrow as pa
 
 _TIME_UNITS = ("s", "ms", "us", "ns")  # coarsest first
-_LISTS = (pa.types.is_list, pa.types.is_large_list)
+# A fixed-size list (another writer's) is read as a list: Spark has no fixed-size arrays.
+_LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 _STRINGS = (pa.types.is_string, pa.types.is_large_string)
 _BINARIES = (pa.types.is_binary, pa.types.is_large_binary)
 # Decimal128 holds at most 38 digits (Spark's DecimalType too); wider unions fail.
@@ -55,10 +60,17 @@ def widens(source: pa.DataType, target: pa.DataType) -> bool:
     int8 -> int16 -> int32 -> int64, float16 -> float32 -> float64, a decimal to one with at
     least as many digits on both sides of the point, date -> timestamp (midnight; UTC for a
     time zone aware timestamp), a timestamp to a finer unit (or, both zone aware, another
-    zone: the same instants), string <-> large_string, binary <-> large_binary, and null (no
-    values) to anything.
+    zone: the same instants), a time of day to a finer unit, string <-> large_string, binary
+    <-> large_binary, fixed-size binary to binary, a dictionary-encoded column (another
+    writer's encoding) to what its values widen to, and null (no values) to anything.
     """
     if source.equals(target) or pa.types.is_null(source):
+        return True
+    if pa.types.is_dictionary(source):
+        return widens(source.value_type, target)
+    if pa.types.is_time(source) and pa.types.is_time(target):
+        return _TIME_UNITS.index(source.unit) <= _TIME_UNITS.index(target.unit)
+    if pa.types.is_fixed_size_binary(source) and any(test(target) for test in _BINARIES):
         return True
     if pa.types.is_signed_integer(source) and pa.types.is_signed_integer(target):
         return source.bit_width <= target.bit_width
@@ -89,44 +101,117 @@ def _mismatch(path: str, source: pa.DataType, target: pa.DataType) -> str:
             f"schema: {why}")
 
 
+def matching_names(names: Sequence[str], wanted: str, case_sensitive: bool) -> list[int]:
+    """The indices of ``names`` that ``wanted`` names: the equal one, or (not
+    ``case_sensitive``) every one equal ignoring case."""
+    if case_sensitive:
+        return [i for i, name in enumerate(names) if name == wanted]
+    folded = wanted.lower()
+    return [i for i, name in enumerate(names) if name.lower() == folded]
+
+
+def ambiguous_problem(path: str, matches: Iterable[str]) -> str:
+    found = ", ".join(f"'{name}'" for name in matches)
+    return (f"column '{path}' of the read schema matches columns {found} of the stored batch, "
+            "which differ only by case: ambiguous while spark.sql.caseSensitive is false (the "
+            "default); set spark.sql.caseSensitive=true to match names exactly")
+
+
+def case_duplicates(names: Iterable[str]) -> list[list[str]]:
+    """Groups of ``names`` that differ only by case (each group in order)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.lower(), []).append(name)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def duplicates_problem(groups: list[list[str]], where: str = "") -> str:
+    text = "; ".join(" and ".join(f"'{where}{name}'" for name in group) for group in groups)
+    return (f"columns {text} of the read schema differ only by case, so while "
+            "spark.sql.caseSensitive is false (the default) they name one column (Spark "
+            "refuses such a schema); keep one of each in the schema, or set "
+            "spark.sql.caseSensitive=true")
+
+
 def missing_problem(path: str) -> str:
     return (f"column '{path}' is missing from the stored batch and the read schema says it "
             "cannot be null")
 
 
-def type_problems(source: pa.DataType, target: pa.DataType, path: str) -> list[str]:
-    """Why a stored column of type ``source`` (at ``path``) cannot be read as ``target``;
-    empty when it can."""
-    if source.equals(target) or pa.types.is_null(source):
+def type_problems(source: pa.DataType, target: pa.DataType, path: str,
+                  case_sensitive: bool = True) -> list[str]:
+    """Why a stored column of type ``source`` (at ``path``) cannot be read as ``target``
+    (struct fields matched by name, ignoring case unless ``case_sensitive``); empty when it
+    can."""
+    if (source.equals(target) and (case_sensitive or not _is_nested(target))) or (
+            pa.types.is_null(source)):
         return []
     if pa.types.is_struct(source) and pa.types.is_struct(target):
         problems: list[str] = []
+        if not case_sensitive and (groups := case_duplicates(f.name for f in target)):
+            return [duplicates_problem(groups, f"{path}.")]
+        names = [f.name for f in source]
         for field in target:
-            index = source.get_field_index(field.name)
+            found = matching_names(names, field.name, case_sensitive)
             inner = f"{path}.{field.name}"
-            if index < 0:
+            if not found:
                 if not field.nullable:
                     problems.append(missing_problem(inner))
+            elif len(found) > 1:
+                problems.append(ambiguous_problem(inner, (names[i] for i in found)))
             else:
-                problems += _field_problems(source.field(index), field, inner)
+                problems += _field_problems(source.field(found[0]), field, inner,
+                                            case_sensitive)
         return problems
     if _same_family(source, target, _LISTS):
-        return _field_problems(source.value_field, target.value_field, f"{path}[]")
+        return _field_problems(source.value_field, target.value_field, f"{path}[]",
+                               case_sensitive)
     if pa.types.is_map(source) and pa.types.is_map(target):
-        return (type_problems(source.key_type, target.key_type, f"{path}[key]")
-                + _field_problems(source.item_field, target.item_field, f"{path}[value]"))
+        return (type_problems(source.key_type, target.key_type, f"{path}[key]", case_sensitive)
+                + _field_problems(source.item_field, target.item_field, f"{path}[value]",
+                                  case_sensitive))
     if _is_nested(source) or _is_nested(target) or not widens(source, target):
         return [_mismatch(path, source, target)]
     return []
 
 
-def _field_problems(source: pa.Field, target: pa.Field, path: str) -> list[str]:
+def _field_problems(source: pa.Field, target: pa.Field, path: str,
+                    case_sensitive: bool = True) -> list[str]:
     """``type_problems`` of a nested field, which must also not tighten nullability: nulls
     inside nested values are not checked value by value (only top-level columns are)."""
     if not _loosens(source, target):
         return [f"column '{path}' may hold nulls in the stored batch but the read schema says "
                 "it cannot be null"]
-    return type_problems(source.type, target.type, path)
+    return type_problems(source.type, target.type, path, case_sensitive)
+
+
+def with_read_names(source: pa.DataType, target: pa.DataType) -> pa.DataType:
+    """``source`` with each struct field that matches one of ``target`` ignoring case (and
+    ``type_problems`` accepted) spelled as ``target`` spells it, at every level: the same data,
+    whose fields Arrow's casts then find by name."""
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        spelled = {f.name.lower(): f for f in target}
+        fields = []
+        for field in source:
+            wanted = spelled.get(field.name.lower())
+            if wanted is None:
+                fields.append(field)
+            else:
+                fields.append(pa.field(wanted.name, with_read_names(field.type, wanted.type),
+                                       field.nullable, field.metadata))
+        return pa.struct(fields)
+    if _same_family(source, target, _LISTS):
+        item = source.value_field
+        item = item.with_type(with_read_names(item.type, target.value_type))
+        if pa.types.is_fixed_size_list(source):
+            return pa.list_(item, source.list_size)
+        return pa.large_list(item) if pa.types.is_large_list(source) else pa.list_(item)
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        key, item = source.key_field, source.item_field
+        return pa.map_(key.with_type(with_read_names(key.type, target.key_type)),
+                       item.with_type(with_read_names(item.type, target.item_type)),
+                       source.keys_sorted)
+    return source
 
 
 def conversion(source: pa.DataType, target: pa.DataType) -> Conversion:
@@ -165,6 +250,9 @@ class ColumnPlan:
     conversion: Conversion
     type: pa.DataType  # the read type
     refuse_nulls: bool  # the stored column may hold nulls, the read column may not
+    # CAST only: the type to view the stored column as first (struct fields spelled as the
+    # read schema spells them, when they matched ignoring case)
+    view_as: pa.DataType | None = None
 
 
 @dataclass
@@ -177,31 +265,43 @@ class SchemaPlan:
 
 
 def plan_schema(stored: pa.Schema, read: Iterable[pa.Field],
-                filled: Collection[str] = ()) -> SchemaPlan:
-    """Resolve the ``stored`` schema of a batch against the ``read`` fields, by name.
+                filled: Collection[str] = (), case_sensitive: bool = True) -> SchemaPlan:
+    """Resolve the ``stored`` schema of a batch against the ``read`` fields, by name (ignoring
+    case unless ``case_sensitive``; the read schema's names have no duplicates then).
 
     Read fields the batch lacks become null columns (``filled`` names are left out: the
     caller fills them otherwise); ``problems`` lists every column that cannot be read.
     """
     plan = SchemaPlan()
-    names = set(stored.names)
+    names = stored.names
     for wanted in read:
-        index = stored.get_field_index(wanted.name) if wanted.name in names else -1
-        if index < 0:
-            if wanted.name in filled:
+        found = matching_names(names, wanted.name, case_sensitive)
+        if len(found) != 1:
+            if len(found) > 1:
+                plan.problems.append(ambiguous_problem(wanted.name, (names[i] for i in found)))
+            elif wanted.name in filled:
                 continue
-            if wanted.nullable:
+            elif wanted.nullable:
                 plan.null_columns.append((wanted.name, wanted.type))
             else:
                 plan.problems.append(missing_problem(wanted.name))
             continue
+        index = found[0]
         source = stored.field(index)
-        found = type_problems(source.type, wanted.type, wanted.name)
-        if found:
-            plan.problems += found
+        problems = type_problems(source.type, wanted.type, wanted.name, case_sensitive)
+        if problems:
+            plan.problems += problems
             continue
-        plan.columns.append(ColumnPlan(wanted.name, index, conversion(source.type, wanted.type),
-                                       wanted.type, source.nullable and not wanted.nullable))
+        spelled = source.type if case_sensitive else with_read_names(source.type, wanted.type)
+        how = conversion(spelled, wanted.type)
+        view_as = None
+        if not spelled.equals(source.type):
+            if how is Conversion.CAST:
+                view_as = spelled
+            else:  # the stored data is the read data, under other names: a view serves
+                how = Conversion.RELABEL
+        plan.columns.append(ColumnPlan(wanted.name, index, how, wanted.type,
+                                       source.nullable and not wanted.nullable, view_as))
     return plan
 
 
@@ -210,23 +310,28 @@ def schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
-def merge_types(a: pa.DataType, b: pa.DataType, path: str) -> pa.DataType:
+def merge_types(a: pa.DataType, b: pa.DataType, path: str,
+                folded: list[str] | None = None) -> pa.DataType:
     """The type both ``a`` and ``b`` are read as when a schema unions them (``mergeSchema``):
-    the wider of the two, struct fields unioned by name; ``ValueError`` when neither widens to
-    a common type."""
+    the wider of the two, struct fields unioned by name (see ``merge_fields``); ``ValueError``
+    when neither widens to a common type."""
+    if pa.types.is_dictionary(a):
+        a = a.value_type
+    if pa.types.is_dictionary(b):
+        b = b.value_type
     if a.equals(b) or pa.types.is_null(b):
         return a
     if pa.types.is_null(a):
         return b
     if pa.types.is_struct(a) and pa.types.is_struct(b):
-        return pa.struct(merge_fields(list(a), list(b), path))
+        return pa.struct(merge_fields(list(a), list(b), path, folded))
     if _same_family(a, b, _LISTS):
-        item = _merge_field(a.value_field, b.value_field, f"{path}[]")
+        item = _merge_field(a.value_field, b.value_field, f"{path}[]", folded)
         return (pa.large_list(item) if pa.types.is_large_list(a) or pa.types.is_large_list(b)
                 else pa.list_(item))
     if pa.types.is_map(a) and pa.types.is_map(b):
-        key = merge_types(a.key_type, b.key_type, f"{path}[key]")
-        item = _merge_field(a.item_field, b.item_field, f"{path}[value]")
+        key = merge_types(a.key_type, b.key_type, f"{path}[key]", folded)
+        item = _merge_field(a.item_field, b.item_field, f"{path}[value]", folded)
         return pa.map_(pa.field(a.key_field.name, key, nullable=False), item)
     if pa.types.is_decimal(a) and pa.types.is_decimal(b):
         scale = max(a.scale, b.scale)
@@ -242,24 +347,48 @@ def merge_types(a: pa.DataType, b: pa.DataType, path: str) -> pa.DataType:
                      "widens to a type that holds both")
 
 
-def _merge_field(a: pa.Field, b: pa.Field, path: str) -> pa.Field:
-    return pa.field(a.name, merge_types(a.type, b.type, path), nullable=a.nullable or b.nullable)
+def _merge_field(a: pa.Field, b: pa.Field, path: str,
+                 folded: list[str] | None = None) -> pa.Field:
+    return pa.field(a.name, merge_types(a.type, b.type, path, folded),
+                    nullable=a.nullable or b.nullable)
 
 
-def merge_fields(a: list[pa.Field], b: list[pa.Field], path: str = "") -> list[pa.Field]:
-    """``a``'s fields then ``b``'s new ones, by name; a field only one side has may be null."""
+def merge_fields(a: list[pa.Field], b: list[pa.Field], path: str = "",
+                 folded: list[str] | None = None) -> list[pa.Field]:
+    """``a``'s fields then ``b``'s new ones, by name; a field only one side has may be null.
+
+    Names that differ only by case are one field, spelled as ``a`` spells it (what Spark's
+    file sources infer while ``spark.sql.caseSensitive`` is false, its default); each such
+    pair is described in ``folded``. A side that itself has names differing only by case keeps
+    those apart."""
     by_name = {f.name: f for f in b}
+    by_folded = _unique_folded(b)
+    a_counts = Counter(f.name.lower() for f in a)
     out = []
+    taken = set()
     for field in a:
         other = by_name.get(field.name)
         name = f"{path}.{field.name}" if path else field.name
-        out.append(field.with_nullable(True) if other is None
-                   else _merge_field(field, other, name))
-    names = {f.name for f in a}
-    out += [f.with_nullable(True) for f in b if f.name not in names]
+        if other is None and a_counts[field.name.lower()] == 1:
+            other = by_folded.get(field.name.lower())
+            if other is not None and folded is not None:
+                folded.append(f"'{name}' and '{path + '.' if path else ''}{other.name}'")
+        if other is None:
+            out.append(field.with_nullable(True))
+        else:
+            taken.add(other.name)
+            out.append(_merge_field(field, other, name, folded))
+    out += [f.with_nullable(True) for f in b if f.name not in taken]
     return out
 
 
-__all__ = ["ColumnPlan", "Conversion", "SchemaMismatchError", "SchemaPlan", "conversion",
+def _unique_folded(fields: list[pa.Field]) -> dict[str, pa.Field]:
+    """``fields`` by lower-case name, leaving out names that several of them have."""
+    counts = Counter(f.name.lower() for f in fields)
+    return {f.name.lower(): f for f in fields if counts[f.name.lower()] == 1}
+
+
+__all__ = ["ColumnPlan", "Conversion", "SchemaMismatchError", "SchemaPlan", "ambiguous_problem",
+           "case_duplicates", "conversion", "duplicates_problem", "matching_names",
            "merge_fields", "merge_types", "missing_problem", "plan_schema", "schema_text",
-           "type_problems", "widens"]
+           "type_problems", "widens", "with_read_names"]

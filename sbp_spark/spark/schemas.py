@@ -62,7 +62,8 @@ def arrow_payload_schema(data: pa.Schema) -> StructType:
     """The schema of a payload=arrow read of data written with Arrow schema ``data``.
 
     The data's own columns come first; metadata columns follow unless the data has a column
-    of that name (the data's column wins).
+    of that name, ignoring case (the data's column wins: Spark's default
+    ``spark.sql.caseSensitive=false`` would take the two for one column).
     """
     try:
         data_struct = from_arrow_schema(data)
@@ -77,7 +78,7 @@ def arrow_payload_schema(data: pa.Schema) -> StructType:
                 f"the stream holds Arrow data Spark cannot read: column '{field.name}' is "
                 f"{field.dataType.simpleString()} ({exc}); read it with a schema that leaves "
                 "the column out") from exc
-    names = {f.name for f in fields}
+    names = {f.name.lower() for f in fields}
     fields += [StructField(name, METADATA_TYPES[name])
                for name in ARROW_PAYLOAD_METADATA if name not in names]
     return StructType(fields)

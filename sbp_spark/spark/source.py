@@ -60,6 +60,9 @@ class SbpDataSource(DataSource):
         # payload=arrow: the names of the data columns, known once schema() inferred them; they
         # tell metadata columns from data columns of the same name.
         self.arrow_data_columns: tuple[str, ...] | None = None
+        # payload=arrow mergeSchema: the pairs of names it took for one column because they
+        # differ only by case (see ``infer_arrow_schema``), which a case-sensitive read refuses.
+        self.arrow_case_folded: tuple[str, ...] = ()
 
     @classmethod
     def name(cls) -> str:
@@ -73,7 +76,9 @@ class SbpDataSource(DataSource):
             client = cluster.get_client(options.client)
             layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
             try:
-                data = infer_arrow_schema(client, layouts, options.merge_schema)
+                folded: list[str] = []
+                data = infer_arrow_schema(client, layouts, options.merge_schema, folded)
+                self.arrow_case_folded = tuple(folded)
             except NothingToInferError:
                 if not self.creating_table:
                     raise
@@ -92,7 +97,7 @@ class SbpDataSource(DataSource):
             check_records_read_schema(schema)
         metadata = metadata_columns_of(schema, options.payload, self._data_columns(table))
         cls = SbpPushdownBatchReader if self.pushdown else SbpBatchReader
-        return cls(options, schema, metadata)
+        return cls(options, schema, metadata, self.arrow_case_folded)
 
     def _data_columns(self, table: tables.TableDefinition | None) -> tuple[str, ...] | None:
         """payload=arrow: the data columns schema() inferred or the table keeps (None: the
@@ -128,7 +133,7 @@ class SbpDataSource(DataSource):
 
         table = tables.definition_of(schema)
         return stream_reader(tables.read_options(self.options, table), schema,
-                             self._data_columns(table))
+                             self._data_columns(table), self.arrow_case_folded)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer

@@ -15,7 +15,6 @@ filter to every row.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -25,7 +24,15 @@ from sbp_spark.client.timesearch import TimeSearch
 
 from .cluster import layout_ranges
 from .filters import UNBOUNDED, Interval, PushedFilters
-from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions, TimeSpec
+from .options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+    TimeSpec,
+    describe_time,
+)
 from .planning import StreamLayout, resolve_bounds
 
 log = logging.getLogger(__name__)
@@ -33,12 +40,6 @@ log = logging.getLogger(__name__)
 
 def _search(client: SbpClient, layout: StreamLayout) -> TimeSearch:
     return TimeSearch(client, layout_ranges(layout))
-
-
-def describe_time(ms: int) -> str:
-    """``1700000000000 (2023-11-14T22:13:20Z)`` for messages."""
-    when = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-    return f"{ms} ({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
 def _option_name(spec: TimeSpec, one: str, by_stream: str) -> str:
@@ -80,6 +81,18 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
             begin = starting.get(sid, options.starting.default)
             begin = first if begin == EARLIEST else last if begin == LATEST else begin
             found = search.first_at_or_after(end_ms, max(first, begin), last).offset
+            by_offset = starting_time is None or starting_time.for_stream(sid) is None
+            if by_offset and found is not None and found == begin > first:
+                # The time may fall before the starting offset: an empty read nobody asked
+                # for (the mirror of a starting time past the ending offset, refused above).
+                earlier = search.first_at_or_after(end_ms, first, begin).offset
+                if earlier is not None:
+                    name = _option_name(ending_time, "endingTimestamp",
+                                        "endingOffsetsByTimestamp")
+                    raise OptionError(
+                        f"option '{name}' ends stream {sid} at offset {earlier} (its first "
+                        f"record at or after {describe_time(end_ms)}), before option "
+                        f"'startingOffsets', which starts it at offset {begin}")
             ending[sid] = last if found is None else found
     return replace(options, starting=OffsetSpec(options.starting.default,
                                                 tuple(sorted(starting.items()))),

@@ -23,6 +23,8 @@ from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
 from .evolution import check_backward
 from .options import WriteOptions
+from .resolve import case_duplicates
+from .settings import case_sensitive
 from .zones import session_time_zone
 
 log = logging.getLogger(__name__)
@@ -163,8 +165,18 @@ class SbpBatchWriter(DataSourceArrowWriter):
         self.created = created
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
-        client = cluster.get_client(self.options.client)
         encoder = self.encoder
+        if encoder.payload == "arrow" and not case_sensitive():
+            # Checked in the task: only tasks see the session's setting.
+            groups = case_duplicates(n for n in encoder.names if n != "stream_id")
+            if groups:
+                text = "; ".join(" and ".join(f"'{n}'" for n in group) for group in groups)
+                raise ValueError(
+                    f"payload=arrow cannot write this DataFrame: columns {text} differ only by "
+                    "case, and with spark.sql.caseSensitive=false (Spark's default, and this "
+                    "session's) they name one column, so no read could tell them apart; "
+                    "rename one of them, or set spark.sql.caseSensitive=true")
+        client = cluster.get_client(self.options.client)
         if encoder.wall_clock_timestamp:
             encoder = encoder.with_time_zone(self.options.time_zone or session_time_zone())
         appends = _TaskAppends()

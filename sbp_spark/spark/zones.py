@@ -19,6 +19,8 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .settings import task_property
+
 SESSION_TIME_ZONE = "spark.sql.session.timeZone"
 
 # Java's ZoneId.SHORT_IDS, which Spark accepts for its session time zone.
@@ -86,11 +88,7 @@ def local_time_zone() -> str:
 def session_time_zone() -> str:
     """In a task: its session's time zone (the JVM's default when the session never set
     one)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    zone = context.getLocalProperty(SESSION_TIME_ZONE) if context is not None else None
-    return zone or local_time_zone()
+    return task_property(SESSION_TIME_ZONE) or local_time_zone()
 
 
 def wall_clock_to_instants(values: pa.Array, zone: str) -> pa.Array:

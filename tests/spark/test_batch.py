@@ -16,6 +16,7 @@ from pyspark.sql.types import IntegerType, MapType, StringType
 
 from sbp_spark.protocol.records import (
     PAYLOAD_ARROW,
+    PAYLOAD_RECORDS,
     encode_arrow_batch,
     encode_batch,
     make_records_batch,
@@ -299,3 +300,33 @@ def test_empty_array_and_map_columns_are_refused_naming_them(spark, pd, sbp_clie
     sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(stored, PAYLOAD_ARROW))])
     assert [tuple(r) for r in read(spark, pd, sid, payload="arrow").select("id", "none")
             .collect()] == [(1, [])]
+
+
+def test_record_times_before_1970_keep_their_millisecond(spark, pd, sbp_client):
+    """Record times are stored in whole ms, finer digits dropped toward the past as Spark's own
+    conversions do. Before, a time before 1970 was cut toward zero: 1969-12-31 23:59:59.9995
+    came back as 1970-01-01 00:00:00, a day and a year later, and left a filter on the year."""
+    sid = new_stream(sbp_client)
+    written = spark.sql(
+        "SELECT 'a' AS value, TIMESTAMP'1969-12-31 23:59:59.9995' AS timestamp UNION ALL "
+        "SELECT 'b', TIMESTAMP'1969-07-20 20:17:40.000999' UNION ALL "
+        "SELECT 'c', TIMESTAMP'1970-01-01 00:00:00.0015'")
+    (written.coalesce(1).write.format("sbp").option("pd", pd).option("stream", str(sid))
+     .mode("append").save())
+    # ns times of another writer are floored to Spark's microseconds the same way
+    other = with_payload_kind(pa.record_batch({
+        "value": pa.array([b"d"]), "timestamp": pa.array([-1_000_500], pa.timestamp("ns"))}),
+        PAYLOAD_RECORDS)
+    sbp_client.open_stream(sid).append([encode_arrow_batch(other, 1_000)])
+    got = read(spark, pd, sid).orderBy("offset").select(
+        F.col("value").cast("string").alias("value"), "timestamp")
+    expected = spark.sql(
+        "SELECT 'a' AS value, TIMESTAMP'1969-12-31 23:59:59.999' AS timestamp UNION ALL "
+        "SELECT 'b', TIMESTAMP'1969-07-20 20:17:40' UNION ALL "
+        "SELECT 'c', TIMESTAMP'1970-01-01 00:00:00.001' UNION ALL "
+        "SELECT 'd', TIMESTAMP'1969-12-31 23:59:59.998999'")
+    assert_df_equality(got, expected, ignore_nullable=True)
+    # positions by time and pushed filters on timestamp see the same times
+    before = read(spark, pd, sid).where("timestamp < TIMESTAMP'1970-01-01 00:00:00'")
+    assert sorted(r.value for r in before.collect()) == [b"a", b"b", b"d"]
+    assert [r.value for r in read(spark, pd, sid, endingTimestamp="0").collect()] == [b"a", b"b"]

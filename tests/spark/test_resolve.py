@@ -31,6 +31,11 @@ WIDENINGS = [
     (pa.string(), pa.large_string()), (pa.large_string(), pa.string()),
     (pa.binary(), pa.large_binary()), (pa.large_binary(), pa.binary()),
     (pa.null(), pa.int32()), (pa.null(), pa.struct([("a", pa.string())])),
+    # other Arrow writers' encodings of Spark's values
+    (pa.time32("s"), pa.time64("ns")), (pa.time64("us"), pa.time64("ns")),
+    (pa.binary(2), pa.binary()), (pa.binary(2), pa.large_binary()),
+    (pa.dictionary(pa.int8(), pa.string()), pa.string()),
+    (pa.dictionary(pa.int32(), pa.int16()), pa.int64()),
 ]
 
 REFUSED = [
@@ -47,6 +52,8 @@ REFUSED = [
     (pa.int32(), pa.float64(), "unrelated"), (pa.binary(), pa.string(), "unrelated"),
     (pa.timestamp("us", tz="UTC"), pa.timestamp("us"), "unrelated"),
     (pa.uint8(), pa.int16(), "unrelated"),
+    (pa.time64("ns"), pa.time64("us"), "a narrowing"), (pa.binary(3), pa.string(), "unrelated"),
+    (pa.dictionary(pa.int8(), pa.int64()), pa.int32(), "unrelated"),
     (pa.list_(pa.int32()), pa.int32(), "unrelated"),
     (pa.struct([("a", pa.int32())]), pa.list_(pa.int32()), "unrelated"),
 ]
@@ -70,8 +77,14 @@ def sample(dtype: pa.DataType) -> pa.Array | None:
         return pa.array([1_700_000_000, None], pa.int64()).cast(dtype)
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
         return pa.array(["é", None], dtype)
-    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+    if (pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype)
+            or pa.types.is_fixed_size_binary(dtype)):
         return pa.array([b"\x00\xff", None], dtype)
+    if pa.types.is_time(dtype):
+        return pa.array([dt.time(23, 59, 59), None], dtype)
+    if pa.types.is_dictionary(dtype):
+        values = sample(dtype.value_type)
+        return None if values is None else values.dictionary_encode().cast(dtype)
     return pa.nulls(2)
 
 
@@ -82,7 +95,9 @@ def test_safe_widenings_are_accepted_and_keep_every_value(source, target):
     array = sample(source)
     if array is not None and not pa.types.is_null(source):
         # every value survives the widening (and comes back unchanged)
-        assert array.cast(target).cast(source).equals(array)
+        if pa.types.is_dictionary(source):
+            array = array.dictionary_decode()
+        assert array.cast(target).cast(array.type).equals(array)
 
 
 @pytest.mark.parametrize(("source", "target", "why"), REFUSED)
@@ -174,3 +189,36 @@ def test_merge_types_unions_by_name_and_widens():
                           [pa.field("id", pa.int64(), False), pa.field("score", pa.float64())])
     assert fields == [pa.field("id", pa.int64(), False), pa.field("name", pa.string()),
                       pa.field("score", pa.float64())]
+
+
+def test_names_match_ignoring_case_at_every_level_unless_case_sensitive():
+    stored = pa.schema([("Amount", pa.int32()),
+                        ("Info", pa.map_(pa.string(), pa.struct([("Code", pa.int32()),
+                                                                 ("x", pa.int8())])))])
+    read = [pa.field("amount", pa.int64()),
+            pa.field("info", pa.map_(pa.string(), pa.struct([("code", pa.int64())])))]
+    plan = plan_schema(stored, read, case_sensitive=False)
+    assert plan.problems == [] and [c.name for c in plan.columns] == ["amount", "info"]
+    info = plan.columns[1]
+    stored_info = pa.array([[("k", {"Code": 7, "x": 1})]], stored.field("Info").type)
+    assert stored_info.view(info.view_as).cast(info.type).to_pylist() == [[("k", {"code": 7})]]
+    exact = plan_schema(stored, read, case_sensitive=True)
+    assert exact.columns == [] and [n for n, _ in exact.null_columns] == ["amount", "info"]
+    # one read name, two stored spellings: ambiguous, whichever level
+    twice = pa.schema([("st", pa.struct([("ID", pa.int64()), ("id", pa.int64())]))])
+    [problem] = plan_schema(twice, [pa.field("st", pa.struct([("id", pa.int64())]))],
+                            case_sensitive=False).problems
+    assert problem.startswith("column 'st.id' of the read schema matches columns 'ID', 'id'")
+
+
+def test_merge_schema_takes_nested_names_differing_by_case_for_one_field():
+    folded: list[str] = []
+    a = [pa.field("st", pa.struct([("Code", pa.int32())]))]
+    b = [pa.field("ST", pa.struct([("code", pa.int64()), ("more", pa.string())]))]
+    assert merge_fields(a, b, folded=folded) == [
+        pa.field("st", pa.struct([("Code", pa.int64()), ("more", pa.string())]))]
+    assert folded == ["'st' and 'ST'", "'st.Code' and 'st.code'"]
+    # a batch that itself has both spellings keeps them apart
+    both = [pa.field("ID", pa.int64()), pa.field("id", pa.int64())]
+    assert [f.name for f in merge_fields(both, [pa.field("Id", pa.int64())])] == [
+        "ID", "id", "Id"]

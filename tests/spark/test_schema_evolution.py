@@ -131,6 +131,23 @@ def test_data_columns_named_like_metadata_are_null_where_older_batches_lack_them
     assert [tuple(r) for r in day.collect()] == [(1, None)]
 
 
+def test_a_given_schema_pushes_no_filter_on_columns_that_may_be_data(spark, pd, sbp_client):
+    """With .schema(...), 'offset' is data in the batches that store such a column and the
+    record's offset in the others, and which batches store one is not known when the read is
+    planned, so a filter on it cannot choose the offsets fetched: the source leaves it to
+    Spark, which keeps the rows whose column passes (pushed, it would return (1, 5))."""
+    sid = new_stream(sbp_client)
+    write_arrow(spark.sql("SELECT 1 AS a, 5L AS offset"), pd, sid)  # record offset 0
+    write_arrow(spark.sql("SELECT 2 AS a, 0L AS offset"), pd, sid)  # record offset 1
+    df = arrow_read(spark, pd, sid, "a INT, offset BIGINT").where("offset < 1")
+    plan = df._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "LessThan(offset" not in plan
+    assert [tuple(r) for r in df.collect()] == [(2, 0)]
+    # the inferred schema knows 'offset' is data: nothing of it is pushed either
+    assert [r.a for r in arrow_read(spark, pd, sid).where("offset < 1").collect()] == [2]
+
+
 def test_merge_schema_fails_clearly_on_unrelated_types(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int32())}))
@@ -317,3 +334,30 @@ def test_writer_guard_refuses_what_readers_of_the_new_schema_cannot_read(
                                          r"int32 in the read schema"):
         stream_writer(options, narrowed, False)
     assert stream_writer(options, spark.createDataFrame([(1,)], "id long").schema, False)
+
+
+def test_another_writers_encodings_read_with_the_schema_inferred_from_them(spark, pd,
+                                                                          sbp_client):
+    """Arrow writers other than Spark store dictionary-encoded strings, fixed-size binaries and
+    lists, and times of day in microseconds. Before, inference offered Spark's types for them
+    (string, binary, array, time) and then refused the very batch it inferred them from as
+    'unrelated types'; each holds the same values as the inferred type, so it is read."""
+    sid = new_stream(sbp_client)
+    columns = {
+        "label": pa.array(["a", None, "a"]).dictionary_encode(),
+        "digest": pa.array([b"ab", None, b"cd"], pa.binary(2)),
+        "pair": pa.array([[1, 2], None, [3, None]], pa.list_(pa.int32(), 2)),
+        "at": pa.array([1, None, 86_399_999_999], pa.time64("us")),
+    }
+    append_arrow(sbp_client, sid, pa.record_batch(columns))
+    df = arrow_read(spark, pd, sid)
+    assert data_fields(df) == [("label", "string", True), ("digest", "binary", True),
+                               ("pair", "array<int>", True), ("at", "time(6)", True)]
+    assert rows(df, *columns) == [
+        ("a", bytearray(b"ab"), [1, 2], dt.time(0, 0, 0, 1)),
+        (None, None, None, None),
+        ("a", bytearray(b"cd"), [3, None], dt.time(23, 59, 59, 999_999))]
+    # mergeSchema unions the encoded column with a plain one
+    append_arrow(sbp_client, sid, pa.record_batch({"label": pa.array(["b"], pa.large_string())}))
+    merged = arrow_read(spark, pd, sid, mergeSchema="true")
+    assert [r.label for r in merged.orderBy("offset").collect()] == ["a", None, "a", "b"]

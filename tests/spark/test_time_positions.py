@@ -94,6 +94,50 @@ def test_a_starting_time_past_the_ending_offset_names_both_options(spark, pd, ti
                                 endingOffsets=json.dumps({str(timed): 100}))) == (5, 95, 99)
 
 
+def test_a_per_stream_ending_time_before_its_starting_time_is_refused(spark, pd, sbp_client,
+                                                                      timed):
+    """Before, the per-stream forms read nothing for such a stream without a word, while
+    endingTimestamp < startingTimestamp was refused."""
+    other = new_stream(sbp_client)
+    append_timed(sbp_client, other, [T0 + 5, T0 + 6, T0 + 7])
+    streams = f"{timed},{other}"
+    with pytest.raises(Exception, match=(
+            rf"option 'endingOffsetsByTimestamp' ends stream {other} at {T0 + 6} "
+            r"\(2023-11-14T22:13:20.006Z\), before option 'startingOffsetsByTimestamp' starts "
+            rf"it at {T0 + 7} \(2023-11-14T22:13:20.007Z\)")):
+        read(spark, pd, streams,
+             startingOffsetsByTimestamp=json.dumps({str(timed): T0, str(other): T0 + 7}),
+             endingOffsetsByTimestamp=json.dumps({str(other): T0 + 6})).collect()
+    # one form for all streams, the other per stream
+    with pytest.raises(Exception, match=(
+            rf"option 'endingOffsetsByTimestamp' ends stream {timed} at {T0 + 100_000} .*, "
+            rf"before option 'startingTimestamp' starts it at {T0 + 200_000}")):
+        read(spark, pd, streams, startingTimestamp=str(T0 + 200_000),
+             endingOffsetsByTimestamp=json.dumps({str(timed): T0 + 100_000})).collect()
+    # an end equal to the start is an empty read of that stream, as with the single options
+    df = read(spark, pd, streams,
+              startingOffsetsByTimestamp=json.dumps({str(other): T0 + 6}),
+              endingOffsetsByTimestamp=json.dumps({str(other): T0 + 6, str(timed): T0 + 2000}))
+    assert sorted(tuple(r) for r in df.groupBy("stream_id").count().collect()) == [(timed, 2)]
+
+
+def test_an_ending_time_before_the_starting_offset_names_both_options(spark, pd, timed):
+    # The mirror of the case above: the ending time falls at offset 50, before the starting
+    # offset 100. Before, the read was silently empty; Kafka's source refuses such a range.
+    with pytest.raises(Exception, match=(
+            rf"option 'endingTimestamp' ends stream {timed} at offset 50 \(its first record at "
+            rf"or after {T0 + 50_000} .*\), before option 'startingOffsets', which starts it at "
+            r"offset 100")):
+        read(spark, pd, timed, startingOffsets=json.dumps({str(timed): 100}),
+             endingTimestamp=str(T0 + 50_000)).collect()
+    # an ending time at the starting offset's record reads nothing, past it reads up to it
+    start = json.dumps({str(timed): 100})
+    assert read(spark, pd, timed, startingOffsets=start,
+                endingTimestamp=str(T0 + 100_000)).count() == 0
+    assert offsets_summary(read(spark, pd, timed, startingOffsets=start,
+                                endingTimestamp=str(T0 + 105_000))) == (5, 100, 104)
+
+
 def test_streaming_query_starts_at_a_time(spark, pd, sbp_client, timed, tmp_path):
     def run(name: str, **options: str) -> list[int]:
         reader = spark.readStream.format("sbp").option("pd", pd).option("streams", str(timed))

@@ -68,9 +68,11 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reads of SBP streams with admission control and data-loss checks."""
 
     def __init__(self, options: StreamReadOptions, schema: StructType,
-                 metadata_columns: frozenset[str] | None = None) -> None:
+                 metadata_columns: frozenset[str] | None = None,
+                 case_folded: Sequence[str] = ()) -> None:
         self.options = options
         self.schema = schema
+        self.case_folded = tuple(case_folded)  # see read_partition
         # Filled from where records are stored in every batch, as in a batch read (a stored
         # column of such a name is dropped).
         self.metadata_columns = known_metadata(schema, metadata_columns)
@@ -218,13 +220,14 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, SbpPartition), type(partition)
         if not self.options.skip_incompatible_batches:
             return read_partition(self.options.read, self.schema, partition,
-                                  metadata_columns=self.metadata_columns)
+                                  metadata_columns=self.metadata_columns,
+                                  case_folded=self.case_folded)
         return self._read_skipping(partition)
 
     def _read_skipping(self, partition: SbpPartition) -> Iterator[pa.RecordBatch]:
         skipped = SkipTally()
         yield from read_partition(self.options.read, self.schema, partition, skipped,
-                                  self.metadata_columns)
+                                  self.metadata_columns, self.case_folded)
         if skipped.batches:
             log.warning("sbp %s: skipped %d stored batches (%d records) that do not fit the "
                         "read schema (skipIncompatibleBatches=true); the first: %s",
@@ -595,11 +598,12 @@ def _ids(streams: Sequence[int]) -> str:
 
 
 def stream_reader(options: Mapping[str, str], schema: StructType,
-                  data_columns: Sequence[str] | None = None) -> SbpStreamReader:
+                  data_columns: Sequence[str] | None = None,
+                  case_folded: Sequence[str] = ()) -> SbpStreamReader:
     """The stream reader of a query (``DataSource.streamReader``), options checked;
     ``data_columns`` as for a batch read (see ``metadata_columns_of``)."""
     parsed = parse_stream_read_options(options)
     if parsed.read.payload == "records":
         check_records_read_schema(schema)
     return SbpStreamReader(parsed, schema, metadata_columns_of(
-        schema, parsed.read.payload, data_columns))
+        schema, parsed.read.payload, data_columns), case_folded)
