@@ -762,3 +762,27 @@ def test_tail_follow_waits_out_a_range_server_restart(tmp_path):
             proc.stdout.close()
             proc.stderr.close()
     assert status == 130 and "Traceback" not in stderr, stderr
+
+
+def test_cluster_does_not_count_a_down_server_that_holds_no_range(capsys, tmp_path):
+    # A range server taken out of service stays known to the PD (there is no command to
+    # forget one): while it holds no range it must not fail the health check forever.
+    with EmbeddedCluster(tmp_path / "c", range_servers=2) as two:
+        pd = ["--pd", two.pd_address]
+        retired, kept = two.server_id(1), two.server_id(0)
+        two.stop_range_server(1)
+        assert main(["cluster", *pd]) == 0
+        out, err = capsys.readouterr()
+        assert f"{retired} at " in err and "down but holding no range" in err
+        # A stream placed on the server that is left, then that one stopped too: it holds a
+        # range, so the check fails (and the idle one is still named as not counted).
+        assert main(["streams", "create", "--replicas", "1", *pd]) == 0
+        capsys.readouterr()
+        two.stop_range_server(0)
+        assert main(["cluster", *pd]) == 1
+        out, err = capsys.readouterr()
+        assert f"{retired} at " in err and f"{kept} at " not in err
+        # The one-server check names the server it was asked about, whatever it holds.
+        address = next(line.split()[1] for line in out.splitlines()
+                       if line.split()[:1] == [str(retired)])
+        assert main(["cluster", "--range-server", address, *pd]) == 1
