@@ -299,3 +299,25 @@ def test_empty_array_and_map_columns_are_refused_naming_them(spark, pd, sbp_clie
     sbp_client.append(sid, [encode_arrow_batch(with_payload_kind(stored, PAYLOAD_ARROW))])
     assert [tuple(r) for r in read(spark, pd, sid, payload="arrow").select("id", "none")
             .collect()] == [(1, [])]
+
+
+def test_a_failing_task_says_what_it_had_appended(spark, pd, sbp_client):
+    # A task that fails after some of its appends landed leaves them in the stream, but Spark's
+    # abort hears only from the tasks that succeeded: the user was told "records the
+    # successful tasks appended stay: nothing" while the stream held 10,000 records. The
+    # task's error now says what it had appended. Here the first 10,000 rows (one Arrow batch
+    # from Spark, 20 MB: one append) land, then a value too large for any record batch fails
+    # the task.
+    sid = new_stream(sbp_client)
+    rows = spark.range(10_001, numPartitions=1).selectExpr(
+        "IF(id = 10000, repeat('x', 17000000), repeat('y', 2000)) AS value")
+    with pytest.raises(Exception) as failure:
+        (rows.write.format("sbp").option("pd", pd).option("stream", str(sid))
+         .mode("append").save())
+    message = str(failure.value)
+    assert "one record needs" in message
+    stored = sum(b.header.record_count for b in sbp_client.read(sid))
+    assert stored == 10_000
+    assert (f"before it failed, this task had appended to stream {sid}: {stored} records"
+            in message), message[-3000:]
+    assert "a retry of the task appends them again" in message
