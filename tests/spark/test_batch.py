@@ -245,6 +245,15 @@ def test_opaque_records_and_create_if_missing(spark, pd, sbp_client):
     assert created.retention_period_ms == 3_600_000
     assert offsets_summary(read(spark, pd, sid + 1)) == (1000, 0, 999)
 
+    # A write refused for its columns creates no stream: each attempt used to leave an empty
+    # one behind.
+    before = [s.stream_id for s in sbp_client.list_streams()]
+    for _ in range(2):
+        with pytest.raises(Exception, match="a 'value' column"):
+            (spark.range(3).write.format("sbp").option("pd", pd)
+             .option("createIfMissing", "true").mode("append").save())
+    assert [s.stream_id for s in sbp_client.list_streams()] == before
+
 
 def test_errors_name_the_problem(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
