@@ -66,6 +66,9 @@ class SbpClient:
             self.config = config if config is not None else ClientConfig()
             self.pd = PdClient(pd, self.config, pool)
         self.pool = self.pd.pool if pool is None else pool
+        # stream id -> the last range that stored a batch of this client's writers: the range
+        # has reached its primary (see ``StreamWriter._send``).
+        self._took: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"SbpClient(pd={','.join(self.pd.addresses)!r})"
@@ -495,8 +498,8 @@ class StreamWriter:
                 self.refresh()
                 raise RangeSealedError(
                     f"open range {self.stream_id}/{target.range_index} lists no primary")
-            outcomes = self.client.range_server(primary.advertise_addr).append(
-                [(self.stream_id, items[i][0]) for i in pending])
+            outcomes = self._send(target, primary.advertise_addr,
+                                  [(self.stream_id, items[i][0]) for i in pending])
             failed: list[int] = []
             retry_error: SbpError | None = None
             for index, outcome in zip(pending, outcomes, strict=True):
@@ -505,6 +508,7 @@ class StreamWriter:
                     _, length, count = items[index]
                     results[index] = Appended(self.stream_id, target.range_index,
                                               outcome.unwrap().base_offset, count, length)
+                    self.client._took[self.stream_id] = target.range_index
                     continue
                 if isinstance(error, RangeSealedError):
                     self._sealed_index = target.range_index
@@ -526,6 +530,27 @@ class StreamWriter:
                 f"append to stream {self.stream_id}: batches "
                 f"{[i for i, r in enumerate(results) if r is None]} got no answer")
         return landed
+
+    def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
+              ) -> list[ItemResult]:
+        """APPEND ``entries`` to ``target``'s primary; one outcome per entry, in order.
+
+        The frames of one call are in flight together, so their order holds only if the
+        server refuses every frame after one it refused. Within a range it does (a seal
+        refuses all that follow), but not before the range reached it: the PD records a range
+        before it tells the range's servers, so a writer may learn of it first; the frames
+        served before it arrived were refused, those served after stored, and the refused
+        ones, sent again, landed after them. So the first batch to a range goes alone, and
+        the rest once the range took it.
+        """
+        server = self.client.range_server(address)
+        if self.client._took.get(self.stream_id) == target.range_index or len(entries) == 1:
+            return server.append(entries)
+        (first,) = server.append(entries[:1])
+        if first.exception() is not None:
+            return [first] * len(entries)  # the rest was not sent: it fails the same way
+        self.client._took[self.stream_id] = target.range_index
+        return [first, *server.append(entries[1:])]
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have
