@@ -16,14 +16,19 @@ from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
+    ConnectTimeoutError,
     DataCorruptError,
     HistoryRewrittenError,
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
+    ReadTimeoutError,
     ReplicaBehindError,
     SbpError,
+    SbpTimeoutError,
     ServerError,
+    TransportError,
+    WriteTimeoutError,
 )
 from sbp_spark.protocol.messages import Range, RangeId, RangeReplica, RangeServer, Stream
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
@@ -522,7 +527,7 @@ class StreamWriter:
             if retry_error is not None:
                 raise retry_error
 
-        call_with_retries(attempt, self.client.config, on_error=self._on_error)
+        self._retried(attempt, attempts, results)
         landed = [appended for appended in results if appended is not None]
         if len(landed) != len(results):
             # call_with_retries returns only once no batch is pending: this would be a bug.
@@ -530,6 +535,24 @@ class StreamWriter:
                 f"append to stream {self.stream_id}: batches "
                 f"{[i for i, r in enumerate(results) if r is None]} got no answer")
         return landed
+
+    def _retried(self, attempt: Callable[[], None], attempts: list[int],
+                 results: Sequence[Appended | None]) -> None:
+        """Run ``attempt`` under the retry policy; when it gives up, its error says what gave
+        up and how far it got (``attempts[0]``: attempts made; ``results``: what landed)."""
+        started = time.monotonic()
+        try:
+            call_with_retries(attempt, self.client.config, on_error=self._on_error)
+        except SbpError as exc:
+            if not is_retriable(exc):
+                raise  # named the batch already, or the PD's answer says what failed
+            done = sum(1 for r in results if r is not None)
+            raise _with_context(exc, (
+                f"append to stream {self.stream_id} gave up after {attempts[0]} attempts in "
+                f"{time.monotonic() - started:.1f} s, with {done} of {len(results)} batches "
+                f"of the call stored (is the range server up? a stream with replicas > 1 "
+                f"moves to live servers once the PD notices; more retries wait longer)"
+            )) from exc
 
     def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
               ) -> list[ItemResult]:
@@ -689,6 +712,13 @@ def _with_context(error: SbpError, context: str) -> SbpError:
         message = f"{context}: {error.message}" if error.message else context
         fresh = ServerError.for_status(error.code, message, error.detail)
         return fresh
+    if type(error) in _CONTEXTUAL:  # the same class (and so flags), the message in context
+        return type(error)(f"{context}: {error}")
     return error
+
+
+# Client-side errors whose only state is their message.
+_CONTEXTUAL = (TransportError, SbpTimeoutError, ConnectTimeoutError, ReadTimeoutError,
+               WriteTimeoutError, ReplicaBehindError)
 
 

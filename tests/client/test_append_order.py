@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+from sbp_spark.protocol.errors import TransportError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from tests.polling import wait_until
 
@@ -79,3 +82,21 @@ def test_an_append_keeps_its_order_when_the_next_range_reaches_its_primary_late(
         assert [a.base_offset for a in appended] == list(range(1, BATCHES + 1))
         stored = [bytes(b.data[ENVELOPE_SIZE:ENVELOPE_SIZE + 9]) for b in client.read(sid)]
         assert stored == [b"o-%06d|" % i for i in range(BATCHES + 1)]
+
+
+def test_an_append_that_gives_up_says_what_and_where(tmp_path):
+    # A writer whose range server is gone used to fail with only "cannot connect to
+    # 127.0.0.1:PORT: Connection refused": no stream, nothing of how long it tried, how much of
+    # the call was stored or what to do.
+    with private_cluster(tmp_path, range_servers=1) as cluster, \
+            client_of(cluster, retrying_config(retries=2, retry_deadline_s=5)) as client:
+        sid = client.create_streams(1)[0].stream_id
+        writer = client.open_stream(sid)
+        writer.append([encode_batch(numbered_body(b"g", 0, 10), 1, 1)])
+        cluster.stop_range_server(0)
+        with pytest.raises(TransportError) as failure:
+            writer.append([encode_batch(numbered_body(b"g", i, 10), 1, 1) for i in (1, 2)])
+        message = str(failure.value)
+        assert message.startswith(f"append to stream {sid} gave up after 3 attempts in "), message
+        assert "with 0 of 2 batches of the call stored (is the range server up?" in message
+        assert "cannot connect to" in message
