@@ -24,6 +24,7 @@ from sbp_spark.protocol.errors import (
     RangeSealedError,
     ReadTimeoutError,
     ReplicaBehindError,
+    ReplicationFailedError,
     SbpError,
     SbpTimeoutError,
     ServerError,
@@ -490,6 +491,11 @@ class StreamWriter:
 
         def attempt() -> None:
             attempts[0] += 1
+            # The open range first: after a failed append the PD ends the range it went to
+            # (seal-and-new), and only then is what that range holds final. Until then a
+            # replica fenced by a failed replication hides a tail that may stay in the range,
+            # so a check before the seal would miss batches that then land twice.
+            target = self.open_range
             if attempts[0] > 1 and before_resend is not None:
                 for index, appended in before_resend(list(pending)).items():
                     if index in pending:
@@ -497,7 +503,6 @@ class StreamWriter:
                         pending.remove(index)
                 if not pending:
                     return
-            target = self.open_range
             primary = target.primary
             if primary is None or not primary.advertise_addr:
                 self.refresh()
@@ -515,7 +520,8 @@ class StreamWriter:
                                               outcome.unwrap().base_offset, count, length)
                     self.client._took[self.stream_id] = target.range_index
                     continue
-                if isinstance(error, RangeSealedError):
+                if isinstance(error, (RangeSealedError, ReplicationFailedError)):
+                    # The primary sealed the range (a replica failed to store a batch).
                     self._sealed_index = target.range_index
                 if not is_retriable(error):
                     raise _with_context(error, f"append of batch {index} to stream "
