@@ -16,14 +16,20 @@ from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
+    ConnectTimeoutError,
     DataCorruptError,
     HistoryRewrittenError,
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
+    ReadTimeoutError,
     ReplicaBehindError,
+    ReplicationFailedError,
     SbpError,
+    SbpTimeoutError,
     ServerError,
+    TransportError,
+    WriteTimeoutError,
 )
 from sbp_spark.protocol.messages import Range, RangeId, RangeReplica, RangeServer, Stream
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
@@ -66,6 +72,9 @@ class SbpClient:
             self.config = config if config is not None else ClientConfig()
             self.pd = PdClient(pd, self.config, pool)
         self.pool = self.pd.pool if pool is None else pool
+        # stream id -> the last range that stored a batch of this client's writers: the range
+        # has reached its primary (see ``StreamWriter._send``).
+        self._took: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"SbpClient(pd={','.join(self.pd.addresses)!r})"
@@ -482,6 +491,11 @@ class StreamWriter:
 
         def attempt() -> None:
             attempts[0] += 1
+            # The open range first: after a failed append the PD ends the range it went to
+            # (seal-and-new), and only then is what that range holds final. Until then a
+            # replica fenced by a failed replication hides a tail that may stay in the range,
+            # so a check before the seal would miss batches that then land twice.
+            target = self.open_range
             if attempts[0] > 1 and before_resend is not None:
                 for index, appended in before_resend(list(pending)).items():
                     if index in pending:
@@ -489,14 +503,13 @@ class StreamWriter:
                         pending.remove(index)
                 if not pending:
                     return
-            target = self.open_range
             primary = target.primary
             if primary is None or not primary.advertise_addr:
                 self.refresh()
                 raise RangeSealedError(
                     f"open range {self.stream_id}/{target.range_index} lists no primary")
-            outcomes = self.client.range_server(primary.advertise_addr).append(
-                [(self.stream_id, items[i][0]) for i in pending])
+            outcomes = self._send(target, primary.advertise_addr,
+                                  [(self.stream_id, items[i][0]) for i in pending])
             failed: list[int] = []
             retry_error: SbpError | None = None
             for index, outcome in zip(pending, outcomes, strict=True):
@@ -505,8 +518,10 @@ class StreamWriter:
                     _, length, count = items[index]
                     results[index] = Appended(self.stream_id, target.range_index,
                                               outcome.unwrap().base_offset, count, length)
+                    self.client._took[self.stream_id] = target.range_index
                     continue
-                if isinstance(error, RangeSealedError):
+                if isinstance(error, (RangeSealedError, ReplicationFailedError)):
+                    # The primary sealed the range (a replica failed to store a batch).
                     self._sealed_index = target.range_index
                 if not is_retriable(error):
                     raise _with_context(error, f"append of batch {index} to stream "
@@ -518,7 +533,7 @@ class StreamWriter:
             if retry_error is not None:
                 raise retry_error
 
-        call_with_retries(attempt, self.client.config, on_error=self._on_error)
+        self._retried(attempt, attempts, results)
         landed = [appended for appended in results if appended is not None]
         if len(landed) != len(results):
             # call_with_retries returns only once no batch is pending: this would be a bug.
@@ -526,6 +541,45 @@ class StreamWriter:
                 f"append to stream {self.stream_id}: batches "
                 f"{[i for i, r in enumerate(results) if r is None]} got no answer")
         return landed
+
+    def _retried(self, attempt: Callable[[], None], attempts: list[int],
+                 results: Sequence[Appended | None]) -> None:
+        """Run ``attempt`` under the retry policy; when it gives up, its error says what gave
+        up and how far it got (``attempts[0]``: attempts made; ``results``: what landed)."""
+        started = time.monotonic()
+        try:
+            call_with_retries(attempt, self.client.config, on_error=self._on_error)
+        except SbpError as exc:
+            if not is_retriable(exc):
+                raise  # named the batch already, or the PD's answer says what failed
+            done = sum(1 for r in results if r is not None)
+            raise _with_context(exc, (
+                f"append to stream {self.stream_id} gave up after {attempts[0]} attempts in "
+                f"{time.monotonic() - started:.1f} s, with {done} of {len(results)} batches "
+                f"of the call stored (is the range server up? a stream with replicas > 1 "
+                f"moves to live servers once the PD notices; more retries wait longer)"
+            )) from exc
+
+    def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
+              ) -> list[ItemResult]:
+        """APPEND ``entries`` to ``target``'s primary; one outcome per entry, in order.
+
+        The frames of one call are in flight together, so their order holds only if the
+        server refuses every frame after one it refused. Within a range it does (a seal
+        refuses all that follow), but not before the range reached it: the PD records a range
+        before it tells the range's servers, so a writer may learn of it first; the frames
+        served before it arrived were refused, those served after stored, and the refused
+        ones, sent again, landed after them. So the first batch to a range goes alone, and
+        the rest once the range took it.
+        """
+        server = self.client.range_server(address)
+        if self.client._took.get(self.stream_id) == target.range_index or len(entries) == 1:
+            return server.append(entries)
+        (first,) = server.append(entries[:1])
+        if first.exception() is not None:
+            return [first] * len(entries)  # the rest was not sent: it fails the same way
+        self.client._took[self.stream_id] = target.range_index
+        return [first, *server.append(entries[1:])]
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have
@@ -664,6 +718,13 @@ def _with_context(error: SbpError, context: str) -> SbpError:
         message = f"{context}: {error.message}" if error.message else context
         fresh = ServerError.for_status(error.code, message, error.detail)
         return fresh
+    if type(error) in _CONTEXTUAL:  # the same class (and so flags), the message in context
+        return type(error)(f"{context}: {error}")
     return error
+
+
+# Client-side errors whose only state is their message.
+_CONTEXTUAL = (TransportError, SbpTimeoutError, ConnectTimeoutError, ReadTimeoutError,
+               WriteTimeoutError, ReplicaBehindError)
 
 

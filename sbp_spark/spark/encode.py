@@ -319,7 +319,9 @@ def encode_batches(batch: pa.RecordBatch, compression: str,
     if batch.num_rows == 1:
         raise ValueError(
             f"one record needs {nbytes - ENVELOPE_SIZE} bytes, more than a record batch can "
-            f"carry in one APPEND frame ({MAX_ENCODED_BATCH} bytes)")
+            f"carry in one APPEND frame ({MAX_ENCODED_BATCH} bytes): split such values over "
+            f"several rows, or store them elsewhere and write a reference (option "
+            f"'compression' helps only values that compress)")
     half = batch.num_rows // 2
     return (encode_batches(batch.slice(0, half), compression, base_timestamp_ms)
             + encode_batches(batch.slice(half), compression, base_timestamp_ms))

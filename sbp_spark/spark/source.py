@@ -114,19 +114,21 @@ class SbpDataSource(DataSource):
             tables.write_options(self.options, tables.definition_of(schema)))
         client = cluster.get_client(options.client)
         stream = options.stream
-        created = False
+        create = stream is None and options.create_if_missing and "stream_id" not in schema.names
+        # The schema is checked before a stream is created for it: a write refused for its
+        # columns must not leave an empty stream behind (one per attempt).
+        encoder = RowEncoder.for_schema(schema, options.payload, stream, create=create,
+                                        routes=options.routes)
         if stream is not None:
             cluster.check_streams_exist(client, [stream], options.client.pd)
-        elif options.create_if_missing and "stream_id" not in schema.names:
+        elif create:
             stream = client.create_streams(count=1, replicas=options.replicas,
                                            retention_ms=options.retention_ms)[0].stream_id
-            created = True
             log.warning("sbp write: created stream %d (replicas=%d, retentionMs=%d)",
                         stream, options.replicas, options.retention_ms)
-        encoder = RowEncoder.for_schema(schema, options.payload, stream, routes=options.routes)
-        if options.schema_compatibility == "backward" and stream is not None and not created:
+        if options.schema_compatibility == "backward" and stream is not None and not create:
             check_backward(client, stream, options.client.pd, to_arrow(schema))
-        return SbpBatchWriter(options, encoder, stream, created)
+        return SbpBatchWriter(options, encoder, stream, create)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from .streaming.reader import stream_reader

@@ -93,11 +93,17 @@ class _TaskAppends:
             self.record(self._calls.popleft().result())
 
     def close(self) -> None:
-        """Stop the background thread (calls not yet started are dropped)."""
+        """Stop the background thread (calls not yet started are dropped) and record what the
+        calls that ran to the end appended (after a failure, ``spans`` is then what the task
+        left in the streams, but for the part of a failed call that landed)."""
         for call in self._calls:
             call.cancel()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        while self._calls:
+            call = self._calls.popleft()
+            if not call.cancelled() and call.exception() is None:
+                self.record(call.result())
 
     def record(self, appended: list[Appended]) -> None:
         for item in appended:
@@ -197,9 +203,30 @@ class SbpBatchWriter(DataSourceArrowWriter):
             for sink in sinks.values():
                 sink.finish()
             appends.finish()
+        except Exception as exc:
+            appends.close()
+            self._report_partial(exc, appends)
+            raise
         finally:
             appends.close()
         return appends.message()
+
+    # What happens to the records a failed attempt appended when Spark runs the task again.
+    ON_RETRY = "a retry of the task appends them again (delivery is at least once)"
+
+    def _report_partial(self, exc: Exception, appends: _TaskAppends) -> None:
+        """Say what a failing task leaves in the streams: Spark's abort hears nothing from a
+        failed task, so without this its records are nowhere reported. Logged on the
+        executor and, where Python has notes (3.11+), added to the error the user sees."""
+        lines = summarize([appends.message()], tasks=False)
+        if not lines:
+            return
+        note = (f"sbp: before it failed, this task had appended to {'; '.join(lines)}; streams "
+                f"are append-only, so these records stay, and {self.ON_RETRY}")
+        log.warning("%s (the failure: %s: %s)", note, type(exc).__name__, exc)
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(note)
 
     def _open_sink(self, client: SbpClient, stream_id: int, appends: _TaskAppends
                    ) -> _StreamSink:
@@ -215,12 +242,14 @@ class SbpBatchWriter(DataSourceArrowWriter):
         lines = summarize(messages)
         failed = sum(1 for m in messages if m is None)
         log.warning("sbp write aborted (%d of %d tasks failed); streams are append-only, so "
-                    "records the successful tasks appended stay: %s", failed, len(messages),
+                    "records the successful tasks appended stay: %s; a failed task's records "
+                    "stay too (its error says what it had appended)", failed, len(messages),
                     "; ".join(lines) or "nothing")
 
 
-def summarize(messages: list[WriterCommitMessage | None]) -> list[str]:
-    """One line per stream: records, bytes, batches, offsets and ranges, tasks."""
+def summarize(messages: list[WriterCommitMessage | None], tasks: bool = True) -> list[str]:
+    """One line per stream: records, bytes, batches, offsets and ranges, and (``tasks``) from
+    how many tasks."""
     per_stream: dict[int, list[tuple[int, AppendedSpan]]] = {}
     for task, message in enumerate(messages):
         if isinstance(message, SbpCommitMessage):
@@ -235,8 +264,8 @@ def summarize(messages: list[WriterCommitMessage | None]) -> list[str]:
             f"stream {stream_id}: {sum(s.records for s in spans)} records, "
             f"{sum(s.bytes for s in spans)} bytes in {sum(s.batches for s in spans)} batches, "
             f"offsets {min(s.first_offset for s in spans)}-{max(s.last_offset for s in spans)}"
-            f" in range{'s' if len(ranges) > 1 else ''} {','.join(map(str, ranges))}, "
-            f"from {len({t for t, _ in entries})} tasks")
+            f" in range{'s' if len(ranges) > 1 else ''} {','.join(map(str, ranges))}"
+            + (f", from {len({t for t, _ in entries})} tasks" if tasks else ""))
     return lines
 
 

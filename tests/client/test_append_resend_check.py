@@ -45,20 +45,29 @@ def _stored(reader: SbpClient, sid: int) -> list[bytes]:
     return [bytes(b.data[ENVELOPE_SIZE:]) for b in reader.read(sid)]
 
 
+def _started(client: SbpClient, reader: SbpClient) -> int:
+    """A new stream whose open range holds a batch: the first batch to a range goes alone
+    (``StreamWriter._send``), and these cases lose the answer of a frame of several."""
+    (stream,) = client.create_streams()
+    client.open_stream(stream.stream_id).append([encode_batch(b"first")])
+    assert _stored(reader, stream.stream_id) == [b"first"]
+    return stream.stream_id
+
+
 def test_without_a_check_a_lost_answer_means_a_second_copy(setup):
     client, reader, proxy = setup
-    (stream,) = client.create_streams()
+    sid = _started(client, reader)
     bodies = _bodies(5)
     proxy.armed.set()
-    client.open_stream(stream.stream_id).append([encode_batch(b) for b in bodies])
+    client.open_stream(sid).append([encode_batch(b) for b in bodies])
     assert proxy.lost.is_set()
-    assert _stored(reader, stream.stream_id) == bodies + bodies  # at least once, as documented
+    # at least once, as documented
+    assert _stored(reader, sid) == [b"first"] + bodies + bodies
 
 
 def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
     client, reader, proxy = setup
-    (stream,) = client.create_streams()
-    sid = stream.stream_id
+    sid = _started(client, reader)
     bodies = _bodies(5)
     asked: list[list[int]] = []
 
@@ -74,8 +83,8 @@ def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
     appended = client.open_stream(sid).append([encode_batch(b) for b in bodies],
                                               before_resend=already_stored)
     assert proxy.lost.is_set() and asked == [[0, 1, 2, 3, 4]]
-    assert [a.base_offset for a in appended] == [0, 1, 2, 3, 4]
-    assert _stored(reader, sid) == bodies
+    assert [a.base_offset for a in appended] == [1, 2, 3, 4, 5]
+    assert _stored(reader, sid) == [b"first"] + bodies
     # Only what was found is held back: a later append still lands.
     client.open_stream(sid).append([encode_batch(b"after")], before_resend=already_stored)
-    assert _stored(reader, sid) == bodies + [b"after"]
+    assert _stored(reader, sid) == [b"first"] + bodies + [b"after"]

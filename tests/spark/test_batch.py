@@ -246,6 +246,15 @@ def test_opaque_records_and_create_if_missing(spark, pd, sbp_client):
     assert created.retention_period_ms == 3_600_000
     assert offsets_summary(read(spark, pd, sid + 1)) == (1000, 0, 999)
 
+    # A write refused for its columns creates no stream: each attempt used to leave an empty
+    # one behind.
+    before = [s.stream_id for s in sbp_client.list_streams()]
+    for _ in range(2):
+        with pytest.raises(Exception, match="a 'value' column"):
+            (spark.range(3).write.format("sbp").option("pd", pd)
+             .option("createIfMissing", "true").mode("append").save())
+    assert [s.stream_id for s in sbp_client.list_streams()] == before
+
 
 def test_errors_name_the_problem(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
@@ -330,3 +339,25 @@ def test_record_times_before_1970_keep_their_millisecond(spark, pd, sbp_client):
     before = read(spark, pd, sid).where("timestamp < TIMESTAMP'1970-01-01 00:00:00'")
     assert sorted(r.value for r in before.collect()) == [b"a", b"b", b"d"]
     assert [r.value for r in read(spark, pd, sid, endingTimestamp="0").collect()] == [b"a", b"b"]
+
+
+def test_a_failing_task_says_what_it_had_appended(spark, pd, sbp_client):
+    # A task that fails after some of its appends landed leaves them in the stream, but Spark's
+    # abort hears only from the tasks that succeeded: the user was told "records the
+    # successful tasks appended stay: nothing" while the stream held 10,000 records. The
+    # task's error now says what it had appended. Here the first 10,000 rows (one Arrow batch
+    # from Spark, 20 MB: one append) land, then a value too large for any record batch fails
+    # the task.
+    sid = new_stream(sbp_client)
+    rows = spark.range(10_001, numPartitions=1).selectExpr(
+        "IF(id = 10000, repeat('x', 17000000), repeat('y', 2000)) AS value")
+    with pytest.raises(Exception) as failure:
+        (rows.write.format("sbp").option("pd", pd).option("stream", str(sid))
+         .mode("append").save())
+    message = str(failure.value)
+    assert "one record needs" in message
+    stored = sum(b.header.record_count for b in sbp_client.read(sid))
+    assert stored == 10_000
+    assert (f"before it failed, this task had appended to stream {sid}: {stored} records"
+            in message), message[-3000:]
+    assert "a retry of the task appends them again" in message

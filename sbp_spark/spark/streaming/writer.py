@@ -147,6 +147,8 @@ def _task_identity() -> tuple[str, int, int]:
 class _IdempotentBatchWriter(SbpBatchWriter):
     """The batch writer with tagging sinks, for one task of one micro-batch."""
 
+    ON_RETRY = "a retry of the task finds them by their tags and does not append them again"
+
     def __init__(self, options: WriteOptions, encoder: RowEncoder, stream: int | None,
                  query_id: str, batch_id: int, partition_id: int) -> None:
         super().__init__(options, encoder, stream)
