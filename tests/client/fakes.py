@@ -20,14 +20,16 @@ class Peer:
         self.decoder = FrameDecoder()
         self.send_lock = threading.Lock()
 
-    def read_frame(self, timeout: float = 10.0) -> Frame | None:
+    def read_frame(self, timeout: float = 10.0, pings: bool = False) -> Frame | None:
         """The next request frame, or None when the client closed the connection. A PING is
-        answered here, as every server's network core does, and not returned."""
+        answered here, as every server's network core does, and not returned (``pings``:
+        returned like any request, for handlers that script the answer to a PING too)."""
         while True:
             event = self.decoder.next_event()
             if event is not None:
                 assert not isinstance(event, InvalidFrame), event.error
-                if event.opcode == Opcode.PING and not event.flags & Flags.RESPONSE:
+                if (not pings and event.opcode == Opcode.PING
+                        and not event.flags & Flags.RESPONSE):
                     self.reply(event, bytes(event.header), bytes(event.payload))
                     continue
                 return event

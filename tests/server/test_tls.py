@@ -140,7 +140,7 @@ def test_plain_tcp_client_is_told_the_server_may_require_tls(mtls_server, certs,
 
 def test_a_server_closing_after_answers_gets_no_tls_hint():
     def answer_once(peer: Peer) -> None:
-        ping = peer.read_frame()
+        ping = peer.read_frame(pings=True)
         peer.reply(ping, bytes(ping.header), bytes(ping.payload))  # then the server closes
 
     with FakeServer(answer_once) as server, \
