@@ -334,33 +334,37 @@ class PartitionDecoder:
         return [batch.slice(start, size) for start in range(0, batch.num_rows, size)]
 
     def _build(self, pieces: list[_Piece]) -> pa.RecordBatch:
-        total = sum(p.num_rows for p in pieces)
-        internal: dict[str, pa.Array] = {
-            "offset": _concat([p.offsets for p in pieces]),
-            "timestamp": _concat([p.timestamps for p in pieces]),
-        }
         arrays = []
         for name in self._names:
             from_data = sum(name in p.columns for p in pieces)
             if from_data == len(pieces):
                 array = _concat([p.columns[name] for p in pieces])
             elif from_data:
-                # Filling the column with metadata would replace the values some batches hold.
-                raise SchemaMismatchError(
-                    f"stream {self.stream_id}: column '{name}' is data in some batches and "
-                    "metadata in others; give the read a schema without it")
-            elif name == "stream_id":
-                array = self._constant(name, pa.scalar(self.stream_id, pa.int64()), total)
-            elif name == "range_index":
-                array = self._constant(name, pa.scalar(self.range_index, pa.int32()), total)
-            elif name in internal:
-                array = internal[name]
+                # A column named and typed like a metadata column that some of the combined
+                # batches store: each batch's rows keep what that batch gives them, as when
+                # the batch is output alone (its data where it stores the column, else the
+                # metadata).
+                array = _concat([p.columns[name] if name in p.columns
+                                 else self._metadata(name, [p]) for p in pieces])
             else:
-                raise SchemaMismatchError(
-                    f"stream {self.stream_id}: column '{name}' of the read schema is neither "
-                    f"stored in these batches nor metadata")
+                array = self._metadata(name, pieces)
             arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _metadata(self, name: str, pieces: list[_Piece]) -> pa.Array:
+        """The metadata column ``name`` of the rows of ``pieces``."""
+        if name == "offset":
+            return _concat([p.offsets for p in pieces])
+        if name == "timestamp":
+            return _concat([p.timestamps for p in pieces])
+        count = sum(p.num_rows for p in pieces)
+        if name == "stream_id":
+            return self._constant(name, pa.scalar(self.stream_id, pa.int64()), count)
+        if name == "range_index":
+            return self._constant(name, pa.scalar(self.range_index, pa.int32()), count)
+        raise SchemaMismatchError(
+            f"stream {self.stream_id}: column '{name}' of the read schema is neither "
+            f"stored in these batches nor metadata")
 
     def _constant(self, name: str, value: pa.Scalar, count: int) -> pa.Array:
         """``count`` copies of ``value``: a slice of one array kept for the partition."""

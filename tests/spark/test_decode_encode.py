@@ -251,20 +251,28 @@ def test_evolved_batches_resolve_and_those_that_cannot_are_skipped_and_counted()
         decode_all(PartitionDecoder(strict, "arrow", 4, 0, 0, 4), batches[:2])
 
 
-def test_a_metadata_named_column_that_is_data_in_some_combined_batches_is_refused():
+def test_a_metadata_named_column_that_is_data_in_some_combined_batches():
     # The read schema's 'timestamp' is data in the second stored batch only; both are small, so
-    # they are combined into one output batch. Its rows must not silently take the first
-    # batch's metadata timestamps in place of the data they hold.
+    # they are combined into one output batch. Each row keeps what its own batch gives it, as
+    # when the batches are output one by one: the second batch's data, the first batch's
+    # metadata (before, the combined batch was refused, so whether a read failed depended on
+    # how small its batches were).
     old = pa.record_batch({"id": pa.array([1, 2], pa.int64())})
     new = pa.record_batch({"id": pa.array([3], pa.int64()),
                            "timestamp": pa.array([5_000_000], pa.timestamp("us", tz="UTC"))})
-    schema = StructType([StructField("id", LongType()), StructField("timestamp", TimestampType())])
-    with pytest.raises(SchemaMismatchError, match="column 'timestamp' is data in some batches "
-                                                  "and metadata in others"):
-        decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 3), arrow_stored(old, new))
-    # each batch on its own: the data where the batch has the column, else the metadata
-    [only_new] = decode_all(PartitionDecoder(schema, "arrow", 4, 0, 2, 3), arrow_stored(old, new))
-    assert only_new.column("timestamp").to_pylist() == [dt.datetime.fromtimestamp(5, UTC)]
+    schema = StructType([StructField("id", LongType()), StructField("timestamp", TimestampType()),
+                         StructField("offset", LongType()), StructField("stream_id", LongType())])
+    stored = arrow_stored(old, new)
+    [combined] = decode_all(PartitionDecoder(schema, "arrow", 4, 0, 0, 3), stored)
+    alone = [b for part in ((0, 2), (2, 3))
+             for b in decode_all(PartitionDecoder(schema, "arrow", 4, 0, *part), stored)]
+    assert combined.to_pydict() == pa.Table.from_batches(alone).to_pydict()
+    rows = combined.to_pydict()
+    assert rows["id"] == [1, 2, 3] and rows["offset"] == [0, 1, 2]
+    assert rows["stream_id"] == [4, 4, 4]
+    assert rows["timestamp"][2] == dt.datetime.fromtimestamp(5, UTC)
+    appended = dt.datetime.fromtimestamp(stored[0][0].base_timestamp_ms / 1000, UTC)
+    assert rows["timestamp"][:2] == [appended] * 2
 
 
 def test_records_of_another_writer_with_nanosecond_timestamps_are_read():

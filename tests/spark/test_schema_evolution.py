@@ -148,6 +148,17 @@ def test_a_given_schema_pushes_no_filter_on_columns_that_may_be_data(spark, pd, 
     assert [r.a for r in arrow_read(spark, pd, sid).where("offset < 1").collect()] == [2]
 
 
+def test_a_given_schema_reads_offset_as_data_or_metadata_per_batch(spark, pd, sbp_client):
+    """A batch without an 'offset' column gives the record's offset, one with it its data,
+    however small the batches (small ones are combined into one output batch: that read
+    failed, 'is data in some batches and metadata in others', while large ones passed)."""
+    sid = new_stream(sbp_client)
+    write_arrow(spark.sql("SELECT 1 AS a"), pd, sid)  # record offset 0
+    write_arrow(spark.sql("SELECT 2 AS a, 42L AS offset"), pd, sid)  # record offset 1
+    got = arrow_read(spark, pd, sid, "a INT, offset BIGINT").orderBy("a").collect()
+    assert [tuple(r) for r in got] == [(1, 0), (2, 42)]
+
+
 def test_merge_schema_fails_clearly_on_unrelated_types(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int32())}))
