@@ -52,6 +52,22 @@ def _create(sbp, count: int = 1) -> list[int]:
     return [int(line) for line in out.split()]
 
 
+def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
+    """Ctrl-C a ``sbp tail -f`` child (killed if it does not end within 15 s, and the test
+    fails): its exit status and stderr."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        status = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    stderr = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    return status, stderr
+
+
 def _assert_one_line_error(status: int, err: str, command: str, *words: str) -> None:
     assert status == 1
     lines = err.strip().splitlines()
@@ -495,16 +511,7 @@ def test_tail_follow_sees_new_records_across_a_seal(sbp, cluster):
         offsets = [int(line.split("\t", 1)[0]) for line in lines]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            status = proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        stderr = proc.stderr.read().decode()
-        proc.stdout.close()
-        proc.stderr.close()
+        status, stderr = _interrupt(proc)
     assert status == 130 and "Traceback" not in stderr
 
 
@@ -751,16 +758,7 @@ def test_tail_follow_waits_out_a_range_server_restart(tmp_path):
                                   timeout=30)
             assert said == ["sbp tail: stream 1 is readable again"], said
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                status = proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise
-            stderr = proc.stderr.read().decode()
-            proc.stdout.close()
-            proc.stderr.close()
+            status, stderr = _interrupt(proc)
     assert status == 130 and "Traceback" not in stderr, stderr
 
 

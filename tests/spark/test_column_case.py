@@ -9,17 +9,7 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from .streaming.helpers import append_arrow, new_stream
-
-
-def arrow_read(spark, pd, sid, schema=None, **options):
-    reader = (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
-              .option("payload", "arrow"))
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    if schema is not None:
-        reader = reader.schema(schema)
-    return reader.load()
+from .streaming.helpers import append_arrow, arrow_read, new_stream
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import pytest
 
 from sbp_spark.spark.streaming.writer import stream_writer
 
-from .streaming.helpers import append_arrow
+from .streaming.helpers import append_arrow, arrow_read
 
 UTC = dt.timezone.utc
 MIDNIGHT_2024_02_29_US = int(dt.datetime(2024, 2, 29, tzinfo=UTC).timestamp()) * 1_000_000
@@ -19,16 +19,6 @@ MIDNIGHT_2024_02_29_US = int(dt.datetime(2024, 2, 29, tzinfo=UTC).timestamp()) *
 
 def new_stream(client) -> int:
     return client.create_streams(1)[0].stream_id
-
-
-def arrow_read(spark, pd, sid, schema=None, **options):
-    reader = (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
-              .option("payload", "arrow"))
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    if schema is not None:
-        reader = reader.schema(schema)
-    return reader.load()
 
 
 def write_arrow(df, pd, sid, **options):

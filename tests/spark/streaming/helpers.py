@@ -37,6 +37,17 @@ def append_arrow(client, stream_id: int, batch: pa.RecordBatch, timestamp_ms: in
     return client.open_stream(stream_id).append([encoded])
 
 
+def arrow_read(spark, pd, sid, schema=None, **options):
+    """A payload=arrow batch read of stream ``sid`` (with ``schema`` and ``options``)."""
+    reader = (spark.read.format("sbp").option("pd", pd).option("streams", str(sid))
+              .option("payload", "arrow"))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    if schema is not None:
+        reader = reader.schema(schema)
+    return reader.load()
+
+
 def stored_values(client, stream_id: int) -> list[str]:
     """Every value stored in a stream, in offset order."""
     out: list[str] = []
