@@ -125,10 +125,14 @@ def case_duplicates(names: Iterable[str]) -> list[list[str]]:
     return [group for group in groups.values() if len(group) > 1]
 
 
+def groups_text(groups: list[list[str]], where: str = "") -> str:
+    """``groups`` of column names (under ``where``) as a message names them."""
+    return "; ".join(" and ".join(f"'{where}{name}'" for name in group) for group in groups)
+
+
 def duplicates_problem(groups: list[list[str]], where: str = "") -> str:
-    text = "; ".join(" and ".join(f"'{where}{name}'" for name in group) for group in groups)
-    return (f"columns {text} of the read schema differ only by case, so while "
-            "spark.sql.caseSensitive is false (the default) they name one column (Spark "
+    return (f"columns {groups_text(groups, where)} of the read schema differ only by case, "
+            "so while spark.sql.caseSensitive is false (the default) they name one column (Spark "
             "refuses such a schema); keep one of each in the schema, or set "
             "spark.sql.caseSensitive=true")
 
@@ -389,6 +393,6 @@ def _unique_folded(fields: list[pa.Field]) -> dict[str, pa.Field]:
 
 
 __all__ = ["ColumnPlan", "Conversion", "SchemaMismatchError", "SchemaPlan", "ambiguous_problem",
-           "case_duplicates", "conversion", "duplicates_problem", "matching_names",
+           "case_duplicates", "conversion", "duplicates_problem", "groups_text", "matching_names",
            "merge_fields", "merge_types", "missing_problem", "plan_schema", "schema_text",
            "type_problems", "widens", "with_read_names"]

@@ -23,7 +23,7 @@ from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
 from .evolution import check_backward
 from .options import WriteOptions
-from .resolve import case_duplicates
+from .resolve import case_duplicates, groups_text
 from .settings import case_sensitive
 from .zones import session_time_zone
 
@@ -176,11 +176,11 @@ class SbpBatchWriter(DataSourceArrowWriter):
             # Checked in the task: only tasks see the session's setting.
             groups = case_duplicates(n for n in encoder.names if n != "stream_id")
             if groups:
-                text = "; ".join(" and ".join(f"'{n}'" for n in group) for group in groups)
                 raise ValueError(
-                    f"payload=arrow cannot write this DataFrame: columns {text} differ only by "
-                    "case, and with spark.sql.caseSensitive=false (Spark's default, and this "
-                    "session's) they name one column, so no read could tell them apart; "
+                    f"payload=arrow cannot write this DataFrame: columns {groups_text(groups)} "
+                    "differ only by case, and with spark.sql.caseSensitive=false (Spark's "
+                    "default, and this session's) they name one column, so no read could tell "
+                    "them apart; "
                     "rename one of them, or set spark.sql.caseSensitive=true")
         client = cluster.get_client(self.options.client)
         if encoder.wall_clock_timestamp:
