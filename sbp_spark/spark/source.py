@@ -131,11 +131,14 @@ class SbpDataSource(DataSource):
         return SbpBatchWriter(options, encoder, stream, create)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from .streaming.reader import stream_reader
+        from .streaming.reader import RefusedStreamReader, stream_reader
 
-        table = tables.definition_of(schema)
-        return stream_reader(tables.read_options(self.options, table), schema,
-                             self._data_columns(table), self.arrow_case_folded)
+        try:
+            table = tables.definition_of(schema)
+            return stream_reader(tables.read_options(self.options, table), schema,
+                                 self._data_columns(table), self.arrow_case_folded)
+        except Exception as exc:  # raised at the query's first call (see RefusedStreamReader)
+            return RefusedStreamReader(exc)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer

@@ -597,6 +597,44 @@ def _ids(streams: Sequence[int]) -> str:
     return ",".join(str(s) for s in streams)
 
 
+class RefusedStreamReader(DataSourceStreamReader):
+    """The reader of a query whose options or schema were refused: each call Spark makes
+    raises that error.
+
+    When creating a stream reader raises, pyspark's streaming runner (4.x) follows the error
+    with an ``UnboundLocalError`` of its own (it stops a reader it never got), and that is the
+    error the query fails with. Raised from the first call instead (the query's start), the
+    connector's error reaches the user alone. Signatures match ``SbpStreamReader``'s, so
+    Spark plans the query the same way up to that call."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> Any:
+        raise self.error
+
+    def initialOffset(self) -> dict:
+        return self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._refuse()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._refuse()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._refuse()
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 def stream_reader(options: Mapping[str, str], schema: StructType,
                   data_columns: Sequence[str] | None = None,
                   case_folded: Sequence[str] = ()) -> SbpStreamReader:

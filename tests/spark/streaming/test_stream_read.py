@@ -294,3 +294,19 @@ def test_a_stream_that_ends_below_the_checkpoint_is_data_loss(spark, tmp_path):
         run(rebuilt.pd_address, sid, failOnDataLoss="false")
     values = sorted(r.v for r in spark.read.parquet(str(tmp_path / "out")).collect())
     assert values == sorted([f"old-{i}" for i in range(10)] + [f"new-{i}" for i in range(3, 12)])
+
+
+def test_options_refused_at_the_query_start_fail_it_with_their_own_error(
+        spark, pd, sbp_client, tmp_path):
+    # With .schema(...) Spark asks the source for no schema, so the options are first checked
+    # when the query creates its stream reader; pyspark used to bury that error under an
+    # UnboundLocalError of its own.
+    sid = new_stream(sbp_client)
+    df = (spark.readStream.format("sbp").schema("value binary").option("pd", pd)
+          .option("streams", str(sid)).option("maxRecordsPerTrigger", "abc").load())
+    query = to_memory(df, "refused_options", tmp_path / "ck", availableNow=True)
+    with pytest.raises(StreamingQueryException) as info:
+        query.awaitTermination(120)
+    message = str(info.value)
+    assert "option 'maxRecordsPerTrigger' = 'abc' is not valid" in message
+    assert "UnboundLocalError" not in message
