@@ -498,7 +498,7 @@ class PlacementDriver:
         if not self.liveness.is_live(server_id):
             return
         self.liveness.forget(server_id)
-        self.failover.owe(server_id)
+        self.failover.owe(server_id, stopped=True)
         log.info("range server %d is stopping: not live", server_id)
 
     def report_metrics(self, server_id: int, metrics: dict[str, int]) -> None:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sbp_spark.server.pd")
 
+# Ranges a failover's log line names, at most (it counts the rest).
+STRANDED_SHOWN = 10
+
 
 class Failover:
     """The liveness sweep and the failover of a dead server's open ranges."""
@@ -31,6 +34,7 @@ class Failover:
     def __init__(self, pd: PlacementDriver) -> None:
         self.pd = pd
         self._owed: set[int] = set()  # gone servers whose open ranges await a failover
+        self._stopped: set[int] = set()  # those of them that said they stop (a planned stop)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -41,12 +45,14 @@ class Failover:
         """This PD leads from now on: start the grace period, forget older debts."""
         with self._lock:
             self._owed.clear()
+            self._stopped.clear()
             self._in_office, self._checked_absent = True, False
 
     def left_office(self) -> None:
         """This PD no longer leads: sweep nothing until it leads again."""
         with self._lock:
             self._owed.clear()
+            self._stopped.clear()
             self._in_office = False
 
     def start(self) -> None:
@@ -92,9 +98,15 @@ class Failover:
                     self.owe(server.server_id)
         self.run_failovers()
 
-    def owe(self, server_id: int) -> None:
+    def owe(self, server_id: int, stopped: bool = False) -> None:
+        """``server_id`` is gone: fail its open ranges over. ``stopped``: it said it stops (an
+        operator's stop or restart), not a crash or a silence."""
         with self._lock:
             self._owed.add(server_id)
+            if stopped:
+                self._stopped.add(server_id)
+            else:
+                self._stopped.discard(server_id)
 
     def run_failovers(self) -> None:
         """Fail over the open ranges of every server owed a failover that is still not live.
@@ -118,6 +130,7 @@ class Failover:
             if done:
                 with self._lock:
                     self._owed.discard(server_id)
+                    self._stopped.discard(server_id)
 
     def fail_over_server(self, server_id: int) -> bool:
         """Seal every open range that has a replica on the dead ``server_id`` and open its
@@ -135,20 +148,41 @@ class Failover:
         server returns and carries on where it stopped.
         """
         finished = True
-        for rng in self.pd.store.ranges_on_server(server_id):
-            if not rng.is_open:
-                continue
-            try:
-                finished &= self._fail_over_range(rng.stream_id, rng.range_index, server_id)
-            except ServerError as exc:
-                if exc.code == ErrorCode.STREAM_NOT_FOUND:
-                    continue  # deleted meanwhile
-                raise
+        stranded: list[tuple[int, int]] = []  # (stream, range) with no live replica left
+        try:
+            for rng in self.pd.store.ranges_on_server(server_id):
+                if not rng.is_open:
+                    continue
+                try:
+                    finished &= self._fail_over_range(rng.stream_id, rng.range_index,
+                                                      server_id, stranded)
+                except ServerError as exc:
+                    if exc.code == ErrorCode.STREAM_NOT_FOUND:
+                        continue  # deleted meanwhile
+                    raise
+        finally:
+            if stranded:
+                self._log_stranded(server_id, stranded)
         return finished
 
-    def _fail_over_range(self, stream_id: int, range_index: int, dead: int) -> bool:
+    def _log_stranded(self, server_id: int, stranded: list[tuple[int, int]]) -> None:
+        """One line for the open ranges ``server_id`` leaves with no live replica: a warning
+        when it went silent, information when it said it stops (every R = 1 range of a server
+        stopped on purpose, as in a rolling restart or a whole cluster's stop, is one)."""
+        with self._lock:
+            stopped = server_id in self._stopped
+        shown = ", ".join(f"{sid}/{index}" for sid, index in stranded[:STRANDED_SHOWN])
+        more = len(stranded) - STRANDED_SHOWN
+        log.log(logging.INFO if stopped else logging.WARNING,
+                "range server %d %s: %d open range(s) on it have no other live replica and "
+                "stay open until it returns, their writers waiting (stream/range: %s%s)",
+                server_id, "stopped" if stopped else "is not live", len(stranded), shown,
+                f" and {more} more" if more > 0 else "")
+
+    def _fail_over_range(self, stream_id: int, range_index: int, dead: int,
+                         stranded: list[tuple[int, int]]) -> bool:
         """One range of ``fail_over_server``: True when handled (or left for the server to
-        return), False when it should be tried again."""
+        return, then added to ``stranded``), False when it should be tried again."""
         with self.pd.stream_lock(stream_id):
             rng = self.pd.store.get_range(stream_id, range_index)
             if not rng.is_open or dead not in rng.server_ids or self.pd.liveness.is_live(dead):
@@ -156,9 +190,7 @@ class Failover:
             survivors = [sid for sid in rng.server_ids
                          if sid != dead and self.pd.liveness.is_live(sid)]
             if not survivors:
-                log.warning("range %d of stream %d has no live replica (servers %s): it stays "
-                            "open until one of them returns", range_index, stream_id,
-                            rng.server_ids)
+                stranded.append((stream_id, range_index))
                 return True
             request = m.SealRangesRequest(
                 timeout_ms=int(self.pd.config.range_server_timeout_s * 1000),

@@ -226,3 +226,30 @@ def test_a_gracefully_stopped_range_server_is_not_live_at_once(tmp_path, pool):
         [stream] = client.create_streams(1, replicas=2)
         [rng] = client.list_ranges(stream.stream_id)
         assert {r.server.server_id for r in rng.servers} == {stopped, running}
+
+
+def test_a_stopped_server_s_single_replica_ranges_are_one_line_not_a_warning_each(
+        tmp_path, pool, caplog):
+    # A server stopped on purpose (a rolling restart, or the whole cluster's stop, as at the
+    # end of `sbp demo`) leaves its R = 1 ranges waiting for it: expected, so one line of
+    # information for all of them; a server gone silent is still a warning.
+    caplog.set_level("INFO", logger="sbp_spark.server.pd")
+    with EmbeddedCluster(tmp_path, range_servers=2) as cluster:
+        client = client_of(cluster, pool)
+        stopped = cluster.server_id(0)
+        streams = [s.stream_id for s in client.create_streams(12, replicas=1)]
+        on_it = sorted(sid for sid in streams
+                       if client.list_ranges(sid)[0].servers[0].server.server_id == stopped)
+        assert on_it, "placement put no stream on server 0"
+        cluster.stop_range_server(0)
+
+        def lines():
+            return [r for r in caplog.records if f"range server {stopped} stopped:" in r.message]
+
+        poll(lines, what="the failover's line for the stopped server")
+        [line] = lines()
+        assert line.levelname == "INFO"
+        assert f"{len(on_it)} open range(s) on it have no other live replica" in line.message
+        assert f"{on_it[0]}/0" in line.message
+        assert not [r for r in caplog.records if r.levelname == "WARNING"
+                    and r.name == "sbp_spark.server.pd"]
