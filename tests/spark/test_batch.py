@@ -270,6 +270,9 @@ def test_errors_name_the_problem(spark, pd, sbp_client):
         base().load()
     with pytest.raises(Exception, match="stream 987654 does not exist"):
         base().option("streams", f"{sid},987654").load().collect()
+    # an id the wire cannot carry is refused as a value of the option, not as a request
+    with pytest.raises(Exception, match="option 'streams' = '99999999999999999999' is not valid"):
+        base().option("streams", "99999999999999999999").load().collect()
 
     rows = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
 
