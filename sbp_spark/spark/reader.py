@@ -25,7 +25,7 @@ from . import cluster
 from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
-from .planning import SbpPartition, plan_partitions
+from .planning import SbpPartition, named_ends, plan_partitions
 from .schemas import METADATA_TYPES
 from .settings import case_sensitive
 from .times import resolve_time_positions, timestamp_bounds
@@ -193,7 +193,8 @@ class SbpBatchReader(DataSourceReader):
 
     def partitions(self) -> list[SbpPartition]:
         client = cluster.get_client(self.options.client)
-        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
+        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd,
+                                         named_ends(self.options))
         options = resolve_time_positions(client, layouts, self.options)
         bounds = timestamp_bounds(client, layouts, options, self.pushed)
         partitions = plan_partitions(layouts, options, self.pushed, bounds)
