@@ -155,6 +155,22 @@ def authoritative_end(client: SbpClient, layout: StreamLayout) -> int | None:
     return described.next_offset if described.is_open else described.end_offset
 
 
+def replica_start(client: SbpClient, partition: SbpPartition) -> int | None:
+    """The first offset of ``partition``'s range still stored on its replicas (the highest any
+    of them reports), or None when none answers."""
+    starts = []
+    for replica in partition.replicas:
+        try:
+            (result,) = client.range_server(replica.address).describe_ranges(
+                [(partition.stream_id, partition.range_index)])
+            described = result.unwrap()
+        except SbpError:
+            continue
+        if described is not None:
+            starts.append(described.start_offset)
+    return max(starts, default=None)
+
+
 def layout_ranges(layout: StreamLayout) -> list[Range]:
     """The client's description of a stream's ranges as planned (an open range's
     ``next_offset`` is the planned end)."""
@@ -204,4 +220,4 @@ def last_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
 
 __all__ = ["RangeUnavailableError", "StreamMissingError", "batch_at", "check_streams_exist",
            "close_clients", "describe_replicas", "fetch", "filled_ranges",
-           "get_client", "last_batch", "layout_ranges", "stream_layouts"]
+           "get_client", "last_batch", "layout_ranges", "replica_start", "stream_layouts"]
