@@ -7,8 +7,9 @@ connections of one task serve the next) and closed when the worker exits.
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ from .planning import RangeLayout, Replica, SbpPartition, StreamLayout
 
 if TYPE_CHECKING:  # what the client returns; this layer reads these, never builds them
     from sbp_spark.protocol.messages import Range
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _clients: dict[ClientOptions, SbpClient] = {}
@@ -84,9 +87,14 @@ def check_streams_exist(client: SbpClient, stream_ids: Sequence[int], pd: Sequen
             "(create streams with `sbp streams create`)")
 
 
-def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
-                   pd: Sequence[str]) -> list[StreamLayout]:
-    """Each stream's ranges now; the open range's end is a snapshot of its next_offset."""
+def stream_layouts(client: SbpClient, stream_ids: Sequence[int], pd: Sequence[str],
+                   read_ends: Mapping[int, int] | None = None) -> list[StreamLayout]:
+    """Each stream's ranges now; the open range's end is a snapshot of its next_offset.
+
+    ``read_ends`` (stream id -> offset) are the ends of a read that names them: a stream
+    read only up to an offset at or below its open range's start does not need that range,
+    so when none of its servers answers, its layout ends there (with a warning) instead of
+    failing; reading history needs only the servers that hold it."""
     try:
         streams = client.describe_streams(list(stream_ids))
     except StreamNotFoundError:
@@ -104,6 +112,16 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int],
                 try:
                     end, is_open = client.open_range_end(rng), True
                 except SbpError as exc:
+                    read_end = (read_ends or {}).get(stream.stream_id)
+                    if read_end is not None and 0 <= read_end <= rng.start_offset:
+                        log.warning(
+                            "stream %d: none of the range servers of its open range %d "
+                            "answered (%s: %s); the read ends at offset %d, before that "
+                            "range, so it goes on without it", stream.stream_id,
+                            rng.range_index, describe_replicas(replicas), exc, read_end)
+                        out.append(RangeLayout(rng.range_index, rng.start_offset,
+                                               rng.start_offset, replicas, True))
+                        continue
                     raise RangeUnavailableError(
                         f"cannot learn where the open range {rng.range_index} of stream "
                         f"{stream.stream_id} ends: none of its range servers answered "
@@ -135,6 +153,22 @@ def authoritative_end(client: SbpClient, layout: StreamLayout) -> int | None:
     if described is None:
         return None
     return described.next_offset if described.is_open else described.end_offset
+
+
+def replica_start(client: SbpClient, partition: SbpPartition) -> int | None:
+    """The first offset of ``partition``'s range still stored on its replicas (the highest any
+    of them reports), or None when none answers."""
+    starts = []
+    for replica in partition.replicas:
+        try:
+            (result,) = client.range_server(replica.address).describe_ranges(
+                [(partition.stream_id, partition.range_index)])
+            described = result.unwrap()
+        except SbpError:
+            continue
+        if described is not None:
+            starts.append(described.start_offset)
+    return max(starts, default=None)
 
 
 def layout_ranges(layout: StreamLayout) -> list[Range]:
@@ -186,4 +220,4 @@ def last_batch(client: SbpClient, layout: StreamLayout) -> FetchedBatch | None:
 
 __all__ = ["RangeUnavailableError", "StreamMissingError", "batch_at", "check_streams_exist",
            "close_clients", "describe_replicas", "fetch", "filled_ranges",
-           "get_client", "last_batch", "layout_ranges", "stream_layouts"]
+           "get_client", "last_batch", "layout_ranges", "replica_start", "stream_layouts"]

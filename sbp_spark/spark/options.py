@@ -149,19 +149,26 @@ def parse_pd(name: str, value: str) -> tuple[str, ...]:
     return tuple(addresses)
 
 
+# Stream ids are signed 64-bit integers on the wire: a larger one could only fail when the
+# first request is encoded, with a message that names no option.
+MAX_STREAM_ID = (1 << 63) - 1
+
+
 def parse_stream_id(name: str, value: str) -> int:
-    return parse_int(name, value, 0, allowed="a stream id (an integer >= 0)")
+    return parse_int(name, value, 0, MAX_STREAM_ID,
+                     allowed=f"a stream id (an integer from 0 to {MAX_STREAM_ID})")
 
 
 def parse_stream_ids(name: str, value: str) -> tuple[int, ...]:
     """A comma list of stream ids, duplicates dropped, order kept."""
     ids: list[int] = []
     parts = [p.strip() for p in value.split(",")]
+    allowed = f"a comma-separated list of stream ids (0 to {MAX_STREAM_ID}) such as 1,2,7"
     if not value.strip() or any(not p for p in parts):
-        raise _fail(name, value, "a comma-separated list of stream ids such as 1,2,7")
+        raise _fail(name, value, allowed)
     for part in parts:
-        if not re.fullmatch(r"\d+", part):
-            raise _fail(name, value, "a comma-separated list of stream ids such as 1,2,7")
+        if not re.fullmatch(r"\d+", part) or int(part) > MAX_STREAM_ID:
+            raise _fail(name, value, allowed)
         sid = int(part)
         if sid not in ids:
             ids.append(sid)

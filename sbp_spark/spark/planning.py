@@ -74,6 +74,19 @@ class SbpPartition(InputPartition):
                 f"offsets [{self.start_offset}, {self.end_offset})")
 
 
+def named_ends(options: ReadOptions) -> dict[int, int]:
+    """The offsets a batch read ends its streams at, for the streams whose end it names as an
+    offset (``endingOffsets``, and no time option that could move either end)."""
+    out = {}
+    for sid in options.streams:
+        end = options.ending.for_stream(sid)
+        timed = any(spec is not None and spec.for_stream(sid) is not None
+                    for spec in (options.starting_time, options.ending_time))
+        if end >= 0 and not timed:
+            out[sid] = end
+    return out
+
+
 def resolve_bounds(layout: StreamLayout, options: ReadOptions) -> tuple[int, int]:
     """The offsets [lo, hi) of ``layout`` the read asks for, after checking them."""
     sid = layout.stream_id

@@ -25,7 +25,7 @@ from . import cluster
 from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
-from .planning import SbpPartition, plan_partitions
+from .planning import SbpPartition, named_ends, plan_partitions
 from .schemas import METADATA_TYPES
 from .settings import case_sensitive
 from .times import resolve_time_positions, timestamp_bounds
@@ -127,15 +127,25 @@ def _after_trim(client, options: ReadOptions, partition: SbpPartition, position:
     if options.fail_on_data_loss:
         raise ReadFailedError(
             f"reading {partition.describe()}: records from offset {position} were trimmed "
-            f"after the query was planned ({exc}); set failOnDataLoss=false to skip them"
+            f"(or expired by retention) before this task read them ({exc}); set "
+            "failOnDataLoss=false to skip them"
         ) from exc
-    stream = client.describe_streams([partition.stream_id])[0]
-    if stream.start_offset <= position:
+    # The PD's start, or a replica's: retention deletes records on the range servers, which
+    # tell the PD only a moment later (or once it is reachable again).
+    starts = [cluster.replica_start(client, partition)]
+    try:
+        starts.append(client.describe_streams([partition.stream_id])[0].start_offset)
+    except SbpError as pd_error:
+        log.debug("stream %d: asking the PD for its start failed: %s", partition.stream_id,
+                  pd_error)
+    start = max((s for s in starts if s is not None), default=position)
+    if start <= position:
         raise ReadFailedError(
             f"reading {partition.describe()} at offset {position}: {exc}") from exc
+    resume = min(start, partition.end_offset)
     log.warning("stream %d: records [%d, %d) were trimmed while reading; skipping them",
-                partition.stream_id, position, stream.start_offset)
-    return min(stream.start_offset, partition.end_offset)
+                partition.stream_id, position, resume)
+    return resume
 
 
 def _after_rewrite(options: ReadOptions, partition: SbpPartition,
@@ -193,7 +203,8 @@ class SbpBatchReader(DataSourceReader):
 
     def partitions(self) -> list[SbpPartition]:
         client = cluster.get_client(self.options.client)
-        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd)
+        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd,
+                                         named_ends(self.options))
         options = resolve_time_positions(client, layouts, self.options)
         bounds = timestamp_bounds(client, layouts, options, self.pushed)
         partitions = plan_partitions(layouts, options, self.pushed, bounds)

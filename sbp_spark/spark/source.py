@@ -36,6 +36,7 @@ from .options import (
     parse_schema_options,
     parse_write_options,
 )
+from .planning import named_ends
 from .reader import SbpBatchReader, SbpPushdownBatchReader, metadata_columns_of
 from .schemas import (
     arrow_payload_schema,
@@ -74,7 +75,8 @@ class SbpDataSource(DataSource):
             schema = records_schema(options.include_headers)
         else:
             client = cluster.get_client(options.client)
-            layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
+            layouts = cluster.stream_layouts(client, options.streams, options.client.pd,
+                                             named_ends(options))
             try:
                 folded: list[str] = []
                 data = infer_arrow_schema(client, layouts, options.merge_schema, folded)

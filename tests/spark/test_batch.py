@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pyarrow as pa
 import pytest
@@ -197,6 +198,27 @@ def test_trimmed_streams_and_fail_on_data_loss(spark, pd, sbp_client):
                                 failOnDataLoss="false")) == (200, 100, 299)
 
 
+def test_records_expired_before_the_pd_heard_of_it(spark, pd, sbp_cluster, sbp_client):
+    """Retention deletes records on a range server, which tells the PD a moment later: a read
+    planned in between asks for records the server no longer has. failOnDataLoss=false skips
+    them as it skips any trimmed records; true fails saying so."""
+    sid = new_stream(sbp_client, retention_ms=60_000)
+    for i in range(3):
+        append_values(sbp_client, sid, [b"v"] * 100, timestamp_ms=1000 * (i + 1))
+    holder = sbp_client.list_ranges(sid)[0].primary.advertise_addr
+    server = next(rs for rs in sbp_cluster.range_servers
+                  if rs is not None and rs.advertise_addr == holder)
+    (range_log,) = server.storage.stream_ranges(sid)
+    # what the server's retention pass does, before it reports the new start to the PD
+    assert range_log.expire(60_000, now_ms=int(time.time() * 1000) + 3_600_000) == 300
+    assert sbp_client.describe_stream(sid).start_offset == 0  # the PD has not heard yet
+    assert read(spark, pd, sid, failOnDataLoss="false").count() == 0
+    with pytest.raises(Exception, match=r"records from offset 0 were trimmed.*"
+                                        "below the start 300.*failOnDataLoss=false"):
+        read(spark, pd, sid).collect()
+    sbp_client.trim_stream(sid, 300)  # the report arrives
+
+
 def test_filter_pushdown_prunes_and_stays_correct(spark, plain_spark, pd, sbp_client,
                                                   three_ranges):
     sid = three_ranges
@@ -270,6 +292,9 @@ def test_errors_name_the_problem(spark, pd, sbp_client):
         base().load()
     with pytest.raises(Exception, match="stream 987654 does not exist"):
         base().option("streams", f"{sid},987654").load().collect()
+    # an id the wire cannot carry is refused as a value of the option, not as a request
+    with pytest.raises(Exception, match="option 'streams' = '99999999999999999999' is not valid"):
+        base().option("streams", "99999999999999999999").load().collect()
 
     rows = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
 
