@@ -26,6 +26,7 @@ from typing import Any
 from sbp_spark.protocol.buffers import ReceiveBuffers
 from sbp_spark.protocol.constants import (
     MAX_FRAME_LENGTH,
+    MAX_INFLIGHT_PER_CONNECTION,
     MAX_STREAM_ID,
     Flags,
     Opcode,
@@ -498,9 +499,15 @@ class Connection:
         since the server last sent anything. A PING that could not be sent (the connection
         failed, or takes no new requests after the server's GOAWAY) counts as answered: the
         request's own answer tells what happened. An unanswered PING does not count as a
-        request that got no answer (``unanswered``): the caller decides."""
+        request that got no answer (``unanswered``): the caller decides.
+
+        With as many requests in flight as a server reads ahead on one connection, it may
+        read nothing more (the PING included) until one of them is answered, which a slow
+        disk can hold up: the server then counts as answering."""
         if self._unanswered:
             return False
+        if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
+            return True
         heard = self._last_heard
         try:
             with self.request(Opcode.PING, b"", b"sbp-probe", timeout) as stream:
