@@ -469,13 +469,19 @@ class Connection:
         return frame
 
     def late_answer(self, stream: ResponseStream, probe_s: float, give_up: float,
-                    waited: float) -> Frame:
+                    waited: float, keep_waiting: Callable[[], bool] | None = None) -> Frame:
         """The next frame of ``stream``, already ``waited`` seconds late (``probe_s`` or more,
         unless ``give_up`` was that near): PING the server, and while it answers, wait again,
         ``probe_s`` at a time, until ``give_up`` (a ``time.monotonic()`` value). Raises
         ``ReadTimeoutError`` at ``give_up``, or at once when a PING got no answer within
         ``probe_s`` either (``_answers_ping``): the server accepts connections and takes
         requests (its kernel does) but does not answer, as a stopped or hung process.
+
+        ``keep_waiting``, when given, is asked each time a PING goes unanswered: True waits on
+        (until ``give_up``). A server's reader that holds back from reading (its backpressure,
+        while a slow disk holds the requests before the PING) cannot answer a PING, so a
+        caller for whom giving up too early costs more than waiting (an APPEND sent again may
+        be stored twice) asks someone else, the PD, whether the server is still there.
 
         Callers wait for the frame themselves first (``stream.poll``), so an answer that comes
         in time costs no more than waiting for it. Only for requests the caller would send
@@ -484,7 +490,8 @@ class Connection:
         while True:
             if time.monotonic() >= give_up:
                 raise stream.give_up(f"within {time.monotonic() - began:.1f}s")
-            if not self._answers_ping(probe_s):
+            if not self._answers_ping(probe_s) and (keep_waiting is None
+                                                     or not keep_waiting()):
                 raise stream.give_up(
                     f"within {time.monotonic() - began:.1f}s, nor to a PING within "
                     f"{probe_s:g}s: the server accepts connections but does not answer (its "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -150,6 +150,7 @@ class RangeServerClient:
         entries: Sequence[tuple[int, BatchLike]],
         timeout_ms: int | None = None,
         max_inflight_frames: int | None = None,
+        still_primary: Callable[[], bool] | None = None,
     ) -> list[ItemResult[AppendResult]]:
         """Append ``(stream_id, batch)`` entries; one result per entry, in input order.
 
@@ -157,6 +158,11 @@ class RangeServerClient:
         up to ``max_inflight_frames`` frames are in flight at once. Answers are matched to
         entries by request_index (the entry's position), whatever frame or order they come
         in. Nothing is retried here: a failed entry says why in its result.
+
+        An answer ``config.probe_interval_s`` late PINGs the server; when the PING goes
+        unanswered, the frames in flight fail at once (retriable), unless ``still_primary``
+        (asked then) says the server is still where the entries belong: then they are waited
+        for up to the request timeout (see ``Connection.late_answer``).
         """
         count = len(entries)
         if count > _INT32_MAX:
@@ -204,7 +210,7 @@ class RangeServerClient:
                 if inflight:
                     stream, indices, due = inflight.popleft()
                     error = self._collect_append(conn, stream, indices, results, due, wait,
-                                                 probe_s)
+                                                 probe_s, still_primary=still_primary)
                     if isinstance(error, SbpTimeoutError) and conn.unanswered:
                         # Nothing came back since: the connection may be dead, or the server
                         # stopped (it let a PING go unanswered). Frames not sent yet stay
@@ -236,7 +242,8 @@ class RangeServerClient:
 
     def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],
                         results: list, due: float, wait: float, probe_s: float,
-                        lost: SbpError | None = None) -> SbpError | None:
+                        lost: SbpError | None = None,
+                        still_primary: Callable[[], bool] | None = None) -> SbpError | None:
         """Read one frame's answer into ``results``; returns the error that failed it, if
         any. The first answer frame is awaited only until ``due`` (``wait`` after the frame
         was sent, not after the frames before it were answered: on a dead connection, frames
@@ -251,7 +258,7 @@ class RangeServerClient:
                 first = min(probe_s, max(due - time.monotonic(), _MIN_WAIT_S))
                 frame = stream.poll(first)
                 if frame is None:
-                    frame = conn.late_answer(stream, probe_s, due, first)
+                    frame = conn.late_answer(stream, probe_s, due, first, still_primary)
             else:
                 frame = stream.poll(0.0)
                 if frame is None:
@@ -273,7 +280,8 @@ class RangeServerClient:
                 frame = stream.poll(probe_s)  # the answer's next frame
                 if frame is None:
                     frame = conn.late_answer(stream, probe_s,
-                                             time.monotonic() - probe_s + wait, probe_s)
+                                             time.monotonic() - probe_s + wait, probe_s,
+                                             still_primary)
         except SbpError as exc:  # SYSTEM_ERROR (a ServerError) or a failed connection
             self._fail(results, indices, exc)
             return exc
