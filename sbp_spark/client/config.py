@@ -29,6 +29,13 @@ DEFAULT_APPEND_FRAME_BYTES = 1024 * 1024
 # (pagecache.py), 16 gave 540-590 MB/s, 32 gave 660-680 and 64 660-730: 32 takes most of it
 # for half the memory a writer pins.
 DEFAULT_MAX_INFLIGHT_FRAMES = 32
+# A range server whose process is stopped (SIGSTOP) or hung still takes connections and
+# requests (its kernel does), but answers nothing. Its PD fails its ranges over after a few
+# seconds of missed heartbeats; a writer or reader waiting on it would wait its whole request
+# timeout. A server's network core answers PING on the connection's reader even while an
+# APPEND waits for its fsync or its secondaries, so one that lets a PING go unanswered for
+# this long is taken as stopped.
+DEFAULT_PROBE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -57,6 +64,12 @@ class ClientConfig:
     append_frame_bytes: int = DEFAULT_APPEND_FRAME_BYTES
     # timeout_ms sent in request headers that carry one (server-side processing bound).
     server_timeout_ms: int = 30_000
+    # An APPEND or FETCH whose answer from a range server is this late (a FETCH: beyond its
+    # max_wait_ms) PINGs the server; when the PING gets no answer within this long either,
+    # the server is taken as stopped or hung and the request fails at once with a retriable
+    # ReadTimeoutError (a writer then asks the PD where the stream went) instead of after
+    # request_timeout_s. A server that answers PINGs is waited for up to request_timeout_s.
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     # TLS (see transport/tls.py): verify servers against tls_ca_file (else the system's trust
     # store) and, for servers that require client certificates, present tls_cert_file and
     # tls_key_file (PEM).
@@ -67,7 +80,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "request_timeout_s", "idle_timeout_s",
-                     "retry_deadline_s"):
+                     "retry_deadline_s", "probe_interval_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ClientConfig.{name}={value!r}: must be a number > 0")

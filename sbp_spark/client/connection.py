@@ -26,6 +26,7 @@ from typing import Any
 from sbp_spark.protocol.buffers import ReceiveBuffers
 from sbp_spark.protocol.constants import (
     MAX_FRAME_LENGTH,
+    MAX_INFLIGHT_PER_CONNECTION,
     MAX_STREAM_ID,
     Flags,
     Opcode,
@@ -460,36 +461,68 @@ class Connection:
 
     def _probed_answer(self, stream: ResponseStream, probe_s: float) -> Frame:
         """The first frame of ``stream``, PINGing the server while it is late (see ``call``)."""
-        began = time.monotonic()
-        give_up = began + stream.timeout
+        give_up = time.monotonic() + stream.timeout
+        first = min(probe_s, stream.timeout)
+        frame = stream.poll(first)
+        if frame is None:
+            frame = self.late_answer(stream, probe_s, give_up, first)
+        return frame
+
+    def late_answer(self, stream: ResponseStream, probe_s: float, give_up: float,
+                    waited: float, keep_waiting: Callable[[], bool] | None = None) -> Frame:
+        """The next frame of ``stream``, already ``waited`` seconds late (``probe_s`` or more,
+        unless ``give_up`` was that near): PING the server, and while it answers, wait again,
+        ``probe_s`` at a time, until ``give_up`` (a ``time.monotonic()`` value). Raises
+        ``ReadTimeoutError`` at ``give_up``, or at once when a PING got no answer within
+        ``probe_s`` either (``_answers_ping``): the server accepts connections and takes
+        requests (its kernel does) but does not answer, as a stopped or hung process.
+
+        ``keep_waiting``, when given, is asked each time a PING goes unanswered: True waits on
+        (until ``give_up``). A server's reader that holds back from reading (its backpressure,
+        while a slow disk holds the requests before the PING) cannot answer a PING, so a
+        caller for whom giving up too early costs more than waiting (an APPEND sent again may
+        be stored twice) asks someone else, the PD, whether the server is still there.
+
+        Callers wait for the frame themselves first (``stream.poll``), so an answer that comes
+        in time costs no more than waiting for it. Only for requests the caller would send
+        again after a timeout anyway (the server may carry this one out later)."""
+        began = time.monotonic() - waited
         while True:
-            left = give_up - time.monotonic()
-            if left <= 0:
-                raise stream.give_up(f"within {stream.timeout:g}s")
-            frame = stream.poll(min(probe_s, left))
-            if frame is not None:
-                return frame
-            if time.monotonic() < give_up and not self._answers_ping(probe_s):
+            if time.monotonic() >= give_up:
+                raise stream.give_up(f"within {time.monotonic() - began:.1f}s")
+            if not self._answers_ping(probe_s) and (keep_waiting is None
+                                                     or not keep_waiting()):
                 raise stream.give_up(
                     f"within {time.monotonic() - began:.1f}s, nor to a PING within "
                     f"{probe_s:g}s: the server accepts connections but does not answer (its "
                     f"process is stopped or hung)")
+            frame = stream.poll(max(0.0, min(probe_s, give_up - time.monotonic())))
+            if frame is not None:
+                return frame
 
     def _answers_ping(self, timeout: float) -> bool:
-        """False when the server let a PING go unanswered for ``timeout`` seconds, or another
-        request on this connection went unanswered since the server last sent anything. A
-        PING that could not be sent (the connection failed, or takes no new requests after
-        the server's GOAWAY) counts as answered: the request's own answer tells what
-        happened."""
+        """False when the server let a PING go unanswered for ``timeout`` seconds and sent
+        nothing else meanwhile either, or another request on this connection went unanswered
+        since the server last sent anything. A PING that could not be sent (the connection
+        failed, or takes no new requests after the server's GOAWAY) counts as answered: the
+        request's own answer tells what happened. An unanswered PING does not count as a
+        request that got no answer (``unanswered``): the caller decides.
+
+        With as many requests in flight as a server reads ahead on one connection, it may
+        read nothing more (the PING included) until one of them is answered, which a slow
+        disk can hold up: the server then counts as answering."""
         if self._unanswered:
             return False
+        if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
+            return True
+        heard = self._last_heard
         try:
-            self.ping(timeout=timeout)
-        except ReadTimeoutError:
-            return False
+            with self.request(Opcode.PING, b"", b"sbp-probe", timeout) as stream:
+                # Anything else arriving meanwhile (answers to other requests) shows the
+                # server at work, whose reader may be held back from reading the PING.
+                return stream.poll(timeout) is not None or self._last_heard != heard
         except SbpError:
-            pass
-        return True
+            return True
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
         """Round-trip a PING; returns the round-trip time in seconds."""

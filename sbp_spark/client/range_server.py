@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -150,6 +150,7 @@ class RangeServerClient:
         entries: Sequence[tuple[int, BatchLike]],
         timeout_ms: int | None = None,
         max_inflight_frames: int | None = None,
+        still_primary: Callable[[], bool] | None = None,
     ) -> list[ItemResult[AppendResult]]:
         """Append ``(stream_id, batch)`` entries; one result per entry, in input order.
 
@@ -157,12 +158,18 @@ class RangeServerClient:
         up to ``max_inflight_frames`` frames are in flight at once. Answers are matched to
         entries by request_index (the entry's position), whatever frame or order they come
         in. Nothing is retried here: a failed entry says why in its result.
+
+        An answer ``config.probe_interval_s`` late PINGs the server; when the PING goes
+        unanswered, the frames in flight fail at once (retriable), unless ``still_primary``
+        (asked then) says the server is still where the entries belong: then they are waited
+        for up to the request timeout (see ``Connection.late_answer``).
         """
         count = len(entries)
         if count > _INT32_MAX:
             raise ValueError(f"{count} entries exceed the int32 request_index range")
         timeout_ms = self.config.server_timeout_ms if timeout_ms is None else timeout_ms
         wait = self.config.request_timeout_s + timeout_ms / 1000.0  # for each frame's answer
+        probe_s = min(self.config.probe_interval_s, wait)
         inflight_limit = max_inflight_frames or self.config.max_inflight_frames
         buffers = [batch_buffers(batch) for _, batch in entries]
         lengths = [sum(_nbytes(b) for b in bufs) for bufs in buffers]
@@ -202,14 +209,20 @@ class RangeServerClient:
                     inflight.append((stream, indices, time.monotonic() + wait))
                 if inflight:
                     stream, indices, due = inflight.popleft()
-                    error = self._collect_append(conn, stream, indices, results, due, wait)
+                    error = self._collect_append(conn, stream, indices, results, due, wait,
+                                                 probe_s, still_primary=still_primary)
                     if isinstance(error, SbpTimeoutError) and conn.unanswered:
-                        # Nothing came back since: the connection may be dead. Frames not
-                        # sent yet stay unsent (they fail with the timeout and may be
-                        # retried); those in flight were due as long ago as this one.
+                        # Nothing came back since: the connection may be dead, or the server
+                        # stopped (it let a PING go unanswered). Frames not sent yet stay
+                        # unsent, and those in flight keep only answers already received:
+                        # they all fail with the timeout and may be retried at once.
                         for rest in frames[next_frame:]:
                             self._fail(results, rest, error)
                         next_frame = len(frames)
+                        while inflight:
+                            stream, indices, _ = inflight.popleft()
+                            self._collect_append(conn, stream, indices, results, 0.0, wait,
+                                                 probe_s, lost=error)
         return [r if r is not None else ItemResult(None, error=ProtocolError(
             f"{self.address} did not answer append entry {i}")) for i, r in enumerate(results)]
 
@@ -228,17 +241,31 @@ class RangeServerClient:
             lambda sid: encode_frame(Opcode.APPEND, 0, sid, header, payload), wait)
 
     def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],
-                        results: list, due: float, wait: float) -> SbpError | None:
+                        results: list, due: float, wait: float, probe_s: float,
+                        lost: SbpError | None = None,
+                        still_primary: Callable[[], bool] | None = None) -> SbpError | None:
         """Read one frame's answer into ``results``; returns the error that failed it, if
         any. The first answer frame is awaited only until ``due`` (``wait`` after the frame
         was sent, not after the frames before it were answered: on a dead connection, frames
-        in flight time out together instead of one after another)."""
+        in flight time out together instead of one after another). An answer ``probe_s``
+        late PINGs the server (``Connection.late_answer``): one that answers no PING either
+        fails the frame at once. ``lost``: the connection is taken as dead, with that error;
+        only an answer already received counts."""
         count = len(results)
         top: Status | None = None
-        stream.timeout = max(due - time.monotonic(), _MIN_WAIT_S)
         try:
-            for frame in stream:
-                stream.timeout = wait
+            if lost is None:
+                first = min(probe_s, max(due - time.monotonic(), _MIN_WAIT_S))
+                frame = stream.poll(first)
+                if frame is None:
+                    frame = conn.late_answer(stream, probe_s, due, first, still_primary)
+            else:
+                frame = stream.poll(0.0)
+                if frame is None:
+                    stream.close()
+                    self._fail(results, indices, lost)
+                    return lost
+            while True:
                 response = decode_response(frame, AppendResponse)
                 if response.throttle_time_ms > 0:
                     conn.throttle(response.throttle_time_ms)
@@ -248,6 +275,13 @@ class RangeServerClient:
                     index = result.request_index
                     if 0 <= index < count and results[index] is None:
                         results[index] = ItemResult(result, result.status)
+                if stream.done:
+                    break
+                frame = stream.poll(probe_s)  # the answer's next frame
+                if frame is None:
+                    frame = conn.late_answer(stream, probe_s,
+                                             time.monotonic() - probe_s + wait, probe_s,
+                                             still_primary)
         except SbpError as exc:  # SYSTEM_ERROR (a ServerError) or a failed connection
             self._fail(results, indices, exc)
             return exc
@@ -290,7 +324,8 @@ class RangeServerClient:
             + max_wait_ms / 1000.0
         conn = self.connection()
         stream = conn.start(Opcode.FETCH, lambda sid: request_frame(sid, msg), wait)
-        return self._fetch_chunks(conn, stream)
+        return self._fetch_chunks(conn, stream, max_wait_ms / 1000.0,
+                                  min(self.config.probe_interval_s, wait))
 
     def wait_for_records(self, positions: Sequence[tuple[int, int]], max_wait_ms: int
                          ) -> list[int]:
@@ -306,10 +341,20 @@ class RangeServerClient:
                     found.add(chunk.request_index)
         return sorted(found)
 
-    def _fetch_chunks(self, conn: Connection, stream: ResponseStream
-                      ) -> Generator[FetchChunk, None, None]:
+    def _fetch_chunks(self, conn: Connection, stream: ResponseStream, long_poll_s: float,
+                      probe_s: float) -> Generator[FetchChunk, None, None]:
+        """The chunks of a FETCH's answer as its frames arrive. A frame ``probe_s`` late (the
+        first: beyond the ``long_poll_s`` the server may hold the answer back) PINGs the
+        server, and one that answers no PING either fails the read at once
+        (``Connection.late_answer``): it goes on from another replica."""
         with stream:
-            for frame in stream:
+            wait = long_poll_s + probe_s
+            while not stream.done:
+                frame = stream.poll(wait)
+                if frame is None:
+                    frame = conn.late_answer(stream, probe_s,
+                                             time.monotonic() - wait + stream.timeout, wait)
+                wait = probe_s
                 response = decode_response(frame, FetchResponse)
                 if response.throttle_time_ms > 0:
                     conn.throttle(response.throttle_time_ms)
@@ -364,10 +409,12 @@ class RangeServerClient:
 
     # -- ranges ----------------------------------------------------------------------------
 
-    def _call(self, msg):
+    def _call(self, msg, probe: bool = False):
         # One attempt, like append and fetch: callers that know the range's other replicas
-        # (SbpClient) decide where to retry.
-        return checked_call(self.connection(), msg)
+        # (SbpClient) decide where to retry. ``probe``: for requests that change nothing, a
+        # server that answers late and lets a PING go unanswered fails the call at once.
+        return checked_call(self.connection(), msg,
+                            probe_s=self.config.probe_interval_s if probe else None)
 
     def seal(self, ranges: Sequence[RangeId | tuple[int, int]]) -> list[ItemResult[Range]]:
         """Seal ranges on this server (SEAL_RANGES); each result is the sealed range."""
@@ -381,7 +428,8 @@ class RangeServerClient:
         """Live state of ranges on this server (an open range's next_offset); a success
         whose answer left the range out has the value None."""
         ids = [_range_id(r) for r in ranges]
-        response = self._call(DescribeRangesRequest(self.config.server_timeout_ms, ids))
+        response = self._call(DescribeRangesRequest(self.config.server_timeout_ms, ids),
+                              probe=True)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             f"DESCRIBE_RANGES to {self.address}")
 

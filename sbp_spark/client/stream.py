@@ -573,13 +573,39 @@ class StreamWriter:
         the rest once the range took it.
         """
         server = self.client.range_server(address)
+
+        def still_primary() -> bool:
+            return self._still_primary(target, address)
+
         if self.client._took.get(self.stream_id) == target.range_index or len(entries) == 1:
-            return server.append(entries)
-        (first,) = server.append(entries[:1])
+            return server.append(entries, still_primary=still_primary)
+        (first,) = server.append(entries[:1], still_primary=still_primary)
         if first.exception() is not None:
             return [first] * len(entries)  # the rest was not sent: it fails the same way
         self.client._took[self.stream_id] = target.range_index
-        return [first, *server.append(entries[1:])]
+        return [first, *server.append(entries[1:], still_primary=still_primary)]
+
+    def _still_primary(self, target: Range, address: str) -> bool:
+        """Asked when ``address``, appended to as ``target``'s primary, lets a PING go
+        unanswered: True while the PD still lists ``target`` open with that primary.
+
+        A stopped server and a busy one whose reader holds back (its backpressure, while a
+        slow disk holds the requests queued before the PING) look alike from here, and the
+        batches in flight, sent again, could be stored twice. Sending them elsewhere helps
+        only once the PD has moved the range (after the server's heartbeats stopped), so until
+        then the writer keeps waiting; a PD that cannot be asked counts as a yes."""
+        try:
+            ranges = self.client.list_ranges(self.stream_id)
+        except SbpError as exc:
+            _log.debug("stream %d: asking the PD whether %s is still the primary failed: %s",
+                      self.stream_id, address, exc)
+            return True
+        for rng in ranges:
+            if rng.range_index == target.range_index:
+                primary = rng.primary
+                return rng.is_open and primary is not None and \
+                    primary.advertise_addr == address
+        return False
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have

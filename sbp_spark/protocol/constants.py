@@ -28,6 +28,9 @@ MAX_REPLICAS = 127
 # the fixed header and an extended header; 4 KiB is far more than an APPEND or FETCH header
 # describing one batch needs.
 MAX_BATCH_BYTES = MAX_FRAME_LENGTH - FIXED_HEADER_SIZE - 4096
+# Requests one connection may have in flight at a server before the server stops reading it
+# until one is answered (backpressure): a PING sent behind that many waits for an answer too.
+MAX_INFLIGHT_PER_CONNECTION = 64
 
 
 class Opcode(IntEnum):

@@ -80,7 +80,14 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..protocol import messages
 from ..protocol.buffers import ReceiveBuffers
-from ..protocol.constants import KNOWN_OPCODES, MAX_FRAME_LENGTH, Flags, Opcode, opcode_name
+from ..protocol.constants import (
+    KNOWN_OPCODES,
+    MAX_FRAME_LENGTH,
+    MAX_INFLIGHT_PER_CONNECTION,
+    Flags,
+    Opcode,
+    opcode_name,
+)
 from ..protocol.errors import (
     ChecksumError,
     ErrorCode,
@@ -128,7 +135,7 @@ DEFAULT_RECYCLE_BYTES = 48 * 1024 * 1024
 DEFAULT_MAX_ORDERED_AHEAD_BYTES = 8 * 1024 * 1024
 # Requests a single connection may have in flight before its reader stops reading. Bounds the
 # work (and payload memory: up to this many 16 MiB frames) one client can queue on the server.
-DEFAULT_MAX_INFLIGHT = 64
+DEFAULT_MAX_INFLIGHT = MAX_INFLIGHT_PER_CONNECTION
 # Bytes that threads may hold waiting to send on one connection. A slow reader then blocks the
 # senders instead of making the server buffer unbounded responses for it.
 DEFAULT_MAX_OUTGOING_BYTES = 64 * 1024 * 1024
