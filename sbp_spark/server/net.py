@@ -704,6 +704,8 @@ class RequestContext:
     def try_reply(self, msg: messages.Message) -> bool:
         """Answer with ``msg`` (a one-frame response with no payload) if that cannot block;
         False, having sent nothing, otherwise (see ``Connection.try_send``)."""
+        if self.conn.closed:  # first: a closed connection's requests were abandoned (done)
+            raise ConnectionClosed(f"connection to {self.conn.peer_str} is closed")
         if self._done:
             raise RuntimeError(f"request {self.stream_id} was already answered with END")
         if not self.conn.try_send(messages.response_frame(self.stream_id, msg)):

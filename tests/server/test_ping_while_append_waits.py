@@ -151,3 +151,26 @@ def test_a_connection_the_server_stopped_reading_is_waited_for(tmp_path, held_fs
             assert all(answer.poll(10) is not None for answer in others)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("size", BODY_SIZES)
+def test_an_append_whose_client_left_before_its_fsync_ends_quietly(tmp_path, held_fsync,
+                                                                     caplog, size):
+    # A client that gives up (a timeout, a killed Spark task) closes its connection with
+    # appends in flight; their answers have nowhere to go, which is no error of the server's.
+    entered, release = held_fsync
+    server = primary(tmp_path)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            client = RangeServerClient(server.advertise_addr, CONFIG, pool)
+            start_append(client, b"q" * size)
+            assert entered.wait(10)
+            client.connection().close()
+        deadline = time.monotonic() + 10
+        while server.net.connection_count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        time.sleep(0.5)  # the flush answers (or drops) the append
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    finally:
+        server.stop()
