@@ -582,9 +582,42 @@ def _configure_logging(level: str) -> None:
         logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def _pd_after_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with a ``--pd`` given before the command (``sbp --pd H:P streams list``, as
+    etcdctl and kubectl take their endpoints) moved after it, where the command takes it;
+    argparse would take its value for the command's name. Stops at the first word that is not
+    a command: past it, argparse decides."""
+    out: list[str] = []
+    moved: list[str] = []
+    current: argparse.ArgumentParser | None = parser
+    i = 0
+    while i < len(argv) and current is not None:
+        word = argv[i]
+        commands = next((a.choices for a in current._actions
+                         if isinstance(a, argparse._SubParsersAction)), None)
+        if word == "--pd" and i + 1 < len(argv):
+            moved += argv[i:i + 2]
+            i += 2
+            continue
+        if word.startswith("--pd="):
+            moved.append(word)
+        elif word.startswith("-"):
+            out.append(word)
+            action = current._option_string_actions.get(word)
+            if action is not None and action.nargs is None and i + 1 < len(argv):
+                i += 1  # the option's value (``--log-level debug``)
+                out.append(argv[i])
+        else:
+            out.append(word)
+            current = commands.get(word) if commands else None
+        i += 1
+    return out + argv[i:] + moved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sbp`` with ``argv`` (default: the process arguments); returns the exit status."""
     parser = build_parser()
+    argv = _pd_after_command(parser, list(sys.argv[1:] if argv is None else argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         problem = collect_more_positionals(args, extra)

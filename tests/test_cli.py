@@ -784,3 +784,19 @@ def test_cluster_does_not_count_a_down_server_that_holds_no_range(capsys, tmp_pa
         address = next(line.split()[1] for line in out.splitlines()
                        if line.split()[:1] == [str(retired)])
         assert main(["cluster", "--range-server", address, *pd]) == 1
+
+
+def test_pd_may_come_before_the_command(sbp, cluster, capsys):
+    # As etcdctl and kubectl take their endpoints: argparse took the address for the command's
+    # name ("invalid choice: '127.0.0.1:...'").
+    [stream] = _create(sbp)
+    pd = cluster.pd_address
+    for argv in (["--pd", pd, "streams", "list"], ["streams", "--pd", pd, "list"],
+                 ["--log-level", "warning", f"--pd={pd}", "ranges", "list", str(stream)]):
+        assert main(argv) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.startswith(("STREAM", "RANGE")), argv
+    # A command that takes no --pd still refuses it, naming it.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--pd", pd, "demo"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --pd" in capsys.readouterr().err
