@@ -32,6 +32,7 @@ from ..client.tls import TlsConfig
 from ..protocol.errors import InvalidRequestError, SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
 from ..protocol.messages import RangeServer as RangeServerInfo
+from .pd_outage import PdOutage
 from .pd_store import UNKNOWN_SERVER_ID
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ class PdLink:
         # stopped, and the server cannot serve that PD's cluster.
         self.refusal: RegistrationRefused | None = None
         self._last_sample: tuple[float, dict[str, float]] | None = None
+        # Failed PD calls are logged once per outage, with reminders, not once per call.
+        self.outage = PdOutage(lambda: f"range server {server.server_id()}", log)
 
     def start(self) -> None:
         self._thread.start()
@@ -176,11 +179,12 @@ class PdLink:
         try:
             fn()
         except SbpError as exc:
-            log.warning("range server %d: %s to the PD failed: %s", self.server.server_id(),
-                        what, exc)
+            self.outage.failed(what, exc)
         except Exception:
             log.exception("range server %d: %s to the PD failed", self.server.server_id(),
                           what)
+        else:
+            self.outage.succeeded(what)
 
     def _register(self) -> bool:
         """Make sure the server has an id; False if stopped first."""
@@ -292,10 +296,12 @@ class PdLink:
         try:
             results = self.pd.trim_streams(sorted(latest.items()))
         except SbpError as exc:
-            log.warning("reporting trims %s to the PD failed (will retry): %s", latest, exc)
+            # retried at the next turn of the loop
+            self.outage.failed("TRIM_STREAMS", exc)
             for item in latest.items():
                 self._trims.put(item)
             return
+        self.outage.succeeded("TRIM_STREAMS")
         for (sid, start), result in zip(sorted(latest.items()), results, strict=True):
             if not result.ok:
                 log.warning("the PD refused the trim of stream %d at %d: %s", sid, start,
