@@ -470,8 +470,11 @@ def range_server_command(args: argparse.Namespace) -> int:
 
     def announce_when_registered() -> None:
         # The PD may be down at first: the server keeps trying, and says so once it is in.
+        # A PD that refuses the server's id for good ends the command (no ready file).
         nonlocal announced
         link = rs.pd_link
+        if link is not None and link.refusal is not None:
+            raise link.refusal
         if announced or link is None or not link.registered.is_set() or link.heartbeats < 1:
             return
         announced = True

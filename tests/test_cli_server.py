@@ -365,3 +365,26 @@ def test_fewer_range_servers_than_the_data_dir_holds_is_refused(tmp_path, capsys
     line = one_error_line(capsys)
     assert "range servers rs-1, rs-2" in line and "--range-servers 3" in line, line
     assert not (tmp_path / "pd").exists()  # nothing was started
+
+
+def test_a_range_server_on_another_clusters_data_dir_exits_at_once(tmp_path):
+    # The data directory of cluster a's range server, given to cluster b's PD: that PD never
+    # issued its id. The server used to log the refusal and run on without a ready file, so
+    # a script waiting for that file waited forever.
+    with ProcessCluster(tmp_path / "a", range_servers=1):
+        pass
+    data_dir = tmp_path / "a" / "rs-0"
+    server_id = json.loads((data_dir / "server.json").read_text())["server_id"]
+    ready = tmp_path / "rs.ready"
+    with ProcessCluster(tmp_path / "b", range_servers=0) as other:
+        ran = run_sbp("range-server", "--pd", other.pd_address, "--data-dir", str(data_dir),
+                      "--port", "0", "--ready-file", str(ready), timeout=30)
+        shown = run_sbp("cluster", "--json", "--pd", other.pd_address)
+    assert ran.returncode == 1, ran.stderr
+    error = ran.stderr.strip().splitlines()[-1]
+    assert error.startswith("sbp range-server: error: ")
+    assert f"data directory {data_dir} holds server id {server_id}" in error
+    assert "never issued" in error and "empty --data-dir" in error and "point --pd" in error
+    assert "Traceback" not in ran.stderr
+    assert not ready.exists()
+    assert json.loads(shown.stdout)["range_servers"] == []

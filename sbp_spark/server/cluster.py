@@ -251,6 +251,8 @@ class EmbeddedCluster:
         assert rs is not None and pd is not None
 
         def registered() -> bool:
+            if rs.pd_link is not None and rs.pd_link.refusal is not None:
+                raise rs.pd_link.refusal
             sid = rs.server_id
             return sid >= 0 and pd.liveness.address(sid) == rs.advertise_addr \
                 and pd.liveness.is_live(sid)

@@ -412,8 +412,11 @@ class PlacementDriver:
             if new is not None:
                 log.info("sealed range %d of stream %d at %d; range %d open on %s",
                          range_index, stream_id, end_offset, new.range_index, new.server_ids)
-        # The sealed range's replicas are fenced until they hear its end (read_cap.py).
-        self.calls.push_ranges([sealed] if new is None else [sealed, new], timeout_s)
+            # The sealed range's replicas are fenced until they hear its end (read_cap.py).
+            # Pushed before the stream's lock is released: a seal right behind this one (a
+            # script sealing in a loop, racing writers) would otherwise reach the new range's
+            # primary before the range did, and fail with RANGE_NOT_FOUND.
+            self.calls.push_ranges([sealed] if new is None else [sealed, new], timeout_s)
         if new is None:
             raise unplaced
         return new

@@ -6,8 +6,10 @@ holds, sent on its next heartbeat. Every call is one request with one retry on a
 connection (a pooled connection may have died with a server restart); a server that does not
 answer fails the call with the retriable REQUEST_TIMEOUT naming it.
 
-Pushes run after the stream's lock is released, so a DELETE_STREAMS can overtake one and reach
-a server that holds no range of the stream yet: nothing there remembers it, and the push would
+A seal's and a failover's pushes run under the stream's lock (a seal right behind must find
+the range on its servers); a new stream's push runs after the stream was created, so a
+DELETE_STREAMS can overtake one and reach a server that holds no range of the stream yet:
+nothing there remembers it, and the push would
 then create a range of a deleted stream that acknowledges appends nobody can read. So a push
 leaves out streams already deleted, and after a server took the push, every stream in it that
 was deleted meanwhile is deleted on that server again (now it holds the range and marks it).

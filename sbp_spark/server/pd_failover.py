@@ -208,9 +208,11 @@ class Failover:
                                 stream_id, exc.message)
                     servers = None
                 sealed, new = self.pd.store.seal_range(stream_id, range_index, end, servers)
-        log.warning("failover: range %d of stream %d (server %d gone) sealed at %d from "
-                    "replicas %s%s", range_index, stream_id, dead, end, ends,
-                    "" if new is None else f"; range {new.range_index} open on "
-                    f"{new.server_ids}")
-        self.pd.calls.push_ranges([sealed] if new is None else [sealed, new], skip={dead})
+            log.warning("failover: range %d of stream %d (server %d gone) sealed at %d from "
+                        "replicas %s%s", range_index, stream_id, dead, end, ends,
+                        "" if new is None else f"; range {new.range_index} open on "
+                        f"{new.server_ids}")
+            # Under the stream's lock, as a seal's push: a seal of the new range must not
+            # reach its servers before the range does.
+            self.pd.calls.push_ranges([sealed] if new is None else [sealed, new], skip={dead})
         return True

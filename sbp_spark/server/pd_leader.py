@@ -76,6 +76,9 @@ class Leadership:
         self._valid_until = 0.0  # monotonic deadline of the lease, as this node counts it
         self._office = 0  # create revision of the leader key this node holds (0: follower)
         self._leader: Member | None = None
+        # When etcd last showed a follower the leader key (monotonic, taken before the read):
+        # that leader is named for ``lease_ttl_s`` from then, no longer (see _known_leader).
+        self._leader_seen = 0.0
         self._members: list[Member] = [me]
         self._next_renewal = 0.0
         self._next_view = 0.0
@@ -97,7 +100,14 @@ class Leadership:
         # with self._lock held; a node whose lease is running out names no leader, not itself
         if self._office:
             return self.me if self._leads() else None
-        return self._leader
+        # A follower names the leader etcd showed it within a lease's time: without a renewal
+        # (which only etcd can confirm) that leader's lease has run out since, and it stepped
+        # down. Naming it longer, while etcd is unreachable, sent clients back to a node that
+        # could no longer act, again and again.
+        if self._leader is not None and \
+                time.monotonic() - self._leader_seen < self.lease_ttl_s:
+            return self._leader
+        return None
 
     @property
     def leader(self) -> Member | None:
@@ -121,9 +131,16 @@ class Leadership:
 
     def not_leader(self) -> PdNotLeaderError:
         """The refusal of a follower: it names the leader and carries the cluster."""
-        leader = self.leader
-        where = (f"the leader is {leader.name} at {leader.address}" if leader is not None
-                 else "no leader is elected right now")
+        with self._lock:
+            leader, last = self._known_leader(), self._leader
+            unconfirmed_s = time.monotonic() - self._leader_seen
+        if leader is not None:
+            where = f"the leader is {leader.name} at {leader.address}"
+        elif last is not None and not self._office:
+            where = (f"no leader is known: etcd last showed {last.name} leading "
+                     f"{unconfirmed_s:.1f} s ago, and has not confirmed it since")
+        else:
+            where = "no leader is elected right now"
         return PdNotLeaderError(f"PD {self.me.name} is not the leader: {where}",
                                 detail=self.cluster().to_flatbuffers())
 
@@ -227,6 +244,7 @@ class Leadership:
 
     def _campaign(self) -> None:
         value = json.dumps({"name": self.me.name, "address": self.me.address}).encode()
+        sent = time.monotonic()
         result = self.etcd.txn([Compare.absent(self.key)], [Put(self.key, value, self._lease)],
                                [Get(self.key)])
         if result.succeeded:
@@ -240,6 +258,7 @@ class Leadership:
         leader = _member(current[0].value) if current else None
         with self._lock:
             changed, self._leader = leader != self._leader, leader
+            self._leader_seen = sent
         if changed and leader is not None:
             log.info("PD %s: the leader is %s at %s", self.me.name, leader.name, leader.address)
 

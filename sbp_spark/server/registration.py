@@ -32,6 +32,7 @@ from ..client.tls import TlsConfig
 from ..protocol.errors import InvalidRequestError, SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
 from ..protocol.messages import RangeServer as RangeServerInfo
+from .pd_outage import PdOutage
 from .pd_store import UNKNOWN_SERVER_ID
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,11 @@ _LINK_CLIENT = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retrie
 _REGISTER_BACKOFF_S = 0.2
 _REGISTER_BACKOFF_MAX_S = 5.0
 _INT16_MAX = (1 << 15) - 1
+
+
+class RegistrationRefused(RuntimeError):
+    """The PD refuses this range server for good: its data directory holds an id the PD never
+    issued. Retrying does not help (unlike a PD that is down or not the leader)."""
 
 
 def _clamp16(value: float) -> int:
@@ -120,9 +126,12 @@ class PdLink:
                                         daemon=True)
         self.registered = threading.Event()
         self.heartbeats = 0
-        # Set while the PD refuses this server's id (see ``_refused``).
-        self.refusal: InvalidRequestError | None = None
+        # Set once the PD refused this server's id for good (see ``_refused``): the link has
+        # stopped, and the server cannot serve that PD's cluster.
+        self.refusal: RegistrationRefused | None = None
         self._last_sample: tuple[float, dict[str, float]] | None = None
+        # Failed PD calls are logged once per outage, with reminders, not once per call.
+        self.outage = PdOutage(lambda: f"range server {server.server_id()}", log)
 
     def start(self) -> None:
         self._thread.start()
@@ -154,6 +163,8 @@ class PdLink:
             if now >= next_heartbeat:
                 next_heartbeat = now + cfg.heartbeat_interval_s
                 self._guarded("HEARTBEAT", self._heartbeat)
+                if self.refusal is not None:
+                    return
             if now >= next_metrics:
                 next_metrics = now + cfg.metrics_interval_s
                 self._guarded("REPORT_METRICS", self._report_metrics)
@@ -168,11 +179,12 @@ class PdLink:
         try:
             fn()
         except SbpError as exc:
-            log.warning("range server %d: %s to the PD failed: %s", self.server.server_id(),
-                        what, exc)
+            self.outage.failed(what, exc)
         except Exception:
             log.exception("range server %d: %s to the PD failed", self.server.server_id(),
                           what)
+        else:
+            self.outage.succeeded(what)
 
     def _register(self) -> bool:
         """Make sure the server has an id; False if stopped first."""
@@ -204,27 +216,22 @@ class PdLink:
                 raise
             self._refused(exc)
             return
-        if self.refusal is not None:
-            log.info("range server %d: the PD accepts its heartbeats again", info.server_id)
-            self.refusal = None
         self.heartbeats += 1
 
     def _refused(self, exc: InvalidRequestError) -> None:
-        """The PD does not know this server's id. Taking a new id on our own would orphan the
-        ranges stored under the old one (or join the wrong cluster), so the operator decides;
-        heartbeats go on, and are accepted again once the PD knows the id."""
-        first = self.refusal is None
-        self.refusal = exc
-        if not first:
-            return
+        """The PD does not know this server's id: the data directory belongs to another
+        cluster (or the PD's metadata was reset). That will not change by retrying, and taking
+        a new id on our own would orphan the ranges stored under the old one, so the link
+        stops and ``refusal`` says what the operator can do; the process exits on it."""
         server_id, data_dir = self.server.server_id(), self.server.data_dir
-        log.error(
-            "range server %d: the PD at %s refuses its id: %s. Nothing is served for that "
-            "PD until this is fixed. If this server should join that cluster as a new range "
-            "server, stop it, remove %s and start it again (a new id is allocated; the ranges "
-            "stored in %s belong to the cluster that issued id %d). Otherwise point --pd at "
-            "the PD that issued the id.", server_id, self.pd.leader, exc.message,
-            self.server.server_file, data_dir, server_id)
+        self.refusal = RegistrationRefused(
+            f"range server data directory {data_dir} holds server id {server_id} "
+            f"(in {self.server.server_file}), and the PD refuses it: {exc.message}. The data "
+            f"in {data_dir} belongs to the cluster that issued id {server_id}: point --pd at "
+            f"that cluster's PD, or start this server with an empty --data-dir to join the "
+            f"PD's cluster as a new range server")
+        log.error("%s", self.refusal)
+        self._stop.set()
 
     def metrics_request(self) -> ReportMetricsRequest:
         """Current load figures (rates since the previous call)."""
@@ -289,10 +296,12 @@ class PdLink:
         try:
             results = self.pd.trim_streams(sorted(latest.items()))
         except SbpError as exc:
-            log.warning("reporting trims %s to the PD failed (will retry): %s", latest, exc)
+            # retried at the next turn of the loop
+            self.outage.failed("TRIM_STREAMS", exc)
             for item in latest.items():
                 self._trims.put(item)
             return
+        self.outage.succeeded("TRIM_STREAMS")
         for (sid, start), result in zip(sorted(latest.items()), results, strict=True):
             if not result.ok:
                 log.warning("the PD refused the trim of stream %d at %d: %s", sid, start,

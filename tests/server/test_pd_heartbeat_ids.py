@@ -68,11 +68,14 @@ def test_a_range_server_with_a_foreign_id_is_told_what_to_do(tmp_path, pd, caplo
         link = rs.pd_link
         assert link is not None
         wait_until(lambda: link.refusal is not None, "the PD to refuse the id")
-        wait_until(lambda: any("refuses its id" in r.getMessage() for r in caplog.records),
-                   "the error log")
-        errors = [r.getMessage() for r in caplog.records if "refuses its id" in r.getMessage()]
-        assert len(errors) == 1  # logged once, not at every heartbeat
-        assert "77" in errors[0] and "server.json" in errors[0] and "never issued" in errors[0]
+        # The refusal is for good: the link stops (no heartbeat every interval to be refused
+        # again), and says once what to do.
+        link._thread.join(5)
+        assert not link._thread.is_alive()
+        errors = [r.getMessage() for r in caplog.records if "never issued" in r.getMessage()]
+        assert errors == [str(link.refusal)]
+        assert "77" in errors[0] and "server.json" in errors[0] and str(tmp_path / "rs") in \
+            errors[0] and "empty --data-dir" in errors[0]
         assert link.heartbeats == 0 and rs.server_id == 77
         assert not pd.liveness.is_live(77)
 
