@@ -165,15 +165,21 @@ class Failover:
                 self._log_stranded(server_id, stranded)
         return finished
 
+    def _level(self, server_id: int) -> int:
+        """How loud a failover of ``server_id`` is: information when it said it stops (an
+        operator's stop or rolling restart, or the whole cluster's), a warning otherwise."""
+        with self._lock:
+            return logging.INFO if server_id in self._stopped else logging.WARNING
+
     def _log_stranded(self, server_id: int, stranded: list[tuple[int, int]]) -> None:
         """One line for the open ranges ``server_id`` leaves with no live replica: a warning
         when it went silent, information when it said it stops (every R = 1 range of a server
         stopped on purpose, as in a rolling restart or a whole cluster's stop, is one)."""
-        with self._lock:
-            stopped = server_id in self._stopped
+        level = self._level(server_id)
+        stopped = level == logging.INFO
         shown = ", ".join(f"{sid}/{index}" for sid, index in stranded[:STRANDED_SHOWN])
         more = len(stranded) - STRANDED_SHOWN
-        log.log(logging.INFO if stopped else logging.WARNING,
+        log.log(level,
                 "range server %d %s: %d open range(s) on it have no other live replica and "
                 "stay open until it returns, their writers waiting (stream/range: %s%s)",
                 server_id, "stopped" if stopped else "is not live", len(stranded), shown,
@@ -208,10 +214,12 @@ class Failover:
                                 stream_id, exc.message)
                     servers = None
                 sealed, new = self.pd.store.seal_range(stream_id, range_index, end, servers)
-            log.warning("failover: range %d of stream %d (server %d gone) sealed at %d from "
-                        "replicas %s%s", range_index, stream_id, dead, end, ends,
-                        "" if new is None else f"; range {new.range_index} open on "
-                        f"{new.server_ids}")
+            level = self._level(dead)
+            log.log(level, "failover: range %d of stream %d (server %d %s) sealed at %d from "
+                    "replicas %s%s", range_index, stream_id, dead,
+                    "stopped" if level == logging.INFO else "gone", end, ends,
+                    "" if new is None else f"; range {new.range_index} open on "
+                    f"{new.server_ids}")
             # Under the stream's lock, as a seal's push: a seal of the new range must not
             # reach its servers before the range does.
             self.pd.calls.push_ranges([sealed] if new is None else [sealed, new], skip={dead})

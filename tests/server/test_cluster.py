@@ -247,3 +247,27 @@ def test_a_stopped_server_s_single_replica_ranges_are_one_line_not_a_warning_eac
         assert f"{on_it[0]}/0" in line.message
         assert not [r for r in caplog.records if r.levelname == "WARNING"
                     and r.name == "sbp_spark.server.pd"]
+
+
+def test_a_stopped_server_s_replicated_ranges_fail_over_with_information_not_warnings(
+        tmp_path, pool, caplog):
+    caplog.set_level("INFO", logger="sbp_spark.server.pd")
+    with EmbeddedCluster(tmp_path, range_servers=3) as cluster:
+        client = client_of(cluster, pool)
+        stopped = cluster.server_id(0)
+        streams = [s.stream_id for s in client.create_streams(6, replicas=2)]
+        on_it = [sid for sid in streams if stopped in
+                 {r.server.server_id for r in client.list_ranges(sid)[0].servers}]
+        assert on_it, "placement put no stream on server 0"
+        cluster.stop_range_server(0)
+
+        def moved():
+            return all(len(client.list_ranges(sid)) == 2 for sid in on_it)
+
+        poll(moved, what="the stopped server's ranges to fail over")
+        lines = [r for r in caplog.records if r.message.startswith("failover: range")]
+        assert len(lines) == len(on_it)
+        assert {r.levelname for r in lines} == {"INFO"}
+        assert all(f"(server {stopped} stopped)" in r.message for r in lines)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"
+                    and r.name == "sbp_spark.server.pd"]
