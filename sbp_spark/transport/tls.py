@@ -350,10 +350,30 @@ def unusable_file(config: TlsConfig) -> str:
     return ""
 
 
+def _file_versions(config: TlsConfig) -> tuple[tuple[int, int, int] | None, ...]:
+    """What identifies the current contents of ``config``'s files (None for a file missing
+    now: building the context then says so)."""
+    versions: list[tuple[int, int, int] | None] = []
+    for path in (config.cert_file, config.key_file, config.ca_file):
+        try:
+            st = os.stat(path) if path is not None else None
+        except OSError:
+            st = None
+        versions.append((st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None)
+    return tuple(versions)
+
+
 @functools.lru_cache(maxsize=32)
-def client_context(config: TlsConfig) -> ssl.SSLContext:
-    """The client context of ``config``, built once per process (it reads files)."""
+def _client_context(config: TlsConfig, versions: tuple) -> ssl.SSLContext:
     return config.client_context()
+
+
+def client_context(config: TlsConfig) -> ssl.SSLContext:
+    """The client context of ``config``, built once per version of its files: certificates
+    are renewed by replacing their files, and a process that keeps running (a Spark driver,
+    a server calling its peers) must present and trust the new ones on its next connection.
+    Costs a stat of each file per new connection."""
+    return _client_context(config, _file_versions(config))
 
 
 def wrap_client(sock: socket.socket, config: TlsConfig, host: str, timeout_s: float,

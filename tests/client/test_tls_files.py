@@ -7,6 +7,7 @@ import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.errors import TransportError
 from sbp_spark.server.cluster import EmbeddedCluster
 
 
@@ -44,3 +45,33 @@ def test_sbp_names_an_unusable_tls_file_from_the_environment(tls_cluster, certs,
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert certs.client_key in err and "handshake" not in err, err
+
+
+def test_tls_files_renewed_on_disk_are_used_by_new_connections(tls_cluster, certs, tmp_path):
+    """Certificates are renewed by replacing their files (cert-manager, certbot...): a process
+    that keeps running (a Spark driver, a streaming job's workers) must present the renewed
+    certificate, and trust the renewed CA file, on its next connection."""
+    cert, key, ca = tmp_path / "me.pem", tmp_path / "me.key", tmp_path / "ca.pem"
+
+    def install(cert_src: str, key_src: str, ca_src: str) -> None:
+        for target, source in ((cert, cert_src), (key, key_src), (ca, ca_src)):
+            replacement = target.with_suffix(".new")
+            replacement.write_bytes(open(source, "rb").read())
+            replacement.replace(target)  # how renewals land: a new file under the old name
+
+    def list_streams() -> list:
+        config = ClientConfig(tls=True, tls_ca_file=str(ca), tls_cert_file=str(cert),
+                              tls_key_file=str(key), connect_timeout_s=3, retries=0)
+        with ConnectionPool(config) as pool:
+            return SbpClient(tls_cluster.pd_address, config, pool).list_streams()
+
+    install(certs.rogue_cert, certs.rogue_key, certs.ca)  # a certificate the cluster refuses
+    with pytest.raises(TransportError, match="does not trust the CA"):
+        list_streams()
+    install(certs.client_cert, certs.client_key, certs.ca)  # renewed
+    assert list_streams() == []
+    install(certs.client_cert, certs.client_key, certs.rogue_ca)  # a CA file that lost the CA
+    with pytest.raises(TransportError, match="certificate verify failed"):
+        list_streams()
+    install(certs.client_cert, certs.client_key, certs.ca)
+    assert list_streams() == []
