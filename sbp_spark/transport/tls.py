@@ -320,7 +320,7 @@ def _describe(exc: ssl.SSLError) -> str:
     """Why a handshake failed, in words (the certificate check says what did not match)."""
     reason = (exc.reason or str(exc)).replace("_", " ").lower()
     detail = getattr(exc, "verify_message", None)
-    return f"{reason}: {detail}" if detail else reason
+    return f"{reason}: {detail.rstrip('.')}" if detail else reason
 
 
 def unusable_file(config: TlsConfig) -> str:
@@ -348,6 +348,72 @@ def unusable_file(config: TlsConfig) -> str:
             return f"the key file {key!r} is not the private key of the certificate {cert!r}"
         return f"the key file {key!r} holds no PEM private key"
     return ""
+
+
+def peer_call_problem(config: TlsConfig, host: str | None) -> str:
+    """Why two servers with ``config``'s files could not call each other, in words ('' when
+    they can): the servers present their own certificate and verify the other's against the
+    CA file (the system's trust store without one), so a certificate that fails there (no
+    clientAuth or serverAuth key usage, signed by another CA, expired, not naming ``host``, the
+    host peers dial; None: names are not checked) leaves a cluster that cannot form, its
+    servers retrying forever. The handshake runs in memory, between this process's contexts.
+    """
+    try:
+        server = config.server_context()
+        client = config.client_context()
+    except ssl.SSLError as exc:
+        return f"TLS files cannot be used: {unusable_file(config) or _describe(exc)}"
+    if host is None:
+        client.check_hostname = False
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    calling = client.wrap_bio(to_client, to_server, server_side=False, server_hostname=host)
+    called = server.wrap_bio(to_server, to_client, server_side=True)
+    done = {"calling": False, "called": False}
+    for _ in range(8):  # a TLS 1.2 or 1.3 handshake takes at most 3 flights each way
+        for side, tls in (("calling", calling), ("called", called)):
+            if done[side]:
+                continue
+            try:
+                tls.do_handshake()
+                done[side] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError as exc:
+                return _peer_call_hint(config, side, host, exc)
+        if all(done.values()):
+            return ""
+    return "the TLS handshake between two servers did not complete"
+
+
+def _peer_call_hint(config: TlsConfig, side: str, host: str | None,
+                    exc: ssl.SSLError) -> str:
+    why = _describe(exc)
+    code = getattr(exc, "verify_code", None)
+    if side == "called":  # the server refused the certificate its peer presented
+        if code == _X509_INVALID_PURPOSE:
+            return (f"{why}: with a CA file the servers present their own certificate when "
+                    f"they call each other, so it needs the clientAuth extended key usage "
+                    f"(besides serverAuth)")
+        return f"a server refuses this certificate when a peer presents it: {why}"
+    if code == _X509_INVALID_PURPOSE:
+        return f"{why}: a server's certificate needs the serverAuth extended key usage"
+    if code == _X509_HOSTNAME_MISMATCH or code == _X509_IP_MISMATCH:
+        return (f"{why}: the other servers call this one at {host}, which its certificate "
+                f"must name (subjectAltName), or advertise a name the certificate holds")
+    if config.ca_file is None and code in _X509_UNTRUSTED:
+        return (f"{why}: without a CA file the servers check each other's certificates "
+                f"against the system's trust store, which does not trust this one; give the "
+                f"CA file that signed it")
+    if config.ca_file is not None and code in _X509_UNTRUSTED:
+        return f"{why}: the certificate is not signed by a CA in {config.ca_file!r}"
+    return f"a server refuses this certificate when a peer presents it: {why}"
+
+
+# OpenSSL's X509_V_ERR_* codes that peer_call_problem explains.
+_X509_INVALID_PURPOSE = 26
+_X509_HOSTNAME_MISMATCH = 62
+_X509_IP_MISMATCH = 64
+_X509_UNTRUSTED = frozenset({2, 18, 19, 20, 21})  # no issuer, self-signed, untrusted chain
 
 
 def _file_versions(config: TlsConfig) -> tuple[tuple[int, int, int] | None, ...]:

@@ -237,3 +237,46 @@ def test_sbp_server_commands_check_their_tls_options(tmp_path, certs):
             [sys.executable, "-m", "sbp_spark.cli", "pd", "--data-dir", str(tmp_path / "pd"),
              "--port", "0", *args], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_servers_refuse_certificates_they_could_not_call_each_other_with(tmp_path, certs):
+    """The servers call each other with their own certificate: one that fails there (no
+    clientAuth key usage, no CA file for a private CA, not naming the advertised host, from
+    another CA) is refused at start, naming the problem, instead of a cluster whose range
+    servers retry registering forever."""
+    cases = [
+        (TlsConfig(certs.server_only_cert, certs.server_only_key, certs.ca),
+         "unsuitable certificate purpose: .* needs the clientAuth extended key usage"),
+        (TlsConfig(certs.cert, certs.key),
+         "without a CA file .* system's trust store, which does not trust this one"),
+        (TlsConfig(certs.localhost_cert, certs.localhost_key, certs.ca),
+         "not valid for '127.0.0.1': the other servers call this one at 127.0.0.1"),
+        (TlsConfig(certs.rogue_cert, certs.rogue_key, certs.ca),
+         f"not signed by a CA in '{certs.ca}'"),
+    ]
+    for i, (tls, message) in enumerate(cases):
+        with pytest.raises(ValueError, match=message) as info:
+            EmbeddedCluster(tmp_path / str(i), range_servers=1, tls=tls,
+                            start_timeout_s=10).start()
+        assert repr(tls.cert_file) in str(info.value), info.value
+    # Advertising the name the certificate holds is the way out.
+    tls = TlsConfig(certs.localhost_cert, certs.localhost_key, certs.ca)
+    with EmbeddedCluster(tmp_path / "named", range_servers=1, tls=tls,
+                         advertise_host="localhost") as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        client = SbpClient(cluster.pd_address, client_config(certs), pool)
+        [stream] = client.create_streams(1)
+        client.open_stream(stream.stream_id).append([batch_bytes(b"by name")])
+        assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"by name"]
+
+
+def test_sbp_server_refuses_a_certificate_without_client_auth(tmp_path, certs):
+    done = subprocess.run(
+        [sys.executable, "-m", "sbp_spark.cli", "server", "--data-dir", str(tmp_path / "d"),
+         "--port", "0", "--tls-cert", certs.server_only_cert, "--tls-key",
+         certs.server_only_key, "--tls-ca", certs.ca],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("sbp server: error:") and "clientAuth" in last \
+        and certs.server_only_cert in last, done.stderr
