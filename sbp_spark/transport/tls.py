@@ -18,6 +18,7 @@ and its name (the host of the address they connect to).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import select
@@ -321,6 +322,41 @@ def _describe(exc: ssl.SSLError) -> str:
     reason = (exc.reason or str(exc)).replace("_", " ").lower()
     detail = getattr(exc, "verify_message", None)
     return f"{reason}: {detail.rstrip('.')}" if detail else reason
+
+
+def certificate_not_after(path: str) -> datetime.datetime | None:
+    """When the first certificate in the PEM file ``path`` stops being valid (UTC), or None
+    when the file cannot be read as one. For error messages: ``ssl`` decodes only the
+    certificates of a connection, so this reads the DER fields itself."""
+    try:
+        der = ssl.PEM_cert_to_DER_cert(Path(path).read_text())
+        _, start, _ = _der_item(der, 0)  # Certificate
+        _, pos, _ = _der_item(der, start)  # tbsCertificate
+        if der[pos] == 0xA0:  # [0] version
+            pos = _der_item(der, pos)[2]
+        for _ in range(3):  # serialNumber, signature, issuer
+            pos = _der_item(der, pos)[2]
+        _, validity, _ = _der_item(der, pos)
+        not_before_end = _der_item(der, validity)[2]
+        tag, start, end = _der_item(der, not_before_end)
+        text = der[start:end].decode("ascii")
+        fmt = "%y%m%d%H%M%SZ" if tag == 0x17 else "%Y%m%d%H%M%SZ"  # UTCTime, GeneralizedTime
+        return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.timezone.utc)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _der_item(der: bytes, pos: int) -> tuple[int, int, int]:
+    """The tag of the DER item at ``pos``, and where its contents start and end."""
+    tag, size = der[pos], der[pos + 1]
+    start = pos + 2
+    if size & 0x80:
+        count = size & 0x7F
+        size = int.from_bytes(der[start:start + count], "big")
+        start += count
+    if start + size > len(der):
+        raise ValueError("truncated DER")
+    return tag, start, start + size
 
 
 def unusable_file(config: TlsConfig) -> str:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -280,3 +281,31 @@ def test_sbp_server_refuses_a_certificate_without_client_auth(tmp_path, certs):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("sbp server: error:") and "clientAuth" in last \
         and certs.server_only_cert in last, done.stderr
+
+
+def test_a_server_certificate_the_client_cannot_verify_names_the_ca_setting(mtls_server, certs):
+    untrusted = ClientConfig(tls=True, tls_ca_file=certs.rogue_ca, **FAST)
+    with pytest.raises(TransportError) as info:
+        with Connection(mtls_server.address_str, untrusted) as conn:
+            conn.ping()
+    assert mtls_server.address_str in str(info.value)
+    assert f"not signed by a CA in tls_ca_file {certs.rogue_ca!r}" in str(info.value), \
+        info.value
+    with pytest.raises(TransportError) as info:  # the system's trust store knows not our CA
+        with Connection(mtls_server.address_str, ClientConfig(tls=True, **FAST)) as conn:
+            conn.ping()
+    assert "system's trust store" in str(info.value) and "tls.caFile" in str(info.value), \
+        info.value
+
+
+def test_an_expired_client_certificate_is_named_with_its_end(mtls_server, certs):
+    if certs.expired_cert is None:
+        pytest.skip("this openssl makes no expired certificate")
+    expired = ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=certs.expired_cert,
+                           tls_key_file=certs.expired_key, **FAST)
+    with pytest.raises(TransportError) as info:
+        with Connection(mtls_server.address_str, expired) as conn:
+            conn.ping()
+    assert mtls_server.address_str in str(info.value)
+    assert re.search(rf"certificate {re.escape(repr(certs.expired_cert))} expired \(not valid "
+                     r"after \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", str(info.value)), info.value
