@@ -75,7 +75,7 @@ class TlsConfig:
             raise ValueError("a TLS server needs a certificate file and a key file")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert_file, self.key_file)
+        load_cert_chain(ctx, self.cert_file, self.key_file)
         if self.ca_file is not None:
             ctx.load_verify_locations(cafile=self.ca_file)
             ctx.verify_mode = ssl.CERT_REQUIRED
@@ -90,8 +90,21 @@ class TlsConfig:
         else:
             ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
         if self.cert_file is not None and self.key_file is not None:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+            load_cert_chain(ctx, self.cert_file, self.key_file)
         return ctx
+
+
+def load_cert_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str) -> None:
+    """``ctx.load_cert_chain``, refusing a key file protected by a passphrase (no setting takes
+    one): left to itself, OpenSSL asks for it on the terminal, so a server or a Spark driver
+    would wait for typing, and without a terminal it fails with "Invalid argument"."""
+
+    def no_passphrase() -> bytes:
+        raise ValueError(f"the TLS key file {key_file!r} is protected by a passphrase, which "
+                         f"cannot be given: use an unencrypted key (openssl pkey -in "
+                         f"{key_file} -out plain.key) kept readable only by its user")
+
+    ctx.load_cert_chain(cert_file, key_file, password=no_passphrase)
 
 
 class TlsSocket:
@@ -378,7 +391,7 @@ def unusable_file(config: TlsConfig) -> str:
     if not holds_certificate(cert):
         return f"the certificate file {cert!r} holds no PEM certificate"
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+        load_cert_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert, key)
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             return f"the key file {key!r} is not the private key of the certificate {cert!r}"

@@ -3,12 +3,17 @@ is a configuration error naming it, not a "handshake failed" with every server, 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
-from sbp_spark.protocol.errors import TransportError
+from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from sbp_spark.transport.tls import TlsConfig
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +80,33 @@ def test_tls_files_renewed_on_disk_are_used_by_new_connections(tls_cluster, cert
         list_streams()
     install(certs.client_cert, certs.client_key, certs.ca)
     assert list_streams() == []
+
+
+class _Nothing(RequestHandler):
+    def handle(self, ctx) -> None:  # never called: no opcode is declared
+        ctx.system_error(ErrorCode.INVALID_REQUEST, "this test server serves only PING")
+
+
+def test_a_key_file_with_a_passphrase_is_refused_naming_it(certs, tmp_path):
+    """A passphrase-protected key cannot be used (no option takes a passphrase): it is refused
+    naming the file, instead of OpenSSL asking for the passphrase on the terminal (a server or
+    a Spark driver then waits for typing) or failing with '[Errno 22] Invalid argument'."""
+    locked = tmp_path / "locked.key"
+    subprocess.run(["openssl", "pkey", "-in", certs.client_key, "-aes256", "-passout",
+                    "pass:secret", "-out", str(locked)], check=True, capture_output=True)
+    with pytest.raises(ValueError, match="passphrase") as info:
+        ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=certs.client_cert,
+                     tls_key_file=str(locked))
+    assert str(locked) in str(info.value)
+    with pytest.raises(ValueError, match="passphrase") as info:
+        FrameServer(_Nothing(), NetConfig(
+            tls=TlsConfig(certs.client_cert, str(locked), certs.ca))).start()
+    assert str(locked) in str(info.value)
+    done = subprocess.run(
+        [sys.executable, "-m", "sbp_spark.cli", "pd", "--data-dir", str(tmp_path / "pd"),
+         "--port", "0", "--tls-cert", certs.client_cert, "--tls-key", str(locked)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        start_new_session=True)  # no terminal to ask on
+    assert done.returncode != 0, done.stderr
+    assert "pass phrase" not in done.stderr and "passphrase" in done.stderr \
+        and str(locked) in done.stderr, done.stderr
