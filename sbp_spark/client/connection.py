@@ -748,8 +748,9 @@ class Connection:
                 exc is not None and not isinstance(exc, (BrokenPipeError, ConnectionResetError))):
             return ""
         return (" (before any answer: the server may require TLS, which this client does not "
-                "use; set tls=True in ClientConfig, the Spark option tls.enabled=true, or "
-                "$SBP_TLS_CA for the sbp commands)")
+                "use; set tls=True in ClientConfig, the Spark option tls.enabled=true, "
+                "$SBP_TLS_CA for the sbp commands, or --tls-cert, --tls-key and --tls-ca for "
+                "the sbp servers)")
 
     def _background_reads(self) -> None:
         """The connection's own thread: reads while no caller waits for an answer (after a

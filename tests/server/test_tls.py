@@ -20,6 +20,7 @@ from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.transport.tls import TlsConfig
 
 from ..certs import Certs
@@ -309,3 +310,18 @@ def test_an_expired_client_certificate_is_named_with_its_end(mtls_server, certs)
     assert mtls_server.address_str in str(info.value)
     assert re.search(rf"certificate {re.escape(repr(certs.expired_cert))} expired \(not valid "
                      r"after \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", str(info.value)), info.value
+
+
+def test_a_plain_range_server_is_told_its_pd_may_require_tls(mtls_server, tmp_path, caplog):
+    """A range server started without the TLS options against a TLS PD logs, on every retry of
+    its registration, the options that would fix it, not only the client settings."""
+    caplog.set_level("WARNING", logger="sbp_spark.server.registration")
+    config = RangeServerConfig(data_dir=str(tmp_path / "rs"),
+                               pd_addresses=[mtls_server.address_str])
+    with RangeServer(config):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not [
+                r for r in caplog.records if "may require TLS" in r.getMessage()]:
+            time.sleep(0.05)
+    [first, *_] = [r.getMessage() for r in caplog.records if "may require TLS" in r.getMessage()]
+    assert "--tls-cert, --tls-key and --tls-ca" in first, first
