@@ -16,6 +16,7 @@ import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
+from sbp_spark.client.pd import PdClient
 from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
@@ -25,6 +26,7 @@ from sbp_spark.transport.tls import TlsConfig
 
 from ..certs import Certs
 from ..client.fakes import FakeServer, Peer
+from ..etcd import require_etcd
 
 FAST = dict(connect_timeout_s=3, request_timeout_s=10, retries=2, retry_deadline_s=10)
 
@@ -325,3 +327,22 @@ def test_a_plain_range_server_is_told_its_pd_may_require_tls(mtls_server, tmp_pa
             time.sleep(0.05)
     [first, *_] = [r.getMessage() for r in caplog.records if "may require TLS" in r.getMessage()]
     assert "--tls-cert, --tls-key and --tls-ca" in first, first
+
+
+def test_a_pd_cluster_on_etcd_serves_mutual_tls(tmp_path, certs):
+    """``sbp server --pd-nodes N`` with the TLS options: the PD nodes form their cluster (the
+    start-up check asks them over TLS), and a client that dials a follower first is sent on
+    to the leader, which places replicated streams on the range servers, all over mTLS."""
+    require_etcd()
+    with ProcessCluster(tmp_path, range_servers=2, pd_nodes=2, tls=certs.server_tls(),
+                        start_timeout_s=30) as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        leader = PdClient(cluster.pd_address, client_config(certs), pool
+                          ).describe_pd_cluster().leader
+        assert leader is not None
+        followers_first = sorted(cluster.pd_address.split(","),
+                                 key=lambda a: a == leader.advertise_addr)
+        client = SbpClient(",".join(followers_first), client_config(certs), pool)
+        [stream] = client.create_streams(1, replicas=2)
+        client.open_stream(stream.stream_id).append([batch_bytes(b"over tls")])
+        assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"over tls"]
