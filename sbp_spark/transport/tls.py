@@ -64,8 +64,16 @@ class TlsConfig:
     def __post_init__(self) -> None:
         for name in ("cert_file", "key_file", "ca_file"):
             value = getattr(self, name)
-            if value is not None and not Path(value).is_file():
-                raise ValueError(f"TLS {name.replace('_', ' ')} {value!r} is not a readable file")
+            if value is None:
+                continue
+            what = f"TLS {name.replace('_', ' ')} {value!r}"
+            if not Path(value).is_file():
+                raise ValueError(f"{what} is not a readable file")
+            try:  # OpenSSL's own error for a file it may not read names no file
+                with open(value, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{what} is not a readable file ({exc.strerror})") from exc
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("TLS needs both a certificate file and its key file, or neither")
 

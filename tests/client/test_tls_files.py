@@ -3,6 +3,8 @@ is a configuration error naming it, not a "handshake failed" with every server, 
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -110,3 +112,37 @@ def test_a_key_file_with_a_passphrase_is_refused_naming_it(certs, tmp_path):
     assert done.returncode != 0, done.stderr
     assert "pass phrase" not in done.stderr and "passphrase" in done.stderr \
         and str(locked) in done.stderr, done.stderr
+
+
+def _without_file_privileges() -> list[str]:
+    """A command prefix under which file permissions hold (root bypasses them)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root ignores file permissions, and setpriv (to drop that) is missing")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, "--bounding-set", caps, "--inh-caps", caps]
+
+
+def test_an_unreadable_key_file_is_named(certs, tmp_path):
+    """A key file the user may not read (owned by another account, mode 600) is named, by the
+    servers and the sbp commands, instead of a bare '[Errno 13] Permission denied'."""
+    key = tmp_path / "other-users.key"
+    shutil.copy(certs.client_key, key)
+    key.chmod(0)
+    prefix = _without_file_privileges()
+    server = subprocess.run(
+        [*prefix, sys.executable, "-m", "sbp_spark.cli", "pd", "--data-dir",
+         str(tmp_path / "pd"), "--port", "0", "--tls-cert", certs.client_cert, "--tls-key",
+         str(key)], capture_output=True, text=True, timeout=60)
+    client = subprocess.run(
+        [*prefix, sys.executable, "-m", "sbp_spark.cli", "streams", "list", "--pd",
+         "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "SBP_TLS_CA": certs.ca, "SBP_TLS_CERT": certs.client_cert,
+             "SBP_TLS_KEY": str(key)})
+    for done in (server, client):
+        assert done.returncode != 0, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"TLS key file {str(key)!r} is not a readable file (Permission denied)" in last, \
+            done.stderr
