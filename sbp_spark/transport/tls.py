@@ -446,6 +446,10 @@ def _peer_call_hint(config: TlsConfig, side: str, host: str | None,
                     exc: ssl.SSLError) -> str:
     why = _describe(exc)
     code = getattr(exc, "verify_code", None)
+    if code == _X509_EXPIRED and config.cert_file is not None:
+        end = certificate_not_after(config.cert_file)
+        until = f" (not valid after {end:%Y-%m-%d %H:%M:%S} UTC)" if end is not None else ""
+        return f"{why}{until}: renew it, replacing the file"
     if side == "called":  # the server refused the certificate its peer presented
         if code == _X509_INVALID_PURPOSE:
             return (f"{why}: with a CA file the servers present their own certificate when "
@@ -467,6 +471,7 @@ def _peer_call_hint(config: TlsConfig, side: str, host: str | None,
 
 
 # OpenSSL's X509_V_ERR_* codes that peer_call_problem explains.
+_X509_EXPIRED = 10
 _X509_INVALID_PURPOSE = 26
 _X509_HOSTNAME_MISMATCH = 62
 _X509_IP_MISMATCH = 64

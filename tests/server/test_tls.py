@@ -258,6 +258,9 @@ def test_servers_refuse_certificates_they_could_not_call_each_other_with(tmp_pat
         (TlsConfig(certs.rogue_cert, certs.rogue_key, certs.ca),
          f"not signed by a CA in '{certs.ca}'"),
     ]
+    if certs.expired_cert is not None:
+        cases.append((TlsConfig(certs.expired_cert, certs.expired_key, certs.ca),
+                      r"certificate has expired \(not valid after \d{4}-\d\d-\d\d "))
     for i, (tls, message) in enumerate(cases):
         with pytest.raises(ValueError, match=message) as info:
             EmbeddedCluster(tmp_path / str(i), range_servers=1, tls=tls,
