@@ -113,13 +113,14 @@ class ClientConfig:
         # it cannot load would otherwise fail every connection as a "TLS handshake failed",
         # retried as if the server were at fault, without naming the file.
         settings = self.tls_settings()
+        assert settings is not None  # called with tls=True
         try:
             client_context(settings)
         except ssl.SSLError as exc:
             given = ", ".join(f"{name} {value!r}" for name, value in (
                 ("tls_ca_file", self.tls_ca_file), ("tls_cert_file", self.tls_cert_file),
                 ("tls_key_file", self.tls_key_file)) if value)
-            reason = unusable_file(settings) if settings is not None else ""
+            reason = unusable_file(settings)
             if not reason:
                 reason = exc.reason.replace("_", " ").lower() if exc.reason else str(exc)
             raise ValueError(f"ClientConfig: TLS files cannot be used ({given}): {reason}") \

@@ -50,6 +50,7 @@ from sbp_spark.transport.tls import TlsConfig, TlsSocket, wrap_client
 from .config import ClientConfig
 from .heartbeat import Heartbeat
 from .read_turn import YOUR_TURN, ReadTurn
+from .tls_hints import refused_certificate_hint, unverified_server_hint
 
 log = logging.getLogger(__name__)
 
@@ -211,34 +212,6 @@ class ResponseStream:
 
 
 
-# Alerts a TLS server sends when it refuses this client's certificate, in the words of
-# OpenSSL's reason codes; with TLS 1.3 they arrive after the handshake, on the first read or
-# as the reason a send failed. Each with what the user can change.
-_REFUSED_CERTIFICATE = (
-    ("alert certificate required",
-     "the server requires a client certificate and this client presented none: set "
-     "tls_cert_file and tls_key_file in ClientConfig, the Spark options tls.certFile and "
-     "tls.keyFile, or $SBP_TLS_CERT and $SBP_TLS_KEY for the sbp commands"),
-    ("alert unknown ca",
-     "the server does not trust the CA that signed this client's certificate: use a "
-     "certificate signed by a CA the server's client CA file lists"),
-    ("alert certificate expired", "the server found this client's certificate expired"),
-    ("alert bad certificate", "the server refused this client's certificate"),
-    ("alert certificate unknown", "the server refused this client's certificate"),
-)
-
-
-def _certificate_hint(exc: BaseException | None) -> str:
-    """What to change, for an error carrying a TLS alert that refused our certificate."""
-    if exc is None:
-        return ""
-    text = str(exc).lower().replace("_", " ")
-    for alert, hint in _REFUSED_CERTIFICATE:
-        if alert in text:
-            return f" ({hint})"
-    return ""
-
-
 class Connection:
     """One TCP connection to one server, carrying many requests at once.
 
@@ -318,8 +291,9 @@ class Connection:
                 f"TLS handshake with {self.address} timed out after "
                 f"{self.config.connect_timeout_s:g}s")
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
-            error = TransportError(f"TLS handshake with {self.address} failed: "
-                                   f"{exc}{_certificate_hint(exc)}")
+            hint = (unverified_server_hint(exc, self.config)
+                    or refused_certificate_hint(exc, self.config))
+            error = TransportError(f"TLS handshake with {self.address} failed: {exc}{hint}")
         sock.close()
         self._rsock.close()
         raise error
@@ -800,15 +774,16 @@ class Connection:
         sending anything: a hint that it may require TLS (a TLS server drops a peer whose
         first bytes are no TLS handshake, without a word). For a TLS connection that the
         server ended with an alert refusing this client's certificate: what to change (see
-        ``_certificate_hint``). Empty otherwise."""
+        ``refused_certificate_hint``). Empty otherwise."""
         if self.config.tls:
-            return _certificate_hint(exc)
+            return refused_certificate_hint(exc, self.config)
         if self._heard or (
                 exc is not None and not isinstance(exc, (BrokenPipeError, ConnectionResetError))):
             return ""
         return (" (before any answer: the server may require TLS, which this client does not "
-                "use; set tls=True in ClientConfig, the Spark option tls.enabled=true, or "
-                "$SBP_TLS_CA for the sbp commands)")
+                "use; set tls=True in ClientConfig, the Spark option tls.enabled=true, "
+                "$SBP_TLS_CA for the sbp commands, or --tls-cert, --tls-key and --tls-ca for "
+                "the sbp servers)")
 
     def _background_reads(self) -> None:
         """The connection's own thread: reads while no caller waits for an answer (after a

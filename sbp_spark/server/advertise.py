@@ -12,6 +12,7 @@ host (``advertise_host``, with the port the server bound, for servers on free po
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from ..client.connection import parse_address
 
@@ -78,3 +79,26 @@ def advertised(bound: tuple[str, int], advertise_addr: str | None,
         return advertise_addr
     host, port = bound
     return format_address(_bare(advertise_host) if advertise_host else host, port)
+
+
+def advertised_host(host: str, advertise_addr: str | None,
+                    advertise_host: str | None) -> str | None:
+    """The host part of what a server listening on ``host`` will advertise (see
+    ``advertised``), known before it binds: without an advertise setting that is the bound
+    IP, so a host name is resolved as binding would. None when it does not resolve (binding
+    then fails, saying so)."""
+    if advertise_addr:
+        return _bare(parse_address(advertise_addr)[0])
+    if advertise_host:
+        return _bare(advertise_host)
+    bare = _bare(host)
+    try:
+        ipaddress.ip_address(bare)
+        return bare
+    except ValueError:
+        pass
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    try:
+        return str(socket.getaddrinfo(bare, None, family, socket.SOCK_STREAM)[0][4][0])
+    except OSError:
+        return None

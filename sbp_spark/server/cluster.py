@@ -577,7 +577,9 @@ class ProcessCluster:
 
         def formed() -> bool:
             try:
-                with contextlib.closing(Connection(next(iter(wanted)))) as conn:
+                # With TLS, asked like the servers ask each other: with their certificate.
+                with contextlib.closing(Connection(next(iter(wanted)),
+                                                   ClientConfig().with_tls(self.tls))) as conn:
                     response, _ = conn.call(DescribePdClusterRequest())
             except SbpError:
                 return False

@@ -84,6 +84,7 @@ from .pd_handler import _PdHandler
 from .pd_leader import DEFAULT_LEASE_TTL_S, Leadership, Member
 from .pd_meta import MetadataStore
 from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
+from .peer_tls import check_peer_tls
 from .placement import Liveness, choose_servers
 
 __all__ = ["PdConfig", "PlacementDriver", "RangeServerInfo", "_PdHandler"]
@@ -135,6 +136,9 @@ class PdConfig:
                 f"PdConfig.range_server_timeout_s={self.range_server_timeout_s!r} must be > 0")
         check_advertised(self.host, self.advertise_addr, self.advertise_host,
                          f"PD {self.name}")
+        # Range servers may dial the PD by another name than it advertises (a load balancer):
+        # its name is not checked, only what the servers check of each other's certificates.
+        check_peer_tls(self.net.tls if self.net is not None else None, None, f"PD {self.name}")
 
 
 @dataclass(frozen=True)

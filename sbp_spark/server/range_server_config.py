@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..protocol.constants import MAX_BATCH_BYTES
-from .advertise import check_advertised
+from .advertise import advertised_host, check_advertised
 from .fetch import DEFAULT_FETCH_FRAME_BYTES
 from .net import NetConfig
+from .peer_tls import check_peer_tls
 from .storage import StorageConfig
 
 # How often retention is applied to the stored ranges.
@@ -54,5 +55,8 @@ class RangeServerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         check_advertised(self.host, self.advertise_addr, self.advertise_host, "range server")
+        # The PD and primaries call this server at its advertised host.
+        check_peer_tls(self.net.tls, advertised_host(self.host, self.advertise_addr,
+                                                     self.advertise_host), "range server")
         if self.server_id < -1:
             raise ValueError(f"server_id={self.server_id} must be >= 0, or -1 for automatic")

@@ -18,6 +18,7 @@ and its name (the host of the address they connect to).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import select
@@ -63,8 +64,16 @@ class TlsConfig:
     def __post_init__(self) -> None:
         for name in ("cert_file", "key_file", "ca_file"):
             value = getattr(self, name)
-            if value is not None and not Path(value).is_file():
-                raise ValueError(f"TLS {name.replace('_', ' ')} {value!r} is not a readable file")
+            if value is None:
+                continue
+            what = f"TLS {name.replace('_', ' ')} {value!r}"
+            if not Path(value).is_file():
+                raise ValueError(f"{what} is not a readable file")
+            try:  # OpenSSL's own error for a file it may not read names no file
+                with open(value, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{what} is not a readable file ({exc.strerror})") from exc
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("TLS needs both a certificate file and its key file, or neither")
 
@@ -74,7 +83,7 @@ class TlsConfig:
             raise ValueError("a TLS server needs a certificate file and a key file")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert_file, self.key_file)
+        load_cert_chain(ctx, self.cert_file, self.key_file)
         if self.ca_file is not None:
             ctx.load_verify_locations(cafile=self.ca_file)
             ctx.verify_mode = ssl.CERT_REQUIRED
@@ -89,8 +98,21 @@ class TlsConfig:
         else:
             ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
         if self.cert_file is not None and self.key_file is not None:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
+            load_cert_chain(ctx, self.cert_file, self.key_file)
         return ctx
+
+
+def load_cert_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str) -> None:
+    """``ctx.load_cert_chain``, refusing a key file protected by a passphrase (no setting takes
+    one): left to itself, OpenSSL asks for it on the terminal, so a server or a Spark driver
+    would wait for typing, and without a terminal it fails with "Invalid argument"."""
+
+    def no_passphrase() -> bytes:
+        raise ValueError(f"the TLS key file {key_file!r} is protected by a passphrase, which "
+                         f"cannot be given: use an unencrypted key (openssl pkey -in "
+                         f"{key_file} -out plain.key) kept readable only by its user")
+
+    ctx.load_cert_chain(cert_file, key_file, password=no_passphrase)
 
 
 class TlsSocket:
@@ -320,7 +342,42 @@ def _describe(exc: ssl.SSLError) -> str:
     """Why a handshake failed, in words (the certificate check says what did not match)."""
     reason = (exc.reason or str(exc)).replace("_", " ").lower()
     detail = getattr(exc, "verify_message", None)
-    return f"{reason}: {detail}" if detail else reason
+    return f"{reason}: {detail.rstrip('.')}" if detail else reason
+
+
+def certificate_not_after(path: str) -> datetime.datetime | None:
+    """When the first certificate in the PEM file ``path`` stops being valid (UTC), or None
+    when the file cannot be read as one. For error messages: ``ssl`` decodes only the
+    certificates of a connection, so this reads the DER fields itself."""
+    try:
+        der = ssl.PEM_cert_to_DER_cert(Path(path).read_text())
+        _, start, _ = _der_item(der, 0)  # Certificate
+        _, pos, _ = _der_item(der, start)  # tbsCertificate
+        if der[pos] == 0xA0:  # [0] version
+            pos = _der_item(der, pos)[2]
+        for _ in range(3):  # serialNumber, signature, issuer
+            pos = _der_item(der, pos)[2]
+        _, validity, _ = _der_item(der, pos)
+        not_before_end = _der_item(der, validity)[2]
+        tag, start, end = _der_item(der, not_before_end)
+        text = der[start:end].decode("ascii")
+        fmt = "%y%m%d%H%M%SZ" if tag == 0x17 else "%Y%m%d%H%M%SZ"  # UTCTime, GeneralizedTime
+        return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.timezone.utc)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _der_item(der: bytes, pos: int) -> tuple[int, int, int]:
+    """The tag of the DER item at ``pos``, and where its contents start and end."""
+    tag, size = der[pos], der[pos + 1]
+    start = pos + 2
+    if size & 0x80:
+        count = size & 0x7F
+        size = int.from_bytes(der[start:start + count], "big")
+        start += count
+    if start + size > len(der):
+        raise ValueError("truncated DER")
+    return tag, start, start + size
 
 
 def unusable_file(config: TlsConfig) -> str:
@@ -342,7 +399,7 @@ def unusable_file(config: TlsConfig) -> str:
     if not holds_certificate(cert):
         return f"the certificate file {cert!r} holds no PEM certificate"
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+        load_cert_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert, key)
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             return f"the key file {key!r} is not the private key of the certificate {cert!r}"
@@ -350,10 +407,101 @@ def unusable_file(config: TlsConfig) -> str:
     return ""
 
 
+def peer_call_problem(config: TlsConfig, host: str | None) -> str:
+    """Why two servers with ``config``'s files could not call each other, in words ('' when
+    they can): the servers present their own certificate and verify the other's against the
+    CA file (the system's trust store without one), so a certificate that fails there (no
+    clientAuth or serverAuth key usage, signed by another CA, expired, not naming ``host``, the
+    host peers dial; None: names are not checked) leaves a cluster that cannot form, its
+    servers retrying forever. The handshake runs in memory, between this process's contexts.
+    """
+    try:
+        server = config.server_context()
+        client = config.client_context()
+    except ssl.SSLError as exc:
+        return f"TLS files cannot be used: {unusable_file(config) or _describe(exc)}"
+    if host is None:
+        client.check_hostname = False
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    calling = client.wrap_bio(to_client, to_server, server_side=False, server_hostname=host)
+    called = server.wrap_bio(to_server, to_client, server_side=True)
+    done = {"calling": False, "called": False}
+    for _ in range(8):  # a TLS 1.2 or 1.3 handshake takes at most 3 flights each way
+        for side, tls in (("calling", calling), ("called", called)):
+            if done[side]:
+                continue
+            try:
+                tls.do_handshake()
+                done[side] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError as exc:
+                return _peer_call_hint(config, side, host, exc)
+        if all(done.values()):
+            return ""
+    return "the TLS handshake between two servers did not complete"
+
+
+def _peer_call_hint(config: TlsConfig, side: str, host: str | None,
+                    exc: ssl.SSLError) -> str:
+    why = _describe(exc)
+    code = getattr(exc, "verify_code", None)
+    if code == _X509_EXPIRED and config.cert_file is not None:
+        end = certificate_not_after(config.cert_file)
+        until = f" (not valid after {end:%Y-%m-%d %H:%M:%S} UTC)" if end is not None else ""
+        return f"{why}{until}: renew it, replacing the file"
+    if side == "called":  # the server refused the certificate its peer presented
+        if code == _X509_INVALID_PURPOSE:
+            return (f"{why}: with a CA file the servers present their own certificate when "
+                    f"they call each other, so it needs the clientAuth extended key usage "
+                    f"(besides serverAuth)")
+        return f"a server refuses this certificate when a peer presents it: {why}"
+    if code == _X509_INVALID_PURPOSE:
+        return f"{why}: a server's certificate needs the serverAuth extended key usage"
+    if code == _X509_HOSTNAME_MISMATCH or code == _X509_IP_MISMATCH:
+        return (f"{why}: the other servers call this one at {host}, which its certificate "
+                f"must name (subjectAltName), or advertise a name the certificate holds")
+    if config.ca_file is None and code in _X509_UNTRUSTED:
+        return (f"{why}: without a CA file the servers check each other's certificates "
+                f"against the system's trust store, which does not trust this one; give the "
+                f"CA file that signed it")
+    if config.ca_file is not None and code in _X509_UNTRUSTED:
+        return f"{why}: the certificate is not signed by a CA in {config.ca_file!r}"
+    return f"a server refuses this certificate when a peer presents it: {why}"
+
+
+# OpenSSL's X509_V_ERR_* codes that peer_call_problem explains.
+_X509_EXPIRED = 10
+_X509_INVALID_PURPOSE = 26
+_X509_HOSTNAME_MISMATCH = 62
+_X509_IP_MISMATCH = 64
+_X509_UNTRUSTED = frozenset({2, 18, 19, 20, 21})  # no issuer, self-signed, untrusted chain
+
+
+def _file_versions(config: TlsConfig) -> tuple[tuple[int, int, int] | None, ...]:
+    """What identifies the current contents of ``config``'s files (None for a file missing
+    now: building the context then says so)."""
+    versions: list[tuple[int, int, int] | None] = []
+    for path in (config.cert_file, config.key_file, config.ca_file):
+        try:
+            st = os.stat(path) if path is not None else None
+        except OSError:
+            st = None
+        versions.append((st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None)
+    return tuple(versions)
+
+
 @functools.lru_cache(maxsize=32)
-def client_context(config: TlsConfig) -> ssl.SSLContext:
-    """The client context of ``config``, built once per process (it reads files)."""
+def _client_context(config: TlsConfig, versions: tuple) -> ssl.SSLContext:
     return config.client_context()
+
+
+def client_context(config: TlsConfig) -> ssl.SSLContext:
+    """The client context of ``config``, built once per version of its files: certificates
+    are renewed by replacing their files, and a process that keeps running (a Spark driver,
+    a server calling its peers) must present and trust the new ones on its next connection.
+    Costs a stat of each file per new connection."""
+    return _client_context(config, _file_versions(config))
 
 
 def wrap_client(sock: socket.socket, config: TlsConfig, host: str, timeout_s: float,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,14 +16,17 @@ import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
+from sbp_spark.client.pd import PdClient
 from sbp_spark.protocol.errors import ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
+from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.transport.tls import TlsConfig
 
 from ..certs import Certs
 from ..client.fakes import FakeServer, Peer
+from ..etcd import require_etcd
 
 FAST = dict(connect_timeout_s=3, request_timeout_s=10, retries=2, retry_deadline_s=10)
 
@@ -237,3 +241,111 @@ def test_sbp_server_commands_check_their_tls_options(tmp_path, certs):
             [sys.executable, "-m", "sbp_spark.cli", "pd", "--data-dir", str(tmp_path / "pd"),
              "--port", "0", *args], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_servers_refuse_certificates_they_could_not_call_each_other_with(tmp_path, certs):
+    """The servers call each other with their own certificate: one that fails there (no
+    clientAuth key usage, no CA file for a private CA, not naming the advertised host, from
+    another CA) is refused at start, naming the problem, instead of a cluster whose range
+    servers retry registering forever."""
+    cases = [
+        (TlsConfig(certs.server_only_cert, certs.server_only_key, certs.ca),
+         "unsuitable certificate purpose: .* needs the clientAuth extended key usage"),
+        (TlsConfig(certs.cert, certs.key),
+         "without a CA file .* system's trust store, which does not trust this one"),
+        (TlsConfig(certs.localhost_cert, certs.localhost_key, certs.ca),
+         "not valid for '127.0.0.1': the other servers call this one at 127.0.0.1"),
+        (TlsConfig(certs.rogue_cert, certs.rogue_key, certs.ca),
+         f"not signed by a CA in '{certs.ca}'"),
+    ]
+    if certs.expired_cert is not None:
+        cases.append((TlsConfig(certs.expired_cert, certs.expired_key, certs.ca),
+                      r"certificate has expired \(not valid after \d{4}-\d\d-\d\d "))
+    for i, (tls, message) in enumerate(cases):
+        with pytest.raises(ValueError, match=message) as info:
+            EmbeddedCluster(tmp_path / str(i), range_servers=1, tls=tls,
+                            start_timeout_s=10).start()
+        assert repr(tls.cert_file) in str(info.value), info.value
+    # Advertising the name the certificate holds is the way out.
+    tls = TlsConfig(certs.localhost_cert, certs.localhost_key, certs.ca)
+    with EmbeddedCluster(tmp_path / "named", range_servers=1, tls=tls,
+                         advertise_host="localhost") as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        client = SbpClient(cluster.pd_address, client_config(certs), pool)
+        [stream] = client.create_streams(1)
+        client.open_stream(stream.stream_id).append([batch_bytes(b"by name")])
+        assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"by name"]
+
+
+def test_sbp_server_refuses_a_certificate_without_client_auth(tmp_path, certs):
+    done = subprocess.run(
+        [sys.executable, "-m", "sbp_spark.cli", "server", "--data-dir", str(tmp_path / "d"),
+         "--port", "0", "--tls-cert", certs.server_only_cert, "--tls-key",
+         certs.server_only_key, "--tls-ca", certs.ca],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("sbp server: error:") and "clientAuth" in last \
+        and certs.server_only_cert in last, done.stderr
+
+
+def test_a_server_certificate_the_client_cannot_verify_names_the_ca_setting(mtls_server, certs):
+    untrusted = ClientConfig(tls=True, tls_ca_file=certs.rogue_ca, **FAST)
+    with pytest.raises(TransportError) as info:
+        with Connection(mtls_server.address_str, untrusted) as conn:
+            conn.ping()
+    assert mtls_server.address_str in str(info.value)
+    assert f"not signed by a CA in tls_ca_file {certs.rogue_ca!r}" in str(info.value), \
+        info.value
+    with pytest.raises(TransportError) as info:  # the system's trust store knows not our CA
+        with Connection(mtls_server.address_str, ClientConfig(tls=True, **FAST)) as conn:
+            conn.ping()
+    assert "system's trust store" in str(info.value) and "tls.caFile" in str(info.value), \
+        info.value
+
+
+def test_an_expired_client_certificate_is_named_with_its_end(mtls_server, certs):
+    if certs.expired_cert is None:
+        pytest.skip("this openssl makes no expired certificate")
+    expired = ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=certs.expired_cert,
+                           tls_key_file=certs.expired_key, **FAST)
+    with pytest.raises(TransportError) as info:
+        with Connection(mtls_server.address_str, expired) as conn:
+            conn.ping()
+    assert mtls_server.address_str in str(info.value)
+    assert re.search(rf"certificate {re.escape(repr(certs.expired_cert))} expired \(not valid "
+                     r"after \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", str(info.value)), info.value
+
+
+def test_a_plain_range_server_is_told_its_pd_may_require_tls(mtls_server, tmp_path, caplog):
+    """A range server started without the TLS options against a TLS PD logs, on every retry of
+    its registration, the options that would fix it, not only the client settings."""
+    caplog.set_level("WARNING", logger="sbp_spark.server.registration")
+    config = RangeServerConfig(data_dir=str(tmp_path / "rs"),
+                               pd_addresses=[mtls_server.address_str])
+    with RangeServer(config):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not [
+                r for r in caplog.records if "may require TLS" in r.getMessage()]:
+            time.sleep(0.05)
+    [first, *_] = [r.getMessage() for r in caplog.records if "may require TLS" in r.getMessage()]
+    assert "--tls-cert, --tls-key and --tls-ca" in first, first
+
+
+def test_a_pd_cluster_on_etcd_serves_mutual_tls(tmp_path, certs):
+    """``sbp server --pd-nodes N`` with the TLS options: the PD nodes form their cluster (the
+    start-up check asks them over TLS), and a client that dials a follower first is sent on
+    to the leader, which places replicated streams on the range servers, all over mTLS."""
+    require_etcd()
+    with ProcessCluster(tmp_path, range_servers=2, pd_nodes=2, tls=certs.server_tls(),
+                        start_timeout_s=30) as cluster, \
+            ConnectionPool(client_config(certs)) as pool:
+        leader = PdClient(cluster.pd_address, client_config(certs), pool
+                          ).describe_pd_cluster().leader
+        assert leader is not None
+        followers_first = sorted(cluster.pd_address.split(","),
+                                 key=lambda a: a == leader.advertise_addr)
+        client = SbpClient(",".join(followers_first), client_config(certs), pool)
+        [stream] = client.create_streams(1, replicas=2)
+        client.open_stream(stream.stream_id).append([batch_bytes(b"over tls")])
+        assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"over tls"]
