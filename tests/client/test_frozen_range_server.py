@@ -173,6 +173,17 @@ def stop_primary(cluster: ProcessCluster, client: SbpClient, stream_id: int) -> 
     return proc.pid
 
 
+def written_stream(client: SbpClient, prefix: bytes):
+    """A new R=2 stream holding five batches ``prefix-0`` .. ``prefix-4``: the stream, its
+    writer and the bodies."""
+    (stream,) = client.create_streams(1, replicas=2)
+    writer = client.open_stream(stream.stream_id)
+    bodies = [b"%s-%d" % (prefix, i) for i in range(5)]
+    for body in bodies:
+        writer.append([batch_bytes(body)])
+    return stream, writer, bodies
+
+
 def written(client: SbpClient, stream_id: int) -> list[bytes]:
     """The bodies of the stream's batches, in offset order."""
     return [bytes(batch_body(b.data)) for b in client.read(stream_id)]
@@ -182,11 +193,7 @@ def written(client: SbpClient, stream_id: int) -> list[bytes]:
 def test_append_and_read_move_on_from_a_stopped_primary(cluster):
     with ConnectionPool(USER_CONFIG) as pool:
         client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
-        (stream,) = client.create_streams(1, replicas=2)
-        writer = client.open_stream(stream.stream_id)
-        bodies = [b"before-%d" % i for i in range(5)]
-        for body in bodies:
-            writer.append([batch_bytes(body)])
+        stream, writer, bodies = written_stream(client, b"before")
         pid = stop_primary(cluster, client, stream.stream_id)
         try:
             began = time.monotonic()
@@ -210,11 +217,7 @@ def test_append_and_read_move_on_from_a_stopped_primary(cluster):
 def test_reading_an_open_range_whose_primary_stopped(cluster):
     with ConnectionPool(USER_CONFIG) as pool:
         client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
-        (stream,) = client.create_streams(1, replicas=2)
-        writer = client.open_stream(stream.stream_id)
-        bodies = [b"open-%d" % i for i in range(5)]
-        for body in bodies:
-            writer.append([batch_bytes(body)])
+        stream, writer, bodies = written_stream(client, b"open")
         pid = stop_primary(cluster, client, stream.stream_id)
         try:
             with ConnectionPool(USER_CONFIG) as fresh:

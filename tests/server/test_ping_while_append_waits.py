@@ -6,8 +6,10 @@ answering PINGs, or its writers would give up on it and send their batches again
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -66,6 +68,17 @@ def primary(tmp_path, secondary: str | None = None) -> Server:
     return server
 
 
+@contextlib.contextmanager
+def primary_client(tmp_path, secondary: str | None = None) -> Iterator[RangeServerClient]:
+    """A client of a running ``primary`` (stopped at the end)."""
+    server = primary(tmp_path, secondary)
+    try:
+        with ConnectionPool(CONFIG) as pool:
+            yield RangeServerClient(server.advertise_addr, CONFIG, pool)
+    finally:
+        server.stop()
+
+
 def start_append(client: RangeServerClient, body: bytes, timeout_ms: int = 10_000):
     """Send one APPEND of one batch on the client's connection; its answer stream."""
     batch = batch_bytes(body)
@@ -77,37 +90,27 @@ def start_append(client: RangeServerClient, body: bytes, timeout_ms: int = 10_00
 @pytest.mark.parametrize("size", BODY_SIZES)
 def test_ping_is_answered_while_an_append_waits_for_its_fsync(tmp_path, held_fsync, size):
     entered, release = held_fsync
-    server = primary(tmp_path)
-    try:
-        with ConnectionPool(CONFIG) as pool:
-            client = RangeServerClient(server.advertise_addr, CONFIG, pool)
-            answer = start_append(client, b"x" * size)
-            assert entered.wait(10)
-            assert answer.poll(0.2) is None  # waiting for the fsync
-            assert client.connection().ping(timeout=1.0) < 1.0
-            release.set()
-            assert answer.poll(10) is not None
-    finally:
-        server.stop()
+    with primary_client(tmp_path) as client:
+        answer = start_append(client, b"x" * size)
+        assert entered.wait(10)
+        assert answer.poll(0.2) is None  # waiting for the fsync
+        assert client.connection().ping(timeout=1.0) < 1.0
+        release.set()
+        assert answer.poll(10) is not None
 
 
 @pytest.mark.parametrize("size", BODY_SIZES)
 def test_an_append_held_by_a_slow_fsync_is_waited_for(tmp_path, held_fsync, size):
     entered, release = held_fsync
-    server = primary(tmp_path)
-    try:
-        with ConnectionPool(CONFIG) as pool:
-            client = RangeServerClient(server.advertise_addr, CONFIG, pool)
-            # The fsync takes 5 probe intervals: the client PINGs, the server answers, and
-            # the append is waited for (not failed as if the server had stopped).
-            threading.Timer(5 * PROBE_S, release.set).start()
-            began = time.monotonic()
-            (result,) = client.append([(STREAM, batch_bytes(b"y" * size))])
-            took = time.monotonic() - began
-        assert result.unwrap().base_offset == 0
-        assert took >= 5 * PROBE_S
-    finally:
-        server.stop()
+    with primary_client(tmp_path) as client:
+        # The fsync takes 5 probe intervals: the client PINGs, the server answers, and the
+        # append is waited for (not failed as if the server had stopped).
+        threading.Timer(5 * PROBE_S, release.set).start()
+        began = time.monotonic()
+        (result,) = client.append([(STREAM, batch_bytes(b"y" * size))])
+        took = time.monotonic() - began
+    assert result.unwrap().base_offset == 0
+    assert took >= 5 * PROBE_S
 
 
 def silent(peer: Peer) -> None:
@@ -118,20 +121,15 @@ def silent(peer: Peer) -> None:
 
 @pytest.mark.parametrize("size", BODY_SIZES)
 def test_ping_is_answered_while_an_append_waits_for_a_silent_secondary(tmp_path, size):
-    with FakeServer(silent) as secondary, ConnectionPool(CONFIG) as pool:
-        server = primary(tmp_path, secondary.address)
-        try:
-            client = RangeServerClient(server.advertise_addr, CONFIG, pool)
-            # The primary waits for the secondary as long as the append's timeout_ms allows.
-            answer = start_append(client, b"z" * size, timeout_ms=2000)
-            assert answer.poll(0.3) is None
-            assert client.connection().ping(timeout=1.0) < 1.0
-            frame = answer.poll(10)
-            assert frame is not None
-            (result,) = decode_response(frame, AppendResponse).append_responses
-            assert result.status.code == ErrorCode.REPLICATION_FAILED
-        finally:
-            server.stop()
+    with FakeServer(silent) as secondary, primary_client(tmp_path, secondary.address) as client:
+        # The primary waits for the secondary as long as the append's timeout_ms allows.
+        answer = start_append(client, b"z" * size, timeout_ms=2000)
+        assert answer.poll(0.3) is None
+        assert client.connection().ping(timeout=1.0) < 1.0
+        frame = answer.poll(10)
+        assert frame is not None
+        (result,) = decode_response(frame, AppendResponse).append_responses
+        assert result.status.code == ErrorCode.REPLICATION_FAILED
 
 
 def test_a_connection_the_server_stopped_reading_is_waited_for(tmp_path, held_fsync):
@@ -139,18 +137,13 @@ def test_a_connection_the_server_stopped_reading_is_waited_for(tmp_path, held_fs
     # sharing it) the server reads nothing more until one is answered, a PING neither: an
     # unanswered PING then does not mean the server stopped.
     entered, release = held_fsync
-    server = primary(tmp_path)
-    try:
-        with ConnectionPool(CONFIG) as pool:
-            client = RangeServerClient(server.advertise_addr, CONFIG, pool)
-            others = [start_append(client, b"o%d" % i) for i in range(MAX_INFLIGHT_PER_CONNECTION)]
-            assert entered.wait(10)
-            threading.Timer(5 * PROBE_S, release.set).start()
-            (result,) = client.append([(STREAM, batch_bytes(b"last"))])
-            assert result.unwrap().base_offset == MAX_INFLIGHT_PER_CONNECTION
-            assert all(answer.poll(10) is not None for answer in others)
-    finally:
-        server.stop()
+    with primary_client(tmp_path) as client:
+        others = [start_append(client, b"o%d" % i) for i in range(MAX_INFLIGHT_PER_CONNECTION)]
+        assert entered.wait(10)
+        threading.Timer(5 * PROBE_S, release.set).start()
+        (result,) = client.append([(STREAM, batch_bytes(b"last"))])
+        assert result.unwrap().base_offset == MAX_INFLIGHT_PER_CONNECTION
+        assert all(answer.poll(10) is not None for answer in others)
 
 
 @pytest.mark.parametrize("size", BODY_SIZES)
