@@ -60,6 +60,11 @@ if TYPE_CHECKING:
     from .storage import Storage
 
 log = logging.getLogger(__name__)
+# From this batch size on, the CRC stored with a batch is derived from the frame's checked
+# payload CRC (``crc32_with_prefix``, about 3 us whatever the size) instead of computed over
+# the batch again; below it the second pass over bytes still in the CPU cache is cheaper
+# (0.4 us for 1 KiB, 2.6 us for 64 KiB here).
+_REUSE_CRC_BYTES = 64 * 1024
 
 META_FILE = "range.json"
 
@@ -332,7 +337,7 @@ class RangeLog:
                 set_base_offset(envelope, 0, offset)
                 body = data[ENVELOPE_SIZE:]
                 length = header.batch_length
-                known = crcs[i] if crcs is not None else None
+                known = crcs[i] if crcs is not None and length >= _REUSE_CRC_BYTES else None
                 if known is None:
                     batch_crc = crc32(body, crc32(envelope))
                 else:

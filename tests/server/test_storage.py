@@ -83,17 +83,20 @@ def test_append_assigns_offsets_and_reads_back_patched_batches(store):
         assert [b.base_offset for b in chunk.batches] == [101, 102]
 
 
-def test_crc_known_on_arrival_becomes_the_stored_crc_without_a_second_pass(store):
+def test_stored_crcs_are_right_whether_derived_from_the_frames_or_computed(store):
     # The range server passes the frame's checked payload CRC for a one-batch frame; the
     # stored CRC must still cover the batch as stored (with its assigned base offset).
     rlog = store.create_range(8, 0, start_offset=1_000)
-    one = _batch(b"p" * 5_000)
+    # A large batch's stored CRC is derived from the one given; a small one's is computed.
+    one, four = _batch(b"p" * 70_000), _batch(b"q" * 5_000)
     two, three = _batch(b"a" * 10), _batch(b"b" * 20)
     rlog.append([one], crcs=[zlib.crc32(one[1])])
     rlog.append([two, three], crcs=[zlib.crc32(two[1]), None])
+    rlog.append([four], crcs=[zlib.crc32(four[1])])
     rlog.sync()
     stored = _read_all(rlog)  # checks every stored CRC against the bytes read back
-    assert [parse_header(memoryview(b)).base_offset for b in stored] == [1_000, 1_001, 1_002]
+    assert [parse_header(memoryview(b)).base_offset for b in stored] == [
+        1_000, 1_001, 1_002, 1_003]
 
 
 def test_crc32_with_prefix_matches_a_full_pass():
