@@ -47,6 +47,14 @@ _REGISTER_BACKOFF_MAX_S = 5.0
 _INT16_MAX = (1 << 15) - 1
 
 
+def _server_name(server: LinkedServer) -> str:
+    """How log lines name the server: by its id, or before it has one by its data."""
+    server_id = server.server_id()
+    if server_id < 0:
+        return f"range server with data in {server.data_dir} (no server id yet)"
+    return f"range server {server_id}"
+
+
 class RegistrationRefused(RuntimeError):
     """The PD refuses this range server for good: its data directory holds an id the PD never
     issued. Retrying does not help (unlike a PD that is down or not the leader)."""
@@ -131,7 +139,7 @@ class PdLink:
         self.refusal: RegistrationRefused | None = None
         self._last_sample: tuple[float, dict[str, float]] | None = None
         # Failed PD calls are logged once per outage, with reminders, not once per call.
-        self.outage = PdOutage(lambda: f"range server {server.server_id()}", log)
+        self.outage = PdOutage(lambda: _server_name(server), log)
 
     def start(self) -> None:
         self._thread.start()
@@ -197,11 +205,13 @@ class PdLink:
                 self.server.set_server_id(server_id)
                 log.info("range server registered as server %d", server_id)
             except SbpError as exc:
-                log.warning("allocating a server id from the PD failed (retrying in %g s): %s",
-                            backoff, exc)
+                # A PD not up yet is retried with a growing wait, said once per outage (with
+                # reminders), as every other PD call is.
+                self.outage.failed("ALLOCATE_ID", exc)
                 if self._stop.wait(backoff):
                     return False
                 backoff = min(backoff * 2, _REGISTER_BACKOFF_MAX_S)
+        self.outage.succeeded("ALLOCATE_ID")
         self.registered.set()
         return True
 
