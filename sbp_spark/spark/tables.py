@@ -9,8 +9,9 @@ its definition in the metadata of its first column: the OPTIONS it was created w
 stream ids, read and write settings, paths of TLS files: the connector has no option that holds
 a secret, keys stay in the files named) and, for payload=arrow, which columns are data.
 
-A table created with a column list, or by ``CREATE TABLE ... AS SELECT``, never had its schema
-asked for, so it has no definition; using it fails with a message saying how to create it.
+A table created with a column list, or by ``CREATE TABLE ... AS SELECT`` (also in the form of
+``df.write.saveAsTable`` or ``df.writeTo(...).create()``), never had its schema asked for, so it
+has no definition; using it fails with a message saying how to create it.
 ``writeStream.toTable`` hands the sink the DataFrame's schema instead of the table's, so it
 cannot write to an sbp table; it fails with a message naming what does.
 """
@@ -34,9 +35,11 @@ _PREFIX = "option."
 NO_DEFINITION = (
     "format sbp got no options: Spark hands a Python data source the OPTIONS of a catalog table "
     "only through the schema it returned at CREATE TABLE, and neither a table created with a "
-    "column list nor CREATE TABLE ... AS SELECT asks for it. Create the table as "
+    "column list nor CREATE TABLE ... AS SELECT (nor df.write.saveAsTable or "
+    "df.writeTo(...).create(), which are the same) asks for it. Create the table as "
     "CREATE TABLE t USING sbp OPTIONS (pd 'host:port', streams '7') (no column list, no AS "
-    "SELECT), then fill it with INSERT INTO t SELECT ...")
+    "SELECT; DROP TABLE one made otherwise first: its records stay in the streams), then fill "
+    "it with INSERT INTO t SELECT ...")
 
 NO_STREAMING_TABLE = (
     "format sbp got no option 'pd' for a streaming write. writeStream.toTable() cannot write "

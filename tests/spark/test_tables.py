@@ -307,3 +307,22 @@ def test_a_query_may_not_change_the_options_that_fixed_a_tables_columns(spark, p
         assert spark.sql(f"SELECT count(*) FROM {name} WITH ('includeHeaders' = 'FALSE', "
                          "'payload' = 'records')").first()[0] == 1
     assert stored_values(sbp_client, sid) == ["a"]
+
+
+def test_a_table_made_by_save_as_table_says_what_it_is_and_what_to_do(spark, pd, sbp_client):
+    # saveAsTable with the connector's own options writes the rows and leaves a catalog table
+    # that never had its schema asked for; using it failed with advice about column lists and
+    # CREATE TABLE ... AS SELECT, neither of which the user wrote, and creating the table as
+    # advised then failed, as the name was taken.
+    sid = new_stream(sbp_client)
+    name = f"saved_{sid}"
+    try:
+        (spark.createDataFrame([(b"a",)], "value binary").write.format("sbp")
+         .option("pd", pd).option("stream", str(sid)).saveAsTable(name))
+        assert stored_values(sbp_client, sid) == ["a"]
+        with pytest.raises(Exception, match=r"df.write.saveAsTable.*DROP TABLE one made "
+                                            r"otherwise first: its records stay"):
+            spark.table(name).collect()
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+    assert stored_values(sbp_client, sid) == ["a"]
