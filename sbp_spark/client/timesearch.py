@@ -78,8 +78,8 @@ class TimeSearchResult:
     """Where a time falls in a stream: ``offset`` is the first record at or after it (None when
     no record in the searched offsets is); ``fetches`` counts the batches probed;
     ``disorder_ms`` is how far, at most, a probed record's timestamp lies behind one stored
-    before it in an earlier probed batch (0: the probes saw time only move forward). It is a
-    sample, not a bound: records never probed may lie further back."""
+    before it, in its own batch or an earlier probed one (0: the probes saw time only move
+    forward). It is a sample, not a bound: records never probed may lie further back."""
 
     offset: int | None
     fetches: int
@@ -122,7 +122,7 @@ class TimeSearch:
         found: int | None = None
         fetches = 0
         threshold = pa.scalar(timestamp_ms, pa.int64())
-        probes: list[tuple[int, int, int]] = []  # (base offset, earliest, latest timestamp)
+        probes: list[tuple[int, int, int, int]] = []  # see _probe
         while anchor and left < right:
             fetches += 1
             try:
@@ -195,15 +195,20 @@ class _Expired(Exception):
         self.start = start
 
 
-def _probe(batch: FetchedBatch, stamps: pa.Array) -> tuple[int, int, int]:
+def _probe(batch: FetchedBatch, stamps: pa.Array) -> tuple[int, int, int, int]:
+    """(base offset, earliest and latest timestamp, how far a record lies behind the latest
+    one before it in the batch) of a probed batch."""
     bounds = pc.min_max(stamps)
-    return batch.header.base_offset, bounds["min"].as_py(), bounds["max"].as_py()
+    behind = pc.max(pc.subtract(pc.cumulative_max(stamps), stamps)).as_py() or 0
+    return batch.header.base_offset, bounds["min"].as_py(), bounds["max"].as_py(), behind
 
 
-def _disorder_ms(probes: list[tuple[int, int, int]]) -> int:
-    """How far the probes saw a timestamp lie behind the latest one of an earlier batch."""
+def _disorder_ms(probes: list[tuple[int, int, int, int]]) -> int:
+    """How far the probes saw a timestamp lie behind the latest one stored before it: in its
+    own batch, or in an earlier probed batch."""
     worst, latest = 0, None
-    for _, earliest, last in sorted(set(probes)):  # a batch may be probed twice
+    for _, earliest, last, behind in sorted(set(probes)):  # a batch may be probed twice
+        worst = max(worst, behind)
         if latest is not None:
             worst = max(worst, latest - earliest)
         latest = last if latest is None else max(latest, last)
