@@ -261,3 +261,18 @@ def test_records_out_of_order_inside_a_batch_stop_the_narrowing_too(pd, sbp_clie
     assert planned(pd, sid, below) == [(0, 12)]  # the whole span: nothing dropped
     # Told the data can be that far out of order, the margin covers it: narrowed, exactly.
     assert planned(pd, sid, below, maxOutOfOrderness="3m") == [(0, 8)]
+
+
+def test_a_read_by_time_while_retention_expires_the_oldest_records(pd, sbp_client, sbp_cluster):
+    # Range servers delete expired records first and tell the PD a moment later. A read by
+    # time planned in between failed with OFFSET_OUT_OF_RANGE ("offset 25 of stream 1 is below
+    # the start 35"); it now starts at the first record still stored.
+    from tests.client.test_timesearch import _expire_on_range_servers
+
+    sid = new_stream(sbp_client)
+    for b in range(10):
+        append_timed(sbp_client, sid, [T0 + 10 * b + i for i in range(10)])
+    _expire_on_range_servers(sbp_cluster, sid, 35)
+    assert planned(pd, sid, [], startingTimestamp=str(T0)) == [(35, 100)]
+    assert planned(pd, sid, [GreaterThanOrEqual(("timestamp",), at(T0))]) == [(35, 100)]
+    assert planned(pd, sid, [], startingTimestamp=str(T0 + 50)) == [(50, 100)]
