@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
-from .options import INCLUDE_HEADERS, MERGE_SCHEMA, PAYLOAD, OptionError, OptionSpec
+from .options import INCLUDE_HEADERS, MERGE_SCHEMA, OPTIONS, PAYLOAD, OptionError, OptionSpec
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -181,14 +181,25 @@ def _query_options(options: Mapping[str, str], table: TableDefinition | None
     return given, alone
 
 
-def read_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
+def read_options(options: Mapping[str, str], table: TableDefinition | None,
+                 streaming: bool = False) -> dict[str, str]:
     """The options of a read: a table's, overridden by the query's (``WITH (...)``); a read
-    naming its own ``pd`` is not a table read and uses only its own."""
+    naming its own ``pd`` is not a table read and uses only its own. A streaming read of a
+    table whose OPTIONS end its reads fails saying so (the query never named that option)."""
     given, alone = _query_options(options, table)
     if alone or table is None:
         return given
     _check_fixed(given, table, _READ_SCHEMA_OPTIONS)
     inherited = dict(table.options)
+    ends = [name for name in _POSITIONS[1] if name in inherited]
+    if streaming and ends:
+        spec = next(spec for spec in OPTIONS if spec.name.lower() == ends[0])
+        raise OptionError(
+            f"this sbp table was created with OPTIONS ({spec.name} '{inherited[ends[0]]}'), "
+            "which end its batch reads; a streaming read has no end, so the table cannot be "
+            "read with readStream. Stream from another table on the same streams (its records "
+            "stay where they are), created without that option, or use "
+            "spark.readStream.format('sbp') with option pd and streams")
     for group in _POSITIONS:
         if any(name in given for name in group):
             for name in group:

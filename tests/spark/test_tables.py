@@ -353,3 +353,25 @@ def test_alter_table_adds_a_column_a_writer_added_but_changes_no_option(spark, p
         assert sorted(r.id for r in spark.table(name).collect()) == [1, 2, 3]
     assert [s.names for s in stored_schemas(sbp_client, sid)] == [["id"], ["id", "name"],
                                                                    ["id", "name"]]
+
+
+def test_streaming_a_table_whose_options_end_its_reads_says_why_it_cannot(spark, pd,
+                                                                         sbp_client, tmp_path):
+    # The query never named endingTimestamp: it failed with "option 'endingTimestamp' is for
+    # batch reads", which sent the user looking for it in their readStream.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["a"])
+    with table(spark, f"ended_{sid}", f"USING sbp OPTIONS (pd '{pd}', streams '{sid}', "
+                                      "endingTimestamp '99999999999999')") as name:
+        assert spark.table(name).count() == 1  # batch reads take the end
+        query = (spark.readStream.table(name).writeStream.format("memory")
+                 .queryName(f"ended_{sid}").option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        try:
+            with pytest.raises(Exception, match=(
+                    r"this sbp table was created with OPTIONS "
+                    r"\(endingTimestamp '99999999999999'\), which end its batch reads; a "
+                    r"streaming read has no end")):
+                query.awaitTermination(120)
+        finally:
+            query.stop()
