@@ -18,6 +18,10 @@ time across the asked time, no search short of reading every batch can know of a
 record at or after it: the search then returns one of the places where the timestamps cross
 the time (a record at or after it whose earlier records in its batch, and whose preceding
 probed batch, are all before it).
+
+Records a range server no longer holds (trimmed, or expired by retention, which range servers
+report to the PD a moment after deleting them) are not there: a probe that lands below a range's
+retained start goes on from that start, learnt from the range's replicas.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sbp_spark.protocol.errors import ReplicaBehindError
+from sbp_spark.protocol.errors import OffsetOutOfRangeError, ReplicaBehindError, SbpError
 from sbp_spark.protocol.messages import Range
 from sbp_spark.protocol.records import (
     ENVELOPE_SIZE,
@@ -74,8 +78,8 @@ class TimeSearchResult:
     """Where a time falls in a stream: ``offset`` is the first record at or after it (None when
     no record in the searched offsets is); ``fetches`` counts the batches probed;
     ``disorder_ms`` is how far, at most, a probed record's timestamp lies behind one stored
-    before it in an earlier probed batch (0: the probes saw time only move forward). It is a
-    sample, not a bound: records never probed may lie further back."""
+    before it, in its own batch or an earlier probed one (0: the probes saw time only move
+    forward). It is a sample, not a bound: records never probed may lie further back."""
 
     offset: int | None
     fetches: int
@@ -118,14 +122,23 @@ class TimeSearch:
         found: int | None = None
         fetches = 0
         threshold = pa.scalar(timestamp_ms, pa.int64())
-        probes: list[tuple[int, int, int]] = []  # (base offset, earliest, latest timestamp)
-        if anchor and left < right:
-            batch = self._batch_at(left)
+        probes: list[tuple[int, int, int, int]] = []  # see _probe
+        while anchor and left < right:
             fetches += 1
+            try:
+                batch = self._batch_at(left)
+            except _Expired as expired:
+                left = expired.start
+                continue
             probes.append(_probe(batch, record_timestamps_ms(batch.header, batch.data)))
+            break
         while left < right:
-            batch = self._batch_at(left + (right - left) // 2)
             fetches += 1
+            try:
+                batch = self._batch_at(left + (right - left) // 2)
+            except _Expired as expired:
+                left = expired.start  # the records below it are gone: the answer is not there
+                continue
             first = max(batch.header.base_offset, left)
             last = min(batch.header.end_offset, right)
             every = record_timestamps_ms(batch.header, batch.data)
@@ -140,24 +153,62 @@ class TimeSearch:
         return TimeSearchResult(found, fetches, _disorder_ms(probes))
 
     def _batch_at(self, offset: int) -> FetchedBatch:
+        """The stored batch holding ``offset``; raises ``_Expired`` when its range's replicas
+        no longer hold it."""
         span = self.spans[bisect.bisect_right(self._starts, offset) - 1]
-        with closing(self.client.fetch(span.range, offset, span.end, max_bytes=1)) as batches:
-            for batch in batches:
-                return batch
+        try:
+            with closing(self.client.fetch(span.range, offset, span.end, max_bytes=1)
+                         ) as batches:
+                for batch in batches:
+                    return batch
+        except OffsetOutOfRangeError:
+            start = self._retained_start(span.range)
+            if start is None or start <= offset:
+                raise
+            raise _Expired(start) from None
         raise ReplicaBehindError(
             f"range {span.range.range_index} of stream {span.range.stream_id} returned no "
             f"batch at offset {offset}, though it holds records up to {span.end}")
 
 
-def _probe(batch: FetchedBatch, stamps: pa.Array) -> tuple[int, int, int]:
+    def _retained_start(self, rng: Range) -> int | None:
+        """The first offset of ``rng`` its replicas still hold (the highest any reports; None
+        when none answers)."""
+        starts = []
+        for replica in rng.servers:
+            try:
+                (result,) = self.client.range_server(replica.server.advertise_addr
+                                                     ).describe_ranges([rng])
+                described = result.unwrap()
+            except SbpError:
+                continue
+            if described is not None:
+                starts.append(described.start_offset)
+        return max(starts, default=None)
+
+
+class _Expired(Exception):
+    """The probed offset lies below ``start``, the first its range still holds."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(start)
+        self.start = start
+
+
+def _probe(batch: FetchedBatch, stamps: pa.Array) -> tuple[int, int, int, int]:
+    """(base offset, earliest and latest timestamp, how far a record lies behind the latest
+    one before it in the batch) of a probed batch."""
     bounds = pc.min_max(stamps)
-    return batch.header.base_offset, bounds["min"].as_py(), bounds["max"].as_py()
+    behind = pc.max(pc.subtract(pc.cumulative_max(stamps), stamps)).as_py() or 0
+    return batch.header.base_offset, bounds["min"].as_py(), bounds["max"].as_py(), behind
 
 
-def _disorder_ms(probes: list[tuple[int, int, int]]) -> int:
-    """How far the probes saw a timestamp lie behind the latest one of an earlier batch."""
+def _disorder_ms(probes: list[tuple[int, int, int, int]]) -> int:
+    """How far the probes saw a timestamp lie behind the latest one stored before it: in its
+    own batch, or in an earlier probed batch."""
     worst, latest = 0, None
-    for _, earliest, last in sorted(set(probes)):  # a batch may be probed twice
+    for _, earliest, last, behind in sorted(set(probes)):  # a batch may be probed twice
+        worst = max(worst, behind)
         if latest is not None:
             worst = max(worst, latest - earliest)
         latest = last if latest is None else max(latest, last)

@@ -13,7 +13,7 @@ import difflib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -175,6 +175,17 @@ def parse_stream_ids(name: str, value: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _check_named_once(name: str, value: str, keys: Iterable[object]) -> None:
+    """A JSON object of positions may name each stream once ("7" and "07" are one stream)."""
+    seen: dict[int, str] = {}
+    for key in keys:
+        sid = int(str(key))
+        if sid in seen:
+            raise OptionError(f"option '{name}' = {value!r} names stream {sid} twice "
+                              f"({seen[sid]!r} and {str(key)!r}): give each stream one position")
+        seen[sid] = str(key)
+
+
 @dataclass(frozen=True)
 class OffsetSpec:
     """Where reading starts or ends in each stream.
@@ -234,6 +245,7 @@ def parse_offsets(name: str, value: str, default: int, *, allow_earliest: bool =
                 f"option '{name}' = {value!r} names stream {sid}, which is not in option "
                 f"'streams' ({','.join(str(s) for s in streams)})")
         entries.append((sid, offset))
+    _check_named_once(name, value, parsed)
     return OffsetSpec(default, tuple(sorted(entries)))
 
 
@@ -268,6 +280,7 @@ def parse_times(name: str, value: str, streams: tuple[int, ...] | None = None) -
             not re.fullmatch(r"\d+", str(k)) or isinstance(v, bool) or not isinstance(v, int)
             or not 0 <= v <= MAX_TIME_MS for k, v in parsed.items()):
         raise _fail(name, value, allowed)
+    _check_named_once(name, value, parsed)
     entries = tuple(sorted((int(k), v) for k, v in parsed.items()))
     unknown = [sid for sid, _ in entries if streams is not None and sid not in streams]
     if unknown:

@@ -137,7 +137,7 @@ class SbpDataSource(DataSource):
 
         try:
             table = tables.definition_of(schema)
-            return stream_reader(tables.read_options(self.options, table), schema,
+            return stream_reader(tables.read_options(self.options, table, streaming=True), schema,
                                  self._data_columns(table), self.arrow_case_folded)
         except Exception as exc:  # raised at the query's first call (see RefusedStreamReader)
             return RefusedStreamReader(exc)

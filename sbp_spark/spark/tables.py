@@ -9,8 +9,9 @@ its definition in the metadata of its first column: the OPTIONS it was created w
 stream ids, read and write settings, paths of TLS files: the connector has no option that holds
 a secret, keys stay in the files named) and, for payload=arrow, which columns are data.
 
-A table created with a column list, or by ``CREATE TABLE ... AS SELECT``, never had its schema
-asked for, so it has no definition; using it fails with a message saying how to create it.
+A table created with a column list, or by ``CREATE TABLE ... AS SELECT`` (also in the form of
+``df.write.saveAsTable`` or ``df.writeTo(...).create()``), never had its schema asked for, so it
+has no definition; using it fails with a message saying how to create it.
 ``writeStream.toTable`` hands the sink the DataFrame's schema instead of the table's, so it
 cannot write to an sbp table; it fails with a message naming what does.
 """
@@ -26,7 +27,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
-from .options import INCLUDE_HEADERS, MERGE_SCHEMA, PAYLOAD, OptionError, OptionSpec
+from .options import INCLUDE_HEADERS, MERGE_SCHEMA, OPTIONS, PAYLOAD, OptionError, OptionSpec
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -34,9 +35,11 @@ _PREFIX = "option."
 NO_DEFINITION = (
     "format sbp got no options: Spark hands a Python data source the OPTIONS of a catalog table "
     "only through the schema it returned at CREATE TABLE, and neither a table created with a "
-    "column list nor CREATE TABLE ... AS SELECT asks for it. Create the table as "
+    "column list nor CREATE TABLE ... AS SELECT (nor df.write.saveAsTable or "
+    "df.writeTo(...).create(), which are the same) asks for it. Create the table as "
     "CREATE TABLE t USING sbp OPTIONS (pd 'host:port', streams '7') (no column list, no AS "
-    "SELECT), then fill it with INSERT INTO t SELECT ...")
+    "SELECT; DROP TABLE one made otherwise first: its records stay in the streams), then fill "
+    "it with INSERT INTO t SELECT ...")
 
 NO_STREAMING_TABLE = (
     "format sbp got no option 'pd' for a streaming write. writeStream.toTable() cannot write "
@@ -178,14 +181,25 @@ def _query_options(options: Mapping[str, str], table: TableDefinition | None
     return given, alone
 
 
-def read_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
+def read_options(options: Mapping[str, str], table: TableDefinition | None,
+                 streaming: bool = False) -> dict[str, str]:
     """The options of a read: a table's, overridden by the query's (``WITH (...)``); a read
-    naming its own ``pd`` is not a table read and uses only its own."""
+    naming its own ``pd`` is not a table read and uses only its own. A streaming read of a
+    table whose OPTIONS end its reads fails saying so (the query never named that option)."""
     given, alone = _query_options(options, table)
     if alone or table is None:
         return given
     _check_fixed(given, table, _READ_SCHEMA_OPTIONS)
     inherited = dict(table.options)
+    ends = [name for name in _POSITIONS[1] if name in inherited]
+    if streaming and ends:
+        spec = next(spec for spec in OPTIONS if spec.name.lower() == ends[0])
+        raise OptionError(
+            f"this sbp table was created with OPTIONS ({spec.name} '{inherited[ends[0]]}'), "
+            "which end its batch reads; a streaming read has no end, so the table cannot be "
+            "read with readStream. Stream from another table on the same streams (its records "
+            "stay where they are), created without that option, or use "
+            "spark.readStream.format('sbp') with option pd and streams")
     for group in _POSITIONS:
         if any(name in given for name in group):
             for name in group:

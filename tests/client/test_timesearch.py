@@ -166,3 +166,33 @@ def test_finer_units_before_1970_compare_exactly_in_ms(client):
     search = search_of(client, sid)
     assert search.first_at_or_after(-1, 0, 2).offset == 1
     assert search.first_at_or_after(-2, 0, 2).offset == 0
+
+
+def _expire_on_range_servers(cluster, sid: int, offset: int) -> None:
+    """What retention does on a range server before the PD hears of it (its report is sent
+    from the server's PD link a moment later): records below ``offset`` are gone, while the
+    PD still lists the stream's old start."""
+    trimmed = 0
+    for server in cluster.range_servers:
+        for rlog in server.storage.ranges() if server is not None else ():
+            if rlog.stream_id == sid and rlog.start_offset < offset:
+                rlog.trim(offset)
+                trimmed += 1
+    assert trimmed, f"stream {sid} has no range below offset {offset} on any range server"
+
+
+def test_records_expired_before_the_pd_knows_are_not_there(client, cluster):
+    # A time before every retained record, or one a probe lands below the retained start for:
+    # the search failed with OFFSET_OUT_OF_RANGE ("offset 25 of stream 1 is below the start
+    # 35"), so a read by time (startingTimestamp, a filter on timestamp) failed to plan while
+    # retention was expiring the stream's oldest batches. Expired records are simply not there.
+    sid, stamps = write(client, [[("records", 0, [10 * i + j for j in range(10)])
+                                  for i in range(10)]])
+    search = search_of(client, sid)  # planned while the PD still says the stream starts at 0
+    _expire_on_range_servers(cluster, sid, 35)
+    assert client.describe_stream(sid).start_offset == 0
+    for time_ms, expected in ((0, 35), (36, 36), (50, 50), (99, 99), (100, None)):
+        assert search.first_at_or_after(time_ms, 0, len(stamps)).offset == expected, time_ms
+        # the anchor probe (timestamp filters) starts at the span's first offset
+        result = search.first_at_or_after(time_ms, 0, len(stamps), anchor=True)
+        assert result.offset == expected and result.disorder_ms == 0, time_ms

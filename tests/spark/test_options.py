@@ -70,6 +70,11 @@ def test_read_all_values():
     ({**PD, "streams": "1", "startingOffsets": '{"1": 1.5}'}, "offsets >= 0"),
     ({**PD, "streams": "1", "startingOffsets": '{"x": 1}'}, "keys are stream ids"),
     ({**PD, "streams": "1", "startingOffsets": '{"2": 1}'}, "names stream 2, which is not in"),
+    # One stream named twice ("1" and "01"): one of its two offsets was dropped without a word.
+    ({**PD, "streams": "1", "startingOffsets": '{"1": 5, "01": 9}'},
+     r"names stream 1 twice \('1' and '01'\)"),
+    ({**PD, "streams": "1", "endingOffsetsByTimestamp": '{"01": 5, "1": 9}'},
+     r"option 'endingOffsetsByTimestamp'.*names stream 1 twice \('01' and '1'\)"),
     ({**PD, "streams": "1", "endingOffsets": "earliest"}, "option 'endingOffsets'.*latest"),
     ({**PD, "streams": "1", "endingOffsets": '{"1": -2}'}, "option 'endingOffsets'"),
     ({**PD, "streams": "1", "failOnDataLoss": "yes"}, "'failOnDataLoss' = 'yes'.*true or false"),

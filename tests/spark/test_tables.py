@@ -12,7 +12,13 @@ import pytest
 from sbp_spark.protocol.records import PAYLOAD_ARROW, encode_arrow_batch, with_payload_kind
 from sbp_spark.spark.tables import DEFINITION_KEY
 
-from .streaming.helpers import append_values, drain_to_memory, stored_schemas, stored_values
+from .streaming.helpers import (
+    append_arrow,
+    append_values,
+    drain_to_memory,
+    stored_schemas,
+    stored_values,
+)
 from .test_batch import new_stream, read
 
 
@@ -307,3 +313,65 @@ def test_a_query_may_not_change_the_options_that_fixed_a_tables_columns(spark, p
         assert spark.sql(f"SELECT count(*) FROM {name} WITH ('includeHeaders' = 'FALSE', "
                          "'payload' = 'records')").first()[0] == 1
     assert stored_values(sbp_client, sid) == ["a"]
+
+
+def test_a_table_made_by_save_as_table_says_what_it_is_and_what_to_do(spark, pd, sbp_client):
+    # saveAsTable with the connector's own options writes the rows and leaves a catalog table
+    # that never had its schema asked for; using it failed with advice about column lists and
+    # CREATE TABLE ... AS SELECT, neither of which the user wrote, and creating the table as
+    # advised then failed, as the name was taken.
+    sid = new_stream(sbp_client)
+    name = f"saved_{sid}"
+    try:
+        (spark.createDataFrame([(b"a",)], "value binary").write.format("sbp")
+         .option("pd", pd).option("stream", str(sid)).saveAsTable(name))
+        assert stored_values(sbp_client, sid) == ["a"]
+        with pytest.raises(Exception, match=r"df.write.saveAsTable.*DROP TABLE one made "
+                                            r"otherwise first: its records stay"):
+            spark.table(name).collect()
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+    assert stored_values(sbp_client, sid) == ["a"]
+
+
+def test_alter_table_adds_a_column_a_writer_added_but_changes_no_option(spark, pd, sbp_client):
+    # What the README says about ALTER TABLE: the columns of a payload=arrow table are fixed at
+    # CREATE TABLE until ADD COLUMNS names one a writer added; TBLPROPERTIES are no options.
+    sid, other = new_stream(sbp_client), new_stream(sbp_client)
+    append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int64())}))
+    append_arrow(sbp_client, other, pa.record_batch({"id": pa.array([9], pa.int64())}))
+    with table(spark, f"grown_{sid}", f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', "
+                                      "payload 'arrow')") as name:
+        append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([2], pa.int64()),
+                                                       "name": pa.array(["b"])}))
+        assert "name" not in spark.table(name).columns
+        spark.sql(f"ALTER TABLE {name} ADD COLUMNS (name STRING)")
+        spark.sql(f"INSERT INTO {name} (id, name) VALUES (3, 'c')")
+        assert sorted((r.id, r.name) for r in spark.sql(f"SELECT id, name FROM {name}").collect()
+                      ) == [(1, None), (2, "b"), (3, "c")]
+        spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('streams' = '{other}')")
+        assert sorted(r.id for r in spark.table(name).collect()) == [1, 2, 3]
+    assert [s.names for s in stored_schemas(sbp_client, sid)] == [["id"], ["id", "name"],
+                                                                   ["id", "name"]]
+
+
+def test_streaming_a_table_whose_options_end_its_reads_says_why_it_cannot(spark, pd,
+                                                                         sbp_client, tmp_path):
+    # The query never named endingTimestamp: it failed with "option 'endingTimestamp' is for
+    # batch reads", which sent the user looking for it in their readStream.
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["a"])
+    with table(spark, f"ended_{sid}", f"USING sbp OPTIONS (pd '{pd}', streams '{sid}', "
+                                      "endingTimestamp '99999999999999')") as name:
+        assert spark.table(name).count() == 1  # batch reads take the end
+        query = (spark.readStream.table(name).writeStream.format("memory")
+                 .queryName(f"ended_{sid}").option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        try:
+            with pytest.raises(Exception, match=(
+                    r"this sbp table was created with OPTIONS "
+                    r"\(endingTimestamp '99999999999999'\), which end its batch reads; a "
+                    r"streaming read has no end")):
+                query.awaitTermination(120)
+        finally:
+            query.stop()

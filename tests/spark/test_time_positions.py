@@ -246,3 +246,33 @@ def test_timestamp_filters_on_arrow_data_whose_older_batches_have_a_timestamp_co
     assert rows(endingOffsets=f'{{"{sid}": 2}}') == [(1, at(T0)), (2, at(T0))]
     # with the newest batch, combined into one output batch
     assert rows() == [(1, at(T0)), (2, at(T0)), (3, at(T0 + 1000))]
+
+
+def test_records_out_of_order_inside_a_batch_stop_the_narrowing_too(pd, sbp_client):
+    # One batch holds a record 150 s behind one stored before it in the same batch (events
+    # collected late and sent together). The search for 'timestamp < 200 s' (+ the 1 minute
+    # margin) lands on the 300 s record and ended the read there, dropping the 150 s record the
+    # filter keeps: the guard compared only whole batches (each one's earliest record with the
+    # latest of those before it), so the disorder it had read in that very batch went unseen.
+    sid = new_stream(sbp_client)
+    for stamps in ([0, 1, 2, 3], [100, 300, 150, 310], [400, 401, 402, 403]):
+        append_timed(sbp_client, sid, [T0 + 1000 * s for s in stamps])
+    below = [LessThan(("timestamp",), at(T0 + 200_000))]
+    assert planned(pd, sid, below) == [(0, 12)]  # the whole span: nothing dropped
+    # Told the data can be that far out of order, the margin covers it: narrowed, exactly.
+    assert planned(pd, sid, below, maxOutOfOrderness="3m") == [(0, 8)]
+
+
+def test_a_read_by_time_while_retention_expires_the_oldest_records(pd, sbp_client, sbp_cluster):
+    # Range servers delete expired records first and tell the PD a moment later. A read by
+    # time planned in between failed with OFFSET_OUT_OF_RANGE ("offset 25 of stream 1 is below
+    # the start 35"); it now starts at the first record still stored.
+    from tests.client.test_timesearch import _expire_on_range_servers
+
+    sid = new_stream(sbp_client)
+    for b in range(10):
+        append_timed(sbp_client, sid, [T0 + 10 * b + i for i in range(10)])
+    _expire_on_range_servers(sbp_cluster, sid, 35)
+    assert planned(pd, sid, [], startingTimestamp=str(T0)) == [(35, 100)]
+    assert planned(pd, sid, [GreaterThanOrEqual(("timestamp",), at(T0))]) == [(35, 100)]
+    assert planned(pd, sid, [], startingTimestamp=str(T0 + 50)) == [(50, 100)]
