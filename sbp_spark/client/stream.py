@@ -11,7 +11,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
@@ -250,6 +250,24 @@ class SbpClient:
             return vouched
 
     # -- reading ---------------------------------------------------------------------------
+
+    def retained_start(self, stream_id: int, range_index: int, addresses: Iterable[str]
+                       ) -> int | None:
+        """The first offset of range ``stream_id``/``range_index`` that its replicas at
+        ``addresses`` still hold (the highest any of them reports), or None when none answers.
+        Range servers delete trimmed and expired records first and tell the PD a moment later,
+        so this can be past the start the PD lists."""
+        starts = []
+        for address in addresses:
+            try:
+                (result,) = self.range_server(address).describe_ranges([(stream_id,
+                                                                          range_index)])
+                described = result.unwrap()
+            except SbpError:
+                continue
+            if described is not None:
+                starts.append(described.start_offset)
+        return max(starts, default=None)
 
     def fetch(
         self,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sbp_spark.protocol.errors import OffsetOutOfRangeError, ReplicaBehindError, SbpError
+from sbp_spark.protocol.errors import OffsetOutOfRangeError, ReplicaBehindError
 from sbp_spark.protocol.messages import Range
 from sbp_spark.protocol.records import (
     ENVELOPE_SIZE,
@@ -162,29 +162,16 @@ class TimeSearch:
                 for batch in batches:
                     return batch
         except OffsetOutOfRangeError:
-            start = self._retained_start(span.range)
+            rng = span.range
+            start = self.client.retained_start(
+                rng.stream_id, rng.range_index,
+                [replica.server.advertise_addr for replica in rng.servers])
             if start is None or start <= offset:
                 raise
             raise _Expired(start) from None
         raise ReplicaBehindError(
             f"range {span.range.range_index} of stream {span.range.stream_id} returned no "
             f"batch at offset {offset}, though it holds records up to {span.end}")
-
-
-    def _retained_start(self, rng: Range) -> int | None:
-        """The first offset of ``rng`` its replicas still hold (the highest any reports; None
-        when none answers)."""
-        starts = []
-        for replica in rng.servers:
-            try:
-                (result,) = self.client.range_server(replica.server.advertise_addr
-                                                     ).describe_ranges([rng])
-                described = result.unwrap()
-            except SbpError:
-                continue
-            if described is not None:
-                starts.append(described.start_offset)
-        return max(starts, default=None)
 
 
 class _Expired(Exception):

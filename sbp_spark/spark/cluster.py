@@ -158,17 +158,8 @@ def authoritative_end(client: SbpClient, layout: StreamLayout) -> int | None:
 def replica_start(client: SbpClient, partition: SbpPartition) -> int | None:
     """The first offset of ``partition``'s range still stored on its replicas (the highest any
     of them reports), or None when none answers."""
-    starts = []
-    for replica in partition.replicas:
-        try:
-            (result,) = client.range_server(replica.address).describe_ranges(
-                [(partition.stream_id, partition.range_index)])
-            described = result.unwrap()
-        except SbpError:
-            continue
-        if described is not None:
-            starts.append(described.start_offset)
-    return max(starts, default=None)
+    return client.retained_start(partition.stream_id, partition.range_index,
+                                 [replica.address for replica in partition.replicas])
 
 
 def layout_ranges(layout: StreamLayout) -> list[Range]:
