@@ -22,7 +22,7 @@ import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.constants import MAX_INFLIGHT_PER_CONNECTION, Opcode
 from sbp_spark.protocol.errors import ReadTimeoutError
 from sbp_spark.protocol.records import batch_body, batch_bytes
 from sbp_spark.server.cluster import ProcessCluster
@@ -86,6 +86,54 @@ def test_appends_in_flight_to_a_silent_server_fail_at_once(pool):
         assert "nor to a PING" in str(error) and server.address in str(error)
     # A probe interval of waiting, then one for the PING: not the 6 s timeout.
     assert took < 10 * PROBE_S
+
+
+# More frames in flight than a server reads ahead on one connection: a PING sent behind them
+# may not be read until one of them is answered.
+MANY = MAX_INFLIGHT_PER_CONNECTION + 6
+MANY_CONFIG = dataclasses.replace(CONFIG, append_frame_bytes=200, max_inflight_frames=MANY)
+
+
+def test_a_full_connection_to_a_silent_server_fails_at_once(pool):
+    release = threading.Event()
+    with FakeServer(silent(release)) as server:
+        try:
+            began = time.monotonic()
+            results = RangeServerClient(server.address, MANY_CONFIG, pool).append(
+                [(1, batch_bytes(b"x" * 100)) for _ in range(MANY)])
+            took = time.monotonic() - began
+        finally:
+            release.set()
+    for result in results:
+        error = result.exception()
+        assert isinstance(error, ReadTimeoutError) and error.retriable
+        assert "nor to a PING" in str(error)
+    # It used to take the server for a busy one and wait the 6 s timeout.
+    assert took < 10 * PROBE_S
+
+
+def test_a_full_connection_to_a_slow_server_is_waited_for(pool):
+    appends: list = []
+    answered = threading.Event()
+
+    def slow_disk(peer: Peer) -> None:
+        # Holds every APPEND for 4 probe intervals (a slow disk) and answers PINGs at once,
+        # on any connection, as a range server's network core does.
+        while (frame := peer.read_frame()) is not None:
+            appends.append(frame)
+            if len(appends) == MANY:
+                time.sleep(4 * PROBE_S)
+                for held in appends:
+                    respond(peer, held, append_answer(held))
+                answered.set()
+
+    with FakeServer(slow_disk) as server:
+        began = time.monotonic()
+        results = RangeServerClient(server.address, MANY_CONFIG, pool).append(
+            [(1, batch_bytes(b"x" * 100)) for _ in range(MANY)])
+        took = time.monotonic() - began
+    assert answered.is_set() and took >= 4 * PROBE_S
+    assert all(result.ok for result in results)
 
 
 def test_a_slow_append_answer_is_waited_for_while_the_server_answers_pings(pool):
@@ -293,3 +341,27 @@ def test_appends_after_the_secondary_crashed_land_once_and_in_order(cluster):
         finally:
             cluster.start_range_server(index)
     assert_once_in_order(got, bodies + after, appended)
+
+
+@pytest.mark.slow
+def test_many_appends_in_flight_move_on_from_a_stopped_primary(cluster):
+    # One append call with more frames in flight than a server reads ahead on a connection
+    # (one batch of 150 bytes per frame).
+    config = dataclasses.replace(USER_CONFIG, append_frame_bytes=200, max_inflight_frames=MANY)
+    with ConnectionPool(config) as pool:
+        client = SbpClient(cluster.pd_address, config, pool)
+        stream, writer, bodies = written_stream(client, b"before")
+        pid = stop_primary(cluster, client, stream.stream_id)
+        try:
+            began = time.monotonic()
+            # It used to take the stopped primary for a busy one, wait the whole 60 s for
+            # the answers and then give up (the retry deadline had passed).
+            after = [b"after-%03d|" % i + b"x" * 100 for i in range(MANY)]
+            appended = writer.append([batch_bytes(body) for body in after])
+            took = time.monotonic() - began
+            got = written(client, stream.stream_id)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert all(a.range_index >= 1 for a in appended)
+    assert got == bodies + after
+    assert took < BOUND_S
