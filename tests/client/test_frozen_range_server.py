@@ -211,13 +211,34 @@ def cluster(tmp_path_factory) -> Iterator[ProcessCluster]:
         yield started
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP process ``pid`` and wait until every thread of it stopped. The signal takes
+    effect a moment after ``kill`` returns: a request sent at once may still be served (and
+    its answer lost), and the writer's resend is then a second copy, as after any failover
+    that falls between storing an append and answering it (at-least-once)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue  # a thread that ended meanwhile
+        if all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.005)
+
+
 def stop_primary(cluster: ProcessCluster, client: SbpClient, stream_id: int) -> int:
     """SIGSTOP the process of the primary of ``stream_id``'s open range; its pid."""
     primary = client.list_ranges(stream_id)[-1].primary
     assert primary is not None
     (proc,) = [p for p in cluster.range_servers
                if p is not None and p.info["range_server"] == primary.advertise_addr]
-    os.kill(proc.pid, signal.SIGSTOP)
+    freeze(proc.pid)
     return proc.pid
 
 
@@ -307,7 +328,7 @@ def test_appends_while_the_secondary_is_stopped_land_once_and_in_order(cluster):
         client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
         stream, writer, bodies = written_stream(client, b"before")
         pid = cluster.range_servers[secondary_of(cluster, client, stream.stream_id)].pid
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             began = time.monotonic()
             # The primary forwards to the stopped secondary, whose kernel takes the bytes:
