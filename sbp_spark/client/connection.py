@@ -14,6 +14,7 @@ naming the server's address.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import socket
 import threading
@@ -484,11 +485,12 @@ class Connection:
 
         With as many requests in flight as a server reads ahead on one connection, it may
         read nothing more (the PING included) until one of them is answered, which a slow
-        disk can hold up: the server then counts as answering."""
+        disk can hold up: the PING goes over a connection of its own then
+        (``_answers_ping_aside``)."""
         if self._unanswered:
             return False
         if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
-            return True
+            return self._answers_ping_aside(timeout)
         heard = self._last_heard
         try:
             with self.request(Opcode.PING, b"", b"sbp-probe", timeout) as stream:
@@ -497,6 +499,26 @@ class Connection:
                 return stream.poll(timeout) is not None or self._last_heard != heard
         except SbpError:
             return True
+
+    def _answers_ping_aside(self, timeout: float) -> bool:
+        """``_answers_ping`` for a connection the server may have stopped reading (as many
+        requests in flight as it reads ahead): a PING over a new connection, which a busy
+        server's network core answers at once, and a stopped process does not (its kernel
+        completes the handshake all the same). False when no answer came within ``timeout``,
+        or the connection or its TLS handshake did not complete within it either; anything
+        arriving on this connection meanwhile counts as an answer. Only when an answer is
+        already late: it costs a connection."""
+        heard = self._last_heard
+        config = dataclasses.replace(self.config, connect_timeout_s=timeout,
+                                     request_timeout_s=timeout)
+        try:
+            with Connection(self.address, config) as aside:
+                aside.ping(b"sbp-probe", timeout)
+            return True
+        except SbpError as exc:
+            log.debug("%s: PING over a new connection got no answer within %gs: %s",
+                       self.address, timeout, exc)
+            return self._last_heard != heard
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
         """Round-trip a PING; returns the round-trip time in seconds."""

@@ -135,22 +135,48 @@ class Replication(Part):
 
     def _await(self, pending: PendingAppend) -> None:
         server, rlog = pending.server, self.rlog
-        problem = server.replicator.wait(self.forwards)
+        problem = server.replicator.wait(rlog, self.forwards)
         if problem is None:
-            rlog.cap.release(self.begin, self.end)
-            server.cap_notices.settled(rlog, self.end)
+            if rlog.cap.release(self.begin, self.end):
+                server.cap_notices.settled(rlog, self.end)
+                pending.part_done(self, None)
+                return
+            pending.part_done(self, self._past_the_end())
+            return
+        sealed_before = rlog.sealed  # by the PD (a failover), or another append's failure
+        if not sealed_before:
+            log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",
+                        rlog.stream_id, rlog.range_index, problem)
+            try:
+                rlog.seal()
+            except (OSError, ServerError) as exc:
+                log.error("sealing range %d/%d after a replication failure failed: %s",
+                          rlog.stream_id, rlog.range_index, exc)
+        # Whether the range keeps these entries is the seal's to say (``ReadCap.fence``):
+        # it does when a later append settled first (so these reached every secondary too)
+        # or the PD's end holds them; their writer must not send them again then.
+        if rlog.sealed and rlog.cap.release(self.begin, self.end):
             pending.part_done(self, None)
             return
-        log.warning("range %d/%d: replication failed (%s); sealing it so writers move on",
-                    rlog.stream_id, rlog.range_index, problem)
-        try:
-            rlog.seal()
-        except (OSError, ServerError) as exc:
-            log.error("sealing range %d/%d after a replication failure failed: %s",
-                      rlog.stream_id, rlog.range_index, exc)
         rlog.cap.release(self.begin, None)
+        if sealed_before:
+            log.info("range %d/%d: sealed at %d while offsets %d..%d waited for the "
+                     "secondaries (%s); their writer sends them again", rlog.stream_id,
+                     rlog.range_index, rlog.end_offset, self.begin, self.end, problem)
+            pending.part_done(self, self._past_the_end())
+            return
         pending.part_done(self, ReplicationFailedError(
             f"not stored on every replica: {problem}"))
+
+    def _past_the_end(self) -> RangeSealedError:
+        """The error of this append's entries when the range was sealed before they settled:
+        the seal ended it before them (``ReadCap.fence``), so they are not part of it, and
+        their writer sends them to the next range."""
+        rlog = self.rlog
+        return RangeSealedError(
+            f"range {rlog.stream_id}/{rlog.range_index} was sealed at {rlog.end_offset} "
+            f"before every replica had stored offsets {self.begin}..{self.end}: they are not "
+            f"part of it")
 
 
 class PendingAppend:

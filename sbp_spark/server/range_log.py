@@ -449,19 +449,20 @@ class RangeLog:
                 log.warning("could not write index %s: %s", seg.index_path, exc)
 
     def seal(self) -> int:
-        """Stop taking appends here (fence the range) at its current end, which this returns.
-        Idempotent. A replicated range stays capped until the PD records its end
-        (``seal_at``): the PD may end it below this replica's end."""
+        """Stop taking appends here (fence the range) at its current end, which this returns:
+        on a primary, before the first append not yet stored by every secondary (see
+        ``ReadCap.fence``). Idempotent. A replicated range stays capped until the PD records
+        its end (``seal_at``): the PD may end it below this replica's end."""
         with self._exclusive():
             if self._end_offset >= 0:
                 return self._end_offset
-            self._end_offset = self._written  # blocks further appends from here on
+            # Blocks further appends from here on.
+            self._end_offset = self.cap.fence(self._written)
             try:
                 self._save_meta()
             except OSError:
                 self._end_offset = -1
                 raise
-            self.cap.fence()
         if self.storage.config.fsync is not FsyncPolicy.NEVER:
             self.sync()
         self.storage.notify_data()

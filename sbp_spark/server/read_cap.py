@@ -100,6 +100,9 @@ class ReadCap:
         self._settled: int | None = None
         # Primary only: the highest cap sent to the secondaries (forward or notice).
         self._sent = -1
+        # Where the range was fenced here (``fence``), or None while it takes appends: an
+        # append still pending then ends past it, and can no longer settle.
+        self._fenced_at: int | None = None
 
     @classmethod
     def restored(cls, replicas: int, start: int, end: int, final: bool,
@@ -176,15 +179,41 @@ class ReadCap:
             moved = self._apply(CapEvent.RAISE, min(offset, stored))
         return self._changed(moved)
 
-    def fence(self) -> None:
-        """The range was sealed here; its end is not final until the PD records it."""
+    def fence(self, written: int) -> int:
+        """The range is sealed here, its records written up to ``written``: where it ends
+        here, which is not final until the PD records it.
+
+        On a primary, that is the start of the first append still pending (sent to the
+        secondaries, not yet known to be stored by all of them), if any: the PD ends the
+        range at the smallest end its replicas report, and an append past that end is not
+        part of the range. Such an append can no longer settle (``release`` says so), so its
+        writer is told it failed and sends it again, and it lands once. Ending here at
+        ``written`` instead would let a failover that counts only this replica (its
+        secondary died) keep an append whose writer is then told it failed: the resend would
+        store it twice.
+
+        Never below what every replica is known to hold (``_settled``): appends settle out of
+        order, and one that settled (and may have been acknowledged) shows that every append
+        before it reached every secondary too (each secondary's log is a prefix of this
+        one's), so those still pending below it are kept and settle as usual."""
         with self._lock:
+            if self._fenced_at is None:
+                end = written
+                if self._pending:
+                    end = min(min(self._pending), end)
+                    if self._settled is not None:
+                        end = min(max(end, self._settled), written)
+                self._fenced_at = end
             self._apply(CapEvent.FENCE)
+            return self._fenced_at
 
     def finalize(self, end: int) -> None:
         """The PD recorded the range's end at ``end``: readers see up to it from now on."""
         with self._lock:
             shown = self._cap if self._state in _HAS_CAP else None
+            # The range's end now: nothing past it settles from now on, and whatever is
+            # below it is in the range (``release``).
+            self._fenced_at = end
             self._apply(CapEvent.FINALIZE)
         if shown is not None and end < shown:
             # The PD ends ranges at or above every replica's cap; this breaks that promise.
@@ -206,15 +235,22 @@ class ReadCap:
             moved = self._settle_locked()
         self._changed(moved)
 
-    def release(self, start: int, end: int | None) -> None:
+    def release(self, start: int, end: int | None) -> bool:
         """The append held at ``start`` settled: every secondary stored it up to ``end``, or
-        (``end`` None) it was not stored or not replicated: nothing of it becomes visible."""
+        (``end`` None) it was not stored or not replicated: nothing of it becomes visible.
+        False when it ends past where the range was fenced here (``fence``) or ended by the
+        PD (``finalize``): it is not part of the range, however many replicas stored it, and
+        must not be acknowledged. On a sealed range, True says the range keeps it."""
         with self._lock:
             self._pending.discard(start)
-            if end is not None and self._settled is not None:
-                self._settled = max(self._settled, end)
+            kept = False
+            if end is not None and (self._fenced_at is None or end <= self._fenced_at):
+                kept = True
+                if self._settled is not None:
+                    self._settled = max(self._settled, end)
             moved = self._settle_locked()
         self._changed(moved)
+        return kept
 
     def settle(self, end: int) -> bool:
         """Every replica holds the range below ``end`` (a restarted primary asked them): readers

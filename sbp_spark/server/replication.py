@@ -15,7 +15,13 @@ is always a prefix of the primary's.
 
 An entry is acknowledged when it is durable locally and every secondary stored it. When a
 secondary fails, the entries fail with REPLICATION_FAILED and the primary seals the range: the
-writer then asks the PD, which seals the range where the primary ended and opens a new one.
+writer then asks the PD, which seals the range where the replicas ended and opens a new one.
+A primary's seal (its own, or the PD's SEAL_RANGES) ends the range before the first append
+still waiting for the secondaries (``ReadCap.fence``): when the PD counts the primary alone
+(its secondary died), the range must not keep an append its writer is told failed and sends
+again. Such an append fails (RANGE_SEALED) even if a secondary's answer comes later, and a
+late answer is not waited for once the range is sealed (a stopped secondary answers nothing
+until the forward's timeout; the PD's failover seals the range within seconds).
 
 Readers of an open range see only records every replica stored (the range's read cap, see
 ``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +60,7 @@ from ..client.connection import ResponseStream
 from ..client.pool import ConnectionPool
 from ..protocol.constants import Opcode
 from ..protocol.errors import ReplicationFailedError, SbpError
+from ..protocol.frame import Frame
 from ..protocol.messages import (
     AppendEntry,
     AppendRequest,
@@ -73,6 +81,10 @@ DEFAULT_REPLICATION_TIMEOUT_S = 30.0
 # writer, so one impatient client must not seal ranges over a busy moment.
 MIN_FORWARD_TIMEOUT_S = 1.0
 
+
+# While a forward's answer is late, the primary looks this often whether the range was sealed
+# meanwhile (by the PD's failover, say), which ends the wait.
+SEALED_CHECK_S = 0.25
 
 # How long a secondary may take to answer a cap notice.
 NOTICE_TIMEOUT_S = 10.0
@@ -204,15 +216,18 @@ class Replicator:
         return out
 
     @staticmethod
-    def wait(forwards: Sequence[Forward]) -> str | None:
-        """Wait for every secondary's answer; None when all stored everything, else why not."""
+    def wait(rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+        """Wait for every secondary's answer; None when all stored everything, else why not.
+
+        A late answer stops being waited for once ``rlog`` is sealed here (see
+        ``_settled_answer_of``)."""
         problems = []
         for fw in forwards:
             where = f"secondary {fw.replica.server_id} ({fw.replica.advertise_addr})"
             if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
                 continue
-            answer = _answer_of(fw.stream)
+            answer = _settled_answer_of(fw.stream, rlog)
             if isinstance(answer, str):
                 problems.append(f"{where}: {answer}")
                 continue
@@ -222,13 +237,49 @@ class Replicator:
         return "; ".join(problems) if problems else None
 
 
+def _settled_answer_of(answers: ResponseStream, rlog: RangeLog) -> AppendResponse | str:
+    """A secondary's answer to a forward (as ``_answer_of``), waited for ``SEALED_CHECK_S``
+    at a time: once the range is sealed here, an append still waiting for a secondary can
+    no longer settle (the seal ended the range before it, ``ReadCap.fence``), so waiting on
+    is pointless. That is how a primary whose secondary stopped (its process frozen: its
+    kernel still takes the forwards, so no error comes) answers once the PD failed the
+    range over, instead of after the whole replication timeout. An answer that comes in
+    time costs what it did: one wait for the frame."""
+    first = min(SEALED_CHECK_S, answers.timeout)
+    try:
+        with answers:
+            frame = answers.poll(first)
+            if frame is None:  # late: from here on, the slow path
+                give_up = time.monotonic() - first + answers.timeout
+            while frame is None:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise answers.give_up(f"within {answers.timeout:g}s")
+                if rlog.sealed:
+                    return (f"no answer yet, and range {rlog.stream_id}/{rlog.range_index} "
+                            f"was sealed here at {rlog.end_offset} meanwhile")
+                frame = answers.poll(min(SEALED_CHECK_S, left))
+    except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    return _decoded(frame)
+
+
 def _answer_of(answers: ResponseStream) -> AppendResponse | str:
     """A secondary's answer to one APPEND (forward or notice), or why there is none: no
     frame, an error frame, or a refusal of the whole request."""
     try:
         with answers as frames:
-            msg = decode_response(next(frames))
+            frame = next(frames)
     except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    return _decoded(frame)
+
+
+def _decoded(frame: Frame) -> AppendResponse | str:
+    """A secondary's answer frame, or why it refused the whole request."""
+    try:
+        msg = decode_response(frame)
+    except SbpError as exc:
         return repr(exc)
     if not isinstance(msg, AppendResponse):
         return str(msg)  # a SYSTEM_ERROR says what went wrong

@@ -22,7 +22,7 @@ import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol.constants import Opcode
+from sbp_spark.protocol.constants import MAX_INFLIGHT_PER_CONNECTION, Opcode
 from sbp_spark.protocol.errors import ReadTimeoutError
 from sbp_spark.protocol.records import batch_body, batch_bytes
 from sbp_spark.server.cluster import ProcessCluster
@@ -86,6 +86,54 @@ def test_appends_in_flight_to_a_silent_server_fail_at_once(pool):
         assert "nor to a PING" in str(error) and server.address in str(error)
     # A probe interval of waiting, then one for the PING: not the 6 s timeout.
     assert took < 10 * PROBE_S
+
+
+# More frames in flight than a server reads ahead on one connection: a PING sent behind them
+# may not be read until one of them is answered.
+MANY = MAX_INFLIGHT_PER_CONNECTION + 6
+MANY_CONFIG = dataclasses.replace(CONFIG, append_frame_bytes=200, max_inflight_frames=MANY)
+
+
+def test_a_full_connection_to_a_silent_server_fails_at_once(pool):
+    release = threading.Event()
+    with FakeServer(silent(release)) as server:
+        try:
+            began = time.monotonic()
+            results = RangeServerClient(server.address, MANY_CONFIG, pool).append(
+                [(1, batch_bytes(b"x" * 100)) for _ in range(MANY)])
+            took = time.monotonic() - began
+        finally:
+            release.set()
+    for result in results:
+        error = result.exception()
+        assert isinstance(error, ReadTimeoutError) and error.retriable
+        assert "nor to a PING" in str(error)
+    # It used to take the server for a busy one and wait the 6 s timeout.
+    assert took < 10 * PROBE_S
+
+
+def test_a_full_connection_to_a_slow_server_is_waited_for(pool):
+    appends: list = []
+    answered = threading.Event()
+
+    def slow_disk(peer: Peer) -> None:
+        # Holds every APPEND for 4 probe intervals (a slow disk) and answers PINGs at once,
+        # on any connection, as a range server's network core does.
+        while (frame := peer.read_frame()) is not None:
+            appends.append(frame)
+            if len(appends) == MANY:
+                time.sleep(4 * PROBE_S)
+                for held in appends:
+                    respond(peer, held, append_answer(held))
+                answered.set()
+
+    with FakeServer(slow_disk) as server:
+        began = time.monotonic()
+        results = RangeServerClient(server.address, MANY_CONFIG, pool).append(
+            [(1, batch_bytes(b"x" * 100)) for _ in range(MANY)])
+        took = time.monotonic() - began
+    assert answered.is_set() and took >= 4 * PROBE_S
+    assert all(result.ok for result in results)
 
 
 def test_a_slow_append_answer_is_waited_for_while_the_server_answers_pings(pool):
@@ -163,13 +211,34 @@ def cluster(tmp_path_factory) -> Iterator[ProcessCluster]:
         yield started
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP process ``pid`` and wait until every thread of it stopped. The signal takes
+    effect a moment after ``kill`` returns: a request sent at once may still be served (and
+    its answer lost), and the writer's resend is then a second copy, as after any failover
+    that falls between storing an append and answering it (at-least-once)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue  # a thread that ended meanwhile
+        if all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.005)
+
+
 def stop_primary(cluster: ProcessCluster, client: SbpClient, stream_id: int) -> int:
     """SIGSTOP the process of the primary of ``stream_id``'s open range; its pid."""
     primary = client.list_ranges(stream_id)[-1].primary
     assert primary is not None
     (proc,) = [p for p in cluster.range_servers
                if p is not None and p.info["range_server"] == primary.advertise_addr]
-    os.kill(proc.pid, signal.SIGSTOP)
+    freeze(proc.pid)
     return proc.pid
 
 
@@ -230,4 +299,90 @@ def test_reading_an_open_range_whose_primary_stopped(cluster):
         finally:
             os.kill(pid, signal.SIGCONT)
     assert got == bodies
+    assert took < BOUND_S
+
+
+def secondary_of(cluster: ProcessCluster, client: SbpClient, stream_id: int) -> int:
+    """The index in ``cluster`` of the (one) secondary of ``stream_id``'s open range."""
+    (secondary,) = [r.server for r in client.list_ranges(stream_id)[-1].servers
+                    if not r.is_primary]
+    (index,) = [i for i, p in enumerate(cluster.range_servers)
+                if p is not None and p.info["range_server"] == secondary.advertise_addr]
+    return index
+
+
+def append_one_at_a_time(writer, bodies: list[bytes]) -> list:
+    """Append each body as a batch of its own; where each landed."""
+    return [a for body in bodies for a in writer.append([batch_bytes(body)])]
+
+
+def assert_once_in_order(got: list[bytes], expected: list[bytes], appended: list) -> None:
+    assert got == expected  # each batch once (a resent one used to be there twice)
+    offsets = [a.base_offset for a in appended]
+    assert offsets == sorted(set(offsets))
+
+
+@pytest.mark.slow
+def test_appends_while_the_secondary_is_stopped_land_once_and_in_order(cluster):
+    with ConnectionPool(USER_CONFIG) as pool:
+        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+        stream, writer, bodies = written_stream(client, b"before")
+        pid = cluster.range_servers[secondary_of(cluster, client, stream.stream_id)].pid
+        freeze(pid)
+        try:
+            began = time.monotonic()
+            # The primary forwards to the stopped secondary, whose kernel takes the bytes:
+            # it used to wait its 30 s forward timeout although the PD failed the range over
+            # after a few seconds, keeping the first batch in the sealed range, and the
+            # writer, told it failed, sent it again: it was in the stream twice.
+            after = [b"after-%d" % i for i in range(5)]
+            appended = append_one_at_a_time(writer, after)
+            took_append = time.monotonic() - began
+            got = written(client, stream.stream_id)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert_once_in_order(got, bodies + after, appended)
+    assert took_append < BOUND_S
+
+
+@pytest.mark.slow
+def test_appends_after_the_secondary_crashed_land_once_and_in_order(cluster):
+    with ConnectionPool(USER_CONFIG) as pool:
+        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+        stream, writer, bodies = written_stream(client, b"before")
+        index = secondary_of(cluster, client, stream.stream_id)
+        cluster.kill_range_server(index)
+        try:
+            # The forward to the killed secondary fails at once and the primary seals the
+            # range; it used to seal it past the batch it had just failed, so the PD, which
+            # could ask the primary alone, kept the batch that the writer then sent again.
+            after = [b"after-%d" % i for i in range(5)]
+            appended = append_one_at_a_time(writer, after)
+            got = written(client, stream.stream_id)
+        finally:
+            cluster.start_range_server(index)
+    assert_once_in_order(got, bodies + after, appended)
+
+
+@pytest.mark.slow
+def test_many_appends_in_flight_move_on_from_a_stopped_primary(cluster):
+    # One append call with more frames in flight than a server reads ahead on a connection
+    # (one batch of 150 bytes per frame).
+    config = dataclasses.replace(USER_CONFIG, append_frame_bytes=200, max_inflight_frames=MANY)
+    with ConnectionPool(config) as pool:
+        client = SbpClient(cluster.pd_address, config, pool)
+        stream, writer, bodies = written_stream(client, b"before")
+        pid = stop_primary(cluster, client, stream.stream_id)
+        try:
+            began = time.monotonic()
+            # It used to take the stopped primary for a busy one, wait the whole 60 s for
+            # the answers and then give up (the retry deadline had passed).
+            after = [b"after-%03d|" % i + b"x" * 100 for i in range(MANY)]
+            appended = writer.append([batch_bytes(body) for body in after])
+            took = time.monotonic() - began
+            got = written(client, stream.stream_id)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert all(a.range_index >= 1 for a in appended)
+    assert got == bodies + after
     assert took < BOUND_S

@@ -442,15 +442,17 @@ def test_primary_replicates_to_secondaries_and_seals_when_one_fails(tmp_path):
             secondary.stop()
             resp = _append(p, [(5, b"four")])
             assert _codes(resp.append_responses) == [ErrorCode.REPLICATION_FAILED]
-            # The primary stopped taking appends at 4, but "four" reached it alone: until the
-            # PD records the end (it may end the range at 3, where the secondary stopped),
-            # readers see 3 records and the range is not shown sealed.
+            # "four" reached the primary alone: until the PD records the end, readers see 3
+            # records and the range is not shown sealed.
             [desc] = p.call(DescribeRangesRequest(ranges=[RangeId(5, 0)]))[0].describe_responses
             assert (desc.range.next_offset, desc.range.end_offset) == (3, -1)
             assert _codes(_append(p, [(5, b"five")]).append_responses) == [
                 ErrorCode.RANGE_SEALED]
+            # The primary stopped taking appends before "four", whose writer was told it
+            # failed: a PD that counts the primary alone (the secondary is gone) must not keep
+            # it in the range, or the writer's resend would be a second copy.
             [sealed] = p.call(SealRangesRequest(ranges=[RangeId(5, 0)]))[0].seal_responses
-            assert (sealed.range.next_offset, sealed.range.end_offset) == (3, 4)
+            assert (sealed.range.next_offset, sealed.range.end_offset) == (3, 3)
             assert len(_fetch(p, [_entry(5)])[2][0]) == 3
     finally:
         primary.stop()

@@ -38,7 +38,7 @@ def test_restored_states():
 def test_a_fenced_range_shows_its_cap_not_its_end():
     cap = ReadCap(CapState.CAPPED, 0)
     cap.learn(96, stored=104)
-    cap.fence()
+    assert cap.fence(104) == 104
     assert cap.visible(durable=104, end=104) == 96
     cap.finalize(96)
     assert cap.visible(durable=104, end=96) == 96 and cap.cap is None
@@ -64,8 +64,50 @@ def test_notices_go_out_once_per_cap_and_only_while_quiet():
     cap.release(0, 8)
     assert cap.notice_due(durable=8) == 8
     assert cap.notice_due(durable=8) is None
-    cap.fence()
+    cap.fence(8)
     assert cap.notice_due(durable=8) is None and cap.committed(8) == -1
+
+
+def test_a_primary_fenced_with_appends_pending_ends_before_them_and_never_settles_them():
+    cap = ReadCap(CapState.CAPPED, 0)
+    cap.hold(0)
+    assert cap.release(0, 8)
+    cap.hold(8)
+    cap.hold(16)
+    # Sealed while two appends wait for the secondaries: the range ends where the first
+    # begins, so a failover that counts this replica alone keeps neither of them ...
+    assert cap.fence(24) == 8
+    assert cap.fence(24) == 8  # a second seal changes nothing
+    # ... and when their secondaries answer after all, neither may be acknowledged.
+    assert not cap.release(8, 16)
+    assert not cap.release(16, 24)
+    assert cap.cap == 8 and not cap.pending
+
+
+def test_a_primary_fenced_after_a_later_append_settled_keeps_the_earlier_ones():
+    cap = ReadCap(CapState.CAPPED, 0)
+    cap.hold(0)
+    cap.hold(8)
+    cap.hold(16)
+    # The append at 8 settled (and may have been acknowledged) before the one at 0 did: the
+    # secondaries hold everything below 16, so the range keeps both.
+    assert cap.release(8, 16)
+    assert cap.fence(24) == 16
+    assert cap.release(0, 8)
+    assert not cap.release(16, 24)
+    assert cap.cap == 16
+
+
+def test_the_pds_end_says_which_pending_appends_the_range_keeps():
+    cap = ReadCap(CapState.CAPPED, 0)
+    cap.hold(0)
+    cap.hold(8)
+    assert cap.fence(16) == 0
+    # The PD ended the range at 8 (it could not reach this primary, and the secondary it
+    # counted held the first append): that one is in the range after all, the second not.
+    cap.finalize(8)
+    assert cap.release(0, 8)
+    assert not cap.release(8, 16)
 
 
 def test_a_range_that_becomes_replicated_keeps_what_it_showed():
@@ -121,8 +163,10 @@ def test_random_histories_keep_the_promises(start_state, ops):
             on_all = max(on_all, min(arg, written))
             cap.settle(on_all)
         elif op == "fence" and end < 0:
-            end = written
-            cap.fence()
+            end = cap.fence(written)
+            # It ends before every pending append (none of them is part of the range), but
+            # never below what every replica holds.
+            assert end == (max(pending[0][0], min(on_all, written)) if pending else written)
         elif op == "finalize" and end >= 0:
             end = min(end, on_all) if cap.capped else end
             cap.finalize(end)
