@@ -35,6 +35,7 @@ from sbp_spark.protocol.constants import (
 )
 from sbp_spark.protocol.errors import (
     ChecksumError,
+    ConnectError,
     ConnectTimeoutError,
     FrameError,
     ProtocolError,
@@ -232,7 +233,7 @@ class Connection:
             raise ConnectTimeoutError(
                 f"connecting to {address} timed out after {timeout:g}s") from None
         except OSError as exc:
-            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+            raise ConnectError(f"cannot connect to {address}: {exc}") from exc
         tls = self.config.tls_settings()
         # The socket object reads go through and how long one may wait: the reading socket's
         # kernel timeout (SO_RCVTIMEO), or with TLS its twin's Python timeout. Whoever holds

@@ -15,9 +15,11 @@ from typing import Any
 
 from sbp_spark.protocol.constants import opcode_name
 from sbp_spark.protocol.errors import (
+    ConnectError,
     ErrorCode,
     HeaderError,
     PdNotLeaderError,
+    PdUnreachableError,
     ReadTimeoutError,
     SbpError,
 )
@@ -106,6 +108,7 @@ class PdClient:
         self._lock = threading.Lock()
         self._leader: str | None = None
         self._next = 0  # which configured address to try when the leader is unknown
+        self._answered = False  # some PD node answered a call of this client
 
     def __repr__(self) -> str:
         return f"PdClient({','.join(self.addresses)!r}, leader={self._leader!r})"
@@ -178,9 +181,18 @@ class PdClient:
             return response, lost
 
         try:
-            return call_with_retries(attempt, self.config, on_error=self._on_error,
-                                     deadline=deadline,
-                                     spare=electing if self.wait_for_election else None)
+            answer = call_with_retries(attempt, self.config, on_error=self._on_error,
+                                       deadline=deadline,
+                                       spare=electing if self.wait_for_election else None)
+            self._answered = True
+            return answer
+        except ConnectError as exc:
+            if self._answered or isinstance(exc, PdUnreachableError):
+                raise
+            # Never reached: most often a wrong address (the Spark option 'pd', say).
+            raise PdUnreachableError(
+                f"no PD answered at {', '.join(self.addresses)} (is a PD running there, and is "
+                f"that the address you meant?): {exc}") from exc
         except PdNotLeaderError as exc:
             if electing_since is None:
                 raise

@@ -16,9 +16,11 @@ from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
     BatchFormatError,
+    ConnectError,
     ConnectTimeoutError,
     DataCorruptError,
     HistoryRewrittenError,
+    PdUnreachableError,
     ProtocolError,
     RangeNotFoundError,
     RangeSealedError,
@@ -768,7 +770,7 @@ def _with_context(error: SbpError, context: str) -> SbpError:
 
 
 # Client-side errors whose only state is their message.
-_CONTEXTUAL = (TransportError, SbpTimeoutError, ConnectTimeoutError, ReadTimeoutError,
-               WriteTimeoutError, ReplicaBehindError)
+_CONTEXTUAL = (TransportError, ConnectError, PdUnreachableError, SbpTimeoutError,
+               ConnectTimeoutError, ReadTimeoutError, WriteTimeoutError, ReplicaBehindError)
 
 

@@ -19,7 +19,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypedDict
 
 from sbp_spark.protocol.constants import MAX_REPLICAS
-from sbp_spark.protocol.errors import SbpError, SbpTimeoutError, ServerError, TransportError
+from sbp_spark.protocol.errors import (
+    PdUnreachableError,
+    SbpError,
+    SbpTimeoutError,
+    ServerError,
+    TransportError,
+)
 
 if TYPE_CHECKING:
     from sbp_spark.client import SbpClient
@@ -242,6 +248,8 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str | None:
         # own words already say the same.
         context, sep, rest = message.partition(": ")
         return rest if sep and context in rest else message
+    if isinstance(exc, PdUnreachableError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # said below, naming where the address came from
     if isinstance(exc, (TransportError, SbpTimeoutError)):
         pd = getattr(args, "pd", None) or default_pd()
         addresses = [a for a in pd.split(",") if a.strip()]

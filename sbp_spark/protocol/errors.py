@@ -100,6 +100,15 @@ class TransportError(SbpError):
     invalid_metadata = True
 
 
+class ConnectError(TransportError):
+    """No connection could be opened (refused, no route, a name that does not resolve)."""
+
+
+class PdUnreachableError(ConnectError):
+    """No PD node could be connected to, and none ever answered this client: most often a wrong
+    address. The connection error is its ``__cause__``."""
+
+
 class SbpTimeoutError(SbpError):
     """A connect, read or write timeout expired (catch this for any of them)."""
 
