@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
-from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster
 
 # Short heartbeats: the PD notices a stopped server (and fails it over) within about a second.
 HEARTBEAT_S = 0.2
@@ -21,7 +21,8 @@ def private_cluster(path, range_servers: int) -> Iterator[EmbeddedCluster]:
 
 
 @contextmanager
-def client_of(cluster: EmbeddedCluster, config: ClientConfig) -> Iterator[SbpClient]:
+def client_of(cluster: EmbeddedCluster | ProcessCluster, config: ClientConfig
+              ) -> Iterator[SbpClient]:
     with ConnectionPool(config) as pool:
         yield SbpClient(cluster.pd_address, config, pool)
 

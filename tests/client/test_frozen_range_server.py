@@ -28,6 +28,7 @@ from sbp_spark.protocol.records import batch_body, batch_bytes
 from sbp_spark.server.cluster import ProcessCluster
 
 from .fakes import FakeServer, Peer
+from .private_cluster import client_of
 
 PROBE_S = 0.2
 # A request timeout the probe must beat by far: without it, an APPEND to a silent server
@@ -255,8 +256,7 @@ def written(client: SbpClient, stream_id: int) -> list[bytes]:
 
 @pytest.mark.slow
 def test_append_and_read_move_on_from_a_stopped_primary(cluster):
-    with ConnectionPool(USER_CONFIG) as pool:
-        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+    with client_of(cluster, USER_CONFIG) as client:
         stream, writer, bodies = written_stream(client, b"before")
         pid = stop_primary(cluster, client, stream.stream_id)
         try:
@@ -279,17 +279,15 @@ def test_append_and_read_move_on_from_a_stopped_primary(cluster):
 
 @pytest.mark.slow
 def test_reading_an_open_range_whose_primary_stopped(cluster):
-    with ConnectionPool(USER_CONFIG) as pool:
-        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+    with client_of(cluster, USER_CONFIG) as client:
         stream, writer, bodies = written_stream(client, b"open")
         pid = stop_primary(cluster, client, stream.stream_id)
         try:
-            with ConnectionPool(USER_CONFIG) as fresh:
+            with client_of(cluster, USER_CONFIG) as fresh:
                 began = time.monotonic()
                 # Where the open range ends only its primary can say (stopped): the read
                 # asks it, then waits for the PD to seal the range after the failover.
-                got = written(SbpClient(cluster.pd_address, USER_CONFIG, fresh),
-                              stream.stream_id)
+                got = written(fresh, stream.stream_id)
                 took = time.monotonic() - began
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -319,8 +317,7 @@ def assert_once_in_order(got: list[bytes], expected: list[bytes], appended: list
 
 @pytest.mark.slow
 def test_appends_while_the_secondary_is_stopped_land_once_and_in_order(cluster):
-    with ConnectionPool(USER_CONFIG) as pool:
-        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+    with client_of(cluster, USER_CONFIG) as client:
         stream, writer, bodies = written_stream(client, b"before")
         pid = cluster.range_servers[secondary_of(cluster, client, stream.stream_id)].pid
         freeze(pid)
@@ -342,8 +339,7 @@ def test_appends_while_the_secondary_is_stopped_land_once_and_in_order(cluster):
 
 @pytest.mark.slow
 def test_appends_after_the_secondary_crashed_land_once_and_in_order(cluster):
-    with ConnectionPool(USER_CONFIG) as pool:
-        client = SbpClient(cluster.pd_address, USER_CONFIG, pool)
+    with client_of(cluster, USER_CONFIG) as client:
         stream, writer, bodies = written_stream(client, b"before")
         index = secondary_of(cluster, client, stream.stream_id)
         cluster.kill_range_server(index)
@@ -364,8 +360,7 @@ def test_many_appends_in_flight_move_on_from_a_stopped_primary(cluster):
     # One append call with more frames in flight than a server reads ahead on a connection
     # (one batch of 150 bytes per frame).
     config = dataclasses.replace(USER_CONFIG, append_frame_bytes=200, max_inflight_frames=MANY)
-    with ConnectionPool(config) as pool:
-        client = SbpClient(cluster.pd_address, config, pool)
+    with client_of(cluster, config) as client:
         stream, writer, bodies = written_stream(client, b"before")
         pid = stop_primary(cluster, client, stream.stream_id)
         try:
