@@ -385,6 +385,8 @@ def test_a_range_server_on_another_clusters_data_dir_exits_at_once(tmp_path):
     assert error.startswith("sbp range-server: error: ")
     assert f"data directory {data_dir} holds server id {server_id}" in error
     assert "never issued" in error and "empty --data-dir" in error and "point --pd" in error
+    # Said once, as the command's error: it was logged as an error line first, the same text.
+    assert ran.stderr.count("never issued") == 1, ran.stderr
     assert "Traceback" not in ran.stderr
     assert not ready.exists()
     assert json.loads(shown.stdout)["range_servers"] == []
