@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -349,3 +351,113 @@ def test_a_pd_cluster_on_etcd_serves_mutual_tls(tmp_path, certs):
         [stream] = client.create_streams(1, replicas=2)
         client.open_stream(stream.stream_id).append([batch_bytes(b"over tls")])
         assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"over tls"]
+
+
+# -- renewed certificates -----------------------------------------------------------------------
+
+
+def _install(target: dict[str, Path], **sources: str | bytes) -> None:
+    """Replace the named files (cert, key, ca) as renewals do: a new file, renamed over the old
+    one. A source is a path to copy, or the bytes to write."""
+    for name, source in sources.items():
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        replacement = target[name].with_suffix(".new")
+        replacement.write_bytes(data)
+        replacement.replace(target[name])
+
+
+def _server_files(tmp_path: Path, certs: Certs) -> tuple[dict[str, Path], TlsConfig]:
+    files = {"cert": tmp_path / "server.pem", "key": tmp_path / "server.key",
+             "ca": tmp_path / "ca.pem"}
+    _install(files, cert=certs.cert, key=certs.key, ca=certs.ca)
+    return files, TlsConfig(str(files["cert"]), str(files["key"]), str(files["ca"]))
+
+
+def _served_name(address: str, ca: str, cert: str, key: str) -> str:
+    """The common name of the certificate the server at ``address`` presents to a new
+    connection (as ``openssl s_client`` would show it)."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    with socket.create_connection((host, int(port)), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        peer = tls.getpeercert()
+    assert peer is not None
+    return dict(item[0] for item in peer["subject"])["commonName"]
+
+
+def test_servers_serve_renewed_certificates_to_new_connections(tmp_path, certs):
+    """Certificates are renewed by replacing their files: the PD and the range servers serve
+    the new certificate to the next connection, without a restart; open connections go on."""
+    files, tls = _server_files(tmp_path, certs)
+    old_client = (certs.ca, certs.client_cert, certs.client_key)
+    with EmbeddedCluster(tmp_path / "cluster", range_servers=1, tls=tls) as cluster:
+        servers = [cluster.pd_address, *cluster.range_server_addresses]
+        assert [_served_name(a, *old_client) for a in servers] == ["node", "node"]
+        opened = Connection(cluster.pd_address, client_config(certs))
+        opened.ping()
+
+        _install(files, cert=certs.client_cert, key=certs.client_key)  # same CA, new pair
+        assert [_served_name(a, *old_client) for a in servers] == ["client", "client"]
+        opened.ping()  # the session it made goes on
+        with ConnectionPool(client_config(certs)) as pool:
+            client = SbpClient(cluster.pd_address, client_config(certs), pool)
+            [stream] = client.create_streams(1)  # the PD calls the range server: renewed too
+            client.open_stream(stream.stream_id).append([batch_bytes(b"renewed")])
+
+        # A new CA: clients that trust only it (with a certificate it signed) get in.
+        _install(files, cert=certs.rogue_cert, key=certs.rogue_key, ca=certs.rogue_ca)
+        new_ca = ClientConfig(tls=True, tls_ca_file=certs.rogue_ca, tls_cert_file=certs.rogue_cert,
+                              tls_key_file=certs.rogue_key, **FAST)
+        with ConnectionPool(new_ca) as pool:
+            client = SbpClient(cluster.pd_address, new_ca, pool)
+            assert [s.stream_id for s in client.list_streams()] == [stream.stream_id]
+            assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"renewed"]
+        with pytest.raises(TransportError, match="certificate verify failed"):
+            with Connection(cluster.pd_address, client_config(certs)) as conn:
+                conn.ping()
+        opened.ping()
+        opened.close()
+
+
+def test_a_renewal_that_cannot_be_loaded_keeps_the_last_certificate(tmp_path, certs, caplog):
+    """A renewal that cannot be used (a key that is not the certificate's, a file half
+    written, a file missing) leaves the server serving the certificate it had, says why once
+    per bad version of the files, naming the file, and the next good version is served."""
+    caplog.set_level("INFO", logger="sbp_spark.transport.tls")
+    files, tls = _server_files(tmp_path, certs)
+    client = (certs.ca, certs.client_cert, certs.client_key)
+
+    def errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+    with FrameServer(Nothing(), NetConfig(tls=tls, name="renewing")) as server:
+        address = server.address_str
+        _install(files, cert=certs.client_cert)  # the key is still node's
+        for _ in range(3):
+            assert _served_name(address, *client) == "node"
+        with Connection(address, client_config(certs)) as conn:
+            conn.ping()
+        [mismatch] = errors()
+        assert mismatch.startswith("renewing: the renewed TLS files cannot be used") and \
+            f"the key file {str(files['key'])!r} is not the private key of the certificate" \
+            in mismatch, mismatch
+
+        pem = Path(certs.client_cert).read_bytes()
+        _install(files, cert=pem[:len(pem) // 2], key=certs.client_key)  # half written
+        for _ in range(2):
+            assert _served_name(address, *client) == "node"
+        assert len(errors()) == 2
+        assert f"the certificate file {str(files['cert'])!r} holds no PEM certificate" in \
+            errors()[1], errors()
+
+        files["key"].unlink()
+        assert _served_name(address, *client) == "node"
+        assert len(errors()) == 3 and f"the key file {str(files['key'])!r} is missing" in \
+            errors()[2], errors()
+
+        _install(files, cert=certs.client_cert, key=certs.client_key)
+        assert _served_name(address, *client) == "client"
+        assert _served_name(address, *client) == "client"
+        assert len(errors()) == 3, errors()
+        assert server.stats.tls_failures == 0
