@@ -104,7 +104,7 @@ from ..protocol.frame import (
     frame_prefix,
 )
 from ..transport.sockets import send_buffers
-from ..transport.tls import ServingContext, TlsConfig, TlsSocket
+from ..transport.tls import DEFAULT_HANDSHAKE_TIMEOUT_S, ServingContext, TlsConfig, TlsSocket
 from .advertise import format_address
 from .conditions import WaitedCondition
 
@@ -179,6 +179,9 @@ class NetConfig:
     # TLS on this port (certificate and key; with a CA file, peers must present a certificate
     # signed by it: mutual TLS). None: plain TCP.
     tls: TlsConfig | None = None
+    # Longest a new peer's TLS handshake may take, all of it (a peer that sends nothing, or a
+    # byte now and then, holds a reader thread and a connection slot until then).
+    tls_handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         positive = {
@@ -189,6 +192,7 @@ class NetConfig:
             "max_ordered_ahead_bytes": self.max_ordered_ahead_bytes,
             "worker_threads": self.worker_threads,
             "send_timeout_s": self.send_timeout_s,
+            "tls_handshake_timeout_s": self.tls_handshake_timeout_s,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -970,7 +974,7 @@ class FrameServer:
         assert isinstance(conn.sock, socket.socket), "TLS starts once, over the TCP socket"
         tls = TlsSocket(conn.sock, context, server_side=True)
         try:
-            tls.handshake()
+            tls.handshake(self.config.tls_handshake_timeout_s)
         except OSError as exc:  # TlsError, ssl.SSLError, timeout, reset
             self.stats.tls_failures += 1
             log.info("%s: TLS handshake with %s failed: %s", self.config.name, conn.peer_str,

@@ -26,6 +26,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,9 +146,11 @@ class TlsSocket:
     # -- handshake -------------------------------------------------------------------------
 
     def handshake(self, timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S) -> None:
-        """Run the TLS handshake; raises ``TlsError`` (or ``TimeoutError``) on failure."""
+        """Run the TLS handshake; raises ``TlsError`` (or ``TimeoutError``) on failure. The
+        whole handshake must end within ``timeout_s``: a peer sending a byte now and then
+        does not keep it going (each wait is for what is left of it)."""
         before = self.raw_reader.gettimeout()
-        self.raw_reader.settimeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
         try:
             while True:
                 with self._state:
@@ -165,7 +168,15 @@ class TlsSocket:
                     self.raw.sendall(out)
                 if done:
                     return
-                data = self.raw_reader.recv(RECV_PIECE)
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    self.raw_reader.settimeout(left)
+                    data = self.raw_reader.recv(RECV_PIECE)
+                except TimeoutError:
+                    raise TimeoutError(f"the TLS handshake did not complete within "
+                                       f"{timeout_s:g}s") from None
                 if not data:
                     raise TlsError("the peer closed the connection during the handshake (it "
                                    "refused this side's certificate, or does not speak TLS)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import socket
 import ssl
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
 from sbp_spark.client.pd import PdClient
-from sbp_spark.protocol.errors import ErrorCode, TransportError
+from sbp_spark.protocol.errors import ConnectTimeoutError, ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
@@ -461,3 +462,76 @@ def test_a_renewal_that_cannot_be_loaded_keeps_the_last_certificate(tmp_path, ce
         assert _served_name(address, *client) == "client"
         assert len(errors()) == 3, errors()
         assert server.stats.tls_failures == 0
+
+
+# -- handshakes that do not complete ------------------------------------------------------------
+
+
+def test_a_tls_client_gives_up_on_a_silent_server_after_one_connect_timeout(certs):
+    """A server that accepts the TCP connection and never answers the TLS handshake (its
+    process stopped or hung, or another service on that port): every retry dialled it again
+    and waited the connect timeout out again (5 s became 31 s, the error saying 5 s). It is
+    dialled once; the retries fail at once, and the error names the likely causes."""
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.05)
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    accepted.append(listener.accept()[0])
+                except TimeoutError:
+                    continue
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        config = client_config(certs, connect_timeout_s=2, retries=5, retry_deadline_s=60)
+        try:
+            with ConnectionPool(config) as pool:
+                with pytest.raises(ConnectTimeoutError) as info:
+                    SbpClient(address, config, pool).list_streams()
+        finally:
+            stop.set()
+            acceptor.join()
+            for conn in accepted:
+                conn.close()
+    assert len(accepted) == 1, f"dialled {len(accepted)} times"
+    message = str(info.value)
+    assert f"TLS handshake with {address} timed out after 2s" in message, message
+    assert "stopped or hung" in message and "no SBP server with TLS" in message, message
+
+
+def test_a_tls_server_drops_a_peer_whose_handshake_does_not_complete_in_time(certs):
+    """A peer that sends its ClientHello a byte at a time held the server's reader thread
+    (and a connection slot) for as long as it kept sending: the handshake timeout bounded
+    each wait, not the handshake. ``NetConfig.tls_handshake_timeout_s`` bounds the whole
+    handshake now; the peer is dropped and counted in ``tls_failures``."""
+    outgoing = ssl.MemoryBIO()
+    client_side = ssl.create_default_context(cafile=certs.ca).wrap_bio(
+        ssl.MemoryBIO(), outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        client_side.do_handshake()
+    hello = outgoing.read()  # a real ClientHello, as a client sends it
+    config = NetConfig(tls=certs.server_tls(), tls_handshake_timeout_s=1.0)
+    with FrameServer(Nothing(), config) as server:
+        closed_after = None
+        with socket.create_connection(server.address, timeout=10) as peer:
+            for sent in range(1, len(hello)):  # never the last byte; one each 0.2 s
+                try:
+                    peer.sendall(hello[sent - 1:sent])
+                    readable, _, _ = select.select([peer], [], [], 0.2)
+                    if readable and peer.recv(100) == b"":
+                        closed_after = sent
+                        break
+                except ConnectionResetError:
+                    closed_after = sent
+                    break
+        assert closed_after is not None, "the server waited for the whole trickled hello"
+        assert closed_after < 15, f"the server took {closed_after} bytes, 0.2 s apart"
+        assert server.stats.tls_failures == 1
+        with Connection(server.address_str, client_config(certs)) as conn:
+            conn.ping()
+    with pytest.raises(ValueError, match="tls_handshake_timeout_s"):
+        NetConfig(tls_handshake_timeout_s=0)
