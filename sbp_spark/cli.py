@@ -467,14 +467,17 @@ def range_server_command(args: argparse.Namespace) -> int:
                               page_cache_bytes=args.page_cache_mib << 20),
         net=NetConfig(name="range-server", tls=_tls_of(args))))
     announced = False
+    # A PD that refuses the server's id for good ends the command (no ready file), with the
+    # refusal as its error: the server then does not log it too.
+    refused: list[Exception] = []
+    rs.on_refusal = refused.append
 
     def announce_when_registered() -> None:
         # The PD may be down at first: the server keeps trying, and says so once it is in.
-        # A PD that refuses the server's id for good ends the command (no ready file).
         nonlocal announced
+        if refused:
+            raise refused[0]
         link = rs.pd_link
-        if link is not None and link.refusal is not None:
-            raise link.refusal
         if announced or link is None or not link.registered.is_set() or link.heartbeats < 1:
             return
         announced = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -367,6 +368,21 @@ def test_fewer_range_servers_than_the_data_dir_holds_is_refused(tmp_path, capsys
     assert not (tmp_path / "pd").exists()  # nothing was started
 
 
+def test_sbp_server_whose_pd_never_issued_its_range_servers_ids_says_so_once(tmp_path):
+    # The PD's metadata lost (its directory removed) while the range servers' data stayed: the
+    # refusal was logged as an error line and then printed again as the command's error.
+    proc, _, _ = start_sbp_server(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    shutil.rmtree(tmp_path / "data" / "pd")
+    ran = run_sbp("server", "--data-dir", str(tmp_path / "data"), "--port", "0", timeout=60)
+    assert ran.returncode == 1, ran.stderr
+    error = ran.stderr.strip().splitlines()[-1]
+    assert error.startswith("sbp server: error: range server data directory "), ran.stderr
+    assert "empty --data-dir" in error and ran.stderr.count("empty --data-dir") == 1, \
+        ran.stderr
+
+
 def test_a_range_server_on_another_clusters_data_dir_exits_at_once(tmp_path):
     # The data directory of cluster a's range server, given to cluster b's PD: that PD never
     # issued its id. The server used to log the refusal and run on without a ready file, so
@@ -385,6 +401,8 @@ def test_a_range_server_on_another_clusters_data_dir_exits_at_once(tmp_path):
     assert error.startswith("sbp range-server: error: ")
     assert f"data directory {data_dir} holds server id {server_id}" in error
     assert "never issued" in error and "empty --data-dir" in error and "point --pd" in error
+    # Said once, as the command's error: it was logged as an error line first, the same text.
+    assert ran.stderr.count("never issued") == 1, ran.stderr
     assert "Traceback" not in ran.stderr
     assert not ready.exists()
     assert json.loads(shown.stdout)["range_servers"] == []

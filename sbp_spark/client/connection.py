@@ -42,6 +42,7 @@ from sbp_spark.protocol.errors import (
     ReadTimeoutError,
     SbpError,
     ServerError,
+    TlsHandshakeTimeoutError,
     TransportError,
     WriteTimeoutError,
 )
@@ -289,9 +290,12 @@ class Connection:
         try:
             return wrap_client(sock, tls, host, self.config.connect_timeout_s, reader=twin)
         except TimeoutError:
-            error: SbpError = ConnectTimeoutError(
+            error: SbpError = TlsHandshakeTimeoutError(
                 f"TLS handshake with {self.address} timed out after "
-                f"{self.config.connect_timeout_s:g}s")
+                f"{self.config.connect_timeout_s:g}s (connect_timeout_s): the server accepted "
+                f"the connection but did not answer the handshake, so its process is stopped "
+                f"or hung, or no SBP server with TLS listens there (one without TLS closes "
+                f"the connection at once)")
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
             hint = (unverified_server_hint(exc, self.config)
                     or refused_certificate_hint(exc, self.config))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 
-from sbp_spark.protocol.errors import TransportError
+from sbp_spark.protocol.errors import TlsHandshakeTimeoutError, TransportError
 
 from .config import ClientConfig
 from .connection import Connection, parse_address
@@ -34,6 +35,9 @@ class ConnectionPool:
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, threading.Lock] = {}
+        # Addresses whose TLS handshake timed out: until when they are not dialled again, and
+        # that error (see ``_connect``).
+        self._silent: dict[str, tuple[float, TlsHandshakeTimeoutError]] = {}
         self._closed = False
 
     def get(self, address: str, config: ClientConfig | None = None) -> Connection:
@@ -62,7 +66,7 @@ class ConnectionPool:
                 # knowing it. Retries go out on a new connection; it finishes what is in
                 # flight on it and closes.
                 conn.retire()
-            fresh = Connection(address, config)
+            fresh = self._connect(key, address, config)
             with self._lock:
                 if self._closed:
                     fresh.close()
@@ -71,6 +75,27 @@ class ConnectionPool:
                 # still in flight on it finish, and it closes itself afterwards.
                 self._connections[key] = fresh
             return fresh
+
+    def _connect(self, key: str, address: str, config: ClientConfig) -> Connection:
+        """A new connection (call holding the key's gate). A server that accepted a connection
+        but did not answer its TLS handshake within the connect timeout (stopped, hung, or not
+        an SBP server with TLS) is not dialled again for that long: each retry would wait the
+        whole timeout again, and retries multiplied it (5 s became 31 s). Its error is raised
+        again at once, still retriable: the caller's retries move on (another PD node, a new
+        placement) or run out, within about one connect timeout plus their backoff."""
+        silent = self._silent.get(key)
+        if silent is not None:
+            until, error = silent
+            if time.monotonic() < until:
+                raise TlsHandshakeTimeoutError(
+                    f"{error}; retries within {config.connect_timeout_s:g}s of that fail at "
+                    f"once, without dialling again")
+            del self._silent[key]
+        try:
+            return Connection(address, config)
+        except TlsHandshakeTimeoutError as exc:
+            self._silent[key] = (time.monotonic() + config.connect_timeout_s, exc)
+            raise
 
     def discard(self, conn: Connection) -> None:
         """Close ``conn`` and forget it, so the next ``get`` reconnects."""
@@ -107,6 +132,7 @@ class ConnectionPool:
             conn._close_fds_after_fork()
         self._connections.clear()
         self._connecting.clear()
+        self._silent.clear()
         self._lock = threading.Lock()
 
 

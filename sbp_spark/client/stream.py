@@ -30,6 +30,7 @@ from sbp_spark.protocol.errors import (
     SbpError,
     SbpTimeoutError,
     ServerError,
+    TlsHandshakeTimeoutError,
     TransportError,
     WriteTimeoutError,
 )
@@ -771,6 +772,7 @@ def _with_context(error: SbpError, context: str) -> SbpError:
 
 # Client-side errors whose only state is their message.
 _CONTEXTUAL = (TransportError, ConnectError, PdUnreachableError, SbpTimeoutError,
-               ConnectTimeoutError, ReadTimeoutError, WriteTimeoutError, ReplicaBehindError)
+               ConnectTimeoutError, TlsHandshakeTimeoutError, ReadTimeoutError,
+               WriteTimeoutError, ReplicaBehindError)
 
 

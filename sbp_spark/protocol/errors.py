@@ -120,6 +120,13 @@ class ConnectTimeoutError(SbpTimeoutError):
     """Connecting (TCP, then the TLS handshake) took longer than the connect timeout."""
 
 
+class TlsHandshakeTimeoutError(ConnectTimeoutError):
+    """The server accepted the TCP connection but did not complete the TLS handshake within
+    the connect timeout (its process is stopped or hung, or no SBP server with TLS listens
+    there). A client's connection pool does not dial that address again for a connect
+    timeout: its retries fail at once instead of each waiting the timeout out again."""
+
+
 class ReadTimeoutError(SbpTimeoutError):
     """No answer (or no further frame of one) arrived within the request timeout."""
 

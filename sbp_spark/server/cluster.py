@@ -22,6 +22,7 @@ same ranges.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -146,6 +147,9 @@ class EmbeddedCluster:
         self._ports: list[int] = [0] * range_servers
         self.pd: PlacementDriver | None = None
         self.range_servers: list[RangeServer | None] = [None] * range_servers
+        # Range servers whose registration start() or start_range_server() is waiting for: a
+        # PD's refusal of their id is raised from there (see ``_on_refusal``).
+        self._awaited: set[int] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -168,6 +172,7 @@ class EmbeddedCluster:
             for i in range(self._count):
                 self._wait_registered(i)
         except BaseException:
+            self._awaited.clear()
             self.stop()
             raise
         log.info("embedded cluster up: PD %s, range servers %s", self.pd_address,
@@ -232,7 +237,9 @@ class EmbeddedCluster:
 
     def _launch_range_server(self, i: int) -> None:
         port = self._ports[i]
+        self._awaited.add(i)  # until _wait_registered is done with it
         rs = RangeServer(self._rs_config(i, port))
+        rs.on_refusal = functools.partial(self._on_refusal, i)
         try:
             rs.start()
         except OSError as exc:
@@ -242,11 +249,26 @@ class EmbeddedCluster:
                 raise
             log.info("range server %d cannot have port %d again (%s); taking a free one",
                      i, port, exc)
-            rs = RangeServer(self._rs_config(i, 0)).start()
+            rs = RangeServer(self._rs_config(i, 0))
+            rs.on_refusal = functools.partial(self._on_refusal, i)
+            rs.start()
         self._ports[i] = rs.address[1]
         self.range_servers[i] = rs
 
+    def _on_refusal(self, i: int, refusal: Exception) -> None:
+        """The PD refused range server ``i``'s id for good. While the cluster waits for its
+        registration, that wait raises the refusal (``sbp server`` exits with it): logging
+        it too printed it twice. Later, nobody waits: it is logged."""
+        if i not in self._awaited:
+            log.error("%s", refusal)
+
     def _wait_registered(self, i: int) -> None:
+        try:
+            self._wait_registered_now(i)
+        finally:
+            self._awaited.discard(i)
+
+    def _wait_registered_now(self, i: int) -> None:
         rs, pd = self.range_servers[i], self.pd
         assert rs is not None and pd is not None
 

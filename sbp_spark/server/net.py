@@ -104,7 +104,7 @@ from ..protocol.frame import (
     frame_prefix,
 )
 from ..transport.sockets import send_buffers
-from ..transport.tls import TlsConfig, TlsSocket, unusable_file
+from ..transport.tls import DEFAULT_HANDSHAKE_TIMEOUT_S, ServingContext, TlsConfig, TlsSocket
 from .advertise import format_address
 from .conditions import WaitedCondition
 
@@ -179,6 +179,9 @@ class NetConfig:
     # TLS on this port (certificate and key; with a CA file, peers must present a certificate
     # signed by it: mutual TLS). None: plain TCP.
     tls: TlsConfig | None = None
+    # Longest a new peer's TLS handshake may take, all of it (a peer that sends nothing, or a
+    # byte now and then, holds a reader thread and a connection slot until then).
+    tls_handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         positive = {
@@ -189,6 +192,7 @@ class NetConfig:
             "max_ordered_ahead_bytes": self.max_ordered_ahead_bytes,
             "worker_threads": self.worker_threads,
             "send_timeout_s": self.send_timeout_s,
+            "tls_handshake_timeout_s": self.tls_handshake_timeout_s,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -788,8 +792,9 @@ class FrameServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        # Set when config.tls is (built by start()).
-        self._tls_context: ssl.SSLContext | None = None
+        # Set when config.tls is (made by start()): the context for each new connection,
+        # following renewals of the certificate files.
+        self._tls: ServingContext | None = None
         self._inflight_bytes = 0
         self._budget = WaitedCondition()
 
@@ -800,11 +805,7 @@ class FrameServer:
         if self._listener is not None:
             raise RuntimeError("server already started")
         if self.config.tls is not None:  # bad certificate files fail here, not per peer
-            try:
-                self._tls_context = self.config.tls.server_context()
-            except ssl.SSLError as exc:
-                why = unusable_file(self.config.tls) or str(exc)
-                raise ValueError(f"{self.config.name}: TLS files cannot be used: {why}") from exc
+            self._tls = ServingContext(self.config.tls, self.config.name)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -973,7 +974,7 @@ class FrameServer:
         assert isinstance(conn.sock, socket.socket), "TLS starts once, over the TCP socket"
         tls = TlsSocket(conn.sock, context, server_side=True)
         try:
-            tls.handshake()
+            tls.handshake(self.config.tls_handshake_timeout_s)
         except OSError as exc:  # TlsError, ssl.SSLError, timeout, reset
             self.stats.tls_failures += 1
             log.info("%s: TLS handshake with %s failed: %s", self.config.name, conn.peer_str,
@@ -989,7 +990,7 @@ class FrameServer:
         receiving = 0  # bytes of a partly received frame, charged to the server's budget
         expected = 0  # its whole size, when its length prefix came at the start of a read
         try:
-            if self._tls_context is not None and not self._start_tls(conn, self._tls_context):
+            if self._tls is not None and not self._start_tls(conn, self._tls.current()):
                 return
             sock = conn.sock
             while True:

@@ -38,7 +38,7 @@ from .net import FrameServer
 from .range_log import RangeLog
 from .range_requests import RangeServerHandler
 from .range_server_config import RangeServerConfig
-from .registration import LinkedServer, LoadSample, PdLink
+from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .storage import Storage
 
@@ -76,6 +76,9 @@ class RangeServer:
         # Called with (stream_id, new_start_offset) when retention deleted data; the PD link
         # forwards it to the PD as TRIM_STREAMS.
         self.on_trim: Callable[[int, int], None] | None = None
+        # Called (from the PD link's thread) when the PD refuses this server's id for good;
+        # set before start() by an owner that reports the refusal itself, else it is logged.
+        self.on_refusal: Callable[[RegistrationRefused], None] | None = None
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         self.pd_link: PdLink | None = None
@@ -146,7 +149,7 @@ class RangeServer:
         self.cap_notices.start()
         if self.config.pd_addresses:
             self.pd_link = PdLink(self._linked(), list(self.config.pd_addresses),
-                                  tls=self.config.net.tls)
+                                  tls=self.config.net.tls, on_refusal=self.on_refusal)
             self.on_trim = self.pd_link.report_trim
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self.server_id,

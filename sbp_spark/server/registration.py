@@ -119,9 +119,12 @@ class PdLink:
     """Keeps one range server registered with, and reporting to, the PD."""
 
     def __init__(self, server: LinkedServer, pd_addresses: list[str],
-                 client_config: ClientConfig | None = None, tls: TlsConfig | None = None
-                 ) -> None:
+                 client_config: ClientConfig | None = None, tls: TlsConfig | None = None,
+                 on_refusal: Callable[[RegistrationRefused], None] | None = None) -> None:
         self.server = server
+        # Who tells the operator when the PD refuses this server for good (see ``_refused``):
+        # without one, the refusal is logged as an error.
+        self.on_refusal = on_refusal
         # With TLS, the PD is called with the range server's own certificate.
         config = (client_config or _LINK_CLIENT).with_tls(tls)
         self.pool = ConnectionPool(config)
@@ -240,7 +243,10 @@ class PdLink:
             f"in {data_dir} belongs to the cluster that issued id {server_id}: point --pd at "
             f"that cluster's PD, or start this server with an empty --data-dir to join the "
             f"PD's cluster as a new range server")
-        log.error("%s", self.refusal)
+        if self.on_refusal is not None:  # its owner reports it (``sbp range-server`` exits
+            self.on_refusal(self.refusal)  # with it as its error): said once, not twice
+        else:
+            log.error("%s", self.refusal)
         self._stop.set()
 
     def metrics_request(self) -> ReportMetricsRequest:

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import datetime
 import functools
+import logging
 import os
 import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
+
+log = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -142,9 +146,11 @@ class TlsSocket:
     # -- handshake -------------------------------------------------------------------------
 
     def handshake(self, timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S) -> None:
-        """Run the TLS handshake; raises ``TlsError`` (or ``TimeoutError``) on failure."""
+        """Run the TLS handshake; raises ``TlsError`` (or ``TimeoutError``) on failure. The
+        whole handshake must end within ``timeout_s``: a peer sending a byte now and then
+        does not keep it going (each wait is for what is left of it)."""
         before = self.raw_reader.gettimeout()
-        self.raw_reader.settimeout(timeout_s)
+        deadline = time.monotonic() + timeout_s
         try:
             while True:
                 with self._state:
@@ -162,7 +168,15 @@ class TlsSocket:
                     self.raw.sendall(out)
                 if done:
                     return
-                data = self.raw_reader.recv(RECV_PIECE)
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    self.raw_reader.settimeout(left)
+                    data = self.raw_reader.recv(RECV_PIECE)
+                except TimeoutError:
+                    raise TimeoutError(f"the TLS handshake did not complete within "
+                                       f"{timeout_s:g}s") from None
                 if not data:
                     raise TlsError("the peer closed the connection during the handshake (it "
                                    "refused this side's certificate, or does not speak TLS)")
@@ -391,6 +405,13 @@ def unusable_file(config: TlsConfig) -> str:
             return False
         return True
 
+    # Files are checked when the settings are made; a renewal may have removed one since.
+    for what, path in (("CA file", config.ca_file), ("certificate file", config.cert_file),
+                       ("key file", config.key_file)):
+        if path is not None and not os.path.isfile(path):
+            return f"the {what} {path!r} is missing"
+        if path is not None and not os.access(path, os.R_OK):
+            return f"the {what} {path!r} is not readable"
     if config.ca_file is not None and not holds_certificate(config.ca_file):
         return f"the CA file {config.ca_file!r} holds no PEM certificate"
     cert, key = config.cert_file, config.key_file
@@ -492,8 +513,9 @@ def _file_versions(config: TlsConfig) -> tuple[tuple[int, int, int] | None, ...]
 
 
 @functools.lru_cache(maxsize=32)
-def _client_context(config: TlsConfig, versions: tuple) -> ssl.SSLContext:
-    return config.client_context()
+def _context(config: TlsConfig, server_side: bool, versions: tuple) -> ssl.SSLContext:
+    """The context of one side, built once per ``versions`` of ``config``'s files."""
+    return config.server_context() if server_side else config.client_context()
 
 
 def client_context(config: TlsConfig) -> ssl.SSLContext:
@@ -501,7 +523,62 @@ def client_context(config: TlsConfig) -> ssl.SSLContext:
     are renewed by replacing their files, and a process that keeps running (a Spark driver,
     a server calling its peers) must present and trust the new ones on its next connection.
     Costs a stat of each file per new connection."""
-    return _client_context(config, _file_versions(config))
+    return _context(config, False, _file_versions(config))
+
+
+class ServingContext:
+    """The context a TLS server gives each new connection, following renewals of its files
+    (replaced under the same names) as ``client_context`` does for clients: a stat of each
+    file per new connection, a context built once per version of them. Connections already
+    open keep the session they made.
+
+    A version that cannot be loaded (a key that is not the certificate's, a file half
+    written or missing) does not stop the server: new connections keep the last context that
+    loaded, and the problem is logged once for that version, naming the file; the next
+    version that loads is used. ``name`` names the server in that log line. Files unusable
+    from the start raise ``ValueError`` here, naming the file."""
+
+    def __init__(self, config: TlsConfig, name: str) -> None:
+        self.config = config
+        self.name = name
+        self._lock = threading.Lock()
+        versions = _file_versions(config)
+        try:
+            self._context = _context(config, True, versions)
+        except ssl.SSLError as exc:
+            why = unusable_file(config) or _describe(exc)
+            raise ValueError(f"{name}: TLS files cannot be used: {why}") from exc
+        self._versions = versions  # those of the files self._context was built from
+        self._refused: tuple | None = None  # a version that did not load (logged once)
+
+    def current(self) -> ssl.SSLContext:
+        """The context for a connection accepted now."""
+        versions = _file_versions(self.config)
+        with self._lock:
+            if versions == self._versions or versions == self._refused:
+                return self._context
+            try:
+                context = _context(self.config, True, versions)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                self._refused = versions
+                why = _why_unusable(self.config, exc)
+                log.error("%s: the renewed TLS files cannot be used: %s; new connections "
+                          "still get the certificate loaded before, until the files are "
+                          "replaced again", self.name, why)
+                return self._context
+            self._context, self._versions, self._refused = context, versions, None
+        log.info("%s: serving the renewed TLS certificate %s to new connections", self.name,
+                 self.config.cert_file)
+        return context
+
+
+def _why_unusable(config: TlsConfig, exc: Exception) -> str:
+    """Why ``config``'s files failed to load with ``exc``, naming the file when it can."""
+    try:
+        why = unusable_file(config)
+    except (OSError, ValueError) as again:  # a passphrase, a file gone meanwhile
+        return str(again)
+    return why or (_describe(exc) if isinstance(exc, ssl.SSLError) else str(exc))
 
 
 def wrap_client(sock: socket.socket, config: TlsConfig, host: str, timeout_s: float,

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from sbp_spark.cli import main
 from sbp_spark.client import ClientConfig, Connection, ConnectionPool, SbpClient
 from sbp_spark.client.pd import PdClient
-from sbp_spark.protocol.errors import ErrorCode, TransportError
+from sbp_spark.protocol.errors import ConnectTimeoutError, ErrorCode, TransportError
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster, accepts_connections
 from sbp_spark.server.net import FrameServer, NetConfig, RequestHandler
@@ -349,3 +352,186 @@ def test_a_pd_cluster_on_etcd_serves_mutual_tls(tmp_path, certs):
         [stream] = client.create_streams(1, replicas=2)
         client.open_stream(stream.stream_id).append([batch_bytes(b"over tls")])
         assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"over tls"]
+
+
+# -- renewed certificates -----------------------------------------------------------------------
+
+
+def _install(target: dict[str, Path], **sources: str | bytes) -> None:
+    """Replace the named files (cert, key, ca) as renewals do: a new file, renamed over the old
+    one. A source is a path to copy, or the bytes to write."""
+    for name, source in sources.items():
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        replacement = target[name].with_suffix(".new")
+        replacement.write_bytes(data)
+        replacement.replace(target[name])
+
+
+def _server_files(tmp_path: Path, certs: Certs) -> tuple[dict[str, Path], TlsConfig]:
+    files = {"cert": tmp_path / "server.pem", "key": tmp_path / "server.key",
+             "ca": tmp_path / "ca.pem"}
+    _install(files, cert=certs.cert, key=certs.key, ca=certs.ca)
+    return files, TlsConfig(str(files["cert"]), str(files["key"]), str(files["ca"]))
+
+
+def _served_name(address: str, ca: str, cert: str, key: str) -> str:
+    """The common name of the certificate the server at ``address`` presents to a new
+    connection (as ``openssl s_client`` would show it)."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    with socket.create_connection((host, int(port)), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        peer = tls.getpeercert()
+    assert peer is not None
+    return dict(item[0] for item in peer["subject"])["commonName"]
+
+
+def test_servers_serve_renewed_certificates_to_new_connections(tmp_path, certs):
+    """Certificates are renewed by replacing their files: the PD and the range servers serve
+    the new certificate to the next connection, without a restart; open connections go on."""
+    files, tls = _server_files(tmp_path, certs)
+    old_client = (certs.ca, certs.client_cert, certs.client_key)
+    with EmbeddedCluster(tmp_path / "cluster", range_servers=1, tls=tls) as cluster:
+        servers = [cluster.pd_address, *cluster.range_server_addresses]
+        assert [_served_name(a, *old_client) for a in servers] == ["node", "node"]
+        opened = Connection(cluster.pd_address, client_config(certs))
+        opened.ping()
+
+        _install(files, cert=certs.client_cert, key=certs.client_key)  # same CA, new pair
+        assert [_served_name(a, *old_client) for a in servers] == ["client", "client"]
+        opened.ping()  # the session it made goes on
+        with ConnectionPool(client_config(certs)) as pool:
+            client = SbpClient(cluster.pd_address, client_config(certs), pool)
+            [stream] = client.create_streams(1)  # the PD calls the range server: renewed too
+            client.open_stream(stream.stream_id).append([batch_bytes(b"renewed")])
+
+        # A new CA: clients that trust only it (with a certificate it signed) get in.
+        _install(files, cert=certs.rogue_cert, key=certs.rogue_key, ca=certs.rogue_ca)
+        new_ca = ClientConfig(tls=True, tls_ca_file=certs.rogue_ca, tls_cert_file=certs.rogue_cert,
+                              tls_key_file=certs.rogue_key, **FAST)
+        with ConnectionPool(new_ca) as pool:
+            client = SbpClient(cluster.pd_address, new_ca, pool)
+            assert [s.stream_id for s in client.list_streams()] == [stream.stream_id]
+            assert [bytes(b.data[28:]) for b in client.read(stream.stream_id)] == [b"renewed"]
+        with pytest.raises(TransportError, match="certificate verify failed"):
+            with Connection(cluster.pd_address, client_config(certs)) as conn:
+                conn.ping()
+        opened.ping()
+        opened.close()
+
+
+def test_a_renewal_that_cannot_be_loaded_keeps_the_last_certificate(tmp_path, certs, caplog):
+    """A renewal that cannot be used (a key that is not the certificate's, a file half
+    written, a file missing) leaves the server serving the certificate it had, says why once
+    per bad version of the files, naming the file, and the next good version is served."""
+    caplog.set_level("INFO", logger="sbp_spark.transport.tls")
+    files, tls = _server_files(tmp_path, certs)
+    client = (certs.ca, certs.client_cert, certs.client_key)
+
+    def errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+    with FrameServer(Nothing(), NetConfig(tls=tls, name="renewing")) as server:
+        address = server.address_str
+        _install(files, cert=certs.client_cert)  # the key is still node's
+        for _ in range(3):
+            assert _served_name(address, *client) == "node"
+        with Connection(address, client_config(certs)) as conn:
+            conn.ping()
+        [mismatch] = errors()
+        assert mismatch.startswith("renewing: the renewed TLS files cannot be used") and \
+            f"the key file {str(files['key'])!r} is not the private key of the certificate" \
+            in mismatch, mismatch
+
+        pem = Path(certs.client_cert).read_bytes()
+        _install(files, cert=pem[:len(pem) // 2], key=certs.client_key)  # half written
+        for _ in range(2):
+            assert _served_name(address, *client) == "node"
+        assert len(errors()) == 2
+        assert f"the certificate file {str(files['cert'])!r} holds no PEM certificate" in \
+            errors()[1], errors()
+
+        files["key"].unlink()
+        assert _served_name(address, *client) == "node"
+        assert len(errors()) == 3 and f"the key file {str(files['key'])!r} is missing" in \
+            errors()[2], errors()
+
+        _install(files, cert=certs.client_cert, key=certs.client_key)
+        assert _served_name(address, *client) == "client"
+        assert _served_name(address, *client) == "client"
+        assert len(errors()) == 3, errors()
+        assert server.stats.tls_failures == 0
+
+
+# -- handshakes that do not complete ------------------------------------------------------------
+
+
+def test_a_tls_client_gives_up_on_a_silent_server_after_one_connect_timeout(certs):
+    """A server that accepts the TCP connection and never answers the TLS handshake (its
+    process stopped or hung, or another service on that port): every retry dialled it again
+    and waited the connect timeout out again (5 s became 31 s, the error saying 5 s). It is
+    dialled once; the retries fail at once, and the error names the likely causes."""
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.05)
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    accepted.append(listener.accept()[0])
+                except TimeoutError:
+                    continue
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        config = client_config(certs, connect_timeout_s=2, retries=5, retry_deadline_s=60)
+        try:
+            with ConnectionPool(config) as pool:
+                with pytest.raises(ConnectTimeoutError) as info:
+                    SbpClient(address, config, pool).list_streams()
+        finally:
+            stop.set()
+            acceptor.join()
+            for conn in accepted:
+                conn.close()
+    assert len(accepted) == 1, f"dialled {len(accepted)} times"
+    message = str(info.value)
+    assert f"TLS handshake with {address} timed out after 2s" in message, message
+    assert "stopped or hung" in message and "no SBP server with TLS" in message, message
+
+
+def test_a_tls_server_drops_a_peer_whose_handshake_does_not_complete_in_time(certs):
+    """A peer that sends its ClientHello a byte at a time held the server's reader thread
+    (and a connection slot) for as long as it kept sending: the handshake timeout bounded
+    each wait, not the handshake. ``NetConfig.tls_handshake_timeout_s`` bounds the whole
+    handshake now; the peer is dropped and counted in ``tls_failures``."""
+    outgoing = ssl.MemoryBIO()
+    client_side = ssl.create_default_context(cafile=certs.ca).wrap_bio(
+        ssl.MemoryBIO(), outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        client_side.do_handshake()
+    hello = outgoing.read()  # a real ClientHello, as a client sends it
+    config = NetConfig(tls=certs.server_tls(), tls_handshake_timeout_s=1.0)
+    with FrameServer(Nothing(), config) as server:
+        closed_after = None
+        with socket.create_connection(server.address, timeout=10) as peer:
+            for sent in range(1, len(hello)):  # never the last byte; one each 0.2 s
+                try:
+                    peer.sendall(hello[sent - 1:sent])
+                    readable, _, _ = select.select([peer], [], [], 0.2)
+                    if readable and peer.recv(100) == b"":
+                        closed_after = sent
+                        break
+                except ConnectionResetError:
+                    closed_after = sent
+                    break
+        assert closed_after is not None, "the server waited for the whole trickled hello"
+        assert closed_after < 15, f"the server took {closed_after} bytes, 0.2 s apart"
+        assert server.stats.tls_failures == 1
+        with Connection(server.address_str, client_config(certs)) as conn:
+            conn.ping()
+    with pytest.raises(ValueError, match="tls_handshake_timeout_s"):
+        NetConfig(tls_handshake_timeout_s=0)
