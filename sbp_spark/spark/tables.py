@@ -27,7 +27,15 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
-from .options import INCLUDE_HEADERS, MERGE_SCHEMA, OPTIONS, PAYLOAD, OptionError, OptionSpec
+from .options import (
+    INCLUDE_HEADERS,
+    MERGE_SCHEMA,
+    OPTIONS,
+    PAYLOAD,
+    OptionError,
+    OptionSpec,
+    parse_stream_ids,
+)
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -146,6 +154,9 @@ _POSITIONS = (
 )
 # Only for a start positioned by time.
 _TIME_STRATEGY = "startingoffsetsbytimestampstrategy"
+# The positions given per stream, as a JSON object {"<stream_id>": ...}.
+_PER_STREAM_POSITIONS = ("startingoffsets", "endingoffsets", "startingoffsetsbytimestamp",
+                         "endingoffsetsbytimestamp")
 
 
 # Options that decide a table's columns: CREATE TABLE fixed them, so a query may not change
@@ -206,7 +217,41 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None,
                 inherited.pop(name, None)
     if "startingoffsets" in given:
         inherited.pop(_TIME_STRATEGY, None)
+    if "streams" in given:
+        _keep_positions_of(inherited, given["streams"])
+        if not any(name in inherited or name in given for name in _POSITIONS[0][1:]):
+            inherited.pop(_TIME_STRATEGY, None)  # nothing is positioned by time any more
     return {**inherited, **given}
+
+
+def _keep_positions_of(inherited: dict[str, str], streams_text: str) -> None:
+    """Drop from the table's per-stream positions (``inherited``) the streams a query's own
+    ``streams`` does not read: a query narrowing a table to some of its streams reads those
+    from the table's positions, and the positions of the others are not used (they failed the
+    read with "names stream N, which is not in option 'streams'", an option the query never
+    gave). A position the query gives itself is checked as in ``spark.read``."""
+    try:
+        read = set(parse_stream_ids("streams", streams_text))
+    except OptionError:
+        return  # the read's own parsing reports it, naming the option
+    for name in _PER_STREAM_POSITIONS:
+        text = inherited.get(name)
+        if text is None:
+            continue
+        try:
+            positions = json.loads(text)
+        except json.JSONDecodeError:
+            continue  # earliest / latest: every stream alike
+        if not isinstance(positions, dict):
+            continue
+        kept = {key: value for key, value in positions.items()
+                if str(key).strip().isdigit() and int(key) in read}
+        if len(kept) == len(positions):
+            continue
+        if kept:
+            inherited[name] = json.dumps(kept)
+        else:
+            del inherited[name]
 
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:
