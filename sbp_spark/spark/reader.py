@@ -53,8 +53,9 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
             f"mergeSchema inferred one column for each of {', '.join(case_folded)}, which differ "
             "only by case (Spark's default, spark.sql.caseSensitive=false, takes them for one "
             "column; the setting is not visible where the schema is inferred), but this session "
-            "sets spark.sql.caseSensitive=true: give the schema with .schema(...), or unset "
-            "spark.sql.caseSensitive")
+            "sets spark.sql.caseSensitive=true: give the schema with .schema(...) (for a "
+            "table created with mergeSchema: a temporary view with a column list, CREATE "
+            "TEMPORARY VIEW v (...) USING sbp OPTIONS (...)), or unset spark.sql.caseSensitive")
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,

@@ -74,10 +74,14 @@ def empty_arrow_table_error(streams: tuple[int, ...]) -> OptionError:
 
 @dataclass(frozen=True)
 class TableDefinition:
-    """What a table keeps: its OPTIONS (lower-case names) and its payload=arrow data columns."""
+    """What a table keeps: its OPTIONS (lower-case names), its payload=arrow data columns, and
+    the pairs of column names that differ only by case which ``mergeSchema`` took for one
+    column when the table was created (a case-sensitive read refuses them, as it refuses them
+    in ``spark.read``; without them it read one of each pair as nulls)."""
 
     options: dict[str, str]
     data_columns: tuple[str, ...] | None = None
+    case_folded: tuple[str, ...] = ()
 
 
 def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
@@ -108,7 +112,8 @@ def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
 def with_definition(schema: StructType, definition: TableDefinition) -> StructType:
     """``schema`` carrying ``definition`` in its first column's metadata."""
     text = json.dumps({"options": dict(sorted(definition.options.items())),
-                       "dataColumns": definition.data_columns})
+                       "dataColumns": definition.data_columns,
+                       "caseFolded": list(definition.case_folded)})
     first, *rest = schema.fields
     tagged = StructField(first.name, first.dataType, first.nullable,
                          {**(first.metadata or {}), DEFINITION_KEY: text})
@@ -123,7 +128,8 @@ def definition_of(schema: StructType) -> TableDefinition | None:
             parsed = json.loads(text)
             columns = parsed.get("dataColumns")
             return TableDefinition(dict(parsed["options"]),
-                                   None if columns is None else tuple(columns))
+                                   None if columns is None else tuple(columns),
+                                   tuple(parsed.get("caseFolded") or ()))
     return None
 
 

@@ -414,3 +414,36 @@ def test_a_query_narrowing_a_table_to_some_streams_uses_their_positions_only(spa
         # The start of `first` was positioned by no time: the strategy goes with the times.
         assert spark.sql(f"SELECT count(*) FROM {name} WITH ('streams' = '{first}')"
                          ).first()[0] == 3
+
+
+def test_a_table_keeps_the_case_merge_of_merge_schema(spark, pd, sbp_client, tmp_path):
+    # CREATE TABLE with mergeSchema took `id` and `ID` for one column (Spark's default,
+    # spark.sql.caseSensitive=false), but the table did not record that merge: a session with
+    # caseSensitive=true then read the `ID` batch's values as nulls without a word, where the
+    # same read through spark.read fails naming the pair.
+    sid = new_stream(sbp_client)
+    append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int64())}))
+    append_arrow(sbp_client, sid, pa.record_batch({"ID": pa.array([2], pa.int64()),
+                                                   "v": pa.array(["x"])}))
+    with table(spark, f"folded_{sid}", f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', "
+                                       "payload 'arrow', mergeSchema 'true')") as name:
+        assert [r.col_name for r in spark.sql(f"DESCRIBE TABLE {name}").collect()] == [
+            "id", "v", "stream_id", "offset", "timestamp"]
+        rows = spark.sql(f"SELECT id, v FROM {name} ORDER BY offset").collect()
+        assert [(r.id, r.v) for r in rows] == [(1, None), (2, "x")]
+        spark.conf.set("spark.sql.caseSensitive", "true")
+        try:
+            with pytest.raises(Exception, match=r"'id' and 'ID'.*spark.sql.caseSensitive=true.*"
+                                                r"CREATE TEMPORARY VIEW v"):
+                spark.table(name).collect()
+            query = (spark.readStream.option("startingOffsets", "earliest").table(name)
+                     .writeStream.format("memory").queryName(f"folded_{sid}")
+                     .option("checkpointLocation", str(tmp_path / "chk"))
+                     .trigger(availableNow=True).start())
+            try:
+                with pytest.raises(Exception, match=r"'id' and 'ID'"):
+                    query.awaitTermination(120)
+            finally:
+                query.stop()
+        finally:
+            spark.conf.unset("spark.sql.caseSensitive")
