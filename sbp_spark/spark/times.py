@@ -11,8 +11,10 @@ after the time. A record's timestamp is the connector's: with payload=records th
 (its ``timestamp`` column when written with one, else its batch's stored time), with
 payload=arrow its batch's stored time (the writer's clock when it stored the batch). A
 payload=arrow column the data itself calls ``timestamp`` is data: time options never look at
-it (``stored_time_warning`` says so when a read has one), and filters on it are Spark's, applied
-to its values, never pushed. Filters must keep their exact meaning, so their ends are searched with the
+it (``stored_time_warning`` says so when a read has one), and filters on it are Spark's,
+applied to its values, never pushed.
+
+Filters must keep their exact meaning, so their ends are searched with the
 ``maxOutOfOrderness`` margin: with records never more than that behind one stored before them,
 no record the filter keeps lies outside the narrowed offsets, and reading still applies the
 filter to every row.
