@@ -288,10 +288,11 @@ class PdClient:
 
     # -- ranges ----------------------------------------------------------------------------
 
-    def list_ranges(self, stream_ids: Sequence[int]) -> list[ItemResult[list[Range]]]:
-        """The ranges of each stream, in range_index order."""
+    def list_ranges(self, stream_ids: Sequence[int], deadline: float | None = None
+                    ) -> list[ItemResult[list[Range]]]:
+        """The ranges of each stream, in range_index order (``deadline``: see ``call``)."""
         owners = [RangeOwner(stream_id=int(s)) for s in stream_ids]
-        response = self.call(ListRangesRequest(self.config.server_timeout_ms, owners))
+        response = self.call(ListRangesRequest(self.config.server_timeout_ms, owners), deadline)
         return item_results(response.list_responses, len(owners),
                             lambda a: sorted(a.ranges, key=lambda r: r.range_index),
                             "LIST_RANGES")

@@ -7,6 +7,7 @@ following seals to the next range.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import struct
 import threading
@@ -190,6 +191,30 @@ class SbpClient:
         """The ranges of a stream, in order (only the last may be open)."""
         (result,) = self.pd.list_ranges([stream_id])
         return _unwrap(result, f"stream {stream_id}")
+
+    def locate(self, appended: Sequence[Appended], deadline: float | None = None
+               ) -> list[Appended]:
+        """``appended`` (what appends returned), each with the range that holds it by the
+        PD's ranges: ``Appended.range_index`` is the range a batch was sent to, which a
+        range server may have answered from the next range (see ``Appended``). One PD
+        request (its errors raise; ``deadline``, a ``time.monotonic()`` value, ends its
+        retries sooner); a batch below the first range the PD lists (trimmed away) keeps
+        the range it was sent to."""
+        sids = list(dict.fromkeys(a.stream_id for a in appended))
+        if not sids:
+            return []
+        ranges: dict[int, tuple[list[int], list[int]]] = {}
+        for sid, result in zip(sids, self.pd.list_ranges(sids, deadline), strict=True):
+            listed = sorted((r.start_offset, r.range_index)
+                            for r in _unwrap(result, f"stream {sid}"))
+            ranges[sid] = ([start for start, _ in listed], [index for _, index in listed])
+        out = []
+        for item in appended:
+            starts, indexes = ranges[item.stream_id]
+            at = bisect.bisect_right(starts, item.base_offset) - 1
+            holder = indexes[at] if at >= 0 else item.range_index
+            out.append(item if holder == item.range_index else replace(item, range_index=holder))
+        return out
 
     def open_range_end(self, range: Range) -> int:
         """The offset after the last record of ``range`` now: its end if sealed, else the

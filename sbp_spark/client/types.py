@@ -86,7 +86,14 @@ class Replica:
 
 @dataclass(slots=True)
 class Appended:
-    """Where one appended batch landed: offsets [base_offset, base_offset + record_count)."""
+    """Where one appended batch landed: offsets [base_offset, base_offset + record_count).
+
+    ``range_index`` is the range the batch was sent to, as ``StreamWriter.append`` knew it:
+    an APPEND names no range, and a range server stores a client's batch in the stream's open
+    range it holds, so after someone else sealed the range (another writer, ``sbp ranges
+    seal``) and the PD opened the next one on the same server, the batch is in that next
+    range. ``SbpClient.locate`` gives the ranges that hold the batches (one PD request per
+    stream), off the append path."""
 
     stream_id: int
     range_index: int

@@ -28,7 +28,7 @@ from .options import ReadOptions
 from .planning import SbpPartition, named_ends, plan_partitions
 from .schemas import METADATA_TYPES
 from .settings import case_sensitive
-from .times import resolve_time_positions, timestamp_bounds
+from .times import resolve_time_positions, stored_time_warning, timestamp_bounds
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,9 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
             f"mergeSchema inferred one column for each of {', '.join(case_folded)}, which differ "
             "only by case (Spark's default, spark.sql.caseSensitive=false, takes them for one "
             "column; the setting is not visible where the schema is inferred), but this session "
-            "sets spark.sql.caseSensitive=true: give the schema with .schema(...), or unset "
-            "spark.sql.caseSensitive")
+            "sets spark.sql.caseSensitive=true: give the schema with .schema(...) (for a "
+            "table created with mergeSchema: a temporary view with a column list, CREATE "
+            "TEMPORARY VIEW v (...) USING sbp OPTIONS (...)), or unset spark.sql.caseSensitive")
     client = cluster.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
@@ -205,6 +206,9 @@ class SbpBatchReader(DataSourceReader):
         client = cluster.get_client(self.options.client)
         layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd,
                                          named_ends(self.options))
+        warning = stored_time_warning(self.options, self.schema, self.metadata_columns)
+        if warning:
+            log.warning("%s", warning)
         options = resolve_time_positions(client, layouts, self.options)
         bounds = timestamp_bounds(client, layouts, options, self.pushed)
         partitions = plan_partitions(layouts, options, self.pushed, bounds)

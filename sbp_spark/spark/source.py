@@ -89,7 +89,7 @@ class SbpDataSource(DataSource):
             schema = arrow_payload_schema(data)
         if self.creating_table:
             schema = tables.with_definition(schema, tables.TableDefinition(
-                dict(self.options), self.arrow_data_columns))
+                dict(self.options), self.arrow_data_columns, self.arrow_case_folded))
         return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -99,12 +99,17 @@ class SbpDataSource(DataSource):
             check_records_read_schema(schema)
         metadata = metadata_columns_of(schema, options.payload, self._data_columns(table))
         cls = SbpPushdownBatchReader if self.pushdown else SbpBatchReader
-        return cls(options, schema, metadata, self.arrow_case_folded)
+        return cls(options, schema, metadata, self._case_folded(table))
 
     def _data_columns(self, table: tables.TableDefinition | None) -> tuple[str, ...] | None:
         """payload=arrow: the data columns schema() inferred or the table keeps (None: the
         user gave the schema)."""
         return self.arrow_data_columns or (table.data_columns if table is not None else None)
+
+    def _case_folded(self, table: tables.TableDefinition | None) -> tuple[str, ...]:
+        """The pairs of names mergeSchema took for one column: schema() found them now, or
+        the table recorded them when it was created (a table's reads call no schema())."""
+        return self.arrow_case_folded or (table.case_folded if table is not None else ())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -138,7 +143,7 @@ class SbpDataSource(DataSource):
         try:
             table = tables.definition_of(schema)
             return stream_reader(tables.read_options(self.options, table, streaming=True), schema,
-                                 self._data_columns(table), self.arrow_case_folded)
+                                 self._data_columns(table), self._case_folded(table))
         except Exception as exc:  # raised at the query's first call (see RefusedStreamReader)
             return RefusedStreamReader(exc)
 

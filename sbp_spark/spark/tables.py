@@ -27,7 +27,15 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
-from .options import INCLUDE_HEADERS, MERGE_SCHEMA, OPTIONS, PAYLOAD, OptionError, OptionSpec
+from .options import (
+    INCLUDE_HEADERS,
+    MERGE_SCHEMA,
+    OPTIONS,
+    PAYLOAD,
+    OptionError,
+    OptionSpec,
+    parse_stream_ids,
+)
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -66,10 +74,14 @@ def empty_arrow_table_error(streams: tuple[int, ...]) -> OptionError:
 
 @dataclass(frozen=True)
 class TableDefinition:
-    """What a table keeps: its OPTIONS (lower-case names) and its payload=arrow data columns."""
+    """What a table keeps: its OPTIONS (lower-case names), its payload=arrow data columns, and
+    the pairs of column names that differ only by case which ``mergeSchema`` took for one
+    column when the table was created (a case-sensitive read refuses them, as it refuses them
+    in ``spark.read``; without them it read one of each pair as nulls)."""
 
     options: dict[str, str]
     data_columns: tuple[str, ...] | None = None
+    case_folded: tuple[str, ...] = ()
 
 
 def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
@@ -100,7 +112,8 @@ def source_options(options: Mapping[str, Any]) -> tuple[dict[str, str], bool]:
 def with_definition(schema: StructType, definition: TableDefinition) -> StructType:
     """``schema`` carrying ``definition`` in its first column's metadata."""
     text = json.dumps({"options": dict(sorted(definition.options.items())),
-                       "dataColumns": definition.data_columns})
+                       "dataColumns": definition.data_columns,
+                       "caseFolded": list(definition.case_folded)})
     first, *rest = schema.fields
     tagged = StructField(first.name, first.dataType, first.nullable,
                          {**(first.metadata or {}), DEFINITION_KEY: text})
@@ -115,7 +128,8 @@ def definition_of(schema: StructType) -> TableDefinition | None:
             parsed = json.loads(text)
             columns = parsed.get("dataColumns")
             return TableDefinition(dict(parsed["options"]),
-                                   None if columns is None else tuple(columns))
+                                   None if columns is None else tuple(columns),
+                                   tuple(parsed.get("caseFolded") or ()))
     return None
 
 
@@ -146,6 +160,9 @@ _POSITIONS = (
 )
 # Only for a start positioned by time.
 _TIME_STRATEGY = "startingoffsetsbytimestampstrategy"
+# The positions given per stream, as a JSON object {"<stream_id>": ...}.
+_PER_STREAM_POSITIONS = ("startingoffsets", "endingoffsets", "startingoffsetsbytimestamp",
+                         "endingoffsetsbytimestamp")
 
 
 # Options that decide a table's columns: CREATE TABLE fixed them, so a query may not change
@@ -206,7 +223,41 @@ def read_options(options: Mapping[str, str], table: TableDefinition | None,
                 inherited.pop(name, None)
     if "startingoffsets" in given:
         inherited.pop(_TIME_STRATEGY, None)
+    if "streams" in given:
+        _keep_positions_of(inherited, given["streams"])
+        if not any(name in inherited or name in given for name in _POSITIONS[0][1:]):
+            inherited.pop(_TIME_STRATEGY, None)  # nothing is positioned by time any more
     return {**inherited, **given}
+
+
+def _keep_positions_of(inherited: dict[str, str], streams_text: str) -> None:
+    """Drop from the table's per-stream positions (``inherited``) the streams a query's own
+    ``streams`` does not read: a query narrowing a table to some of its streams reads those
+    from the table's positions, and the positions of the others are not used (they failed the
+    read with "names stream N, which is not in option 'streams'", an option the query never
+    gave). A position the query gives itself is checked as in ``spark.read``."""
+    try:
+        read = set(parse_stream_ids("streams", streams_text))
+    except OptionError:
+        return  # the read's own parsing reports it, naming the option
+    for name in _PER_STREAM_POSITIONS:
+        text = inherited.get(name)
+        if text is None:
+            continue
+        try:
+            positions = json.loads(text)
+        except json.JSONDecodeError:
+            continue  # earliest / latest: every stream alike
+        if not isinstance(positions, dict):
+            continue
+        kept = {key: value for key, value in positions.items()
+                if str(key).strip().isdigit() and int(key) in read}
+        if len(kept) == len(positions):
+            continue
+        if kept:
+            inherited[name] = json.dumps(kept)
+        else:
+            del inherited[name]
 
 
 def write_options(options: Mapping[str, str], table: TableDefinition | None) -> dict[str, str]:

@@ -7,7 +7,14 @@ repeatable as one positioned by offsets.
 
 Options (``startingTimestamp``, ``endingOffsetsByTimestamp``, ...) mean what they mean in Spark's
 Kafka source: a stream starts (or ends, exclusive) at its first record whose timestamp is at or
-after the time. Filters must keep their exact meaning, so their ends are searched with the
+after the time. A record's timestamp is the connector's: with payload=records the record's own
+(its ``timestamp`` column when written with one, else its batch's stored time), with
+payload=arrow its batch's stored time (the writer's clock when it stored the batch). A
+payload=arrow column the data itself calls ``timestamp`` is data: time options never look at
+it (``stored_time_warning`` says so when a read has one), and filters on it are Spark's,
+applied to its values, never pushed.
+
+Filters must keep their exact meaning, so their ends are searched with the
 ``maxOutOfOrderness`` margin: with records never more than that behind one stored before them,
 no record the filter keeps lies outside the narrowed offsets, and reading still applies the
 filter to every row.
@@ -18,6 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+
+from pyspark.sql.types import StructType
 
 from sbp_spark.client import SbpClient
 from sbp_spark.client.timesearch import TimeSearch
@@ -100,6 +109,30 @@ def resolve_time_positions(client: SbpClient, layouts: Sequence[StreamLayout],
                    starting_time=None, ending_time=None)
 
 
+def stored_time_warning(options: ReadOptions, schema: StructType,
+                        metadata_columns: frozenset[str] | None) -> str | None:
+    """The warning for a payload=arrow read positioned by time whose ``timestamp`` column is
+    the data's own (None when there is nothing to say): the time options position by each
+    batch's stored time, not by that column. ``metadata_columns``: the read's columns known to
+    be metadata (None: a schema the user gave, whose ``timestamp`` is data where stored)."""
+    if options.payload != "arrow":
+        return None
+    names = [_option_name(spec, one, by_stream) for spec, one, by_stream in (
+        (options.starting_time, "startingTimestamp", "startingOffsetsByTimestamp"),
+        (options.ending_time, "endingTimestamp", "endingOffsetsByTimestamp"))
+        if spec is not None]
+    known = metadata_columns or frozenset()
+    column = next((f.name for f in schema.fields
+                   if f.name.lower() == "timestamp" and f.name not in known), None)
+    if not names or column is None:
+        return None
+    return (f"sbp: {' and '.join(repr(n) for n in names)} position payload=arrow streams "
+            f"{','.join(map(str, options.streams))} by the time each batch was stored (its "
+            f"writer's clock at the write), not by the data's own column '{column}'; to read "
+            f"the rows whose '{column}' is in a span, filter on it (WHERE {column} >= ...), "
+            "which Spark applies to that column's values")
+
+
 def timestamp_bounds(client: SbpClient, layouts: Sequence[StreamLayout], options: ReadOptions,
                      pushed: PushedFilters) -> dict[int, Interval]:
     """Per stream, the offsets ``[lo, hi)`` outside which no record passes the pushed filters
@@ -141,4 +174,5 @@ def timestamp_bounds(client: SbpClient, layouts: Sequence[StreamLayout], options
     return bounds
 
 
-__all__ = ["describe_time", "resolve_time_positions", "timestamp_bounds"]
+__all__ = ["describe_time", "resolve_time_positions", "stored_time_warning",
+           "timestamp_bounds"]

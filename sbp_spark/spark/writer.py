@@ -9,6 +9,7 @@ appended by a task whose job later fails stay in the stream.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from sbp_spark.client import Appended, ResendCheck, SbpClient, StreamWriter
+from sbp_spark.protocol.errors import SbpError
 
 from . import cluster
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
@@ -35,6 +37,8 @@ APPEND_CALL_BYTES = 16 * 1024 * 1024
 # Append calls a task lets wait behind the one being sent; bounds a task's buffered bytes to
 # about (1 + APPENDS_QUEUED) * APPEND_CALL_BYTES.
 APPENDS_QUEUED = 2
+# How long a failing task asks the PD where its batches landed, for its error's note.
+PARTIAL_LOCATE_S = 3.0
 
 
 @dataclass
@@ -65,15 +69,16 @@ class SbpCommitMessage(WriterCommitMessage):
 
 
 class _TaskAppends:
-    """One task's append calls and what they appended (as spans).
+    """One task's append calls and what they appended (as spans per range, see ``message``).
 
     Calls go out from one background thread, in order, so that encoding the next batches
     overlaps sending the previous ones; a failure surfaces in the task's thread at the next
     ``submit`` or at ``finish``.
     """
 
-    def __init__(self) -> None:
-        self.spans: dict[tuple[int, int], AppendedSpan] = {}
+    def __init__(self, client: SbpClient | None = None) -> None:
+        self.client = client  # asked where the batches landed (None: not asked)
+        self.appended: list[Appended] = []
         self._thread: ThreadPoolExecutor | None = None
         self._calls: deque[Future] = deque()
 
@@ -106,18 +111,32 @@ class _TaskAppends:
                 self.record(call.result())
 
     def record(self, appended: list[Appended]) -> None:
+        self.appended += appended
+
+    def message(self, locate_within_s: float | None = None) -> SbpCommitMessage:
+        """The task's appends per (stream, range). An append reports the range it was sent
+        to, and a range sealed by someone else meanwhile leaves the batches that followed in
+        the next range on the same server (see ``Appended``): the ranges are taken from the
+        PD here, in one request per task (``locate_within_s`` bounds its retries; the
+        ranges as sent when the PD does not answer)."""
+        appended = self.appended
+        if appended and self.client is not None:
+            deadline = None if locate_within_s is None else time.monotonic() + locate_within_s
+            try:
+                appended = self.client.locate(appended, deadline)
+            except SbpError as exc:
+                log.debug("sbp write: the PD did not list the ranges written to (%s); commit "
+                          "messages name the ranges the batches were sent to", exc)
+        spans: dict[tuple[int, int], AppendedSpan] = {}
         for item in appended:
             key = (item.stream_id, item.range_index)
-            span = self.spans.get(key)
+            span = spans.get(key)
             if span is None:
                 span = AppendedSpan(item.stream_id, item.range_index, item.base_offset,
                                     item.end_offset - 1, 0, 0, 0)
-                self.spans[key] = span
+                spans[key] = span
             span.add(item)
-
-    def message(self) -> SbpCommitMessage:
-        return SbpCommitMessage(sorted(self.spans.values(),
-                                       key=lambda s: (s.stream_id, s.range_index)))
+        return SbpCommitMessage(sorted(spans.values(), key=lambda s: (s.stream_id, s.range_index)))
 
 
 class _StreamSink:
@@ -185,7 +204,7 @@ class SbpBatchWriter(DataSourceArrowWriter):
         client = cluster.get_client(self.options.client)
         if encoder.wall_clock_timestamp:
             encoder = encoder.with_time_zone(self.options.time_zone or session_time_zone())
-        appends = _TaskAppends()
+        appends = _TaskAppends(client)
         sinks: dict[int, _StreamSink] = {}
         try:
             for batch in iterator:
@@ -218,7 +237,8 @@ class SbpBatchWriter(DataSourceArrowWriter):
         """Say what a failing task leaves in the streams: Spark's abort hears nothing from a
         failed task, so without this its records are nowhere reported. Logged on the
         executor and, where Python has notes (3.11+), added to the error the user sees."""
-        lines = summarize([appends.message()], tasks=False)
+        # The failure may be the cluster's: its PD is given a few seconds, not the retries.
+        lines = summarize([appends.message(locate_within_s=PARTIAL_LOCATE_S)], tasks=False)
         if not lines:
             return
         note = (f"sbp: before it failed, this task had appended to {'; '.join(lines)}; streams "

@@ -375,3 +375,75 @@ def test_streaming_a_table_whose_options_end_its_reads_says_why_it_cannot(spark,
                 query.awaitTermination(120)
         finally:
             query.stop()
+
+
+def test_a_query_narrowing_a_table_to_some_streams_uses_their_positions_only(spark, pd,
+                                                                            sbp_client):
+    # The table positions stream `second`; a query reading only `first` failed with "option
+    # 'startingOffsets' = ... names stream <second>, which is not in option 'streams'", two
+    # options of which the query gave one. Positions of streams not read are not used.
+    first, second = new_stream(sbp_client), new_stream(sbp_client)
+    append_values(sbp_client, first, ["a", "b", "c"])
+    append_values(sbp_client, second, ["x", "y", "z"])
+    starts = json.dumps({str(second): 1})
+    ends = json.dumps({str(first): 2, str(second): 3})
+    by_time = json.dumps({str(second): 0})
+    with table(spark, f"narrowed_{first}", f"USING sbp OPTIONS (pd '{pd}', "
+                                           f"streams '{first},{second}', startingOffsets "
+                                           f"'{starts}', endingOffsets '{ends}')") as name:
+        assert spark.table(name).count() == 2 + 2
+        only_first = spark.sql(f"SELECT stream_id, offset FROM {name} "
+                               f"WITH ('streams' = '{first}') ORDER BY offset").collect()
+        assert [(r.stream_id, r.offset) for r in only_first] == [(first, 0), (first, 1)]
+        only_second = spark.sql(f"SELECT offset FROM {name} WITH ('streams' = '{second}') "
+                                "ORDER BY offset").collect()
+        assert [r.offset for r in only_second] == [1, 2]
+        # A position the query gives itself for a stream it does not read is refused, as
+        # spark.read refuses it.
+        with pytest.raises(Exception, match=f"names stream {second}, which is not in option "
+                                            f"'streams' \\({first}\\)"):
+            spark.sql(f"SELECT * FROM {name} WITH ('streams' = '{first}', "
+                      f"'startingOffsets' = '{starts}')").collect()
+        with pytest.raises(Exception, match=f"names stream {second}, which is not in option "
+                                            f"'streams' \\({first}\\)"):
+            read(spark, pd, first, startingOffsets=starts).collect()
+    with table(spark, f"narrowed_t_{first}", f"USING sbp OPTIONS (pd '{pd}', streams "
+                                             f"'{first},{second}', startingOffsetsByTimestamp "
+                                             f"'{by_time}', startingOffsetsByTimestampStrategy "
+                                             "'latest')") as name:
+        # The start of `first` was positioned by no time: the strategy goes with the times.
+        assert spark.sql(f"SELECT count(*) FROM {name} WITH ('streams' = '{first}')"
+                         ).first()[0] == 3
+
+
+def test_a_table_keeps_the_case_merge_of_merge_schema(spark, pd, sbp_client, tmp_path):
+    # CREATE TABLE with mergeSchema took `id` and `ID` for one column (Spark's default,
+    # spark.sql.caseSensitive=false), but the table did not record that merge: a session with
+    # caseSensitive=true then read the `ID` batch's values as nulls without a word, where the
+    # same read through spark.read fails naming the pair.
+    sid = new_stream(sbp_client)
+    append_arrow(sbp_client, sid, pa.record_batch({"id": pa.array([1], pa.int64())}))
+    append_arrow(sbp_client, sid, pa.record_batch({"ID": pa.array([2], pa.int64()),
+                                                   "v": pa.array(["x"])}))
+    with table(spark, f"folded_{sid}", f"USING sbp OPTIONS (pd '{pd}', stream '{sid}', "
+                                       "payload 'arrow', mergeSchema 'true')") as name:
+        assert [r.col_name for r in spark.sql(f"DESCRIBE TABLE {name}").collect()] == [
+            "id", "v", "stream_id", "offset", "timestamp"]
+        rows = spark.sql(f"SELECT id, v FROM {name} ORDER BY offset").collect()
+        assert [(r.id, r.v) for r in rows] == [(1, None), (2, "x")]
+        spark.conf.set("spark.sql.caseSensitive", "true")
+        try:
+            with pytest.raises(Exception, match=r"'id' and 'ID'.*spark.sql.caseSensitive=true.*"
+                                                r"CREATE TEMPORARY VIEW v"):
+                spark.table(name).collect()
+            query = (spark.readStream.option("startingOffsets", "earliest").table(name)
+                     .writeStream.format("memory").queryName(f"folded_{sid}")
+                     .option("checkpointLocation", str(tmp_path / "chk"))
+                     .trigger(availableNow=True).start())
+            try:
+                with pytest.raises(Exception, match=r"'id' and 'ID'"):
+                    query.awaitTermination(120)
+            finally:
+                query.stop()
+        finally:
+            spark.conf.unset("spark.sql.caseSensitive")

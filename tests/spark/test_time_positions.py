@@ -276,3 +276,57 @@ def test_a_read_by_time_while_retention_expires_the_oldest_records(pd, sbp_clien
     assert planned(pd, sid, [], startingTimestamp=str(T0)) == [(35, 100)]
     assert planned(pd, sid, [GreaterThanOrEqual(("timestamp",), at(T0))]) == [(35, 100)]
     assert planned(pd, sid, [], startingTimestamp=str(T0 + 50)) == [(50, 100)]
+
+
+def test_arrow_data_with_its_own_timestamp_column(spark, pd, sbp_client, caplog):
+    # payload=arrow rows with an event-time column of their own named 'timestamp' (2020),
+    # stored in 2023 (T0 on): a filter on the column selects by its values (Spark's, never
+    # pushed), while the time options position by the stored time, and say so.
+    from sbp_spark.spark.reader import metadata_columns_of
+    from sbp_spark.spark.schemas import arrow_payload_schema
+
+    from .streaming.helpers import append_arrow
+
+    sid = new_stream(sbp_client)
+    events = [dt.datetime(2020, 1, 1, tzinfo=UTC), dt.datetime(2020, 6, 1, tzinfo=UTC),
+              dt.datetime(2020, 12, 1, tzinfo=UTC)]
+    for i, event in enumerate(events):
+        batch = pa.record_batch({"id": pa.array([i], pa.int64()),
+                                 "timestamp": pa.array([event], pa.timestamp("us", tz="UTC"))})
+        append_arrow(sbp_client, sid, batch, timestamp_ms=T0 + 1000 * i)
+
+    def ids(df) -> list[int]:
+        return [r.id for r in df.orderBy("offset").collect()]
+
+    arrow = {"payload": "arrow"}
+    since = "timestamp >= '2020-05-01'"
+    filtered = read(spark, pd, sid, **arrow).where(since)
+    assert ids(filtered) == [1, 2]  # by the column's values
+    plan = filtered._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "GreaterThanOrEqual(timestamp" not in plan
+    assert [r.timestamp for r in filtered.orderBy("offset").collect()] == [
+        e.replace(tzinfo=None) for e in events[1:]]  # the session runs in UTC
+    # Positions are stored times: every batch was stored after the event time asked for...
+    event_ms = int(dt.datetime(2020, 5, 1, tzinfo=UTC).timestamp() * 1000)
+    assert ids(read(spark, pd, sid, startingTimestamp=str(event_ms), **arrow)) == [0, 1, 2]
+    # ... and a stored time starts at the batch stored then.
+    assert ids(read(spark, pd, sid, startingTimestamp=str(T0 + 1000), **arrow)) == [1, 2]
+
+    # Which the planning driver says in a warning (it read by stored time silently).
+    schema = arrow_payload_schema(pa.schema([("id", pa.int64()),
+                                             ("timestamp", pa.timestamp("us", tz="UTC"))]))
+    metadata = metadata_columns_of(schema, "arrow", ("id", "timestamp"))
+    options = parse_read_options({"pd": pd, "streams": str(sid), "payload": "arrow",
+                                  "startingTimestamp": str(event_ms)})
+    with caplog.at_level("WARNING", logger="sbp_spark.spark.reader"):
+        SbpPushdownBatchReader(options, schema, metadata).partitions()
+    assert (f"'startingTimestamp' position payload=arrow streams {sid} by the time each batch "
+            "was stored (its writer's clock at the write), not by the data's own column "
+            "'timestamp'; to read the rows whose 'timestamp' is in a span, filter on it") \
+        in caplog.text
+    caplog.clear()
+    plain = parse_read_options({"pd": pd, "streams": str(sid), "payload": "arrow"})
+    with caplog.at_level("WARNING", logger="sbp_spark.spark.reader"):
+        SbpPushdownBatchReader(plain, schema, metadata).partitions()
+    assert "stored" not in caplog.text

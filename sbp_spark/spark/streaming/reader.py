@@ -46,7 +46,7 @@ from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, parse_str
 from ..planning import RangeLayout, SbpPartition, StreamLayout, plan_partitions
 from ..reader import ReadFailedError, known_metadata, metadata_columns_of, read_partition
 from ..schemas import check_records_read_schema
-from ..times import resolve_time_positions
+from ..times import resolve_time_positions, stored_time_warning
 from .limits import TriggerDelay, TriggerLimits, admit
 from .offsets import parse_spark, resolve_starting, to_spark
 
@@ -100,6 +100,9 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         read = self.options.read
         layouts = cluster.stream_layouts(self.client, read.streams, read.client.pd)
+        warning = stored_time_warning(read, self.schema, self.metadata_columns)
+        if warning:
+            log.warning("%s", warning)
         read = resolve_time_positions(self.client, layouts, read)
         bounds = {lay.stream_id: (lay.start_offset, lay.end_offset) for lay in layouts}
         first = resolve_starting(read.starting, read.streams, bounds)
