@@ -170,6 +170,10 @@ def test_every_link_and_path_in_the_docs_exists():
             source = REPO / path
             if not source.exists() or f"def {name}(" not in source.read_text():
                 missing.append(f"{md.name}: {path}::{name}")
+        for name in re.findall(r"`(test_\w+)`", text):  # a test named without its file
+            if not any(f"def {name}(" in (REPO / f).read_text() for f in tracked
+                       if f.endswith(".py") and f.startswith(("tests/", "integration/"))):
+                missing.append(f"{md.name}: {name}")
     assert not missing, missing
 
 
