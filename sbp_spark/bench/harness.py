@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Measure codec, client, Spark batch and streaming throughput next to their "
                     "ceilings, in one run on this machine.")
     parser.add_argument("--quick", action="store_true",
-                        help="smaller sizes and fewer runs (under 3 minutes on two cores)")
+                        help="smaller sizes and fewer runs (about 5 minutes on two cores)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE", type=Path,
                         help="write a PNG chart of throughput next to the ceilings "

@@ -357,11 +357,13 @@ STREAM = OptionSpec(
     parse_stream_id, None)
 STARTING_OFFSETS = OptionSpec(
     "startingOffsets", "earliest (batch), latest (streaming)", "read",
-    'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest)',
+    'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest); latest '
+    "and -1 only in streaming (a batch read starting at the end would read nothing)",
     lambda n, v: parse_offsets(n, v, EARLIEST), None)
 ENDING_OFFSETS = OptionSpec(
     "endingOffsets", "latest", "batch read",
-    'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it',
+    'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it (an '
+    "offset past the stream's end fails the read)",
     lambda n, v: parse_offsets(n, v, LATEST), OffsetSpec(LATEST))
 STARTING_TIMESTAMP = OptionSpec(
     "startingTimestamp", "(none)", "read",
@@ -417,7 +419,8 @@ FETCH_MAX_BYTES = OptionSpec(
     lambda n, v: parse_bytes(n, v, 1, MAX_FETCH_BYTES), DEFAULT_FETCH_MAX_BYTES)
 FETCH_MAX_WAIT_MS = OptionSpec(
     "fetchMaxWaitMs", "500", "read",
-    "how long a FETCH at the end of an open range waits for new records",
+    "how long a FETCH at the end of an open range waits for new records (a server waits at "
+    "most 60 s per FETCH)",
     lambda n, v: parse_int(n, v, 0, 3_600_000), 500)
 MAX_RECORDS_PER_PARTITION = OptionSpec(
     "maxRecordsPerPartition", "(none)", "read",
@@ -433,7 +436,7 @@ BATCH_MAX_RECORDS = OptionSpec(
     lambda n, v: parse_int(n, v, 1, MAX_BATCH_RECORDS), 65_536)
 BATCH_MAX_BYTES = OptionSpec(
     "batchMaxBytes", "4m", "write",
-    f"most bytes per SBP record batch (at most {MAX_BATCH_BYTES}; suffixes k, m)",
+    f"most bytes per SBP record batch (1024 to {MAX_BATCH_BYTES}; suffixes k, m)",
     lambda n, v: parse_bytes(n, v, 1024, MAX_BATCH_BYTES), 4 * 1024 * 1024)
 MAX_INFLIGHT_FRAMES = OptionSpec(
     "maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
