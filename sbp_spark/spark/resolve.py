@@ -93,12 +93,32 @@ def _is_nested(dtype: pa.DataType) -> bool:
 
 
 def _mismatch(path: str, source: pa.DataType, target: pa.DataType) -> str:
-    if not _is_nested(source) and not _is_nested(target) and widens(target, source):
+    if pa.types.is_decimal(source) and pa.types.is_decimal(target):
+        why = _decimal_narrowing(source, target)
+    elif not _is_nested(source) and not _is_nested(target) and widens(target, source):
         why = "a narrowing, which could lose values"
     else:
         why = "unrelated types"
     return (f"column '{path}' is {source} in the stored batch but {target} in the read "
             f"schema: {why}")
+
+
+def _decimal_narrowing(source: pa.DataType, target: pa.DataType) -> str:
+    """Why a stored decimal cannot be read as ``target`` (a decimal that does not widen it):
+    the digits it could lose on each side of the point, and the type that would hold both."""
+    source_whole, target_whole = source.precision - source.scale, target.precision - target.scale
+    lost = []
+    if target_whole < source_whole:
+        lost.append(f"{source_whole - target_whole} integer digit"
+                    f"{'s' if source_whole - target_whole > 1 else ''}")
+    if target.scale < source.scale:
+        lost.append(f"{source.scale - target.scale} fraction digit"
+                    f"{'s' if source.scale - target.scale > 1 else ''}")
+    why = f"a narrowing, which could lose {' and '.join(lost)}"
+    scale, whole = max(source.scale, target.scale), max(source_whole, target_whole)
+    if scale + whole <= MAX_DECIMAL_PRECISION:
+        why += f" (decimal({scale + whole},{scale}) holds the values of both)"
+    return why
 
 
 def matching_names(names: Sequence[str], wanted: str, case_sensitive: bool) -> list[int]:

@@ -42,8 +42,14 @@ REFUSED = [
     # narrowings
     (pa.int64(), pa.int32(), "a narrowing"), (pa.int16(), pa.int8(), "a narrowing"),
     (pa.float64(), pa.float32(), "a narrowing"),
-    (pa.decimal128(10, 2), pa.decimal128(10, 3), "unrelated"),  # loses an integer digit
-    (pa.decimal128(10, 2), pa.decimal128(12, 1), "unrelated"),  # loses a fraction digit
+    (pa.decimal128(10, 2), pa.decimal128(10, 3),
+     "a narrowing, which could lose 1 integer digit (decimal(11,3) holds the values of both)"),
+    (pa.decimal128(10, 2), pa.decimal128(12, 1),
+     "a narrowing, which could lose 1 fraction digit (decimal(13,2) holds the values of both)"),
+    (pa.decimal128(10, 4), pa.decimal128(8, 3),
+     "could lose 1 integer digit and 1 fraction digit (decimal(10,4) holds"),
+    (pa.decimal128(38, 2), pa.decimal128(38, 4),
+     "a narrowing, which could lose 2 integer digits"),
     (pa.decimal128(12, 2), pa.decimal128(10, 2), "a narrowing"),
     (pa.timestamp("us", tz="UTC"), pa.date32(), "a narrowing"),
     (pa.timestamp("ns", tz="UTC"), pa.timestamp("us", tz="UTC"), "a narrowing"),
