@@ -54,7 +54,7 @@ def _report(figures: dict, lab: Lab, verdict, **extra) -> None:
     if tails:
         figures["tail errors ridden out"] = sum(len(d.errors) for d in tails)
     if lab.replicas_without:
-        figures["replicas listed for a range they hold nothing of"] = ", ".join(
+        figures["replicas lacking some of a range they are listed for"] = ", ".join(
             sorted(lab.replicas_without))
 
 

@@ -140,9 +140,15 @@ class FetchServer:
             e.fail(exc)
             return None
         if rlog.sealed and e.offset >= rlog.end_offset:
-            e.fail(RangeSealedError(
-                f"range {sid}/{rlog.range_index} is sealed at {rlog.end_offset}; the stream "
-                f"continues in the next range (ask the PD)"))
+            if rlog.end_pending:
+                e.fail(RangeSealedError(
+                    f"range {sid}/{rlog.range_index} is sealed here at {rlog.end_offset}, "
+                    f"and the PD has not recorded its end yet: other replicas may hold more "
+                    f"of it (ask the PD where it ends)"))
+            else:
+                e.fail(RangeSealedError(
+                    f"range {sid}/{rlog.range_index} is sealed at {rlog.end_offset}; the "
+                    f"stream continues in the next range (ask the PD)"))
             return None
         if e.rlog is not rlog:
             e.rlog = rlog

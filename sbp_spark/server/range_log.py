@@ -226,6 +226,13 @@ class RangeLog:
         return self._end_offset >= 0
 
     @property
+    def end_pending(self) -> bool:
+        """Sealed here, but the PD has not recorded the range's end yet: a replicated range
+        fenced here may end further on (another replica held more when a failover sealed it
+        without this one), so its end here is not yet where the next range starts."""
+        return self.cap.state is CapState.FENCED
+
+    @property
     def deleted(self) -> bool:
         return self._deleted
 

@@ -223,6 +223,35 @@ def test_sealed_secondary_stays_capped_until_the_pd_records_the_end(secondary):
         assert described.unwrap().end_offset == 3
 
 
+def fetch_status(rs: RangeServerClient, start: int) -> tuple[int, str]:
+    """The code and message that ended one FETCH from ``start`` (after its batches)."""
+    [*_, last] = list(rs.fetch_many([_entry(start)]))
+    return last.status.code, last.status.message
+
+
+def test_a_replica_fenced_short_of_the_pd_end_does_not_send_readers_to_the_next_range(
+        secondary):
+    # A replica cut off while appends were in flight fences below what the other replicas
+    # hold, and the PD's failover, counting only those, ends the range further on. Until the
+    # PD's end reaches it, this replica's own end is not the range's: it must not tell a
+    # reader at that end that the stream continues in the next range (a reader that did
+    # would skip the records the other replicas hold). Its readers then get what it holds.
+    srv, replicas = secondary
+    with ConnectionPool(CONFIG) as pool:
+        rs = RangeServerClient(srv.advertise_addr, CONFIG, pool)
+        assert all(r.status.ok for r in forward(srv, 0, 4, committed=4))
+        [sealed] = rs.seal([(STREAM, 0)])
+        assert sealed.unwrap().end_offset == 4
+        code, message = fetch_status(rs, 4)
+        assert code == ErrorCode.RANGE_SEALED
+        assert "next range" not in message
+        assert "sealed here at 4" in message and "PD" in message
+        # Once the PD's end is known, the end is the range's, and so is the next range.
+        sync(srv, replicas, end_offset=4)
+        code, message = fetch_status(rs, 4)
+        assert code == ErrorCode.RANGE_SEALED and "continues in the next range" in message
+
+
 def test_a_seal_does_not_wake_a_long_poll_past_the_cap(secondary):
     srv, replicas = secondary
     with ConnectionPool(CONFIG) as pool:
