@@ -8,9 +8,10 @@ item does not hide the others.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sbp_spark.protocol.constants import opcode_name
@@ -148,6 +149,7 @@ class PdClient:
         ``check(response, address)`` may refuse an answer by raising, as if the node had."""
         lost = False
         electing_since: float | None = None
+        leaders = _NamedLeaders()
 
         def electing(error: SbpError) -> bool:
             # A node answered but cannot serve: the cluster is between leaders. Until a leader
@@ -167,15 +169,17 @@ class PdClient:
         probe_s = min(PD_PROBE_S, self.config.request_timeout_s)
 
         def attempt() -> tuple[Any, bool]:
-            conn = self.pool.get(self.leader, self.config)
-            if conn.last_heard == 0.0 or (
-                    not resend and time.monotonic() - conn.last_heard > probe_s):
-                _check_answers(conn, msg, probe_s)
-            if resend:
-                response = checked_call(conn, msg, on_lost=note_lost, probe_s=probe_s)
-            else:
-                response = checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
-                    exc, msg, conn.address))
+            target = self.leader
+            with leaders.asking(target):
+                conn = self.pool.get(target, self.config)
+                if conn.last_heard == 0.0 or (
+                        not resend and time.monotonic() - conn.last_heard > probe_s):
+                    _check_answers(conn, msg, probe_s)
+                if resend:
+                    response = checked_call(conn, msg, on_lost=note_lost, probe_s=probe_s)
+                else:
+                    response = checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
+                        exc, msg, conn.address))
             if check is not None:
                 check(response, conn.address)
             return response, lost
@@ -189,6 +193,8 @@ class PdClient:
         except ConnectError as exc:
             if self._answered or isinstance(exc, PdUnreachableError):
                 raise
+            if why := leaders.unreachable(electing_since):
+                raise ConnectError(why) from exc
             # Never reached: most often a wrong address (the Spark option 'pd', say).
             raise PdUnreachableError(
                 f"no PD answered at {', '.join(self.addresses)} (is a PD running there, and is "
@@ -198,6 +204,8 @@ class PdClient:
                 raise
             # The last refusal alone names one node's view, often a leader that is gone.
             waited = time.monotonic() - electing_since
+            if why := leaders.unreachable(electing_since):
+                raise PdNotLeaderError(why, detail=exc.detail) from exc
             raise PdNotLeaderError(
                 f"no PD node served as leader for {waited:.1f} s (asked "
                 f"{', '.join(self.addresses)}; no node can lead while the nodes cannot reach "
@@ -419,6 +427,50 @@ def _from_the_leader(response: Any, address: str) -> None:
              else "no leader is elected right now")
     raise PdNotLeaderError(f"the PD node at {address} is not the leader and does not know "
                            f"the range servers: {where}", detail=cluster.to_flatbuffers())
+
+
+class _NamedLeaders:
+    """The leaders PD nodes named in PD_NOT_LEADER during one call, and which of them this
+    client could not connect to: a node that keeps naming a leader whose advertised address
+    does not work from here (a container's name seen from the host, say) is not a cluster
+    without a leader, and the error says so."""
+
+    def __init__(self) -> None:
+        self._named: dict[str, tuple[str, str]] = {}  # address: (leader's name, named by)
+        self._unreachable: dict[str, str] = {}  # address: the connection error
+
+    @contextlib.contextmanager
+    def asking(self, node: str) -> Iterator[None]:
+        """Notes what asking ``node`` (inside the block) said about the leader."""
+        try:
+            yield
+        except PdNotLeaderError as exc:
+            self._unreachable.pop(node, None)  # it answered: reachable after all
+            address = _leader_from_detail(exc.detail)
+            if address is not None:
+                leader = PlacementDriverCluster.from_flatbuffers(exc.detail).leader
+                self._named[address] = (leader.name if leader is not None else "?", node)
+            raise
+        except ConnectError as exc:
+            if node in self._named:
+                self._unreachable[node] = str(exc)
+            raise
+
+    def unreachable(self, since: float | None) -> str | None:
+        """What to tell the user when the last leader named, waited for from ``since`` (a
+        ``time.monotonic()`` value), could not be reached."""
+        if not self._unreachable or since is None:
+            return None
+        waited = time.monotonic() - since
+        address, error = next(reversed(self._unreachable.items()))
+        name, by = self._named[address]
+        return (f"the leader {name} at {address} (as the PD node at {by} names it) cannot be "
+                f"reached from here: {error}; waited {waited:.1f} s for a leader this client "
+                f"can reach. Unless that node is down, its advertised address is wrong for "
+                f"this client: PD nodes hand out the address they advertise (--advertise-addr "
+                f"or --advertise-host); run the client where that address resolves and is "
+                f"reachable (with docker-compose.yml, in a container on its network), or "
+                f"advertise addresses this client can reach")
 
 
 def _leader_from_detail(detail: bytes) -> str | None:
