@@ -36,6 +36,7 @@ from sbp_spark.protocol.messages import (
     HeartbeatResponse,
     ListRangesRequest,
     PlacementDriverCluster,
+    PlacementDriverNode,
     Range,
     RangeId,
     RangeOwner,
@@ -214,7 +215,8 @@ class PdClient:
 
     def _on_error(self, error: SbpError) -> bool:
         if isinstance(error, PdNotLeaderError):
-            leader = _leader_from_detail(error.detail)
+            named = _leader_of(error.detail)
+            leader = named.advertise_addr if named is not None else None
             with self._lock:
                 if leader is not None and leader != self._leader:
                     self._leader = leader
@@ -446,10 +448,9 @@ class _NamedLeaders:
             yield
         except PdNotLeaderError as exc:
             self._unreachable.pop(node, None)  # it answered: reachable after all
-            address = _leader_from_detail(exc.detail)
-            if address is not None:
-                leader = PlacementDriverCluster.from_flatbuffers(exc.detail).leader
-                self._named[address] = (leader.name if leader is not None else "?", node)
+            leader = _leader_of(exc.detail)
+            if leader is not None:
+                self._named[leader.advertise_addr] = (leader.name, node)
             raise
         except ConnectError as exc:
             if node in self._named:
@@ -473,7 +474,8 @@ class _NamedLeaders:
                 f"advertise addresses this client can reach")
 
 
-def _leader_from_detail(detail: bytes) -> str | None:
+def _leader_of(detail: bytes) -> PlacementDriverNode | None:
+    """The leader a PD_NOT_LEADER answer's detail names, if it gives a usable address."""
     if not detail:
         return None
     try:
@@ -487,4 +489,4 @@ def _leader_from_detail(detail: bytes) -> str | None:
         parse_address(leader.advertise_addr)
     except ValueError:
         return None
-    return leader.advertise_addr
+    return leader

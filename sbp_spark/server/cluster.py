@@ -238,8 +238,7 @@ class EmbeddedCluster:
     def _launch_range_server(self, i: int) -> None:
         port = self._ports[i]
         self._awaited.add(i)  # until _wait_registered is done with it
-        rs = RangeServer(self._rs_config(i, port))
-        rs.on_refusal = functools.partial(self._on_refusal, i)
+        rs = self._range_server(i, port)
         try:
             rs.start()
         except OSError as exc:
@@ -249,11 +248,16 @@ class EmbeddedCluster:
                 raise
             log.info("range server %d cannot have port %d again (%s); taking a free one",
                      i, port, exc)
-            rs = RangeServer(self._rs_config(i, 0))
-            rs.on_refusal = functools.partial(self._on_refusal, i)
-            rs.start()
+            rs = self._range_server(i, 0).start()
         self._ports[i] = rs.address[1]
         self.range_servers[i] = rs
+
+    def _range_server(self, i: int, port: int) -> RangeServer:
+        """Range server ``i`` on ``port``, not started; the PD's refusal of its id goes to
+        ``_on_refusal``."""
+        rs = RangeServer(self._rs_config(i, port))
+        rs.on_refusal = functools.partial(self._on_refusal, i)
+        return rs
 
     def _on_refusal(self, i: int, refusal: Exception) -> None:
         """The PD refused range server ``i``'s id for good. While the cluster waits for its

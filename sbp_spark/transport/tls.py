@@ -546,8 +546,8 @@ class ServingContext:
         try:
             self._context = _context(config, True, versions)
         except ssl.SSLError as exc:
-            why = unusable_file(config) or _describe(exc)
-            raise ValueError(f"{name}: TLS files cannot be used: {why}") from exc
+            raise ValueError(f"{name}: TLS files cannot be used: "
+                             f"{_why_unusable(config, exc)}") from exc
         self._versions = versions  # those of the files self._context was built from
         self._refused: tuple | None = None  # a version that did not load (logged once)
 
