@@ -30,8 +30,6 @@ from sbp_spark.protocol.messages import (
     RangeId,
     SealRangesRequest,
     Status,
-    StreamRanges,
-    SyncRangesRequest,
     decode_response,
     request_frame,
 )
@@ -432,14 +430,6 @@ class RangeServerClient:
                               probe=True)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             f"DESCRIBE_RANGES to {self.address}")
-
-    def sync_ranges(self, stream_ranges: Sequence[StreamRanges]
-                    ) -> list[ItemResult[list[Range]]]:
-        """Tell this server about ranges it now holds (SYNC_RANGES, sent by the PD)."""
-        response = self._call(
-            SyncRangesRequest(self.config.server_timeout_ms, list(stream_ranges)))
-        return item_results(response.sync_responses, len(stream_ranges), lambda a: a.ranges,
-                            f"SYNC_RANGES to {self.address}")
 
     def ping(self) -> float:
         """Round-trip time of a PING to this server, in seconds."""

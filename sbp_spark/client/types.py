@@ -75,9 +75,10 @@ class FetchedBatch:
 
 
 @dataclass(frozen=True)
-class Replica:
-    """One range server holding a range, as callers remember it between requests (Spark
-    plans carry these to executors)."""
+class ReplicaLocation:
+    """Where one replica of a range lives, as callers remember it between requests: the range
+    server's id and address, and whether it is the range's primary (a planned Spark partition
+    carries these to its executor)."""
 
     server_id: int
     address: str

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.pool import ConnectionPool
-from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import (
     RequestTimeoutError,
@@ -36,6 +35,7 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
     UnknownError,
 )
+from sbp_spark.transport.tls import TlsConfig
 
 from .pd_store import RangeMeta
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from ..client.config import ClientConfig
 from ..client.pd import PdClient
 from ..client.pool import ConnectionPool
-from ..client.tls import TlsConfig
 from ..protocol.errors import InvalidRequestError, SbpError
 from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
 from ..protocol.messages import RangeServer as RangeServerInfo
+from ..transport.tls import TlsConfig
 from .pd_outage import PdOutage
 from .pd_store import UNKNOWN_SERVER_ID
 
