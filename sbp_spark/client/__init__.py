@@ -9,7 +9,7 @@ from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
 from .replicas import known_range
-from .retry import Retrier, call_with_retries, is_retriable
+from .retry import Retrier, is_retriable
 from .sbp_client import SbpClient
 from .types import Appended, FetchedBatch, ItemResult, ReplicaLocation
 from .writer import ResendCheck, StreamWriter
@@ -34,7 +34,6 @@ __all__ = [
     "SbpClient",
     "StreamWriter",
     "TlsConfig",
-    "call_with_retries",
     "close_pool",
     "get_pool",
     "is_retriable",

@@ -5,20 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sbp_spark.protocol.errors import (
-    ConnectError,
-    ConnectTimeoutError,
-    PdUnreachableError,
-    ProtocolError,
-    ReadTimeoutError,
-    ReplicaBehindError,
-    SbpError,
-    SbpTimeoutError,
-    ServerError,
-    TlsHandshakeTimeoutError,
-    TransportError,
-    WriteTimeoutError,
-)
+from sbp_spark.protocol.errors import ProtocolError, SbpError
 from sbp_spark.protocol.messages import Status
 
 from .connection import Connection
@@ -65,22 +52,5 @@ def unwrap(result: ItemResult[T], what: str) -> T:
     """The item's value; its error, said to concern ``what`` ("stream 7"), if it failed."""
     error = result.exception()
     if error is not None:
-        raise with_context(error, what)
+        raise error.with_context(what)
     return result.unwrap()
-
-
-def with_context(error: SbpError, context: str) -> SbpError:
-    """``error`` as a fresh error of the same class (and so flags) whose message starts with
-    ``context``; an error that carries more than a message comes back as it is."""
-    if isinstance(error, ServerError):
-        message = f"{context}: {error.message}" if error.message else context
-        return ServerError.for_status(error.code, message, error.detail)
-    if type(error) in _CONTEXTUAL:
-        return type(error)(f"{context}: {error}")
-    return error
-
-
-# Client-side errors whose only state is their message.
-_CONTEXTUAL = (TransportError, ConnectError, PdUnreachableError, SbpTimeoutError,
-               ConnectTimeoutError, TlsHandshakeTimeoutError, ReadTimeoutError,
-               WriteTimeoutError, ReplicaBehindError)

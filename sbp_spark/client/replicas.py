@@ -4,17 +4,23 @@ goes to next, asking the PD again when the addresses it knows may be stale."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from sbp_spark.protocol.errors import DataCorruptError, RangeNotFoundError, SbpError, ServerError
 from sbp_spark.protocol.messages import Range, RangeReplica, RangeServer
 
-from ._calls import with_context
 from .pd import PdClient
 from .retry import is_retriable
 from .types import ReplicaLocation
 
 _log = logging.getLogger(__name__)
+
+# A read asks the PD where a range's replicas are now between its attempts, and waits for the
+# answer this long at most: meanwhile it goes on with the replicas it knows, and asks again
+# after its next failure (a PD electing a leader must not hold up a read that another replica
+# can serve).
+REFRESH_WAIT_S = 2.0
 
 
 def known_range(stream_id: int, range_index: int, replicas: Sequence[ReplicaLocation],
@@ -65,11 +71,15 @@ class ReplicaCursor:
         return not round_done
 
     def refresh(self, deadline: float | None) -> bool:
-        """Ask the PD for the range's replicas; True when it said something new (other
+        """Ask the PD for the range's replicas, until ``deadline`` (a ``time.monotonic()``
+        value) but ``REFRESH_WAIT_S`` at most; True when it said something new (other
         addresses, or that the range is sealed)."""
         rng = self.range
+        wait_until = time.monotonic() + REFRESH_WAIT_S
+        if deadline is not None:
+            wait_until = min(wait_until, deadline)
         try:
-            (result,) = self.pd.describe_ranges([rng], deadline=deadline)
+            (result,) = self.pd.describe_ranges([rng], deadline=wait_until)
         except SbpError as exc:
             # The PD is unreachable too: keep reading from the addresses known so far.
             _log.debug("re-resolving range %d/%d from the PD failed: %s", rng.stream_id,
@@ -80,7 +90,7 @@ class ReplicaCursor:
             if is_retriable(error):
                 return False
             # Deleted meanwhile, say: reading on would only fail the same way.
-            raise with_context(error, f"range {rng.range_index} of stream {rng.stream_id}")
+            raise error.with_context(f"range {rng.range_index} of stream {rng.stream_id}")
         fresh = result.value
         if fresh is None:
             return False

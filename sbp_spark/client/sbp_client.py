@@ -10,27 +10,22 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from sbp_spark.protocol.errors import (
-    DataCorruptError,
-    HistoryRewrittenError,
-    ProtocolError,
     RangeNotFoundError,
-    ReplicaBehindError,
     SbpError,
 )
 from sbp_spark.protocol.messages import Range, Stream
 
-from ._calls import unwrap, with_context
+from ._calls import unwrap
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .pd import PdClient
 from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient
-from .replicas import ReplicaCursor, corrupt_everywhere, known_range
-from .retry import Retrier, call_with_retries, is_retriable
+from .reading import RangeEnd, RangeRead
+from .replicas import known_range
 from .timesearch import TimeSearch, range_end
 from .types import Appended, FetchedBatch, ReplicaLocation
 from .writer import StreamWriter
@@ -153,10 +148,10 @@ class SbpClient:
         sealed = next((r for r in self._ranges_if_known(stream_id)
                        if r.range_index == last.range_index and not r.is_open), None)
         if last.is_open and sealed is not None:
-            raise with_context(error, f"range {last.range_index} of stream {stream_id} was "
+            raise error.with_context(f"range {last.range_index} of stream {stream_id} was "
                                        f"sealed at offset {sealed.end_offset}, but no range "
                                        f"could be opened after it (appends wait for one)")
-        raise with_context(error, f"sealing range {last.range_index} of stream {stream_id}")
+        raise error.with_context(f"sealing range {last.range_index} of stream {stream_id}")
 
     def _ranges_if_known(self, stream_id: int) -> list[Range]:
         """``list_ranges``, or [] when the PD does not answer."""
@@ -200,60 +195,14 @@ class SbpClient:
 
         Only the primary knows how far an open replicated range is acknowledged: a secondary
         may learn it a little later. While the primary does not answer, this keeps asking it
-        and the PD (which seals the range after a failover) with the client's retry policy;
-        only when that gives up does it settle for what a secondary vouches for, with a
-        warning: records acknowledged just before the primary failed may then be missing
-        from this read (not from the stream).
+        and the PD (which seals the range after a failover) until the retry deadline; only
+        then does it settle for what a secondary vouches for, with a warning: records
+        acknowledged just before the primary failed may then be missing from this read (not
+        from the stream). See ``reading.RangeEnd``.
         """
         if not range.is_open:
             return range.end_offset
-        replicas = ReplicaCursor(self.pd, range)
-        deadline = time.monotonic() + self.config.retry_deadline_s
-        vouched: int | None = None  # the most a secondary vouched for
-
-        def attempt() -> int:
-            nonlocal vouched
-            if replicas.sealed_end is not None:
-                return replicas.sealed_end  # sealed meanwhile (the PD said so)
-            last_error: SbpError | None = None
-            for address in list(replicas.servers):
-                try:
-                    (result,) = self.range_server(address).describe_ranges([range])
-                    described = result.unwrap()
-                except SbpError as exc:
-                    if not is_retriable(exc):
-                        raise
-                    last_error = exc
-                    continue
-                if described is None:
-                    last_error = ProtocolError(
-                        f"{address} described range {range.stream_id}/{range.range_index} "
-                        f"without its state")
-                    continue
-                if not described.is_open:
-                    return described.end_offset
-                if replicas.primary is None or address == replicas.primary:
-                    return described.next_offset
-                vouched = max(vouched or 0, described.next_offset)
-            if vouched is not None:
-                raise ReplicaBehindError(
-                    f"the primary {replicas.primary} of range {range.range_index} of stream "
-                    f"{range.stream_id} did not answer ({last_error}); its secondaries hold "
-                    f"records up to at least {vouched} but cannot vouch for more until it "
-                    f"answers or the PD seals the range")
-            assert last_error is not None
-            raise last_error
-
-        # Every replica failed: ask the PD where they are now (a restart on a new port, or a
-        # seal after a failover) and try again at once if something changed.
-        try:
-            return call_with_retries(attempt, self.config, deadline=deadline,
-                                     on_error=lambda _: replicas.refresh(deadline))
-        except ReplicaBehindError as exc:
-            if vouched is None:
-                raise
-            _log.warning("%s; reading up to %d, what its secondaries vouch for", exc, vouched)
-            return vouched
+        return RangeEnd(self.pd, self.range_server, self.config, range).find()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -298,7 +247,8 @@ class SbpClient:
             raise ValueError(f"end_offset={end_offset} is below start_offset={start_offset}")
         if not range.is_open and (end_offset == -1 or end_offset > range.end_offset):
             end_offset = range.end_offset
-        return self._fetch(range, start_offset, end_offset, max_bytes, max_wait_ms, min_bytes)
+        return RangeRead(self.pd, self.range_server, self.config, range, start_offset,
+                         end_offset, max_bytes, max_wait_ms, min_bytes).batches()
 
     def fetch_from_replicas(
         self,
@@ -318,67 +268,6 @@ class SbpClient:
                           is_open=sealed_end < 0)
         return self.fetch(rng, start_offset, end_offset, max_bytes=max_bytes,
                           max_wait_ms=max_wait_ms)
-
-    def _fetch(self, range: Range, start: int, end: int, max_bytes: int, max_wait_ms: int,
-               min_bytes: int) -> Generator[FetchedBatch, None, None]:
-        stream_id, range_index = range.stream_id, range.range_index
-        replicas = ReplicaCursor(self.pd, range)
-        position, budget = start, max_bytes
-        # Servers that answered DATA_CORRUPT at ``position``: server -> its message.
-        corrupt: dict[str, str] = {}
-        corrupt_at = position
-        retrier = Retrier(self.config, on_error=lambda exc: replicas.after_failure(
-            exc, retrier.deadline))
-        failed_at = position  # where the last failure (or the read) began
-        while True:
-            address = replicas.current()
-            try:
-                asked_at = position
-                batches = self.range_server(address).fetch(
-                    stream_id, position, end, budget, max_wait_ms, min_bytes)
-                for header, data in batches:
-                    yield FetchedBatch(stream_id, range_index, header, data, address)
-                    if header.end_offset > position:
-                        position = header.end_offset
-                    budget = max(budget - header.batch_length, 0)
-                if end == -1 or position >= end or budget == 0:
-                    return
-                if position > asked_at:
-                    continue  # the server ended its answer early: ask for the rest
-                # The caller knows the range holds [position, end) (an end it was told), yet
-                # this replica served none of it: it lags (an open range's secondary learns
-                # what every replica holds one append later) or lost it. Never end the read
-                # short in silence: another replica, the PD (a seal) or time will serve it.
-                raise ReplicaBehindError(
-                    f"{address} served nothing of range {range_index} of stream {stream_id} "
-                    f"at offset {position}, though the range holds records up to {end}")
-            except SbpError as exc:
-                if end != -1 and position >= end:
-                    return  # everything asked for arrived before the failure
-                if isinstance(exc, DataCorruptError):
-                    if corrupt_at != position:
-                        corrupt, corrupt_at = {}, position
-                    corrupt[address] = exc.message
-                    if corrupt.keys() >= set(replicas.servers):
-                        raise corrupt_everywhere(stream_id, range_index, position,
-                                                  corrupt) from exc
-                if position > failed_at:
-                    # Records arrived since: a read that has been going on for longer than
-                    # the retry deadline (a slow consumer) still fails over.
-                    retrier.progressed()
-                failed_at = position
-                retrier.retry_after(exc)
-                sealed = replicas.sealed_end
-                if sealed is not None:
-                    # The PD says the range ended (sealed while being read): stop there. An
-                    # end the caller was told the range holds lies never past its final end,
-                    # unless the range's history was rewritten: say so instead of ending short.
-                    if end != -1 and sealed < end and position >= sealed:
-                        raise HistoryRewrittenError.for_range(stream_id, range_index, sealed,
-                                                           end) from exc
-                    end = sealed if end == -1 else min(end, sealed)
-                    if position >= end:
-                        return
 
     def read(self, stream_id: int, start: int = 0, end: int = -1) -> Iterator[FetchedBatch]:
         """Every batch of ``stream_id`` holding offsets in ``[start, end)`` (``end`` -1: what

@@ -10,20 +10,21 @@ import time
 from collections.abc import Callable, Sequence
 
 from sbp_spark.protocol.errors import (
+    AppendOutcomeUnknownError,
     BatchFormatError,
     RangeSealedError,
     ReplicationFailedError,
     SbpError,
 )
-from sbp_spark.protocol.messages import Range, RangeId
+from sbp_spark.protocol.messages import AppendResult, Range, RangeId
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
 
-from ._calls import unwrap, with_context
+from ._calls import unwrap
 from .config import ClientConfig
 from .pd import PdClient
 from .range_server import BatchLike, RangeServerClient, batch_buffers
-from .retry import call_with_retries, is_retriable
-from .types import Appended, ItemResult
+from .retry import Retrier, is_retriable
+from .types import Appended, ItemResult, Outcome
 
 _log = logging.getLogger(__name__)
 
@@ -64,9 +65,13 @@ class StreamWriter:
     @property
     def open_range(self) -> Range:
         """The range appends go to now (asked from the PD when unknown)."""
+        return self._open_range(None)
+
+    def _open_range(self, deadline: float | None) -> Range:
+        """``open_range``, asking the PD until ``deadline`` (None: the config's)."""
         with self._lock:
             if self._range is None:
-                self._range = self._find_open_range()
+                self._range = self._find_open_range(deadline)
             return self._range
 
     def refresh(self) -> None:
@@ -74,12 +79,12 @@ class StreamWriter:
         with self._lock:
             self._range = None
 
-    def _list_ranges(self) -> list[Range]:
-        (result,) = self.pd.list_ranges([self.stream_id])
+    def _list_ranges(self, deadline: float | None = None) -> list[Range]:
+        (result,) = self.pd.list_ranges([self.stream_id], deadline)
         return unwrap(result, f"stream {self.stream_id}")
 
-    def _find_open_range(self) -> Range:
-        ranges = self._list_ranges()
+    def _find_open_range(self, deadline: float | None) -> Range:
+        ranges = self._list_ranges(deadline)
         if ranges and ranges[-1].is_open:
             last = ranges[-1]
             if last.range_index != self._sealed_index:
@@ -87,16 +92,16 @@ class StreamWriter:
             # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
             # has not heard of it: ask the PD to seal it where the primary ended and to open
             # the next range (seal-and-new).
-            (result,) = self.pd.seal_ranges([last])
+            (result,) = self.pd.seal_ranges([last], deadline)
             return unwrap(result, f"sealing range {last.range_index} of stream "
                                    f"{self.stream_id} after its primary sealed it")
         # No open range (sealed without a successor): open the next.
         next_index = ranges[-1].range_index + 1 if ranges else 0
-        (created,) = self.pd.create_range([RangeId(self.stream_id, next_index)])
+        (created,) = self.pd.create_range([RangeId(self.stream_id, next_index)], deadline)
         if created.ok and created.value is not None:
             return created.value
         # Someone else may have opened it meanwhile: look again once.
-        ranges = self._list_ranges()
+        ranges = self._list_ranges(deadline)
         if ranges and ranges[-1].is_open:
             return ranges[-1]
         raise RangeSealedError(
@@ -109,90 +114,28 @@ class StreamWriter:
         returns where each landed, in input order.
 
         Batches failing with a retriable status are sent again (after a PD look-up when the
-        range was sealed or moved) until they land or the retry policy gives up; a
-        non-retriable failure raises at once, naming the batch. Delivery is at least once: a
+        range was sealed or moved) until they land, through failovers, or the call's retry
+        deadline passes (``ClientConfig.retry_deadline_s``). Delivery is at least once: a
         batch whose answer was lost may be stored twice, unless ``before_resend`` is given:
         it is called with the indexes of the batches about to be sent again and returns those
         it finds already stored (index -> where), which are then not sent again (the
         idempotent streaming sink looks for its write tags).
+
+        A call that fails says what it knows: ``AppendOutcomeUnknownError`` when batches are
+        in doubt (sent, with no answer saying whether they were stored); otherwise the
+        failure itself, every batch not stored by then known not to be (a non-retriable
+        failure names the batch it came with).
         """
-        items = [_describe_batch(i, b) for i, b in enumerate(batches)]
-        results: list[Appended | None] = [None] * len(items)
-        pending = list(range(len(items)))
-        if not pending:
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        call = _AppendCall(self, batches, before_resend, deadline)
+        if not call.pending:
             return []
-        attempts = [0]
-
-        def attempt() -> None:
-            attempts[0] += 1
-            # The open range first: after a failed append the PD ends the range it went to
-            # (seal-and-new), and only then is what that range holds final. Until then a
-            # replica fenced by a failed replication hides a tail that may stay in the range,
-            # so a check before the seal would miss batches that then land twice.
-            target = self.open_range
-            if attempts[0] > 1 and before_resend is not None:
-                for index, appended in before_resend(list(pending)).items():
-                    if index in pending:
-                        results[index] = appended
-                        pending.remove(index)
-                if not pending:
-                    return
-            primary = target.primary
-            if primary is None or not primary.advertise_addr:
-                self.refresh()
-                raise RangeSealedError(
-                    f"open range {self.stream_id}/{target.range_index} lists no primary")
-            outcomes = self._send(target, primary.advertise_addr,
-                                  [(self.stream_id, items[i][0]) for i in pending])
-            failed: list[int] = []
-            retry_error: SbpError | None = None
-            for index, outcome in zip(pending, outcomes, strict=True):
-                error = outcome.exception()
-                if error is None:
-                    _, length, count = items[index]
-                    results[index] = Appended(self.stream_id, target.range_index,
-                                              outcome.unwrap().base_offset, count, length)
-                    self._reached[self.stream_id] = target.range_index
-                    continue
-                if isinstance(error, (RangeSealedError, ReplicationFailedError)):
-                    # The primary sealed the range (a replica failed to store a batch).
-                    self._sealed_index = target.range_index
-                if not is_retriable(error):
-                    raise with_context(error, f"append of batch {index} to stream "
-                                               f"{self.stream_id} at {primary.advertise_addr}")
-                failed.append(index)
-                if retry_error is None:
-                    retry_error = error
-            pending[:] = failed
-            if retry_error is not None:
-                raise retry_error
-
-        self._retried(attempt, attempts, results)
-        landed = [appended for appended in results if appended is not None]
-        if len(landed) != len(results):
-            # call_with_retries returns only once no batch is pending: this would be a bug.
-            raise RuntimeError(
-                f"append to stream {self.stream_id}: batches "
-                f"{[i for i, r in enumerate(results) if r is None]} got no answer")
-        return landed
-
-    def _retried(self, attempt: Callable[[], None], attempts: list[int],
-                 results: Sequence[Appended | None]) -> None:
-        """Run ``attempt`` under the retry policy; when it gives up, its error says what gave
-        up and how far it got (``attempts[0]``: attempts made; ``results``: what landed)."""
-        started = time.monotonic()
+        retrier = Retrier(self.config, on_error=self._on_error, deadline=deadline)
         try:
-            call_with_retries(attempt, self.config, on_error=self._on_error)
+            retrier.run(call.attempt)
         except SbpError as exc:
-            if not is_retriable(exc):
-                raise  # named the batch already, or the PD's answer says what failed
-            done = sum(1 for r in results if r is not None)
-            raise with_context(exc, (
-                f"append to stream {self.stream_id} gave up after {attempts[0]} attempts in "
-                f"{time.monotonic() - started:.1f} s, with {done} of {len(results)} batches "
-                f"of the call stored (is the range server up? a stream with replicas > 1 "
-                f"moves to live servers once the PD notices; more retries wait longer)"
-            )) from exc
+            raise call.failure(exc, retrier) from exc
+        return call.landed()
 
     def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
               ) -> list[ItemResult]:
@@ -214,8 +157,11 @@ class StreamWriter:
         if self._reached.get(self.stream_id) == target.range_index or len(entries) == 1:
             return server.append(entries, still_primary=still_primary)
         (first,) = server.append(entries[:1], still_primary=still_primary)
-        if first.exception() is not None:
-            return [first] * len(entries)  # the rest was not sent: it fails the same way
+        error = first.exception()
+        if error is not None:  # the rest was not sent: it fails the same way, not stored
+            unsent = ItemResult[AppendResult](None, error=error.with_context(
+                f"not sent: the first batch sent to range {target.range_index} failed"))
+            return [first] + [unsent] * (len(entries) - 1)
         self._reached[self.stream_id] = target.range_index
         return [first, *server.append(entries[1:], still_primary=still_primary)]
 
@@ -229,7 +175,7 @@ class StreamWriter:
         only once the PD has moved the range (after the server's heartbeats stopped), so until
         then the writer keeps waiting; a PD that cannot be asked counts as a yes."""
         try:
-            ranges = self._list_ranges()
+            ranges = self._list_ranges(time.monotonic() + self.config.probe_interval_s)
         except SbpError as exc:
             _log.debug("stream %d: asking the PD whether %s is still the primary failed: %s",
                       self.stream_id, address, exc)
@@ -248,6 +194,122 @@ class StreamWriter:
             self.refresh()
         # A seal is routine, not a fault: retry at once against the new open range.
         return isinstance(error, RangeSealedError)
+
+
+class _AppendCall:
+    """One ``StreamWriter.append`` call: its batches, what became of each (stored where,
+    pending, or in doubt: sent with no answer saying whether it was stored) and its attempts.
+    """
+
+    def __init__(self, writer: StreamWriter, batches: Sequence[BatchLike],
+                 before_resend: ResendCheck | None, deadline: float) -> None:
+        self.writer = writer
+        self.deadline = deadline  # the PD calls of its attempts end there too
+        self.stream_id = writer.stream_id
+        self.items = [_describe_batch(i, b) for i, b in enumerate(batches)]
+        self.results: list[Appended | None] = [None] * len(self.items)
+        self.pending = list(range(len(self.items)))  # not known stored, in index order
+        # Batch index -> the ranges it was sent to with its answer lost: it may be stored
+        # there. A batch stored later (or found by ``before_resend``) leaves it.
+        self.in_doubt: dict[int, set[int]] = {}
+        self.before_resend = before_resend
+        self.attempts = 0
+
+    def attempt(self) -> None:
+        """Send the pending batches to the stream's open range; raises the first retriable
+        failure when some remain pending, the first other one at once."""
+        self.attempts += 1
+        writer = self.writer
+        # The open range first: after a failed append the PD ends the range it went to
+        # (seal-and-new), and only then is what that range holds final. Until then a replica
+        # fenced by a failed replication hides a tail that may stay in the range, so a check
+        # before the seal would miss batches that then land twice.
+        target = writer._open_range(self.deadline)
+        if self.attempts > 1 and self.before_resend is not None:
+            for index, appended in self.before_resend(list(self.pending)).items():
+                if index in self.pending:
+                    self._stored(index, appended)
+            if not self.pending:
+                return
+        primary = target.primary
+        if primary is None or not primary.advertise_addr:
+            writer.refresh()
+            raise RangeSealedError(
+                f"open range {self.stream_id}/{target.range_index} lists no primary")
+        outcomes = writer._send(target, primary.advertise_addr,
+                                [(self.stream_id, self.items[i][0]) for i in self.pending])
+        retry_error: SbpError | None = None
+        for index, outcome in zip(list(self.pending), outcomes, strict=True):
+            error = outcome.exception()
+            if error is None:
+                _, length, count = self.items[index]
+                self._stored(index, Appended(self.stream_id, target.range_index,
+                                             outcome.unwrap().base_offset, count, length))
+                writer._reached[self.stream_id] = target.range_index
+                continue
+            if outcome.outcome is Outcome.UNKNOWN:
+                self.in_doubt.setdefault(index, set()).add(target.range_index)
+            if isinstance(error, (RangeSealedError, ReplicationFailedError)):
+                # The primary sealed the range (a replica failed to store a batch).
+                writer._sealed_index = target.range_index
+            if not is_retriable(error):
+                raise error.with_context(f"append of batch {index} to stream "
+                                         f"{self.stream_id} at {primary.advertise_addr}")
+            if retry_error is None:
+                retry_error = error
+        if retry_error is not None:
+            raise retry_error
+
+    def _stored(self, index: int, appended: Appended) -> None:
+        self.results[index] = appended
+        self.pending.remove(index)
+        self.in_doubt.pop(index, None)
+
+    def landed(self) -> list[Appended]:
+        """Where every batch landed, in input order (the call succeeded)."""
+        landed = [appended for appended in self.results if appended is not None]
+        if len(landed) != len(self.results):
+            # The retry loop returns only once no batch is pending: this would be a bug.
+            raise RuntimeError(f"append to stream {self.stream_id}: batches {self.pending} "
+                               f"got no answer")
+        return landed
+
+    def failure(self, exc: SbpError, retrier: Retrier) -> SbpError:
+        """The error the call ends with, after ``exc`` ended its retries: what was stored,
+        what was not, and what may have been (``AppendOutcomeUnknownError``)."""
+        stored = tuple(i for i, r in enumerate(self.results) if r is not None)
+        total = len(self.items)
+        if retrier.stopped is not None:  # retried until it could not: say how long
+            cause, why = retrier.stopped
+            ended = f"append to stream {self.stream_id} {retrier.effort(why)}"
+        else:
+            cause, ended = exc, f"append to stream {self.stream_id} failed"
+        if not self.in_doubt:
+            if retrier.stopped is None:
+                return exc  # named the batch already, or the PD's answer says what failed
+            return cause.with_context(
+                f"{ended}, with {len(stored)} of {total} batches of the call stored (is the "
+                f"range server up? a stream with replicas > 1 moves to live servers once the "
+                f"PD notices); the other {total - len(stored)} were not; the last failure")
+        doubt = sorted(self.in_doubt)
+        ranges = tuple(sorted(set().union(*self.in_doubt.values())))
+        not_stored = total - len(stored) - len(doubt)
+        return AppendOutcomeUnknownError.for_call(
+            f"{ended}: {len(stored)} of {total} batches of the call stored, {len(doubt)} in "
+            f"doubt (batch{'es' if len(doubt) > 1 else ''} {_listed(doubt)}, sent to range"
+            f"{'s' if len(ranges) > 1 else ''} {_listed(ranges)} with no answer saying "
+            f"whether {'they were' if len(doubt) > 1 else 'it was'} stored: "
+            f"{'they' if len(doubt) > 1 else 'it'} may be in the stream, and sending "
+            f"{'them' if len(doubt) > 1 else 'it'} again may store "
+            f"{'them' if len(doubt) > 1 else 'it'} twice), {not_stored} not stored; the "
+            f"last failure: {cause}",
+            self.stream_id, tuple(doubt), ranges, stored, total)
+
+
+def _listed(numbers: Sequence[int], shown: int = 10) -> str:
+    """``3, 4, 9`` (the first ``shown``, then how many more)."""
+    text = ", ".join(str(n) for n in numbers[:shown])
+    return text + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
 
 
 _ENVELOPE = struct.Struct(">BBHqiqi")

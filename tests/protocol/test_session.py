@@ -207,6 +207,94 @@ def test_throttle_and_idleness():
 
 # -- random sequences ------------------------------------------------------------------------
 
+class Model:
+    """A session driven by random operations, next to what it should hold."""
+
+    def __init__(self) -> None:
+        self.session: Session[int] = Session(max_stream_id=8)
+        self.sent: dict[int, int] = {}  # stream id -> item
+        self.received: set[int] = set()
+        self.counter = itertools.count()
+        self.closes = self.goaways = 0
+
+    def send(self, pick: int) -> tuple[Action, ...]:
+        before, item = self.session.state, next(self.counter)
+        sid = self.session.send_request(item)
+        if before is OPEN:
+            assert sid is not None and 1 <= sid <= 8 and sid not in self.sent
+            self.sent[sid] = item
+        else:
+            assert sid is None
+        return ()
+
+    def receive(self, pick: int) -> tuple[Action, ...]:
+        before, item = self.session.state, -next(self.counter) - 1
+        taken = self.session.receive_request(item)
+        assert taken == (before is not CLOSED)
+        if taken:
+            self.received.add(item)
+        return ()
+
+    def answer(self, pick: int) -> tuple[Action, ...]:
+        if not self.sent:
+            return ()
+        sid = sorted(self.sent)[pick % len(self.sent)]
+        item = self.sent.pop(sid)
+        got, actions = self.session.answered(sid)
+        assert got == item
+        return actions
+
+    def release(self, pick: int) -> tuple[Action, ...]:
+        if not self.sent:
+            return ()
+        sid = sorted(self.sent)[pick % len(self.sent)]
+        return self.session.release(sid, self.sent.pop(sid))
+
+    def finish(self, pick: int) -> tuple[Action, ...]:
+        if not self.received:
+            return ()
+        item = sorted(self.received)[pick % len(self.received)]
+        self.received.discard(item)
+        return self.session.finished(item)
+
+    def goaway_in(self, pick: int) -> tuple[Action, ...]:
+        return self.session.goaway_received()
+
+    def goaway_out(self, pick: int) -> tuple[Action, ...]:
+        return self.session.send_goaway()
+
+    def retire(self, pick: int) -> tuple[Action, ...]:
+        return self.session.retire()
+
+    def ping(self, pick: int) -> tuple[Action, ...]:
+        before = self.session.state
+        actions = self.session.ping_received()
+        assert (Action.SEND_PONG in actions) == (before is not CLOSED)
+        return actions
+
+    def fail(self, pick: int) -> tuple[Action, ...]:
+        actions = self.session.fail(TransportError("reset"))
+        if Action.FAIL_ALL in actions:
+            dropped, dropped_in = self.session.drop_all()
+            assert sorted(dropped) == sorted(self.sent.values())
+            assert set(dropped_in) == self.received
+            self.sent.clear()
+            self.received.clear()
+        return actions
+
+    def check(self, before: ConnectionState, actions: tuple[Action, ...]) -> None:
+        """The rules, after every step."""
+        session = self.session
+        self.closes += actions.count(Action.CLOSE)
+        self.goaways += actions.count(Action.SEND_GOAWAY)
+        assert before is not CLOSED or session.state is CLOSED  # closed stays closed
+        assert self.closes == (1 if session.state is CLOSED else 0)  # closed exactly once
+        assert self.goaways <= 1
+        assert dict(session.sent) == self.sent and session.received == self.received
+        if session.state is DRAINING:
+            assert self.sent or self.received  # draining with nothing in flight has closed
+
+
 _OPS = ("send", "receive", "answer", "release", "finish", "goaway_in", "goaway_out",
         "retire", "ping", "fail")
 
@@ -214,65 +302,9 @@ _OPS = ("send", "receive", "answer", "release", "finish", "goaway_in", "goaway_o
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_OPS), st.integers(0, 7)), max_size=60))
 def test_random_sequences_keep_the_rules(ops):
-    session: Session[int] = Session(max_stream_id=8)
-    sent: dict[int, int] = {}  # stream id -> item, as the model keeps it
-    received: set[int] = set()
-    counter = itertools.count()
-    closes = goaways = 0
+    model = Model()
     for op, pick in ops:
-        before = session.state
-        actions: tuple[Action, ...] = ()
-        if op == "send":
-            item = next(counter)
-            sid = session.send_request(item)
-            if before is OPEN and len(sent) < 8:
-                assert sid is not None and 1 <= sid <= 8 and sid not in sent
-                sent[sid] = item
-            else:
-                assert sid is None
-        elif op == "receive":
-            item = -next(counter) - 1
-            taken = session.receive_request(item)
-            assert taken == (before is not CLOSED)
-            if taken:
-                received.add(item)
-        elif op in ("answer", "release") and sent:
-            sid = sorted(sent)[pick % len(sent)]
-            item = sent.pop(sid)
-            if op == "answer":
-                got, actions = session.answered(sid)
-                assert got == item
-            else:
-                actions = session.release(sid, item)
-        elif op == "finish" and received:
-            item = sorted(received)[pick % len(received)]
-            received.discard(item)
-            actions = session.finished(item)
-        elif op == "goaway_in":
-            actions = session.goaway_received()
-        elif op == "goaway_out":
-            actions = session.send_goaway()
-        elif op == "retire":
-            actions = session.retire()
-        elif op == "ping":
-            actions = session.ping_received()
-            assert (Action.SEND_PONG in actions) == (before is not CLOSED)
-        elif op == "fail":
-            actions = session.fail(TransportError("reset"))
-            if Action.FAIL_ALL in actions:
-                dropped, dropped_in = session.drop_all()
-                assert sorted(dropped) == sorted(sent.values())
-                assert set(dropped_in) == received
-                sent.clear()
-                received.clear()
-        closes += actions.count(Action.CLOSE)
-        goaways += actions.count(Action.SEND_GOAWAY)
-        # The rules, after every step:
-        assert before is not CLOSED or session.state is CLOSED  # closed stays closed
-        assert closes == (1 if session.state is CLOSED else 0)  # closed exactly once
-        assert goaways <= 1
-        assert dict(session.sent) == sent and session.received == received
-        if session.state is DRAINING:
-            assert sent or received  # draining with nothing in flight has closed
-        if len(sent) == 8:
-            break
+        if len(model.sent) == 8:
+            break  # every id in flight: sending more is refused (another test)
+        before = model.session.state
+        model.check(before, getattr(model, op)(pick))
