@@ -41,13 +41,23 @@ T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview
 
 
+# The tables are looked up on every request: members are singletons, so identity hashing (a C
+# slot) keys them as well as Enum's own __hash__, a Python function hashing the name that
+# cost several times the lookup.
+_identity_hash = object.__hash__
+
+
 class ConnectionState(enum.Enum):
+    __hash__ = _identity_hash
+
     OPEN = "open"  # takes new requests
     DRAINING = "draining"  # takes no new requests; those in flight are still answered
     CLOSED = "closed"  # done: the transport is (being) closed
 
 
 class SessionEvent(enum.Enum):
+    __hash__ = _identity_hash
+
     REQUEST_SENT = "request sent"  # this side sends a new request
     REQUEST_RECEIVED = "request received"  # a new request from the peer arrived
     ENDED = "ended"  # a request in flight ended (its answer's END, or given up)
@@ -108,11 +118,15 @@ TRANSITIONS: dict[tuple[ConnectionState, SessionEvent], tuple[ConnectionState,
 
 
 class PeerState(enum.Enum):
+    __hash__ = _identity_hash
+
     ANSWERING = "answering"  # nothing of ours went unanswered since the peer last sent
     UNANSWERED = "unanswered"  # a request got no answer in time and nothing arrived since
 
 
 class PeerEvent(enum.Enum):
+    __hash__ = _identity_hash
+
     RECEIVED = "received"  # bytes arrived from the peer
     NO_ANSWER = "no answer"  # a request's answer did not come in time
 
