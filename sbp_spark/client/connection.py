@@ -118,6 +118,15 @@ def _first_item(queue: SimpleQueue) -> Any:
     return item
 
 
+def _final_if_refused(error: SbpError, tls_hint: str) -> SbpError:
+    """``error``, not retriable when ``tls_hint`` says the TLS certificates do not fit (the
+    server refused this client's, or this client cannot verify the server's): every retry
+    would fail the same way, and the hint says what to change."""
+    if tls_hint:
+        error.retriable = False
+    return error
+
+
 class _Failure:
     """Queue item telling a waiter that its request failed with ``error``."""
 
@@ -294,7 +303,8 @@ class Connection:
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
             hint = (unverified_server_hint(exc, self.config)
                     or refused_certificate_hint(exc, self.config))
-            error = TransportError(f"TLS handshake with {self.address} failed: {exc}{hint}")
+            error = _final_if_refused(
+                TransportError(f"TLS handshake with {self.address} failed: {exc}{hint}"), hint)
         sock.close()
         self._rsock.close()
         raise error
@@ -640,8 +650,11 @@ class Connection:
                 self._fail(error)
                 raise _fresh(error) from None
             except OSError as exc:
+                hint = self._tls_hint(exc)
                 error = TransportError(f"connection to {self.address} failed while sending: "
-                                       f"{exc}{self._tls_hint(exc)}")
+                                       f"{exc}{hint}")
+                if self.config.tls:
+                    error = _final_if_refused(error, hint)
                 error.__cause__ = exc
                 self._fail(error)
                 raise _fresh(error) from exc
@@ -797,8 +810,9 @@ class Connection:
             self._fail(TransportError(f"lost framing on the connection to {self.address}: {exc}"))
         except OSError as exc:
             if not self._session.closed:
-                self._fail(TransportError(
-                    f"connection to {self.address} failed: {exc}{self._tls_hint(exc)}"))
+                hint = self._tls_hint(exc)
+                error = TransportError(f"connection to {self.address} failed: {exc}{hint}")
+                self._fail(_final_if_refused(error, hint) if self.config.tls else error)
         except BaseException as exc:
             self._fail(TransportError(
                 f"reading the connection to {self.address} stopped: {exc!r}"))

@@ -205,11 +205,6 @@ class Session(Generic[T]):
     def closed(self) -> bool:
         return self.state is _C
 
-    @property
-    def in_flight(self) -> int:
-        """Requests in flight, both ways."""
-        return len(self.sent) + len(self.received)
-
     # -- requests this side sends ------------------------------------------------------------
 
     def send_request(self, item: T) -> int | None:
