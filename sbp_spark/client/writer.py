@@ -226,9 +226,11 @@ class _AppendCall:
         # before the seal would miss batches that then land twice.
         target = writer._open_range(self.deadline)
         if self.attempts > 1 and self.before_resend is not None:
-            for index, appended in self.before_resend(list(self.pending)).items():
-                if index in self.pending:
-                    self._stored(index, appended)
+            found = self.before_resend(list(self.pending))
+            for index in self.pending:
+                if index in found:
+                    self._stored(index, found[index])
+            self.pending = [i for i in self.pending if i not in found]
             if not self.pending:
                 return
         primary = target.primary
@@ -238,8 +240,11 @@ class _AppendCall:
                 f"open range {self.stream_id}/{target.range_index} lists no primary")
         outcomes = writer._send(target, primary.advertise_addr,
                                 [(self.stream_id, self.items[i][0]) for i in self.pending])
+        # Every outcome is taken in before a failure is raised: what the others did counts.
         retry_error: SbpError | None = None
-        for index, outcome in zip(list(self.pending), outcomes, strict=True):
+        final_error: SbpError | None = None
+        sent, self.pending = self.pending, []
+        for index, outcome in zip(sent, outcomes, strict=True):
             error = outcome.exception()
             if error is None:
                 _, length, count = self.items[index]
@@ -247,22 +252,26 @@ class _AppendCall:
                                              outcome.unwrap().base_offset, count, length))
                 writer._reached[self.stream_id] = target.range_index
                 continue
+            self.pending.append(index)
             if outcome.outcome is Outcome.UNKNOWN:
                 self.in_doubt.setdefault(index, set()).add(target.range_index)
             if isinstance(error, (RangeSealedError, ReplicationFailedError)):
                 # The primary sealed the range (a replica failed to store a batch).
                 writer._sealed_index = target.range_index
             if not is_retriable(error):
-                raise error.with_context(f"append of batch {index} to stream "
-                                         f"{self.stream_id} at {primary.advertise_addr}")
-            if retry_error is None:
+                if final_error is None:
+                    final_error = error.with_context(
+                        f"append of batch {index} to stream {self.stream_id} at "
+                        f"{primary.advertise_addr}")
+            elif retry_error is None:
                 retry_error = error
+        if final_error is not None:
+            raise final_error
         if retry_error is not None:
             raise retry_error
 
     def _stored(self, index: int, appended: Appended) -> None:
         self.results[index] = appended
-        self.pending.remove(index)
         self.in_doubt.pop(index, None)
 
     def landed(self) -> list[Appended]:
