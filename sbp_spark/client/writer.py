@@ -134,7 +134,9 @@ class StreamWriter:
         try:
             retrier.run(call.attempt)
         except SbpError as exc:
-            raise call.failure(exc, retrier) from exc
+            # Chained to the failure itself: the error says how long the call tried.
+            raise call.failure(exc, retrier) from (
+                retrier.stopped[0] if retrier.stopped is not None else exc)
         return call.landed()
 
     def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
