@@ -231,7 +231,7 @@ def tail_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tail_command(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp tail``."""
     p = subparsers.add_parser(
         "tail", help="print a stream's records (and follow it with -f)",
