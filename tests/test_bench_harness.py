@@ -328,9 +328,8 @@ def test_append_load_keeps_one_append_in_flight_per_stream(tmp_path):
         streams = [s.stream_id for s in client.create_streams(3)]
         with AppendLoad(cluster.range_server_addresses[0], streams, batch_bytes(b"x" * 100),
                         connections=2) as load:
-            result = load.run(0.3, keep_latencies=True)
+            result = load.run(0.3)
         assert result.acks > 3 and not result.errors
-        assert len(result.latencies_s) == result.acks
         # Every acknowledged append is in its stream, one batch each.
         assert sum(len(list(client.read(s))) for s in streams) == result.acks
     assert cpu_seconds(os.getpid()) > 0

@@ -136,10 +136,6 @@ def generate(spark: SparkSession, stream_ids: list[int], start: int, rows: int) 
     )
 
 
-def _fmt_int(n: int) -> str:
-    return f"{n:,}"
-
-
 class _Printer:
     def __init__(self, out: TextIO) -> None:
         self.out = out
