@@ -23,7 +23,7 @@ ALLOWED = {
     "cli": {"protocol", "transport", "client", "server", "spark", "bench", "commands"},
 }
 # Layers that are single modules at the package's top (the command-line entry points).
-MODULE_LAYERS = {"cli": ["cli.py", "demo.py"]}
+MODULE_LAYERS = {"cli": ["cli.py"]}
 FORBIDDEN_THIRD_PARTY = {
     "protocol": {"socket", "threading", "pyspark", "selectors", "asyncio"},
     "transport": {"pyspark"},

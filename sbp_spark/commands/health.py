@@ -199,7 +199,7 @@ def cluster_command(args: argparse.Namespace) -> int:
     return 1 if len(down) > len(idle) else 0
 
 
-def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp cluster``."""
     p = subparsers.add_parser(
         "cluster", help="show the PD members and the range servers",

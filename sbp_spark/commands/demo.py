@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from sbp_spark.commands.common import cli_errors
+from .common import cli_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -134,10 +134,6 @@ def generate(spark: SparkSession, stream_ids: list[int], start: int, rows: int) 
         F.format_string(VALUE_FORMAT, event, event % 1000, (event * 7919 % 100_000) / 100.0,
                         F.lit(NOTE)).cast("binary").alias("value"),
     )
-
-
-def _fmt_int(n: int) -> str:
-    return f"{n:,}"
 
 
 class _Printer:
@@ -366,7 +362,7 @@ def _print_summary(say: Callable[[str], None], report: DemoReport) -> None:
     say("OK: every count and offset matched.")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp demo`` to the ``sbp`` command's subparsers."""
     parser = subparsers.add_parser(
         "demo",
@@ -386,7 +382,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="keep the cluster's data and the output here (default: a "
                              "temporary directory, removed at the end)")
     parser.set_defaults(handler=demo_command, command="sbp demo")
-    return parser
 
 
 @cli_errors
