@@ -15,6 +15,7 @@ minutes::
 
 from __future__ import annotations
 
+import json
 import queue
 import shutil
 import subprocess
@@ -214,3 +215,17 @@ def test_sbp_demo_without_pyspark_names_what_to_install(no_pyspark):
     assert "pip install 'sbp-spark[spark]'" in done.stderr
     assert "Traceback" not in done.stderr and "Starting" not in done.stdout
     record(row, column, "ok")
+
+
+def test_the_spark_extra_brings_pyspark_4(no_pyspark, dists, tmp_path):
+    venv, column = no_pyspark, NO_PYSPARK.label
+    row = "sbp-spark[spark] would install pyspark 4"
+    record(row, column, "FAIL")
+    report = tmp_path / "report.json"
+    # What pip would install; --dry-run leaves the virtualenv without pyspark for the others.
+    venv.pip("install", "--dry-run", "--report", str(report), f"{dists.wheel}[spark]",
+             what="resolving the spark extra")
+    planned = {i["metadata"]["name"].lower(): i["metadata"]["version"]
+               for i in json.loads(report.read_text())["install"]}
+    assert planned.get("pyspark", "").startswith("4."), planned
+    record(row, column, f"ok (pyspark {planned['pyspark']})")
