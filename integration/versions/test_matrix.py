@@ -48,12 +48,14 @@ TAIL_TIMEOUT_S = 60.0
 
 
 def _same_version(a: str, b: str) -> bool:
-    """"19" and "19.0.0" are the same release."""
-    def parts(v: str) -> list[str]:
-        p = v.split(".")
-        while len(p) > 1 and p[-1] == "0":
-            p.pop()
-        return p
+    """Whether ``a`` and ``b`` name one release ("19" and "19.0.0" do)."""
+
+    def parts(version: str) -> list[str]:
+        numbers = version.split(".")
+        while len(numbers) > 1 and numbers[-1] == "0":
+            numbers.pop()
+        return numbers
+
     return parts(a) == parts(b)
 
 
@@ -68,16 +70,15 @@ def _fail(run: PlatformRun, row: str, message: str) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_case(platform_run: PlatformRun, case: str):
     run, row = platform_run, CASES[case]
-    if run.error is not None:
-        _fail(run, row, f"the platform could not run, so neither could case {case}: "
-                        f"{run.error}")
-    assert run.venv is not None
-    if case == "connect" and run.venv.connect_dir is None:
-        record(row, run.column, "n/a")
-        pytest.skip(f"{run.column}: pyspark[connect] did not install: "
-                    f"{run.venv.record.get('connect_error')}")
     result = run.results.get(case)
     if result is None:
+        if run.error is not None:
+            _fail(run, row, f"the platform could not run case {case}: {run.error}")
+        assert run.venv is not None
+        if case == "connect" and run.venv.connect_dir is None:
+            record(row, run.column, "n/a")
+            pytest.skip(f"{run.column}: pyspark[connect] did not install: "
+                        f"{run.venv.record.get('connect_error')}")
         _fail(run, row, f"case {case} gave no result (runners: {run.ended}):\n"
                         + run.log_tails())
     if result["status"] == "ok":
