@@ -260,11 +260,11 @@ def _reachable(address: str) -> bool:
 
 def describe_error(exc: BaseException, args: argparse.Namespace) -> str | None:
     """The one-line message for a failure a user can cause; None for a bug."""
-    from sbp_spark.environment import JavaNotFoundError
+    from sbp_spark.environment import JavaNotFoundError, PysparkNotFoundError
 
     if isinstance(exc, CommandError):
         return str(exc)
-    if isinstance(exc, JavaNotFoundError):
+    if isinstance(exc, (JavaNotFoundError, PysparkNotFoundError)):
         return str(exc)
     if isinstance(exc, ServerError):
         message = exc.message or str(exc)

@@ -265,9 +265,10 @@ def run_demo(rows: int = DEFAULT_ROWS, streams: int = DEFAULT_STREAMS,
         raise ValueError(f"--rows {rows}: need at least one row per stream ({streams} streams)")
     say = _Printer(out or sys.stdout)
     from sbp_spark.client import SbpClient
-    from sbp_spark.environment import check_java
+    from sbp_spark.environment import check_java, check_pyspark
     from sbp_spark.server.cluster import EmbeddedCluster
 
+    check_pyspark("sbp demo")
     check_java()
     with ExitStack() as stack:
         if data_dir is None:
@@ -370,7 +371,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Start an embedded SBP cluster, write a generated DataFrame into SBP streams with "
             "Spark, read it back in batch and with a streaming query, print what happened, "
-            "and clean up. Needs Java 17+; works offline."),
+            "and clean up. Needs pyspark and Java 17+; works offline."),
     )
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, metavar="N",
                         help=f"rows to write (default {DEFAULT_ROWS:,})")
