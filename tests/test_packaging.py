@@ -77,7 +77,7 @@ def _may_use(path: Path) -> set[str]:
     relative = path.relative_to(REPO).as_posix()
     allowed = set()
     if relative.startswith(("sbp_spark/spark/", "sbp_spark/bench/")) or relative in (
-            "sbp_spark/demo.py", "sbp_spark/environment.py", "pyspark_sbp.py"):
+            "sbp_spark/commands/demo.py", "sbp_spark/environment.py", "pyspark_sbp.py"):
         allowed.add("pyspark")
     if relative == "sbp_spark/bench/plot.py":
         allowed.add("matplotlib")
