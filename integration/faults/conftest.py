@@ -10,6 +10,9 @@ variable ``SBP_FAULTS_REPORT=1`` (works however pytest is started). Without eith
 leaves the working tree untouched.
 
 The ``spark`` fixture is the Spark session of the Spark fault cases (one per test session).
+
+Every run is guarded (``integration/netlab/reaper.py``): the processes and network namespaces
+it starts die with it, even when the run is killed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from integration.netlab.reaper import guard
 
 from . import report
 
@@ -59,6 +64,12 @@ def _report_env() -> bool:
 def report_requested(config: pytest.Config) -> bool:
     """Whether this run should rewrite the fault table (option or environment variable)."""
     return bool(config.getoption("faults_report", default=False)) or _report_env()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_nothing_behind() -> None:
+    """Mark this run's processes and watch it (``reaper.guard``), before any case starts."""
+    guard()
 
 
 @pytest.fixture(scope="session")

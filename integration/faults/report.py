@@ -48,6 +48,12 @@ unsent appears; duplicates are counted, and none is allowed under idempotent wri
 figures come from the checker. These cases need root (CI runs as root; `.ci/run` installs
 iproute2 and nftables) and are skipped, saying why, elsewhere.
 
+A run leaves nothing behind, even when it is killed (a CI timeout, SIGKILL): every process it
+starts carries a mark of the run in its environment, a watchdog of the run kills the marked
+processes and removes the run's network namespaces once the run's process is gone, the next
+run reaps what a killed watchdog left, and the processes a case starts itself die with it
+(`integration/netlab/reaper.py`; `test_leftovers.py` kills a run and checks).
+
 Run:
 
     pytest integration/faults                 # default cases (about 5 minutes)
