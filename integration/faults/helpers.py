@@ -33,9 +33,10 @@ RIDE_OUT = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=200,
 _TRAILER = struct.Struct(">I")
 
 
-def make_body(stream_id: int, seq: int, size: int = 256) -> bytes:
-    """A body of about ``size`` bytes naming ``stream_id`` and ``seq``, with a CRC trailer."""
-    head = f"s{stream_id:06d} n{seq:09d} ".encode()
+def make_body(stream_id: int, seq: int, size: int = 256, note: str = "") -> bytes:
+    """A body of about ``size`` bytes naming ``stream_id`` and ``seq`` (then ``note``, words
+    of the writer's own), with a CRC trailer."""
+    head = f"s{stream_id:06d} n{seq:09d} {note + ' ' if note else ''}".encode()
     filler = (head * (size // len(head) + 1))[:max(size - len(head) - 4, 0)]
     core = head + filler
     return core + _TRAILER.pack(zlib.crc32(core))
