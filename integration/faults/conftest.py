@@ -30,7 +30,6 @@ from integration.netlab.reaper import guard
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
-REPORT_ENV = "SBP_FAULTS_REPORT"
 # Spark cases run on local[2] with up to 4 attempts per task (Spark's default on a cluster), so
 # a task that fails on a killed server is retried as it would be in production.
 SPARK_MASTER = "local[2,4]"
@@ -43,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--faults-report", action="store_true", default=False,
         help=f"rewrite integration/faults/README.md and results.json with the results of the "
-             f"fault cases that ran (also: {REPORT_ENV}=1)")
+             f"fault cases that ran (also: {report.REPORT_ENV}=1)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,12 +52,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _report_env() -> bool:
-    flag = os.environ.get(REPORT_ENV, "").strip().lower()
-    if flag not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise pytest.UsageError(
-            f"environment variable {REPORT_ENV}={flag!r} is not valid: expected 1 (write the "
-            "fault table) or 0")
-    return flag in ("1", "true", "yes")
+    try:
+        return report.requested_by_env()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def report_requested(config: pytest.Config) -> bool:

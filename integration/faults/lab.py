@@ -58,6 +58,8 @@ class Driver:
         self.stalls: list[tuple[float, float]] = []
         # (when, event) of each append call that failed (a writer's)
         self.calls_failed: list[tuple[float, dict]] = []
+        # op -> [when it was sent, when it was acknowledged or given up (0: not yet)]
+        self.times: dict[str, list[float]] = {}
         self.claims: list[tuple[str, float]] = []  # a prober's: (PD node, when it led)
         self.done = threading.Event()
         self.log_path = lab.data_dir / f"driver-{name}.log"
@@ -79,12 +81,16 @@ class Driver:
             kind = event["e"]
             if kind == "sent":
                 h.record_sent(event["op"], self.name, event["stream"], event["digest"])
+                self.times[event["op"]] = [time.monotonic(), 0.0]
             elif kind == "acked":
                 h.record_acked(event["op"], event["offset"], event["range"])
-                self._acked_at(time.monotonic())
+                now = time.monotonic()
+                self.times[event["op"]][1] = now
+                self._acked_at(now)
                 self.acked += 1
             elif kind == "failed":
                 h.record_failed(event["op"], event["error"])
+                self.times[event["op"]][1] = time.monotonic()
                 self.failed += 1
             elif kind == "call_failed":
                 self.calls_failed.append((time.monotonic(), event))

@@ -78,14 +78,18 @@ class Relay:
         self.query = writer.start()
 
     def processed_to(self) -> int:
-        """The input offset the query has committed through (restarting it if it died)."""
-        if not self.query.isActive:
+        """The input offset the query has committed through (restarting it if it died; a
+        restart that fails raises, and the next call tries again). Call it from the thread
+        that registered the sbp source: Spark looks the source up in that thread."""
+        if self.query is not None and not self.query.isActive:
             error = self.query.exception()
             message = str(error) if error is not None else "stopped without an error"
             self.full_failures.append(message)
             self.failures.append(failure_cause(message))
+            self.query = None
             assert self.max_restarts is None or len(self.failures) <= self.max_restarts, (
                 f"the query failed {len(self.failures)} times: {self.failures}")
+        if self.query is None:
             self.start()
             return 0
         progress = self.query.lastProgress
