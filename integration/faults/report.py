@@ -86,7 +86,8 @@ of done of issue 43 asks for 0 lost, 0 divergent, 0 give-ups, 0 duplicates from 
 own resends, and no stall over 8 s. Duplicates are told apart by cause: every batch and Spark
 row carries its writer, call (or job) and try, and the Spark task attempt that wrote it. A
 run's seed replays its schedule; `integration/nemesis/test_nemesis.py` is the 10-minute run
-as a test (`-m slow`).
+as a test (`-m slow`). `--record` (or the test with `SBP_FAULTS_REPORT=1`) keeps the last run
+of each length in `nemesis.json` and rewrites this page.
 """
 
 
