@@ -33,7 +33,7 @@ from integration.faults.relay import check_output
 from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
 
 from . import schedule
-from .faults import Faults, Injected
+from .faults import Faults, Injected, NemesisError
 from .judge import Report, SparkRecord, judge
 from .spark_jobs import READ_ROW
 
@@ -189,9 +189,13 @@ class Nemesis:
                 self._fault_phase(faults)
                 return self._finish(lab, streams, writers, spark, faults)
             finally:
+                # After an error: undo what is still in place, so the servers stop cleanly.
                 for fault in faults.injected:
                     if fault.end is None:
-                        faults.end(fault)
+                        try:
+                            faults.end(fault)
+                        except (NemesisError, OSError, RuntimeError) as exc:
+                            self.say(f"#{fault.number} {fault.kind} could not be undone: {exc}")
                 faults.close()
                 if spark is not None:
                     spark.kill()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .reaper import guard
+from integration.netlab.reaper import guard
 
 
 @pytest.fixture(scope="session", autouse=True)
