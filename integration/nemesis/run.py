@@ -4,9 +4,10 @@ on it, the seeded faults for the given minutes, then the judgement (``judge.py``
 The cluster (``integration/faults/lab.py``'s ``Lab``): 3 etcd members, 3 PD nodes and 5 range
 servers, each on a node of its own. Five 3-replica streams: two writers on the first, one on
 the second, one writing the relay's input; the relay's output; the Spark batch stream. Two
-tails follow the first two streams. Writers and tails use the client's default settings;
-writers send a failed call's batches again until they are stored (``driver.py``). The Spark
-jobs (``spark_jobs.py``) run in a process of their own on node ``spark``.
+tails follow the first two streams, the second reading from a secondary first. Writers and
+tails use the client's default settings; writers send a failed call's batches again until
+they are stored (``driver.py``). The Spark jobs (``spark_jobs.py``) run in a process of their
+own on node ``spark``.
 
 After the fault phase every fault is undone; the run waits until the cluster is whole, lets
 each writer get more appends acknowledged, stops the writers, lets the relay process its input
@@ -214,7 +215,12 @@ class Nemesis:
         writers = [lab.writer(node, streams[targets[node]], pause_s=WRITER_PAUSE_S,
                               resend_failed=True, client="default") for node in WRITERS]
         lab.tail("r1", streams["writers"], client="default")
-        lab.tail("r2", streams["writer"], client="default")
+        # The other tail reads from a secondary first (where it can): what a reader near
+        # a replica does, and where a read cap that lags or runs ahead would show.
+        first = lab.client.list_ranges(streams["writer"])[0]
+        secondary = next((r.server.advertise_addr for r in first.servers if not r.is_primary),
+                         "")
+        lab.tail("r2", streams["writer"], client="default", prefer=secondary)
         return writers
 
     # -- the faults -------------------------------------------------------------------------
