@@ -137,6 +137,8 @@ class OutputCheck:
     # its earlier attempt's batch
     resent: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # input offsets not in the output
+    # input offset -> the write tag of each copy, for the offsets stored more than once
+    copies: dict[int, list[WriteTag | None]] = field(default_factory=dict)
     changed: list[int] = field(default_factory=list)  # stored, but not the input's bytes
     tags: int = 0  # distinct write tags (query, micro-batch, partition, seq)
 
@@ -195,6 +197,7 @@ def check_output(client: SbpClient, stream_id: int, inputs: dict[int, bytes],
             if inputs.get(offset) != value:
                 out.changed.append(offset)
     out.tags = len({t for ts in tags_of.values() for t in ts if t is not None})
+    out.copies = {offset: tags_of[offset] for offset in out.duplicated}
     out.missing = sorted(set(inputs) - set(found))
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ QUICK = ClientConfig(connect_timeout_s=0.5, request_timeout_s=1.0, retries=3,
                      retry_backoff_ms=10, retry_backoff_max_ms=100, retry_deadline_s=2.0)
 # A server that does not come back: tries to start it again, that far apart.
 RESTART_TRIES, RESTART_PAUSE_S = 3, 2.0
+# A restart slower than this is noted with its fault (a cold start takes a second or two).
+RESTART_NOTED_S = 5.0
 
 
 class NemesisError(RuntimeError):
@@ -70,6 +73,7 @@ class Faults:
         self.streams = streams
         self.clients = clients
         self.injected: list[Injected] = []
+        self._lock = threading.Lock()
         self.pool = ConnectionPool(QUICK)
         self.pd = PdClient(lab.cluster.pd_address, QUICK, self.pool, wait_for_election=False)
 
@@ -131,10 +135,16 @@ class Faults:
     def inject(self, planned: Planned, now: float) -> Injected | None:
         """Inject ``planned``; None when it has no target now (the PD cannot say who leads or
         where a stream's primary is): try again a little later."""
+        with self._lock:  # the domains inject from threads of their own
+            fault = self._inject(planned, now, len(self.injected) + 1)
+            if fault is not None:
+                self.injected.append(fault)
+            return fault
+
+    def _inject(self, planned: Planned, now: float, number: int) -> Injected | None:
         cluster = self.lab.cluster
         kind = planned.kind
         pick = planned.pick
-        number = len(self.injected) + 1
         fault: Injected
         if kind in ("kill-primary", "cut-primary-from-pd", "cut-primary-from-secondaries",
                     "cut-primary-from-clients"):
@@ -184,7 +194,6 @@ class Faults:
             self._pause(fault, self.etcd.pid(index))
         else:
             raise ValueError(f"no such kind of fault: {kind!r}")
-        self.injected.append(fault)
         return fault
 
     def end(self, fault: Injected) -> None:
@@ -200,9 +209,13 @@ class Faults:
         fault.undo = lambda: os.kill(pid, signal.SIGCONT)
 
     def _restart(self, fault: Injected, start: Callable[[], object]) -> None:
+        began = time.monotonic()
         for attempt in range(1, RESTART_TRIES + 1):
             try:
                 start()
+                took = time.monotonic() - began
+                if took > RESTART_NOTED_S:
+                    fault.notes.append(f"took {took:.1f} s to start again")
                 return
             except (RuntimeError, TimeoutError) as exc:
                 fault.notes.append(f"restart {attempt} failed: {exc}"[:300])

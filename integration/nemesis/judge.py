@@ -71,6 +71,7 @@ class SparkRecord:
     reads: list[dict] = field(default_factory=list)
     relay_failures: list[dict] = field(default_factory=list)
     micro_batches: int = 0
+    relay_batches: dict[int, float] = field(default_factory=dict)  # micro-batch -> reported
     drained: dict | None = None
     read_rows: list[tuple[int, int]] = field(default_factory=list)  # (offset, value CRC-32)
     records: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (offset, key, value)
@@ -221,6 +222,27 @@ def read_divergence(read_rows: Iterable[tuple[int, int]],
     return out
 
 
+def relay_duplicates(output: OutputCheck | None, spark: SparkRecord, when: Timeline
+                     ) -> list[str]:
+    """Each input record the relay stored more than once, with the micro-batches of its copies
+    and the faults around the time the first of them was reported."""
+    out = []
+    for offset, tags in sorted((output.copies if output is not None else {}).items()):
+        batches = sorted({t.batch_id for t in tags if t is not None})
+        # Progress names the newest micro-batch only: a batch was done by the first report
+        # of it or of a later one.
+        reported = sorted(t for b in batches[:1] for seen, t in spark.relay_batches.items()
+                          if seen >= b)
+        text = (f"relay input offset {offset} stored {len(tags)} times, by micro-batches "
+                f"{batches or '(untagged)'}")
+        if reported:
+            # Progress is reported between Spark jobs: seconds after a micro-batch ran.
+            text += (f", first reported at {when.at(reported[0])}, "
+                     f"{when.around(reported[0] - LEAD_S, reported[0])}")
+        out.append(text)
+    return out
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
@@ -312,9 +334,7 @@ def judge(seed: int, minutes: float, t0: float, faults: Sequence[Injected], hist
         Finding("duplicates from the client's own resends",
                 counts[OWN_RESENDS] + counts[SPARK_OWN_RESENDS], 0, own_examples),
         Finding("relay duplicates (exactly once through the idempotent sink)",
-                counts[RELAY_DUPLICATES], 0,
-                [f"relay input offset {o} stored more than once in the output"
-                 for o in (output.duplicated if output is not None else [])]),
+                counts[RELAY_DUPLICATES], 0, relay_duplicates(output, spark, when)),
         Finding(f"stalls over {STALL_LIMIT_S:g} s", sum(1 for s in stalls if s[0] > STALL_LIMIT_S),
                 0, stall_examples),
     ]
@@ -346,6 +366,9 @@ def judge(seed: int, minutes: float, t0: float, faults: Sequence[Injected], hist
                  f"{output.summary() if output is not None else 'not checked'}",
         "longest wait for the cluster to be whole after a fault": f"{recovery_s:.1f} s",
     }
+    noted = [f"{when.fault(f)}: {'; '.join(f.notes)}" for f in faults if f.notes]
+    if noted:
+        figures["faults with notes"] = f"{len(noted)}: " + "; ".join(noted[:EXAMPLES])
     if notes:
         figures["notes"] = "; ".join(notes)
     missed = [f"{f.name}: {f.count:g}" for f in findings if not f.ok]

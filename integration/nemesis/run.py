@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from integration.faults.relay import check_output
 from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
 
 from . import schedule
-from .faults import Faults, Injected, NemesisError
+from .faults import Faults, NemesisError
 from .judge import Report, SparkRecord, judge
 from .spark_jobs import READ_ROW
 
@@ -49,8 +48,8 @@ WRITER_PAUSE_S = 0.25
 SPARK_ROWS = 2000
 # Acknowledged batches each writer needs before the faults begin, and again after the last.
 WARM_UP, AFTER_HEAL = 16, 16
-# How long the cluster may take to be whole again after a fault before the run notes it (it
-# goes on waiting: no new fault hits an unwhole domain).
+# How long a domain may take to be whole again after a fault before the run notes it (it goes
+# on waiting: no new fault hits a domain that is not whole).
 RECOVERY_NOTE_S = 60.0
 # After the fault phase: the longest wait for the cluster to be whole, for writers to get
 # going, for a writer to finish its call, for the relay and the tails to reach the end.
@@ -106,6 +105,7 @@ class SparkProcess:
                 r.reads.append(event)
             elif kind == "relay":
                 r.micro_batches = max(r.micro_batches, event["batch"] + 1)
+                r.relay_batches.setdefault(event["batch"], time.monotonic())
             elif kind == "relay_failed":
                 r.relay_failures.append(event)
             elif kind == "drained":
@@ -159,13 +159,15 @@ class Nemesis:
         self.notes: list[str] = []
         self.longest_recovery_s = 0.0
         self.t0 = 0.0
+        self._lock = threading.Lock()  # the domains' threads say things and note figures
 
     def say(self, text: str) -> None:
         at = f"t=+{time.monotonic() - self.t0:7.1f} s" if self.t0 else "setting up"
         line = f"[nemesis seed {self.s.seed}] {at}  {text}"
-        self.s.log(line)
-        with open(self.s.data_dir / "nemesis.log", "a") as log:
-            log.write(line + "\n")
+        with self._lock:
+            self.s.log(line)
+            with open(self.s.data_dir / "nemesis.log", "a") as log:
+                log.write(line + "\n")
 
     def run(self) -> Report:
         data_dir = self.s.data_dir
@@ -226,65 +228,70 @@ class Nemesis:
     # -- the faults -------------------------------------------------------------------------
 
     def _fault_phase(self, faults: Faults) -> None:
+        """Each domain's faults in a thread of its own (a server slow to restart holds up
+        only its own domain), for the run's minutes; then until each domain is whole."""
         plan = schedule.plan(self.s.seed, self.s.minutes)
-        queues = {d: deque(plan[d]) for d in schedule.DOMAINS}
         self.t0 = time.monotonic()
         end = self.t0 + self.s.minutes * 60
         self.say(f"faults begin, for {self.s.minutes:g} min")
-        active: dict[str, Injected] = {}
-        recovering: dict[str, Injected] = {}  # ended, the domain not whole yet
-        noted: set[int] = set()
-        next_at = {d: self.t0 + queues[d][0].gap_s for d in schedule.DOMAINS}
-        looked = dict.fromkeys(schedule.DOMAINS, 0.0)
-        while True:
-            now = time.monotonic()
-            for domain in schedule.DOMAINS:
-                fault = active.get(domain)
-                if fault is not None:
-                    if now >= fault.start + fault.planned.duration_s:
-                        faults.end(fault)
-                        del active[domain]
-                        recovering[domain] = fault
-                        self.say(f"#{fault.number} {fault.kind} {fault.target} undone")
-                    continue
-                last = recovering.get(domain)
-                if last is not None:
-                    if now - looked[domain] < 0.5:
-                        continue
-                    looked[domain] = now
-                    assert last.end is not None
-                    if faults.whole(domain):
-                        took = time.monotonic() - last.end
-                        self.longest_recovery_s = max(self.longest_recovery_s, took)
-                        del recovering[domain]
-                        gap = queues[domain][0].gap_s if queues[domain] else 0.0
-                        next_at[domain] = time.monotonic() + gap
-                    elif now - last.end > RECOVERY_NOTE_S and last.number not in noted:
-                        noted.add(last.number)
-                        self._note(f"the {domain} was not whole {RECOVERY_NOTE_S:g} s after "
-                                   f"fault #{last.number} ({last.kind} {last.target}) ended")
-                    continue
-                if now < end and queues[domain] and now >= next_at[domain]:
-                    fault = faults.inject(queues[domain][0], now)
-                    if fault is None:  # no target now (no PD leader): look again soon
-                        next_at[domain] = now + 1.0
-                        continue
-                    queues[domain].popleft()
-                    active[domain] = fault
-                    self.say(f"#{fault.number} {fault.kind} {fault.target} ({fault.detail}) "
-                             f"for {fault.planned.duration_s:g} s")
-            if now >= end and not active:
-                if not recovering:
-                    break
-                if now > end + SETTLE_S:
-                    self._note(f"the cluster was not whole {SETTLE_S:g} s after the faults "
-                               f"ended ({', '.join(recovering)})")
-                    break
-            time.sleep(0.05)
+        stop = threading.Event()  # set when a domain's thread failed: the other ends too
+        failed: list[BaseException] = []
+
+        def domain(name: str) -> None:
+            try:
+                self._domain(faults, name, plan[name], end, stop)
+            except BaseException as exc:  # raised again on the main thread below
+                failed.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=domain, args=(name,), name=f"nemesis {name}",
+                                    daemon=True) for name in schedule.DOMAINS]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
         self.say(f"faults end: {len(faults.injected)} injected")
 
+    def _domain(self, faults: Faults, domain: str, planned: list[schedule.Planned],
+                end: float, stop: threading.Event) -> None:
+        """One domain's faults, one at a time: a quiet gap, the fault (as soon as it has a
+        target), its undoing, and a wait until the domain is whole again."""
+        for item in planned:
+            if stop.wait(item.gap_s) or time.monotonic() >= end:
+                return
+            fault = faults.inject(item, time.monotonic())
+            while fault is None:  # no target now (no PD leader): look again soon
+                if stop.wait(1.0) or time.monotonic() >= end:
+                    return
+                fault = faults.inject(item, time.monotonic())
+            self.say(f"#{fault.number} {fault.kind} {fault.target} ({fault.detail}) for "
+                     f"{item.duration_s:g} s")
+            stop.wait(item.duration_s)
+            faults.end(fault)
+            self.say(f"#{fault.number} {fault.kind} {fault.target} undone"
+                     + (f" ({'; '.join(fault.notes)})" if fault.notes else ""))
+            assert fault.end is not None
+            noted = False
+            while not faults.whole(domain):
+                waited = time.monotonic() - fault.end
+                if waited > RECOVERY_NOTE_S and not noted:
+                    noted = True
+                    self._note(f"the {domain} was not whole {RECOVERY_NOTE_S:g} s after "
+                               f"fault #{fault.number} ({fault.kind} {fault.target}) ended")
+                if stop.is_set() or time.monotonic() > max(end, fault.end) + SETTLE_S:
+                    self._note(f"the {domain} was still not whole {waited:.0f} s after fault "
+                               f"#{fault.number} ({fault.kind} {fault.target}) ended")
+                    return
+                time.sleep(0.5)
+            with self._lock:
+                self.longest_recovery_s = max(self.longest_recovery_s,
+                                              time.monotonic() - fault.end)
+
     def _note(self, text: str) -> None:
-        self.notes.append(text)
+        with self._lock:
+            self.notes.append(text)
         self.say(f"NOTE: {text}")
 
     # -- after the faults -------------------------------------------------------------------

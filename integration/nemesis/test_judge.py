@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from integration.faults.history import History, digest
 from integration.faults.relay import OutputCheck
+from sbp_spark.spark.streaming.idempotent import WriteTag
 
 from .faults import Injected
 from .judge import (
@@ -107,10 +108,12 @@ def test_failures_name_the_figure_the_seed_the_time_and_the_fault():
                         calls_failed=[(T0 + 13.0, {"call": 2, "attempt": 0, "seconds": 2.5,
                                                    "error": "ReadTimeoutError: no answer"})],
                         times={"w1:1": [T0 + 12.0, T0 + 12.5]})
-    output = OutputCheck(duplicated=[5])
+    output = OutputCheck(duplicated=[5], copies={5: [WriteTag("q", 3, 0, 1),
+                                                     WriteTag("q", 4, 0, 0)]})
     report = judge(4242, 10, T0, [_fault()], history, history.check(), [writer], 0,
-                   SparkRecord(output=output, relay_failures=[
-                       {"error": "SbpTimeoutError: x", "t": T0 + 50.0}]), 3.0)
+                   SparkRecord(output=output, relay_batches={2: T0 + 9.0, 4: T0 + 15.0},
+                               relay_failures=[{"error": "SbpTimeoutError: x",
+                                                "t": T0 + 50.0}]), 3.0)
     failed = {f.name: f for f in report.findings if not f.ok}
     assert set(failed) == {
         "give-ups (calls, jobs, reads and queries that failed)",
@@ -123,6 +126,8 @@ def test_failures_name_the_figure_the_seed_the_time_and_the_fault():
             "during #1 kill-primary rs2 (primary of stream 1, range 0) t=+10.0..+14.0 s") in text
     assert "w1 (stream 1) call 2 try 0 failed at t=+13.0 s after 2.5 s" in text
     assert "relay query failed at t=+50.0 s" in text and "no fault in place" in text
+    assert ("relay input offset 5 stored 2 times, by micro-batches [3, 4], first reported at "
+            "t=+15.0 s, during #1 kill-primary") in text
     assert "w1:1 stored 2 times (stream 1 offset 0, stream 1 offset 1); sent t=+12.0 s" in text
     assert report.figures["duplicates by cause"].startswith(
         f"{OWN_RESENDS}: 1; {RESENDS_AFTER_FAILURE}: 1;")

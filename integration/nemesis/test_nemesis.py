@@ -39,8 +39,9 @@ def test_ten_minutes_of_faults_meet_the_definition_of_done(tmp_path):
     report = Nemesis(Settings(seed, MINUTES, tmp_path)).run()
     if results.requested_by_env():
         results.save_nemesis(MINUTES, report.figures, time.monotonic() - began)
-    figures = "\n".join(f"  {k}: {v}" for k, v in report.figures.items())
-    assert report.ok, (
-        f"seed {seed} misses the definition of done (replay: SBP_NEMESIS_SEED={seed}, or "
-        f"python -m integration.nemesis --minutes {MINUTES:g} --seed {seed}):\n"
-        + "\n".join(report.failures()) + f"\nfigures:\n{figures}")
+    if not report.ok:
+        figures = "\n".join(f"  {k}: {v}" for k, v in report.figures.items())
+        pytest.fail(f"seed {seed} misses the definition of done (replay: "
+                    f"SBP_NEMESIS_SEED={seed}, or python -m integration.nemesis --minutes "
+                    f"{MINUTES:g} --seed {seed}):\n" + "\n".join(report.failures())
+                    + f"\nfigures:\n{figures}", pytrace=False)
