@@ -36,8 +36,8 @@ from sbp_spark.commands.common import (
 )
 from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError
-from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
 from sbp_spark.server.pd_etcd import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
+from sbp_spark.server.storage import DEFAULT_PAGE_CACHE_BYTES
 
 log = logging.getLogger("sbp_spark.cli")
 
@@ -125,7 +125,7 @@ def _add_advertise_args(parser: argparse.ArgumentParser, whole_address: bool = T
 
 
 def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
-    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
+    from sbp_spark.server.storage import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
 
     policies = "; ".join(f"{policy.value}: {text}" for policy, text in POLICY_HELP.items())
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
@@ -311,7 +311,7 @@ def server_command(args: argparse.Namespace) -> int:
 def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
     from sbp_spark.server.cluster import ProcessCluster
-    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS
+    from sbp_spark.server.storage import DEFAULT_FSYNC_INTERVAL_MS
 
     if args.advertise_host is not None:
         raise ValueError("--advertise-host is not passed on to the processes --pd-nodes starts: "

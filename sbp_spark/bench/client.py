@@ -48,8 +48,7 @@ def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
 def storage_durability(fsync: str | None) -> tuple[int, str]:
     """The fsync interval (ms, ``NO_FSYNC`` or 0 for back to back) under which the bench
     cluster acknowledges an APPEND, and the storage ceiling's name for it."""
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     storage = StorageConfig() if fsync is None else StorageConfig(fsync=fsync)
     if storage.fsync is FsyncPolicy.NEVER:

@@ -34,8 +34,8 @@ from ..protocol.errors import (
 from ..protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
 from ..protocol.records import BatchHeader, parse_header
 from .net import ConnectionClosed, RequestContext
-from .range_log import RangeLog
 from .replication import Forward
+from .storage.range_log import RangeLog
 
 if TYPE_CHECKING:
     from .range_server import RangeServer

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..protocol.errors import ErrorCode, InvalidRequestError, ServerError
 from ..protocol.messages import AppendRequest, AppendResponse, AppendResult, RangeId, Status
-from .range_log import RangeLog
-from .read_cap import CapState
+from .storage.range_log import RangeLog
+from .storage.read_cap import CapState
 
 if TYPE_CHECKING:
     from .range_server import RangeServer

@@ -33,9 +33,9 @@ from ..protocol.errors import (
 from ..protocol.frame import crc32
 from ..protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
 from .net import FileRegion, RequestContext
-from .range_log import RangeLog, ReadChunk
-from .segment import CorruptDataError, StoredBatch, crc32_combine
-from .storage import Storage
+from .storage.range_log import RangeLog, ReadChunk
+from .storage.segment import CorruptDataError, StoredBatch, crc32_combine
+from .storage.store import Storage
 
 log = logging.getLogger(__name__)
 

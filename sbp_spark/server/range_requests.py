@@ -48,8 +48,8 @@ from ..protocol.messages import (
 from ..protocol.messages import RangeServer as RangeServerInfo
 from .append import AppendPath
 from .net import RequestContext, RequestHandler, Route, Runs
-from .range_log import RangeLog, Replica
-from .read_cap import CapState
+from .storage.range_log import RangeLog, Replica
+from .storage.read_cap import CapState
 
 if TYPE_CHECKING:
     from .range_server import RangeServer

@@ -1,7 +1,7 @@
 """The range server: stores the ranges it is given and serves APPEND and FETCH for them.
 
 It learns its ranges from the PD (SYNC_RANGES, or directly in tests), keeps them in a
-:class:`~sbp_spark.server.storage.Storage`, and answers (``range_requests.py``):
+:class:`~sbp_spark.server.storage.store.Storage`, and answers (``range_requests.py``):
 
 * APPEND to ranges it is the primary of (open ranges only); each entry by its request_index,
   acknowledged once the fsync policy is met and every secondary stored it (``append.py``,
@@ -35,12 +35,12 @@ from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
 from .net import FrameServer
-from .range_log import RangeLog
 from .range_requests import RangeServerHandler
 from .range_server_config import RangeServerConfig
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
-from .storage import Storage
+from .storage.range_log import RangeLog
+from .storage.store import Storage
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ from ..protocol.messages import (
     request_frame,
 )
 from ..transport.tls import TlsConfig
-from .range_log import RangeLog, Replica
+from .storage.range_log import RangeLog, Replica
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import threading
 import pytest
 
 from sbp_spark.protocol.records import batch_bytes, parse_header
-from sbp_spark.server import segment as segment_mod
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage import segment as segment_mod
+from sbp_spark.server.storage.store import Storage
 from tests.polling import stays_true, wait_until
 
 HOUR_MS = 3_600_000
@@ -137,7 +137,7 @@ def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypat
 def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, monkeypatch):
     """A burst still being stored holds the flush back, but not past GROUP_FLUSH_BYTES: the
     acknowledgements of large appends do not wait for the burst (or the interval) to end."""
-    from sbp_spark.server import durability
+    from sbp_spark.server.storage import durability
 
     monkeypatch.setattr(durability, "GROUP_FLUSH_BYTES", 64 * 1024)
     with _storage(tmp_path, "group") as s:  # an interval of an hour
@@ -159,7 +159,7 @@ def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_pa
     """Write-behind (writeback.py): once a segment holds WRITE_BEHIND_BYTES not yet handed to
     the disk, the append that crossed it hands them over, from where the last hand-over
     ended; under ``never`` nothing is handed over (no fsync will follow)."""
-    from sbp_spark.server import writeback
+    from sbp_spark.server.storage import writeback
 
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(segment_mod, "start_writeback",
@@ -185,7 +185,7 @@ def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_pa
 def test_start_writeback_on_a_real_file(tmp_path):
     import os
 
-    from sbp_spark.server import writeback
+    from sbp_spark.server.storage import writeback
 
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)

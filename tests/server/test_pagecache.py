@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from sbp_spark.protocol.records import batch_bytes, parse_header
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.pagecache import PageCacheBudget
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage.pagecache import PageCacheBudget
+from sbp_spark.server.storage.store import Storage
 from tests.polling import wait_until
 
 MIB = 1 << 20

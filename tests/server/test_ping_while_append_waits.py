@@ -26,10 +26,10 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import batch_bytes
-from sbp_spark.server import segment as segment_mod
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from sbp_spark.server.storage import segment as segment_mod
 from tests.client.fakes import FakeServer, Peer
 from tests.server.secondary import sync_range
 

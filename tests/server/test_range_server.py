@@ -37,10 +37,9 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, iter_batches, parse_header
-from sbp_spark.server import segment
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
-from sbp_spark.server.storage import StorageConfig
+from sbp_spark.server.storage import StorageConfig, segment
 from tests.polling import wait_until
 
 from .wire import RawPeer

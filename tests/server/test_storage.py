@@ -19,12 +19,12 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
-from sbp_spark.server import range_log as range_log_mod
-from sbp_spark.server import segment as segment_mod
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.range_log import Replica
-from sbp_spark.server.segment import CorruptDataError
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage import range_log as range_log_mod
+from sbp_spark.server.storage import segment as segment_mod
+from sbp_spark.server.storage.range_log import Replica
+from sbp_spark.server.storage.segment import CorruptDataError
+from sbp_spark.server.storage.store import Storage
 
 # No background fsync during a test unless the test asks for it.
 _MANUAL = StorageConfig(fsync="interval", fsync_interval_ms=3_600_000)

@@ -25,8 +25,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..protocol.errors import SbpError, StorageFullError
-from ..protocol.frame import crc32
+from ...protocol.errors import SbpError, StorageFullError
+from ...protocol.frame import crc32
 from .writeback import WRITE_BEHIND_BYTES, start_writeback
 
 log = logging.getLogger(__name__)

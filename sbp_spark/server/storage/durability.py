@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
-from ..protocol.errors import SbpError, StorageFullError
+from ...protocol.errors import SbpError, StorageFullError
 
 if TYPE_CHECKING:
     from .range_log import RangeLog

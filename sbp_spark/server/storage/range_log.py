@@ -30,15 +30,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     OffsetOutOfRangeError,
     RangeSealedError,
     ReplicationFailedError,
     StorageFullError,
     StreamNotFoundError,
 )
-from ..protocol.frame import crc32
-from ..protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
+from ...protocol.frame import crc32
+from ...protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
 from .durability import FsyncPolicy
 from .read_cap import CapState, ReadCap
 from .segment import (
@@ -57,7 +57,7 @@ from .segment import (
 )
 
 if TYPE_CHECKING:
-    from .storage import Storage
+    from .store import Storage
 
 log = logging.getLogger(__name__)
 # From this batch size on, the CRC stored with a batch is derived from the frame's checked
