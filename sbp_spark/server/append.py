@@ -116,7 +116,7 @@ class LocalDurability(Part):
 
     def start(self, pending: PendingAppend) -> None:
         # Called back on the fsync thread.
-        pending.server.storage.when_durable(
+        pending.server.storage.durability.when_durable(
             self.rlog, self.target, lambda exc: pending.part_done(self, exc))
 
 

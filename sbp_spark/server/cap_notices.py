@@ -118,7 +118,7 @@ class CapNotices:
             if exc is None:
                 self._delayed.schedule((rlog.stream_id, rlog.range_index), rlog)
 
-        self.server.storage.when_durable(rlog, end, durable)
+        self.server.storage.durability.when_durable(rlog, end, durable)
 
     def send(self, rlog: RangeLog) -> None:
         """Send the secondaries of ``rlog`` its cap if nothing is pending and they do not

@@ -41,7 +41,7 @@ def test_a_lone_write_is_flushed_at_once_not_after_the_interval(tmp_path, policy
         rlog = s.create_range(1, 0, 0)
         for i in range(5):
             _, target = rlog.append(_batch(b"w%d" % i))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
             assert rlog.next_offset == i + 1
         assert s.durability.flushes == 5
 
@@ -50,7 +50,7 @@ def test_interval_waits_for_its_tick(tmp_path):
     with _storage(tmp_path, "interval") as s:
         rlog = s.create_range(1, 0, 0)
         _, target = rlog.append(_batch(b"first"))  # the first flush: at once
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         _, target = rlog.append(_batch(b"second"))  # the next: an hour after the first
         stays_true(lambda: rlog.next_offset == 1, "the second write waiting for the tick", 0.3)
 
@@ -61,7 +61,7 @@ def test_group_gathers_a_burst_and_flushes_when_it_is_stored(tmp_path):
         durable = threading.Event()
         with s.durability.storing():  # an append of a burst is being stored
             _, target = rlog.append(_batch(b"a"))
-            s.when_durable(rlog, target, lambda exc: durable.set())
+            s.durability.when_durable(rlog, target, lambda exc: durable.set())
             stays_true(lambda: not durable.is_set(), "the flush waiting for the burst", 0.3)
             rlog.append(_batch(b"b"))  # stored before the flush: shares it
         assert durable.wait(10)
@@ -75,7 +75,7 @@ def test_group_waits_for_a_burst_at_most_the_interval(tmp_path):
         with s.durability.storing():  # other appends keep being stored: never a quiet moment
             with s.durability.storing():
                 _, target = rlog.append(_batch(b"a"))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
 
 
 @pytest.mark.parametrize("policy", ["group", "always", "interval"])
@@ -95,7 +95,7 @@ def test_an_append_is_acknowledged_only_after_its_fsync_returned(tmp_path, monke
         rlog = s.create_range(1, 0, 0)
         acked = threading.Event()
         _, target = rlog.append(_batch(b"x"))
-        s.when_durable(rlog, target, lambda exc: exc is None and acked.set())
+        s.durability.when_durable(rlog, target, lambda exc: exc is None and acked.set())
         assert entered.wait(10)
         stays_true(lambda: not acked.is_set() and rlog.next_offset == 0,
                    "the acknowledgement waiting for the fsync", 0.2)
@@ -122,7 +122,7 @@ def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypat
             with s.durability.storing():
                 _, target = rlog.append(_batch(body))
             event = threading.Event()
-            s.when_durable(rlog, target, lambda exc: event.set())
+            s.durability.when_durable(rlog, target, lambda exc: event.set())
             return event
 
         with s.durability.storing():  # one burst: one flush answers both writers
@@ -145,12 +145,12 @@ def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, mon
         durable = threading.Event()
         with s.durability.storing():  # the burst goes on for the whole test
             _, small = rlog.append(_batch(b"small"))
-            s.when_durable(rlog, small, lambda exc: durable.set())
+            s.durability.when_durable(rlog, small, lambda exc: durable.set())
             stays_true(lambda: not durable.is_set(), "a small append waiting for the burst",
                        0.3)
             with s.durability.storing():
                 _, target = rlog.append(_batch(bytes(64 * 1024)))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
             assert durable.is_set() and rlog.next_offset == 2
 
 

@@ -180,7 +180,7 @@ def test_storage_keeps_only_the_newest_bytes_cached_and_reads_everything_back(tm
         for body in bodies:
             data = memoryview(batch_bytes(body))
             _, target = rlog.append([(parse_header(data), data)])
-        store.wait_durable(rlog, target, timeout=30)
+        store.durability.wait_durable(rlog, target, timeout=30)
         # The fsync thread trims right after it answers: wait for it to have done so.
         wait_until(lambda: store.page_cache.trim() >= 0
                    and store.page_cache.dropped_bytes >= 6 * MIB, "the fsync thread's trim")

@@ -118,7 +118,7 @@ def test_uncommitted_batches_are_invisible_until_synced(store):
     with rlog.read(0, 1 << 20) as chunk:
         assert chunk.batches == []
     called = []
-    store.when_durable(rlog, target, called.append)
+    store.durability.when_durable(rlog, target, called.append)
     assert called == []
     rlog.sync()
     store.durability.release_waiters()
@@ -330,7 +330,7 @@ def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_a
     cfg = StorageConfig(fsync="always", segment_bytes=8192)
     with Storage(str(tmp_path), cfg) as s:
         rlog = s.create_range(1, 0, 0)
-        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
         disk_calls.clear()
         answered = []
         _, target = rlog.append([_batch(b"b" * 5000)])  # does not fit: a new segment
@@ -339,14 +339,14 @@ def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_a
         assert all(thread != appender for _, thread in disk_calls)  # it synced nothing
         s.durability.when_durable(rlog, target, lambda exc: answered.append(
             (exc, list(disk_calls))))
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         [(exc, before_answer)] = answered
         assert exc is None
         assert ("dir", "sbp-fsync") in before_answer
         assert before_answer.index(("dir", "sbp-fsync")) < before_answer.index(
             ("data", "sbp-fsync"))
         disk_calls.clear()
-        s.wait_durable(rlog, rlog.append([_batch(b"c" * 100)])[1], timeout=10)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"c" * 100)])[1], timeout=10)
         assert ("dir", "sbp-fsync") not in disk_calls  # once per new segment, not per flush
     with Storage(str(tmp_path), cfg) as s:
         assert [b[ENVELOPE_SIZE:] for b in _read_all(s.get_range(1, 0))] == [
@@ -357,7 +357,7 @@ def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path, monk
     cfg = StorageConfig(fsync="always", segment_bytes=8192)
     with Storage(str(tmp_path), cfg) as s:
         rlog = s.create_range(1, 0, 0)
-        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
 
         def failing(path):
             raise OSError(errno.EIO, "Input/output error")
@@ -365,7 +365,7 @@ def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path, monk
         monkeypatch.setattr(range_log_mod, "fsync_dir", failing)
         _, target = rlog.append([_batch(b"b" * 5000)])
         with pytest.raises(StorageFullError, match="Input/output error"):
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
         assert rlog.next_offset == 1  # the batch in the new segment was never acknowledged
         with pytest.raises(StorageFullError, match="not writable"):
             rlog.append([_batch(b"c")])
@@ -379,7 +379,7 @@ def test_full_segments_get_their_index_after_the_flush_answers(tmp_path):
     with Storage(str(tmp_path), cfg) as s:
         rlog = s.create_range(3, 0, 0)
         for body in bodies:
-            s.wait_durable(rlog, rlog.append([_batch(body)])[1], timeout=10)
+            s.durability.wait_durable(rlog, rlog.append([_batch(body)])[1], timeout=10)
         full = rlog.segments[:-1]
         assert len(full) >= 2
     assert all(os.path.exists(seg.index_path) for seg in full)
@@ -406,7 +406,7 @@ def test_fsync_always_acknowledges_after_fsync(tmp_path):
     with Storage(str(tmp_path), StorageConfig(fsync="always")) as s:
         rlog = s.create_range(1, 0, 0)
         _, target = rlog.append([_batch(b"a")])
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         assert rlog.next_offset == 1
         assert s.stats.fsyncs >= 1
 
@@ -419,7 +419,7 @@ def test_fsync_interval_group_commits_concurrent_appends(tmp_path):
         def writer(rlog):
             for _ in range(10):
                 _, target = rlog.append([_batch(b"v" * 100)])
-                s.wait_durable(rlog, target, timeout=10)
+                s.durability.wait_durable(rlog, target, timeout=10)
             done.append(rlog.stream_id)
 
         threads = [threading.Thread(target=writer, args=(r,)) for r in ranges]
@@ -446,7 +446,7 @@ def test_fsync_interval_starts_rounds_at_most_one_interval_apart(tmp_path):
 
         rlog.sync = slow_sync
         _, target = rlog.append([_batch(b"first")])
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         rounds_before = s.stats.fsyncs
         stop = threading.Event()
 

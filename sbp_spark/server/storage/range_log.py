@@ -22,13 +22,12 @@ import bisect
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...protocol.errors import (
     OffsetOutOfRangeError,
@@ -39,7 +38,6 @@ from ...protocol.errors import (
 )
 from ...protocol.frame import crc32
 from ...protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
-from .durability import FsyncPolicy
 from .read_cap import CapState, ReadCap
 from .segment import (
     SEGMENT_SUFFIX,
@@ -56,9 +54,6 @@ from .segment import (
     verify_once,
 )
 
-if TYPE_CHECKING:
-    from .store import Storage
-
 log = logging.getLogger(__name__)
 # From this batch size on, the CRC stored with a batch is derived from the frame's checked
 # payload CRC (``crc32_with_prefix``, about 3 us whatever the size) instead of computed over
@@ -67,6 +62,37 @@ log = logging.getLogger(__name__)
 _REUSE_CRC_BYTES = 64 * 1024
 
 META_FILE = "range.json"
+
+
+class ByteCounts(Protocol):
+    """Where range logs count the bytes they write and read (the server's metrics)."""
+
+    bytes_written: int
+    bytes_read: int
+
+
+class WrittenExtents(Protocol):
+    """Where range logs record what they wrote (the page-cache bound, pagecache.py)."""
+
+    def wrote(self, segment: Segment, start: int, end: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class LogEnv:
+    """What a range log uses of the storage it belongs to: the settings of its files, and
+    where it reports what it did."""
+
+    segment_bytes: int
+    index_interval_bytes: int
+    # Whether flushes make appends durable (every fsync policy but ``never``); without them
+    # an append is committed as soon as it is written.
+    flushed: bool
+    counts: ByteCounts
+    extents: WrittenExtents
+    # ``(range, nbytes)``: the range wrote ``nbytes`` that a flush is to make durable.
+    mark_dirty: Callable[[RangeLog, int], None]
+    # What readers may see changed (long polls wait for it).
+    data_changed: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -128,8 +154,8 @@ class ReadChunk:
 class RangeLog:
     """The local log of one range: its segments, offsets and metadata."""
 
-    def __init__(self, storage: Storage, directory: str, meta: dict) -> None:
-        self.storage = storage
+    def __init__(self, env: LogEnv, directory: str, meta: dict) -> None:
+        self._env = env
         self.directory = directory
         self.stream_id: int = meta["stream_id"]
         self.range_index: int = meta["range_index"]
@@ -161,10 +187,10 @@ class RangeLog:
         self._index_due: list[Segment] = []
 
     @classmethod
-    def create(cls, storage: Storage, directory: str, meta: dict) -> RangeLog:
+    def create(cls, env: LogEnv, directory: str, meta: dict) -> RangeLog:
         """A new, empty range in ``directory``: its metadata written, its first segment
         open at its start offset."""
-        rlog = cls(storage, directory, meta)
+        rlog = cls(env, directory, meta)
         start = rlog._start_offset
         rlog._new_segment(start)
         rlog._written = rlog._committed = start
@@ -172,10 +198,10 @@ class RangeLog:
         return rlog
 
     @classmethod
-    def open(cls, storage: Storage, directory: str, meta: dict) -> RangeLog:
+    def open(cls, env: LogEnv, directory: str, meta: dict) -> RangeLog:
         """The range found in ``directory`` with its metadata ``meta``, recovered from its
         segment files (see ``_recover``)."""
-        rlog = cls(storage, directory, meta)
+        rlog = cls(env, directory, meta)
         rlog._recover()
         return rlog
 
@@ -209,7 +235,7 @@ class RangeLog:
 
     def _restored_cap(self, final: bool) -> ReadCap:
         return ReadCap.restored(len(self._replicas), self._start_offset, self._end_offset,
-                                final, self.storage.notify_data)
+                                final, self._env.data_changed)
 
     @property
     def written_offset(self) -> int:
@@ -245,10 +271,6 @@ class RangeLog:
     def replicas(self) -> tuple[Replica, ...]:
         return self._replicas
 
-    @property
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
-
     def _meta(self, end_final: bool | None = None) -> dict:
         return {
             "stream_id": self.stream_id,
@@ -280,7 +302,7 @@ class RangeLog:
             self._replicas = replicas
             self._save_meta()
             self.cap.replicas_changed(len(replicas), self._committed)
-        self.storage.notify_data()
+        self._env.data_changed()
 
     def mark_deleted(self) -> None:
         """Refuse further writes (the stream was deleted); reads of stored data still work."""
@@ -288,7 +310,7 @@ class RangeLog:
             if not self._deleted:
                 self._deleted = True
                 self._save_meta()
-        self.storage.notify_data()
+        self._env.data_changed()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -309,7 +331,7 @@ class RangeLog:
         """Store ``batches`` (validated envelopes and their bytes) at the end of the range.
 
         Returns (base offset of each batch, the commit target): the batches are acknowledged
-        once ``next_offset`` reaches the target (see ``Storage.when_durable``). Either every
+        once ``next_offset`` reaches the target (see ``GroupCommit.when_durable``). Either every
         batch is stored or none is.
 
         ``replicated``: the batches come from the range's primary and already carry their
@@ -361,7 +383,8 @@ class RangeLog:
             # Outside ``lock``: readers and fsyncs go on meanwhile (a reader sees only up to
             # the committed offset, and a segment's size moves only once its bytes are in).
             seg.write(pieces, records, now_ms)
-            never = self.storage.config.fsync is FsyncPolicy.NEVER
+            env = self._env
+            never = not env.flushed
             if not never:
                 # An fsync will come for these bytes: let the disk start on them now.
                 seg.start_writeback()
@@ -372,19 +395,19 @@ class RangeLog:
                 if never:
                     self._committed = offset
         start = records[0][2]
-        self.storage.stats.bytes_written += pos - start
-        self.storage.page_cache.wrote(seg, start, pos)
+        env.counts.bytes_written += pos - start
+        env.extents.wrote(seg, start, pos)
         if never:
-            self.storage.notify_data()
+            env.data_changed()
         else:
-            self.storage.durability.mark_dirty(self, pos - start)
+            env.mark_dirty(self, pos - start)
         return bases, offset
 
     def _active_for(self, nbytes: int) -> Segment:
         """The segment to write ``nbytes`` into, rolling to a new one when this one is full."""
         seg = self.segments[-1]
-        if not seg.empty and seg.size + nbytes > self.storage.config.segment_bytes:
-            if self.storage.config.fsync is FsyncPolicy.NEVER:
+        if not seg.empty and seg.size + nbytes > self._env.segment_bytes:
+            if not self._env.flushed:
                 # No fsync will come to write its index (see sync()): write it now.
                 seg.write_index()
                 seg.index_written = True
@@ -392,11 +415,11 @@ class RangeLog:
             # byte written to it is acknowledged: not here, on the append's path. (``never``
             # has no next sync: there it is synced now.)
             seg = self._new_segment(self._written,
-                                    sync_dir=self.storage.config.fsync is FsyncPolicy.NEVER)
+                                    sync_dir=not self._env.flushed)
         return seg
 
     def _new_segment(self, base_offset: int, sync_dir: bool = True) -> Segment:
-        seg = Segment(self.directory, base_offset, self.storage.config.index_interval_bytes)
+        seg = Segment(self.directory, base_offset, self._env.index_interval_bytes)
         if sync_dir:
             fsync_dir(self.directory)
         else:
@@ -439,7 +462,7 @@ class RangeLog:
                     self._index_due.append(seg)
             if target > self._committed:
                 self._committed = target
-        self.storage.notify_data()
+        self._env.data_changed()
 
     def write_due_indexes(self) -> None:
         """Persist the index of each segment that sync() found full and durable (called by
@@ -470,9 +493,9 @@ class RangeLog:
             except OSError:
                 self._end_offset = -1
                 raise
-        if self.storage.config.fsync is not FsyncPolicy.NEVER:
+        if self._env.flushed:
             self.sync()
-        self.storage.notify_data()
+        self._env.data_changed()
         return self._end_offset
 
     def seal_at(self, end_offset: int) -> None:
@@ -565,7 +588,7 @@ class RangeLog:
             return ReadChunk([], 0, offset)
         nbytes = sum(b.length for b in batches)
         if count:
-            self.storage.stats.bytes_read += nbytes
+            self._env.counts.bytes_read += nbytes
         return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
 
     def available_bytes(self, offset: int, limit: int) -> int:
@@ -653,16 +676,6 @@ class RangeLog:
             for seg in self.segments:
                 seg.close()
 
-    def destroy(self) -> None:
-        """Delete the range's files entirely."""
-        with self._exclusive():
-            for seg in self.segments:
-                seg.delete()
-            self.segments = []
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def describe(self) -> dict:
-        return {**self._meta(), "next_offset": self._committed}
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -676,7 +689,7 @@ class RangeLog:
             except ValueError:
                 log.warning("ignoring unexpected file %s in %s", n, self.directory)
                 continue
-            segs.append(Segment(self.directory, base, self.storage.config.index_interval_bytes))
+            segs.append(Segment(self.directory, base, self._env.index_interval_bytes))
         kept: list[Segment] = []
         for i, seg in enumerate(segs):
             last = i == len(segs) - 1

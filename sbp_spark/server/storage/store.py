@@ -1,12 +1,13 @@
-"""The range logs of a range server: where they live, how they are found, and their settings.
+"""The range logs of a range server: where they live and how they are found.
 
 Layout under ``data_dir``::
 
     ranges/<stream_id>-<range_index>/    one range's log (see range_log.py)
 
-``Storage`` is the registry of the local ranges (create, find, drop, recover them all at
-start), owns their group commit (``durability.py``: when appends become durable under the
-``FsyncPolicy``) and the signal that wakes long polls when readable data changes.
+``Storage`` is the registry of the local ranges (create, find, recover them all at start),
+owns their group commit (``durability.py``: when appends become durable under the
+``FsyncPolicy``), the page-cache bound and the signal that wakes long polls when readable
+data changes. Its range logs see it only as a ``LogEnv``: their settings and where they report.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Callable, Sequence
 from ...protocol.errors import DataCorruptError, InvalidRequestError
 from ..conditions import WaitedCondition
 from .config import StorageConfig
-from .durability import FsyncPolicy, GroupCommit, Waiter
+from .durability import FsyncPolicy, GroupCommit
 from .pagecache import PageCacheBudget
-from .range_log import META_FILE, RangeLog, Replica
+from .range_log import META_FILE, LogEnv, RangeLog, Replica
 from .segment import SEGMENT_SUFFIX, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ class StorageStats:
         self.bytes_written = 0
         self.bytes_read = 0
         self.fsyncs = 0
-
 
 
 def _stored_segments(directory: str) -> list[str]:
@@ -75,10 +75,20 @@ class Storage:
         self.page_cache = PageCacheBudget(
             0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes)
         os.makedirs(os.path.join(self.data_dir, _RANGES_DIR), exist_ok=True)
-        self._recover()
-        self.durability = GroupCommit(self.config.policy, self.config.fsync_interval_ms,
-                                      on_synced=self._count_fsync,
-                                      after_round=self._after_flush)
+        self.durability: GroupCommit[RangeLog] = GroupCommit(
+            self.config.policy, self.config.fsync_interval_ms, on_synced=self._count_fsync,
+            after_round=self._after_flush)
+        self._env = LogEnv(
+            segment_bytes=self.config.segment_bytes,
+            index_interval_bytes=self.config.index_interval_bytes,
+            flushed=self.config.policy is not FsyncPolicy.NEVER, counts=self.stats,
+            extents=self.page_cache, mark_dirty=self.durability.mark_dirty,
+            data_changed=self.notify_data)
+        try:
+            self._recover()
+        except BaseException:
+            self.durability.close()
+            raise
 
     # -- ranges ----------------------------------------------------------------------------
 
@@ -125,7 +135,7 @@ class Storage:
                     "base_start_offset": start_offset, "start_offset": start_offset,
                     "end_offset": end_offset, "deleted": False,
                     "replicas": [r.__dict__ for r in replicas]}
-            rlog = RangeLog.create(self, directory, meta)
+            rlog = RangeLog.create(self._env, directory, meta)
             fsync_dir(os.path.dirname(directory))
             with self._lock:
                 self._add(rlog)
@@ -174,26 +184,6 @@ class Storage:
             rlog.mark_deleted()
         return bool(ranges)
 
-    def drop_range(self, stream_id: int, range_index: int) -> None:
-        """Forget a range and delete its files."""
-        with self._lock:
-            rlog = self._ranges.pop((stream_id, range_index), None)
-            if rlog is not None:
-                self._by_stream[stream_id].remove(rlog)
-        if rlog is not None:
-            rlog.destroy()
-
-    # -- durability ------------------------------------------------------------------------
-
-    def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
-        """Call ``callback(None)`` once ``rlog.next_offset >= target`` (see
-        ``GroupCommit.when_durable``)."""
-        self.durability.when_durable(rlog, target, callback)
-
-    def wait_durable(self, rlog: RangeLog, target: int, timeout: float | None = None) -> None:
-        """Block until ``rlog.next_offset >= target``; raises on fsync failure or timeout."""
-        self.durability.wait_durable(rlog, target, timeout)
-
     # -- long polls ------------------------------------------------------------------------
 
     def notify_data(self) -> None:
@@ -240,7 +230,7 @@ class Storage:
                 log.error("skipping range directory %s: unreadable %s (%s)", directory,
                           META_FILE, exc)
                 continue
-            self._add(RangeLog.open(self, directory, meta))
+            self._add(RangeLog.open(self._env, directory, meta))
         if self._ranges:
             log.info("recovered %d ranges from %s", len(self._ranges), self.data_dir)
 
