@@ -89,7 +89,7 @@ def _data_dir(path: str) -> Path:
 def _check_range_server_count(data_dir: Path, count: int) -> None:
     """Refuse ``--range-servers`` below the range servers ``data_dir`` holds data of: the
     ones left out would not run, and the streams they hold could not be read or written."""
-    from sbp_spark.server.identity import SERVER_FILE
+    from sbp_spark.server.range_server.identity import SERVER_FILE
 
     indexes = (int(d.name[3:]) for d in data_dir.glob("rs-*")
                if d.name[3:].isdigit() and (d / SERVER_FILE).exists())

@@ -31,9 +31,9 @@ from sbp_spark.protocol.messages import (
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
-from sbp_spark.server.cap_notices import DelayedCalls
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
+from sbp_spark.server.range_server.cap_notices import DelayedCalls
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
 from tests.server.secondary import forward_of, send_append, sync_range

@@ -109,7 +109,7 @@ def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path, monkeypatc
                 return False
             return super().wait(timeout)
 
-    from sbp_spark.server.registration import PdLink
+    from sbp_spark.server.range_server.registration import PdLink
 
     start = PdLink.start
 

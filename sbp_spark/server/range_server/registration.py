@@ -25,15 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..client.config import ClientConfig
-from ..client.pd import PdClient
-from ..client.pool import ConnectionPool
-from ..client.tls import TlsConfig
-from ..protocol.errors import InvalidRequestError, SbpError
-from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
-from ..protocol.messages import RangeServer as RangeServerInfo
-from .pd_outage import PdOutage
-from .pd_store import UNKNOWN_SERVER_ID
+from ...client.config import ClientConfig
+from ...client.pd import PdClient
+from ...client.pool import ConnectionPool
+from ...client.tls import TlsConfig
+from ...protocol.errors import InvalidRequestError, SbpError
+from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ...protocol.messages import RangeServer as RangeServerInfo
+from ..pd_outage import PdOutage
+from ..pd_store import UNKNOWN_SERVER_ID
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..protocol.constants import Opcode
-from ..protocol.errors import (
+from ...protocol.constants import Opcode
+from ...protocol.errors import (
     ErrorCode,
     HeaderError,
     InvalidRequestError,
@@ -20,7 +20,7 @@ from ..protocol.errors import (
     ServerError,
     StreamNotFoundError,
 )
-from ..protocol.messages import (
+from ...protocol.messages import (
     AppendRequest,
     DeleteStreamsRequest,
     DeleteStreamsResponse,
@@ -45,14 +45,14 @@ from ..protocol.messages import (
     TrimStreamsResponse,
     TrimStreamsResult,
 )
-from ..protocol.messages import RangeServer as RangeServerInfo
+from ...protocol.messages import RangeServer as RangeServerInfo
+from ..net import RequestContext, RequestHandler, Route, Runs
+from ..storage.range_log import RangeLog, Replica
+from ..storage.read_cap import CapState
 from .append import AppendPath
-from .net import RequestContext, RequestHandler, Route, Runs
-from .storage.range_log import RangeLog, Replica
-from .storage.read_cap import CapState
 
 if TYPE_CHECKING:
-    from .range_server import RangeServer
+    from .server import RangeServer
 
 log = logging.getLogger(__name__)
 

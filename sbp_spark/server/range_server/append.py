@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     BatchFormatError,
     ErrorCode,
     InvalidRequestError,
@@ -31,14 +31,14 @@ from ..protocol.errors import (
     ServerError,
     StreamNotFoundError,
 )
-from ..protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
-from ..protocol.records import BatchHeader, parse_header
-from .net import ConnectionClosed, RequestContext
+from ...protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
+from ...protocol.records import BatchHeader, parse_header
+from ..net import ConnectionClosed, RequestContext
+from ..storage.range_log import RangeLog
 from .replication import Forward
-from .storage.range_log import RangeLog
 
 if TYPE_CHECKING:
-    from .range_server import RangeServer
+    from .server import RangeServer
 
 log = logging.getLogger(__name__)
 

@@ -55,13 +55,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..client.config import ClientConfig
-from ..client.connection import ResponseStream
-from ..client.pool import ConnectionPool
-from ..protocol.constants import Opcode
-from ..protocol.errors import ReplicationFailedError, SbpError
-from ..protocol.frame import Frame
-from ..protocol.messages import (
+from ...client.config import ClientConfig
+from ...client.connection import ResponseStream
+from ...client.pool import ConnectionPool
+from ...protocol.constants import Opcode
+from ...protocol.errors import ReplicationFailedError, SbpError
+from ...protocol.frame import Frame
+from ...protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
@@ -69,8 +69,8 @@ from ..protocol.messages import (
     decode_response,
     request_frame,
 )
-from ..transport.tls import TlsConfig
-from .storage.range_log import RangeLog, Replica
+from ...transport.tls import TlsConfig
+from ..storage.range_log import RangeLog, Replica
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..protocol.errors import ErrorCode, InvalidRequestError, ServerError
-from ..protocol.messages import AppendRequest, AppendResponse, AppendResult, RangeId, Status
-from .storage.range_log import RangeLog
-from .storage.read_cap import CapState
+from ...protocol.errors import ErrorCode, InvalidRequestError, ServerError
+from ...protocol.messages import AppendRequest, AppendResponse, AppendResult, RangeId, Status
+from ..storage.range_log import RangeLog
+from ..storage.read_cap import CapState
 
 if TYPE_CHECKING:
-    from .range_server import RangeServer
+    from .server import RangeServer
 
 log = logging.getLogger(__name__)
 

@@ -27,20 +27,20 @@ import os
 import threading
 from collections.abc import Callable
 
-from ..protocol.messages import RangeServer as RangeServerInfo
-from .advertise import advertised
+from ...protocol.messages import RangeServer as RangeServerInfo
+from ..advertise import advertised
+from ..dirlock import DataDirLock
+from ..net import FrameServer
+from ..storage.range_log import RangeLog
+from ..storage.store import Storage
 from .cap_notices import CapNotices
-from .dirlock import DataDirLock
+from .config import RangeServerConfig
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
-from .net import FrameServer
-from .range_requests import RangeServerHandler
-from .range_server_config import RangeServerConfig
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
-from .storage.range_log import RangeLog
-from .storage.store import Storage
+from .requests import RangeServerHandler
 
 log = logging.getLogger(__name__)
 

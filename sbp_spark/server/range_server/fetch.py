@@ -23,19 +23,19 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     ErrorCode,
     RangeNotFoundError,
     RangeSealedError,
     ServerError,
     StreamNotFoundError,
 )
-from ..protocol.frame import crc32
-from ..protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
-from .net import FileRegion, RequestContext
-from .storage.range_log import RangeLog, ReadChunk
-from .storage.segment import CorruptDataError, StoredBatch, crc32_combine
-from .storage.store import Storage
+from ...protocol.frame import crc32
+from ...protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
+from ..net import FileRegion, RequestContext
+from ..storage.range_log import RangeLog, ReadChunk
+from ..storage.segment import CorruptDataError, StoredBatch, crc32_combine
+from ..storage.store import Storage
 
 log = logging.getLogger(__name__)
 
