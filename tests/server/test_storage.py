@@ -18,11 +18,11 @@ from sbp_spark.protocol.errors import (
     StorageFullError,
     StreamNotFoundError,
 )
+from sbp_spark.protocol.messages import RangeReplica, RangeServer
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
 from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 from sbp_spark.server.storage import range_log as range_log_mod
 from sbp_spark.server.storage import segment as segment_mod
-from sbp_spark.server.storage.range_log import Replica
 from sbp_spark.server.storage.segment import CorruptDataError
 from sbp_spark.server.storage.store import Storage
 
@@ -64,7 +64,8 @@ def store(tmp_path):
 
 
 def test_append_assigns_offsets_and_reads_back_patched_batches(store):
-    rlog = store.create_range(7, 0, start_offset=100, replicas=[Replica(1, "h:1", True)])
+    rlog = store.create_range(7, 0, start_offset=100,
+                              replicas=[RangeReplica(RangeServer(1, "h:1"), True)])
     bases, target = rlog.append([_batch(b"one"), _batch(b"two")])
     assert bases == [100, 101] and target == 102
     bases, target = rlog.append([_batch(b"three")])
@@ -146,14 +147,16 @@ def test_read_limits_max_bytes_first_batch_and_end_offset(store):
 
 def test_restart_recovers_offsets_data_and_metadata(tmp_path):
     with Storage(str(tmp_path), _MANUAL) as s:
-        rlog = s.create_range(3, 2, 50, replicas=[Replica(4, "a:1", True), Replica(5, "b:2")])
+        rlog = s.create_range(3, 2, 50, replicas=[RangeReplica(RangeServer(4, "a:1"), True),
+                                                  RangeReplica(RangeServer(5, "b:2"))])
         rlog.append([_batch(b"x" * 10), _batch(b"y" * 20)])
         rlog.sync()
         before = _read_all(rlog)
     with Storage(str(tmp_path), _MANUAL) as s:
         rlog = s.get_range(3, 2)
         assert rlog.next_offset == 52 and rlog.start_offset == 50 and not rlog.sealed
-        assert rlog.replicas == (Replica(4, "a:1", True), Replica(5, "b:2", False))
+        assert rlog.replicas == (RangeReplica(RangeServer(4, "a:1"), True),
+                                 RangeReplica(RangeServer(5, "b:2"), False))
         assert _read_all(rlog) == before
         assert rlog.append([_batch(b"z")])[0] == [52]
 

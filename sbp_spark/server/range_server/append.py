@@ -373,7 +373,7 @@ class AppendPath:
         if server.is_primary(last):
             return last, False
         primary = next((r for r in last.replicas if r.is_primary), None)
-        where = f" (primary: {primary.advertise_addr})" if primary else ""
+        where = f" (primary: {primary.server.advertise_addr})" if primary else ""
         raise NotPrimaryError(
             f"server {server.server_id} is not the primary of range "
             f"{stream_id}/{last.range_index}{where}")

@@ -130,7 +130,7 @@ class CapNotices:
             if answer.problem is not None:
                 log.debug("range %d/%d: cap notice (%d) to secondary %d not taken: %s",
                           rlog.stream_id, rlog.range_index, committed,
-                          answer.replica.server_id, answer.problem)
+                          answer.replica.server.server_id, answer.problem)
 
     def _probe_due(self, rlog: RangeLog) -> bool:
         # A primary's open replicated range whose readers miss records durable here, with no
@@ -149,7 +149,7 @@ class CapNotices:
             if answer.problem is not None or answer.stored_end is None:
                 log.info("range %d/%d: secondary %d did not say how far it stored the range "
                          "(%s); its readers stay at offset %s for now", rlog.stream_id,
-                         rlog.range_index, answer.replica.server_id, answer.problem,
+                         rlog.range_index, answer.replica.server.server_id, answer.problem,
                          rlog.read_cap)
                 return False
             ends.append(answer.stored_end)

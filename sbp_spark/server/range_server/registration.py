@@ -29,9 +29,9 @@ from ...client.config import ClientConfig
 from ...client.pd import PdClient
 from ...client.pool import ConnectionPool
 from ...client.tls import TlsConfig
+from ...protocol import messages
 from ...protocol.errors import InvalidRequestError, SbpError
 from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
-from ...protocol.messages import RangeServer as RangeServerInfo
 from ..pd_outage import PdOutage
 from ..pd_store import UNKNOWN_SERVER_ID
 
@@ -110,9 +110,9 @@ class LinkedServer:
     stream_settings: Callable[[int, int, bool], None]
     load: Callable[[], LoadSample]
 
-    def info(self) -> RangeServerInfo:
+    def info(self) -> messages.RangeServer:
         """The server as the PD knows it: id and advertised address."""
-        return RangeServerInfo(self.server_id(), self.advertise_addr())
+        return messages.RangeServer(self.server_id(), self.advertise_addr())
 
 
 class PdLink:

@@ -66,11 +66,12 @@ from ...protocol.messages import (
     AppendRequest,
     AppendResponse,
     RangeId,
+    RangeReplica,
     decode_response,
     request_frame,
 )
 from ...transport.tls import TlsConfig
-from ..storage.range_log import RangeLog, Replica
+from ..storage.range_log import RangeLog
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ NOTICE_TIMEOUT_S = 10.0
 class NoticeAnswer:
     """One secondary's answer to a cap notice: its stored end of the range, or the problem."""
 
-    replica: Replica
+    replica: RangeReplica
     stored_end: int | None
     problem: str | None = None
 
@@ -103,7 +104,7 @@ class NoticeAnswer:
 class Forward:
     """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
 
-    replica: Replica
+    replica: RangeReplica
     stream: ResponseStream | None
     error: SbpError | None = None
 
@@ -123,9 +124,9 @@ class Replicator:
     def close(self) -> None:
         self.pool.close()
 
-    def secondaries(self, rlog: RangeLog) -> list[Replica]:
+    def secondaries(self, rlog: RangeLog) -> list[RangeReplica]:
         mine = self._server_id()
-        return [r for r in rlog.replicas if not r.is_primary and r.server_id != mine]
+        return [r for r in rlog.replicas if not r.is_primary and r.server.server_id != mine]
 
     def order_lock(self, rlog: RangeLog) -> threading.Lock:
         """Held across a local append and its forwards, so secondaries see the same order."""
@@ -145,13 +146,13 @@ class Replicator:
                                 cap_notice=RangeId(rlog.stream_id, rlog.range_index))
         if committed >= 0:
             rlog.cap.note_sent(committed)
-        sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
+        sent: list[tuple[RangeReplica, ResponseStream | None, str | None]] = []
         for replica in self.secondaries(rlog):
-            if not replica.advertise_addr:
+            if not replica.server.advertise_addr:
                 sent.append((replica, None, "no known address"))
                 continue
             try:
-                conn = self.pool.get(replica.advertise_addr)
+                conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND, lambda sid: request_frame(sid, request),
                                     timeout_s)
                 sent.append((replica, stream, None))
@@ -202,12 +203,12 @@ class Replicator:
                          self.pool.config.request_timeout_s)
         out = []
         for replica in self.secondaries(rlog):
-            if not replica.advertise_addr:
+            if not replica.server.advertise_addr:
                 out.append(Forward(replica, None, ReplicationFailedError(
-                    f"secondary {replica.server_id} has no known address")))
+                    f"secondary {replica.server.server_id} has no known address")))
                 continue
             try:
-                conn = self.pool.get(replica.advertise_addr)
+                conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
                                     lambda sid: request_frame(sid, request, payload), wait_s)
                 out.append(Forward(replica, stream))
@@ -223,7 +224,7 @@ class Replicator:
         ``_settled_answer_of``)."""
         problems = []
         for fw in forwards:
-            where = f"secondary {fw.replica.server_id} ({fw.replica.advertise_addr})"
+            where = f"secondary {fw.replica.server.server_id} ({fw.replica.server.advertise_addr})"
             if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
                 continue

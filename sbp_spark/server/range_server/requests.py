@@ -32,7 +32,6 @@ from ...protocol.messages import (
     HeartbeatRequest,
     HeartbeatResponse,
     Range,
-    RangeReplica,
     SealRangesRequest,
     SealRangesResponse,
     SealRangesResult,
@@ -45,9 +44,8 @@ from ...protocol.messages import (
     TrimStreamsResponse,
     TrimStreamsResult,
 )
-from ...protocol.messages import RangeServer as RangeServerInfo
 from ..net import RequestContext, RequestHandler, Route, Runs
-from ..storage.range_log import RangeLog, Replica
+from ..storage.range_log import RangeLog
 from ..storage.read_cap import CapState
 from .append import AppendPath
 
@@ -80,8 +78,7 @@ def range_view(rlog: RangeLog, stopped: bool = False) -> Range:
         start_offset=rlog.start_offset,
         next_offset=rlog.readable_offset,
         end_offset=end,
-        servers=[RangeReplica(RangeServerInfo(r.server_id, r.advertise_addr), r.is_primary)
-                 for r in rlog.replicas],
+        servers=list(rlog.replicas),
     )
 
 
@@ -214,10 +211,9 @@ class RangeServerHandler(RequestHandler):
             raise InvalidRequestError(
                 f"range {sid}/{r.range_index}: end_offset {r.end_offset} is invalid for start "
                 f"{r.start_offset}")
-        replicas = [Replica(rep.server.server_id, rep.server.advertise_addr, rep.is_primary)
-                    for rep in r.servers]
+        replicas = r.servers
         mine = self.server.server_id
-        if replicas and not any(rep.server_id == mine for rep in replicas):
+        if replicas and not any(rep.server.server_id == mine for rep in replicas):
             return None
         if sum(1 for rep in replicas if rep.is_primary) > 1:
             raise InvalidRequestError(f"range {sid}/{r.range_index} names several primaries")

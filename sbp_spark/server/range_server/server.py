@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from ...protocol.messages import RangeServer as RangeServerInfo
+from ...protocol import messages
 from ..advertise import advertised
 from ..dirlock import DataDirLock
 from ..net import FrameServer
@@ -104,8 +104,8 @@ class RangeServer:
         return advertised(self.net.address, self.config.advertise_addr,
                           self.config.advertise_host)
 
-    def info(self) -> RangeServerInfo:
-        return RangeServerInfo(self.server_id, self.advertise_addr)
+    def info(self) -> messages.RangeServer:
+        return messages.RangeServer(self.server_id, self.advertise_addr)
 
     def _linked(self) -> LinkedServer:
         """This server as its PD link sees it."""
@@ -186,7 +186,7 @@ class RangeServer:
     def is_replica(self, rlog: RangeLog) -> bool:
         """Whether this server holds a copy of ``rlog`` (primary or secondary)."""
         me = self.server_id
-        return any(r.server_id == me for r in rlog.replicas)
+        return any(r.server.server_id == me for r in rlog.replicas)
 
     def is_primary(self, rlog: RangeLog) -> bool:
         """Whether appends for ``rlog`` belong here (a range with no replica list is local)."""
@@ -194,7 +194,7 @@ class RangeServer:
             return True
         me = self.server_id
         for r in rlog.replicas:  # a loop, not any(): this runs for every append
-            if r.is_primary and r.server_id == me:
+            if r.is_primary and r.server.server_id == me:
                 return True
         return False
 

@@ -37,6 +37,7 @@ from ...protocol.errors import (
     StreamNotFoundError,
 )
 from ...protocol.frame import crc32
+from ...protocol.messages import RangeReplica, RangeServer
 from ...protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
 from .read_cap import CapState, ReadCap
 from .segment import (
@@ -95,13 +96,15 @@ class LogEnv:
     data_changed: Callable[[], None]
 
 
-@dataclass(frozen=True)
-class Replica:
-    """One server holding a copy of a range."""
+def _replica_record(replica: RangeReplica) -> dict:
+    """How ``range.json`` keeps a replica of the range."""
+    return {"server_id": replica.server.server_id,
+            "advertise_addr": replica.server.advertise_addr, "is_primary": replica.is_primary}
 
-    server_id: int
-    advertise_addr: str = ""
-    is_primary: bool = False
+
+def _replica_of(record: dict) -> RangeReplica:
+    return RangeReplica(RangeServer(record["server_id"], record.get("advertise_addr", "")),
+                        record.get("is_primary", False))
 
 
 @dataclass
@@ -163,7 +166,8 @@ class RangeLog:
         self._start_offset: int = meta["start_offset"]
         self._end_offset: int = meta["end_offset"]
         self._deleted: bool = meta.get("deleted", False)
-        self._replicas: tuple[Replica, ...] = tuple(Replica(**r) for r in meta.get("replicas", ()))
+        # The servers holding the range, as the PD placed it (none known: a range of its own).
+        self._replicas = tuple(_replica_of(r) for r in meta.get("replicas", ()))
         # ``lock`` guards the range's state (offsets, segment list, metadata) and is held only
         # briefly. ``_append_lock`` serializes appends, which write their bytes holding it but
         # not ``lock``: an fsync or a read need not wait for a 1 MiB write to end (measured:
@@ -187,9 +191,15 @@ class RangeLog:
         self._index_due: list[Segment] = []
 
     @classmethod
-    def create(cls, env: LogEnv, directory: str, meta: dict) -> RangeLog:
+    def create(cls, env: LogEnv, directory: str, stream_id: int, range_index: int,
+               start_offset: int, end_offset: int, replicas: Sequence[RangeReplica]
+               ) -> RangeLog:
         """A new, empty range in ``directory``: its metadata written, its first segment
         open at its start offset."""
+        meta = {"stream_id": stream_id, "range_index": range_index,
+                "base_start_offset": start_offset, "start_offset": start_offset,
+                "end_offset": end_offset, "deleted": False,
+                "replicas": [_replica_record(r) for r in replicas]}
         rlog = cls(env, directory, meta)
         start = rlog._start_offset
         rlog._new_segment(start)
@@ -268,7 +278,7 @@ class RangeLog:
         return self._failed
 
     @property
-    def replicas(self) -> tuple[Replica, ...]:
+    def replicas(self) -> tuple[RangeReplica, ...]:
         return self._replicas
 
     def _meta(self, end_final: bool | None = None) -> dict:
@@ -281,7 +291,7 @@ class RangeLog:
             # Whether the end is the one the PD recorded (not only where this replica stopped).
             "end_final": self.cap.state is CapState.FINAL if end_final is None else end_final,
             "deleted": self._deleted,
-            "replicas": [r.__dict__ for r in self._replicas],
+            "replicas": [_replica_record(r) for r in self._replicas],
         }
 
     @contextmanager
@@ -294,7 +304,7 @@ class RangeLog:
         atomic_write(os.path.join(self.directory, META_FILE),
                      json.dumps(self._meta(end_final), indent=1).encode())
 
-    def set_replicas(self, replicas: Sequence[Replica]) -> None:
+    def set_replicas(self, replicas: Sequence[RangeReplica]) -> None:
         with self._exclusive():
             replicas = tuple(replicas)
             if replicas == self._replicas:

@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...protocol.errors import DataCorruptError, InvalidRequestError
+from ...protocol.messages import RangeReplica
 from ..conditions import WaitedCondition
 from .config import StorageConfig
 from .durability import FsyncPolicy, GroupCommit
 from .pagecache import PageCacheBudget
-from .range_log import META_FILE, LogEnv, RangeLog, Replica
+from .range_log import META_FILE, LogEnv, RangeLog
 from .segment import SEGMENT_SUFFIX, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class Storage:
     # -- ranges ----------------------------------------------------------------------------
 
     def create_range(self, stream_id: int, range_index: int, start_offset: int,
-                     end_offset: int = -1, replicas: Sequence[Replica] = ()) -> RangeLog:
+                     end_offset: int = -1, replicas: Sequence[RangeReplica] = ()) -> RangeLog:
         """Create a local range (idempotent when it already exists with the same start)."""
         if stream_id < 0 or range_index < 0 or start_offset < 0:
             raise InvalidRequestError(
@@ -131,11 +132,8 @@ class Storage:
                     f"recovered because its {META_FILE} is unreadable; they are kept, not "
                     f"overwritten, until an operator moves the directory aside or repairs it")
             os.makedirs(directory, exist_ok=True)
-            meta = {"stream_id": stream_id, "range_index": range_index,
-                    "base_start_offset": start_offset, "start_offset": start_offset,
-                    "end_offset": end_offset, "deleted": False,
-                    "replicas": [r.__dict__ for r in replicas]}
-            rlog = RangeLog.create(self._env, directory, meta)
+            rlog = RangeLog.create(self._env, directory, stream_id, range_index, start_offset,
+                                   end_offset, replicas)
             fsync_dir(os.path.dirname(directory))
             with self._lock:
                 self._add(rlog)
