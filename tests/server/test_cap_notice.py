@@ -215,8 +215,8 @@ def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_pat
         primary = make(tmp_path / "1", 1)
         asked: list[int] = []
         notify = primary.replicator.notify
-        primary.replicator.notify = lambda rlog, committed, *rest: (
-            asked.append(committed) or notify(rlog, committed, *rest))
+        primary.replicator.notify = lambda rlog, secondaries, committed, *rest: (
+            asked.append(committed) or notify(rlog, secondaries, committed, *rest))
         primary.start()
         rlog = primary.storage.get_range(STREAM, 0)
         assert rlog.next_offset == 5

@@ -386,9 +386,9 @@ def test_retention_deletes_expired_data_and_reports_the_trim(tmp_path):
         for _ in range(3):
             _append(peer, [(1, b"o" * 3000)])
         trims = []
-        srv.on_trim = lambda sid, start: trims.append((sid, start))
-        srv.retention[1] = 60_000
-        assert srv.apply_retention(now_ms=int(time.time() * 1000) + 120_000) == [(1, 3)]
+        srv.retention.on_trim = lambda sid, start: trims.append((sid, start))
+        srv.retention.set_period(1, 60_000)
+        assert srv.retention.apply(now_ms=int(time.time() * 1000) + 120_000) == [(1, 3)]
         assert trims == [(1, 3)]
         _, statuses, _ = _fetch(peer, [_entry(1, offset=0)])
         assert statuses[0][0].code == ErrorCode.OFFSET_OUT_OF_RANGE

@@ -26,7 +26,7 @@ until the forward's timeout; the PD's failover seals the range within seconds).
 Readers of an open range see only records every replica stored (the range's read cap, see
 ``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
 would not survive a failover (the PD seals a range at the smallest end its live replicas
-hold), so no reader may see it first. On the primary, ``hold_reads``/``release_reads`` move
+hold), so no reader may see it first. On the primary, ``ReadCap.hold``/``release`` move
 the cap as the secondaries store appends. Every forward carries the primary's cap (no higher
 than what is durable on the primary itself) as ``committed_offset``, and a secondary that
 stored the forward raises its own cap to it.
@@ -110,11 +110,11 @@ class Forward:
 
 
 class Replicator:
-    """Forwards a primary's stored batches to its secondaries."""
+    """A primary's calls to the secondaries of its ranges: forwards of stored batches, and cap
+    notices. Which replicas are the secondaries is the caller's to say (``roles.py``)."""
 
-    def __init__(self, server_id_source, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
+    def __init__(self, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
                  tls: TlsConfig | None = None) -> None:
-        self._server_id = server_id_source  # callable: this server's current id
         # With TLS, secondaries are called with this server's own certificate.
         self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0
                                                 ).with_tls(tls))
@@ -123,10 +123,6 @@ class Replicator:
 
     def close(self) -> None:
         self.pool.close()
-
-    def secondaries(self, rlog: RangeLog) -> list[RangeReplica]:
-        mine = self._server_id()
-        return [r for r in rlog.replicas if not r.is_primary and r.server.server_id != mine]
 
     def order_lock(self, rlog: RangeLog) -> threading.Lock:
         """Held across a local append and its forwards, so secondaries see the same order."""
@@ -137,17 +133,17 @@ class Replicator:
                 lock = self._locks[key] = threading.Lock()
             return lock
 
-    def notify(self, rlog: RangeLog, committed: int, timeout_s: float = NOTICE_TIMEOUT_S
-               ) -> list[NoticeAnswer]:
-        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to every
-        secondary and wait for their answers: each one's stored end of the range, or why
-        there is none. Sent over the same connections as the forwards, after them."""
+    def notify(self, rlog: RangeLog, secondaries: Sequence[RangeReplica], committed: int,
+               timeout_s: float = NOTICE_TIMEOUT_S) -> list[NoticeAnswer]:
+        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to its
+        ``secondaries`` and wait for their answers: each one's stored end of the range, or
+        why there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
                                 cap_notice=RangeId(rlog.stream_id, rlog.range_index))
         if committed >= 0:
             rlog.cap.note_sent(committed)
         sent: list[tuple[RangeReplica, ResponseStream | None, str | None]] = []
-        for replica in self.secondaries(rlog):
+        for replica in secondaries:
             if not replica.server.advertise_addr:
                 sent.append((replica, None, "no known address"))
                 continue
@@ -174,10 +170,11 @@ class Replicator:
             out.append(NoticeAnswer(replica, stored, problem))
         return out
 
-    def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
-             ) -> list[Forward]:
-        """Send the stored batches (``[envelope, body]`` each) to every secondary; call
-        under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local append.
+    def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
+             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]:
+        """Send the stored batches (``[envelope, body]`` each) to the ``secondaries`` of
+        ``rlog``; call under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local
+        append.
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
@@ -202,7 +199,7 @@ class Replicator:
             wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
                          self.pool.config.request_timeout_s)
         out = []
-        for replica in self.secondaries(rlog):
+        for replica in secondaries:
             if not replica.server.advertise_addr:
                 out.append(Forward(replica, None, ReplicationFailedError(
                     f"secondary {replica.server.server_id} has no known address")))
