@@ -21,9 +21,9 @@ from sbp_spark.protocol.errors import (
 from sbp_spark.protocol.messages import RangeReplica, RangeServer
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
 from sbp_spark.server.storage import FsyncPolicy, StorageConfig
-from sbp_spark.server.storage import range_log as range_log_mod
 from sbp_spark.server.storage import segment as segment_mod
-from sbp_spark.server.storage.segment import CorruptDataError
+from sbp_spark.server.storage.disk import Disk
+from sbp_spark.server.storage.segment import CorruptDataError, verify_batches
 from sbp_spark.server.storage.store import Storage
 
 # No background fsync during a test unless the test asks for it.
@@ -44,7 +44,7 @@ def _read_all(rlog, offset: int = None, max_bytes: int = 1 << 30) -> list[bytes]
             if not chunk.batches:
                 return out
             data = b"".join(os.pread(b.fd, b.length, b.position) for b in chunk.batches)
-            assert chunk.crc == chunk.verify() == zlib.crc32(data)
+            assert chunk.crc == verify_batches(chunk.batches) == zlib.crc32(data)
             assert chunk.nbytes == len(data)
             for b in chunk.batches:
                 out.append(os.pread(b.fd, b.length, b.position))
@@ -281,7 +281,7 @@ def test_corrupt_byte_in_a_full_segment_is_detected_on_read(tmp_path, lose_index
         rlog = s.get_range(1, 0)
         assert rlog.next_offset == 6  # a damaged full segment does not cost later data
         with rlog.read(0, 1 << 20) as chunk, pytest.raises(CorruptDataError, match="checksum"):
-            chunk.verify()
+            verify_batches(chunk.batches)
         with rlog.read(2, 1 << 20) as chunk:  # other segments still serve
             assert chunk.batches[0].base_offset == 2
 
@@ -306,32 +306,31 @@ def test_segments_roll_and_indexes_survive_restart(tmp_path):
                 assert chunk.batches[0].base_offset == offset
 
 
-@pytest.fixture
-def disk_calls(monkeypatch):
-    """Every directory fsync and segment fdatasync, with the thread that made it, in order."""
-    calls: list[tuple[str, str]] = []
-    real_dir, real_data = range_log_mod.fsync_dir, segment_mod._datasync
+class SyncCalls(Disk):
+    """Records every directory sync and segment data sync, with the thread that made it, in
+    order (``calls``)."""
 
-    def fsync_dir(path):
-        calls.append(("dir", threading.current_thread().name))
-        real_dir(path)
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
 
-    def datasync(fd):
-        calls.append(("data", threading.current_thread().name))
-        real_data(fd)
+    def sync_dir(self, path: str) -> None:
+        self.calls.append(("dir", threading.current_thread().name))
+        super().sync_dir(path)
 
-    monkeypatch.setattr(range_log_mod, "fsync_dir", fsync_dir)
-    monkeypatch.setattr(segment_mod, "_datasync", datasync)
-    return calls
+    def datasync(self, fd: int) -> None:
+        self.calls.append(("data", threading.current_thread().name))
+        super().datasync(fd)
 
 
 def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_answered(
-        tmp_path, disk_calls):
+        tmp_path):
     """Rolling to a new segment costs the append no directory fsync: the flush that makes
     the new segment's bytes durable syncs the directory first, so nothing in a segment whose
     entry could vanish in a crash is ever acknowledged."""
     cfg = StorageConfig(fsync="always", segment_bytes=8192)
-    with Storage(str(tmp_path), cfg) as s:
+    disk = SyncCalls()
+    disk_calls = disk.calls
+    with Storage(str(tmp_path), cfg, disk) as s:
         rlog = s.create_range(1, 0, 0)
         s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
         disk_calls.clear()
@@ -356,16 +355,24 @@ def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_a
             b"a" * 5000, b"b" * 5000, b"c" * 100]
 
 
-def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path, monkeypatch):
+class FailingDirSyncs(Disk):
+    """Directory syncs fail with EIO once ``failing`` is set."""
+
+    failing = False
+
+    def sync_dir(self, path: str) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        super().sync_dir(path)
+
+
+def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path):
     cfg = StorageConfig(fsync="always", segment_bytes=8192)
-    with Storage(str(tmp_path), cfg) as s:
+    disk = FailingDirSyncs()
+    with Storage(str(tmp_path), cfg, disk) as s:
         rlog = s.create_range(1, 0, 0)
         s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
-
-        def failing(path):
-            raise OSError(errno.EIO, "Input/output error")
-
-        monkeypatch.setattr(range_log_mod, "fsync_dir", failing)
+        disk.failing = True
         _, target = rlog.append([_batch(b"b" * 5000)])
         with pytest.raises(StorageFullError, match="Input/output error"):
             s.durability.wait_durable(rlog, target, timeout=10)
@@ -547,27 +554,32 @@ def test_seal_stops_appends_and_survives_restart(tmp_path):
             rlog.append([_batch(b"c")])
 
 
+class HeldWrites(Disk):
+    """Segment writes that stop after their bytes are in, until ``release`` is set;
+    ``entered`` is set once one has written."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        written = super().write(fd, buffers, offset)
+        self.entered.set()
+        assert self.release.wait(10)
+        return written
+
+
 @pytest.fixture
-def held_write(monkeypatch):
-    """Segment writes that stop after their bytes are in, until ``release`` is set."""
-    entered, release = threading.Event(), threading.Event()
-    real = segment_mod.Segment.write
-
-    def write(self, pieces, records, max_time):
-        real(self, pieces, records, max_time)
-        entered.set()
-        assert release.wait(10)
-
-    monkeypatch.setattr(segment_mod.Segment, "write", write)
-    yield entered, release
-    release.set()
+def held_write():
+    disk = HeldWrites()
+    yield disk
+    disk.release.set()
 
 
 def test_reads_and_fsyncs_go_on_while_an_append_writes(tmp_path, held_write):
     """An append holds only the range's append lock while its bytes go in: a reader and the
     flush need not wait for it, and they see none of it before it ends."""
-    entered, release = held_write
-    with Storage(str(tmp_path), _MANUAL) as s:
+    entered, release = held_write.entered, held_write.release
+    with Storage(str(tmp_path), _MANUAL, held_write) as s:
         rlog = s.create_range(1, 0, 0)
         release.set()
         rlog.append([_batch(b"first")])
@@ -596,8 +608,8 @@ def test_reads_and_fsyncs_go_on_while_an_append_writes(tmp_path, held_write):
 def test_a_seal_waits_for_the_append_being_written_and_ends_after_it(tmp_path, held_write):
     """A seal never falls in the middle of an append: the one being written is in the
     range (and acknowledged once durable); the next is refused."""
-    entered, release = held_write
-    with Storage(str(tmp_path), _MANUAL) as s:
+    entered, release = held_write.entered, held_write.release
+    with Storage(str(tmp_path), _MANUAL, held_write) as s:
         rlog = s.create_range(1, 0, 0)
         writer = threading.Thread(target=rlog.append, args=([_batch(b"a"), _batch(b"b")],))
         writer.start()
@@ -623,52 +635,61 @@ def test_deleted_stream_rejects_writes(store):
     assert not store.delete_stream(6)
 
 
-def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path, monkeypatch):
-    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+class FillingDisk(Disk):
+    """Once ``full`` is set, a write puts part of its first buffer in, as a filling disk
+    does, then fails with ENOSPC."""
+
+    full = False
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        if not self.full:
+            return super().write(fd, buffers, offset)
+        super().write(fd, [memoryview(buffers[0])[:10]], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path):
+    disk = FillingDisk()
+    with Storage(str(tmp_path), StorageConfig(fsync="never"), disk) as s:
         rlog = s.create_range(1, 0, 0)
         rlog.append([_batch(b"ok")])
         [path] = _segment_files(rlog)
         size = os.path.getsize(path)
-        real = os.pwritev
-
-        def half_then_enospc(fd, buffers, offset):
-            # Write part of the first buffer, as a filling disk does, then fail.
-            first = memoryview(buffers[0])[:10]
-            real(fd, [first], offset)
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(segment_mod.os, "pwritev", half_then_enospc)
+        disk.full = True
         with pytest.raises(StorageFullError, match="disk full"):
             rlog.append([_batch(b"too much")])
-        monkeypatch.setattr(segment_mod.os, "pwritev", real)
+        disk.full = False
         assert os.path.getsize(path) == size
         assert rlog.next_offset == 1
         assert rlog.append([_batch(b"after")])[0] == [1]
         assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"ok", b"after"]
 
 
-def test_large_batches_are_written_in_bounded_calls_and_survive_short_writes(tmp_path,
-                                                                            monkeypatch):
+class ShortWrites(Disk):
+    """Records the size of every write call (``calls``); every other one writes only part of
+    what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        self.calls.append(sum(memoryview(b).nbytes for b in buffers))
+        if len(self.calls) % 2:
+            first = memoryview(buffers[0])
+            return super().write(fd, [first[:max(1, first.nbytes // 3)]], offset)
+        return super().write(fd, buffers, offset)
+
+
+def test_large_batches_are_written_in_bounded_calls_and_survive_short_writes(tmp_path):
     """A batch larger than ``WRITE_CALL_BYTES`` goes to the file in calls of at most that
     size (one large call is slow on some kernels), and a call the kernel cuts short is
     carried on from where it stopped: the batches read back byte for byte."""
-    real = os.pwritev
-    calls: list[int] = []
-
-    def short_writes(fd, buffers, offset):
-        size = sum(memoryview(b).nbytes for b in buffers)
-        calls.append(size)
-        if len(calls) % 2:  # every other call writes only part of what it was given
-            first = memoryview(buffers[0])
-            return real(fd, [first[:max(1, first.nbytes // 3)]], offset)
-        return real(fd, buffers, offset)
-
+    disk = ShortWrites()
+    calls = disk.calls
     bodies = [os.urandom(5 * 1024 * 1024 + 17), b"small", os.urandom(3 * 1024 * 1024)]
-    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+    with Storage(str(tmp_path), StorageConfig(fsync="never"), disk) as s:
         rlog = s.create_range(1, 0, 0)
-        monkeypatch.setattr(segment_mod.os, "pwritev", short_writes)
         rlog.append([_batch(b) for b in bodies])
-        monkeypatch.setattr(segment_mod.os, "pwritev", real)
         assert calls and max(calls) <= segment_mod.WRITE_CALL_BYTES
         assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == bodies
     with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
@@ -718,4 +739,4 @@ def test_reads_check_each_stored_byte_once_per_process(tmp_path):
         with rlog.read(0, 1 << 20) as chunk:
             assert chunk.checked_crc() == crc
             with pytest.raises(CorruptDataError):
-                chunk.verify()
+                verify_batches(chunk.batches)

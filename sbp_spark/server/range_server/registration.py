@@ -120,7 +120,8 @@ class PdLink:
 
     def __init__(self, server: LinkedServer, pd_addresses: list[str],
                  client_config: ClientConfig | None = None, tls: TlsConfig | None = None,
-                 on_refusal: Callable[[RegistrationRefused], None] | None = None) -> None:
+                 on_refusal: Callable[[RegistrationRefused], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.server = server
         # Who tells the operator when the PD refuses this server for good (see ``_refused``):
         # without one, the refusal is logged as an error.
@@ -131,7 +132,8 @@ class PdLink:
         # A heartbeat stuck waiting out an election would reach the new leader later than
         # the next one does: the link's calls fail fast instead.
         self.pd = PdClient(pd_addresses, config, pool=self.pool, wait_for_election=False)
-        self._stop = threading.Event()
+        # Set to end the link; its pauses (between attempts, between duties) wait on it.
+        self._stop = stop if stop is not None else threading.Event()
         self._trims: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="range-server-pd-link",
                                         daemon=True)

@@ -213,8 +213,7 @@ class Replicator:
                 out.append(Forward(replica, None, exc))
         return out
 
-    @staticmethod
-    def wait(rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
         """Wait for every secondary's answer; None when all stored everything, else why not.
 
         A late answer stops being waited for once ``rlog`` is sealed here (see

@@ -32,6 +32,7 @@ from ...protocol import messages
 from ..advertise import advertised
 from ..dirlock import DataDirLock
 from ..net import FrameServer
+from ..storage.disk import Disk
 from ..storage.store import Storage
 from .admin import RangeAdmin
 from .append import AppendPath
@@ -50,9 +51,16 @@ log = logging.getLogger(__name__)
 
 
 class RangeServer:
-    """A range server process: storage, the TCP front end and background duties."""
+    """A range server process: storage, the TCP front end and background duties.
 
-    def __init__(self, config: RangeServerConfig) -> None:
+    Its two ways out of the process besides the network core can be handed in: ``disk``,
+    what its storage writes and syncs through, and ``replicator``, its calls to the
+    secondaries of its ranges (by default, the real ones). A test stands in a slow disk or a
+    secondary that does not answer there.
+    """
+
+    def __init__(self, config: RangeServerConfig, *, disk: Disk | None = None,
+                 replicator: Replicator | None = None) -> None:
         self.config = config
         os.makedirs(config.data_dir, exist_ok=True)
         # Before anything reads the directory: recovery truncates torn tails, which would cut
@@ -60,14 +68,15 @@ class RangeServer:
         self.dir_lock = DataDirLock(config.data_dir, "range server")
         try:
             self.identity = ServerIdentity(config.data_dir, config.server_id)
-            self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage)
+            self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage,
+                                   disk)
         except BaseException:
             self.dir_lock.release()
             raise
         storage = self.storage
         self.roles = Roles(self.identity)
         self.metrics = Metrics()
-        self.replicator = Replicator(tls=config.net.tls)
+        self.replicator = replicator or Replicator(tls=config.net.tls)
         self.cap_notices = CapNotices(storage, self.roles, self.replicator,
                                       storage.durability.when_durable, self._on_workers,
                                       config.cap_probe_interval_s)

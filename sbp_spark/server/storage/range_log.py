@@ -39,6 +39,7 @@ from ...protocol.errors import (
 from ...protocol.frame import crc32
 from ...protocol.messages import RangeReplica, RangeServer
 from ...protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
+from .disk import Disk
 from .read_cap import CapState, ReadCap
 from .segment import (
     SEGMENT_SUFFIX,
@@ -49,7 +50,6 @@ from .segment import (
     atomic_write,
     combined_crc,
     crc32_with_prefix,
-    fsync_dir,
     pack_storage_header,
     verify_batches,
     verify_once,
@@ -94,6 +94,8 @@ class LogEnv:
     mark_dirty: Callable[[RangeLog, int], None]
     # What readers may see changed (long polls wait for it).
     data_changed: Callable[[], None]
+    # Where segment bytes are written and synced.
+    disk: Disk
 
 
 def _replica_record(replica: RangeReplica) -> dict:
@@ -121,14 +123,11 @@ class ReadChunk:
         """CRC-32 of the batches end to end, from their stored CRCs (reads no data)."""
         return combined_crc(self.batches)
 
-    def verify(self) -> int:
-        """Check the bytes on disk against the stored CRCs (an mmap pass, no copy); returns
-        the CRC of the batches end to end. Raises ``CorruptDataError``."""
-        return verify_batches(self.batches)
-
     def checked_crc(self) -> int:
-        """Like ``verify()``, but skips bytes this process already checked (its own writes,
-        recovery scans, earlier reads): the steady state reads no data at all."""
+        """The bytes on disk checked against the stored CRCs (``verify_batches``), skipping
+        those this process already checked (its own writes, recovery scans, earlier reads):
+        the steady state reads no data at all. Returns the CRC of the batches end to end;
+        raises ``CorruptDataError``."""
         if self._segment is None:
             return verify_batches(self.batches)
         return verify_once(self._segment, self.batches)
@@ -429,9 +428,10 @@ class RangeLog:
         return seg
 
     def _new_segment(self, base_offset: int, sync_dir: bool = True) -> Segment:
-        seg = Segment(self.directory, base_offset, self._env.index_interval_bytes)
+        seg = Segment(self.directory, base_offset, self._env.index_interval_bytes,
+                      self._env.disk)
         if sync_dir:
-            fsync_dir(self.directory)
+            self._env.disk.sync_dir(self.directory)
         else:
             self._dir_unsynced = True
         self.segments.append(seg)
@@ -446,7 +446,7 @@ class RangeLog:
         try:
             if sync_dir:
                 try:
-                    fsync_dir(self.directory)
+                    self._env.disk.sync_dir(self.directory)
                 except OSError:
                     with self.lock:
                         self._dir_unsynced = True
@@ -561,7 +561,7 @@ class RangeLog:
         Returns an empty chunk when nothing is committed at ``offset`` yet. ``max_bytes``
         bounds the bytes, but a first batch (``first``) is returned even if larger.
         ``end_offset`` (-1: none) stops before batches starting at or after it. Checksums are
-        the caller's choice (``chunk.verify()`` or ``chunk.crc``). ``count``: add the bytes
+        the caller's choice (``chunk.checked_crc()`` or ``chunk.crc``). ``count``: add the bytes
         to the read statistics.
         """
         with self.lock:
@@ -676,7 +676,7 @@ class RangeLog:
                 self._unsynced.remove(seg)
             seg.delete()
         if doomed:
-            fsync_dir(self.directory)
+            self._env.disk.sync_dir(self.directory)
             log.info("range %s: deleted %d segments below offset %d", self, len(doomed), offset)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -699,7 +699,8 @@ class RangeLog:
             except ValueError:
                 log.warning("ignoring unexpected file %s in %s", n, self.directory)
                 continue
-            segs.append(Segment(self.directory, base, self._env.index_interval_bytes))
+            segs.append(Segment(self.directory, base, self._env.index_interval_bytes,
+                                self._env.disk))
         kept: list[Segment] = []
         for i, seg in enumerate(segs):
             last = i == len(segs) - 1

@@ -23,10 +23,11 @@ from ...protocol.errors import DataCorruptError, InvalidRequestError
 from ...protocol.messages import RangeReplica
 from ..conditions import WaitedCondition
 from .config import StorageConfig
+from .disk import Disk, fsync_dir
 from .durability import FsyncPolicy, GroupCommit
 from .pagecache import PageCacheBudget
 from .range_log import META_FILE, LogEnv, RangeLog
-from .segment import SEGMENT_SUFFIX, fsync_dir
+from .segment import SEGMENT_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class Storage:
     """All range logs of one range server (by stream and range index), their group commit
     (``durability``), and the data-change signal long polls wait on."""
 
-    def __init__(self, data_dir: str, config: StorageConfig | None = None) -> None:
+    def __init__(self, data_dir: str, config: StorageConfig | None = None,
+                 disk: Disk | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
+        disk = disk or Disk()
         self.config = config or StorageConfig()
         self.stats = StorageStats()
         self._ranges: dict[tuple[int, int], RangeLog] = {}
@@ -74,7 +77,7 @@ class Storage:
         self._closed = False
         # Only durable data can leave the page cache: no bound when nothing is fsynced.
         self.page_cache = PageCacheBudget(
-            0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes)
+            0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes, disk)
         os.makedirs(os.path.join(self.data_dir, _RANGES_DIR), exist_ok=True)
         self.durability: GroupCommit[RangeLog] = GroupCommit(
             self.config.policy, self.config.fsync_interval_ms, on_synced=self._count_fsync,
@@ -84,7 +87,7 @@ class Storage:
             index_interval_bytes=self.config.index_interval_bytes,
             flushed=self.config.policy is not FsyncPolicy.NEVER, counts=self.stats,
             extents=self.page_cache, mark_dirty=self.durability.mark_dirty,
-            data_changed=self.notify_data)
+            data_changed=self.notify_data, disk=disk)
         try:
             self._recover()
         except BaseException:
