@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 # Runs ``fn(*args)`` on the network core's worker pool (False: the server stopped).
 Submit = Callable[..., bool]
+# Calls back once the range is durable up to the offset (``GroupCommit.when_durable``).
 WhenDurable = Callable[[RangeLog, int, Waiter], None]
 
 
