@@ -33,8 +33,7 @@ APPEND_CALL_BATCHES = 64
 def storage_durability(fsync: str | None) -> tuple[int, str]:
     """The fsync interval (ms, ``NO_FSYNC`` or 0 for back to back) under which the bench
     cluster acknowledges an APPEND, and the storage ceiling's name for it."""
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     storage = StorageConfig() if fsync is None else StorageConfig(fsync=fsync)
     if storage.fsync is FsyncPolicy.NEVER:

@@ -32,8 +32,7 @@ FLOOR_SAMPLES = 500
 
 def _policies() -> tuple[str, list[str]]:
     """The default policy and every policy, default first."""
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     default = FsyncPolicy(StorageConfig().fsync)
     return default.value, [default.value] + [p.value for p in FsyncPolicy if p is not default]

@@ -128,8 +128,7 @@ def append_figures(ctx: BenchContext) -> list[Figure]:
 
 
 def _default_policy() -> str:
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     return FsyncPolicy(StorageConfig().fsync).value
 

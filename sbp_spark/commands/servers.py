@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
+from sbp_spark.server.storage import DEFAULT_PAGE_CACHE_BYTES
 from sbp_spark.server.pd_etcd import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
 
 from .common import DEFAULT_PD_PORT, PD_ENV, address_arg, int_in, pd_addresses_arg
@@ -52,7 +52,7 @@ def _data_dir(path: str) -> Path:
 def _check_range_server_count(data_dir: Path, count: int) -> None:
     """Refuse ``--range-servers`` below the range servers ``data_dir`` holds data of: the
     ones left out would not run, and the streams they hold could not be read or written."""
-    from sbp_spark.server.identity import SERVER_FILE
+    from sbp_spark.server.range_server.identity import SERVER_FILE
 
     indexes = (int(d.name[3:]) for d in data_dir.glob("rs-*")
                if d.name[3:].isdigit() and (d / SERVER_FILE).exists())
@@ -88,7 +88,7 @@ def _add_advertise_args(parser: argparse.ArgumentParser, whole_address: bool = T
 
 
 def _add_fsync_arg(parser: argparse.ArgumentParser) -> None:
-    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
+    from sbp_spark.server.storage import DEFAULT_FSYNC_INTERVAL_MS, POLICY_HELP
 
     policies = "; ".join(f"{policy.value}: {text}" for policy, text in POLICY_HELP.items())
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
@@ -273,7 +273,7 @@ def server_command(args: argparse.Namespace) -> int:
 def _pd_cluster_command(args: argparse.Namespace) -> int:
     """``sbp server --pd-nodes N``: etcd, N PD nodes and the range servers as children."""
     from sbp_spark.server.cluster import ProcessCluster
-    from sbp_spark.server.durability import DEFAULT_FSYNC_INTERVAL_MS
+    from sbp_spark.server.storage import DEFAULT_FSYNC_INTERVAL_MS
 
     if args.advertise_host is not None:
         raise ValueError("--advertise-host is not passed on to the processes --pd-nodes starts: "

@@ -61,16 +61,17 @@ def test_an_append_keeps_its_order_when_the_next_range_reaches_its_primary_late(
         second = _primary_id(client.list_ranges(sid)[1])
         assert second != first, "range 1 opened on the server of range 0"
         index = next(i for i in range(2) if cluster.server_id(i) == second)
-        path = cluster.range_servers[index].handler.appends
+        server = cluster.range_servers[index]
+        path = server.handler.appends
         serve = path.serve
 
         def serve_then_let_the_range_arrive(ctx, req):
-            refused = not path.storage.stream_ranges(sid)
+            refused = not server.storage.stream_ranges(sid)
             serve(ctx, req)
             if refused and not release.is_set():
                 # Frames behind this one are served only once the range arrived.
                 release.set()
-                wait_until(lambda: path.storage.stream_ranges(sid), "range 1 on its primary")
+                wait_until(lambda: server.storage.stream_ranges(sid), "range 1 on its primary")
 
         monkeypatch.setattr(path, "serve", serve_then_let_the_range_arrive)
         appended = writer.append([encode_batch(numbered_body(b"o", i, BATCH_BYTES), 1, 1)

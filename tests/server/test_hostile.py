@@ -42,7 +42,7 @@ from sbp_spark.protocol.frame import Frame, FrameDecoder, InvalidFrame, encode_f
 from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import _PdHandler
-from sbp_spark.server.range_server import RangeServerHandler
+from sbp_spark.server.range_server.requests import RangeServerHandler
 
 ANSWER_TIMEOUT_S = 10.0
 REQUEST_ID = 7

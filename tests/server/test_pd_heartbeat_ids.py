@@ -63,7 +63,7 @@ def test_a_heartbeat_with_an_id_never_issued_is_refused(pd):
 
 
 def test_a_range_server_with_a_foreign_id_is_told_what_to_do(tmp_path, pd, caplog):
-    caplog.set_level(logging.ERROR, logger="sbp_spark.server.registration")
+    caplog.set_level(logging.ERROR, logger="sbp_spark.server.range_server.registration")
     with RangeServer(rs_config(tmp_path, pd.address, server_id=77)) as rs:
         link = rs.pd_link
         assert link is not None

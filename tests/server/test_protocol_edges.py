@@ -20,7 +20,7 @@ from sbp_spark.protocol.frame import encode_frame
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import _PdHandler
-from sbp_spark.server.range_server import RangeServerHandler
+from sbp_spark.server.range_server.requests import RangeServerHandler
 from tests.flatc_classes import CreateStreamsRequest as GenCreateStreamsRequest
 from tests.flatc_classes import HeartbeatRequest as GenHeartbeatRequest
 from tests.flatc_classes import RangeServer as GenRangeServer

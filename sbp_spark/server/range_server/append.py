@@ -7,6 +7,11 @@ go to (``RangeBatches``), each group is stored, and the answer (``AppendReplies`
 fsync (``LocalDurability``, under the storage's fsync policy) and, on a primary of a
 replicated range, the secondaries' answers (``Replication``). A part that fails turns the
 results of its entries into errors; the others keep their base offsets.
+
+The path sees the rest of the server through small interfaces: the stream's local ranges, the
+storage's group commit (``Durability``), this server's role in each range (``Roles``), the
+calls to the secondaries (``Forwarding``), the cap notices (``Notices``), the metrics and the
+network core's worker pool (``Submit``).
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ import abc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     BatchFormatError,
     ErrorCode,
     InvalidRequestError,
@@ -31,16 +37,59 @@ from ..protocol.errors import (
     ServerError,
     StreamNotFoundError,
 )
-from ..protocol.messages import AppendEntry, AppendRequest, AppendResponse, AppendResult, Status
-from ..protocol.records import BatchHeader, parse_header
-from .net import ConnectionClosed, RequestContext
-from .range_log import RangeLog
+from ...protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    AppendResponse,
+    AppendResult,
+    RangeId,
+    RangeReplica,
+    Status,
+)
+from ...protocol.records import BatchHeader, parse_header
+from ..net import ConnectionClosed, RequestContext
+from ..storage.durability import Waiter
+from ..storage.range_log import RangeLog
+from .metrics import Metrics
 from .replication import Forward
-
-if TYPE_CHECKING:
-    from .range_server import RangeServer
+from .roles import Roles
 
 log = logging.getLogger(__name__)
+
+# Runs ``fn(*args)`` on the network core's worker pool (False: the server stopped).
+Submit = Callable[..., bool]
+# Calls back once the range is durable up to the offset (``GroupCommit.when_durable``).
+WhenDurable = Callable[[RangeLog, int, Waiter], None]
+
+
+class Durability(Protocol):
+    """The storage's group commit, as appends use it (``storage/durability.py``)."""
+
+    def storing(self) -> AbstractContextManager[None]: ...
+
+    def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None: ...
+
+
+class Forwarding(Protocol):
+    """The calls to a range's secondaries, as its primary's appends make them
+    (``replication.py``)."""
+
+    def order_lock(self, rlog: RangeLog) -> AbstractContextManager[object]: ...
+
+    def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
+             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]: ...
+
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None: ...
+
+
+class Notices(Protocol):
+    """The cap notices, as the APPEND path meets them (``cap_notices.py``): a notice from a
+    range's primary arrives as an APPEND, and a primary's append that settled is due one."""
+
+    def answer(self, rid: RangeId, req: AppendRequest, payload_bytes: int
+               ) -> AppendResponse: ...
+
+    def settled(self, rlog: RangeLog, end: int) -> None: ...
 
 
 def _now_ms() -> int:
@@ -110,35 +159,40 @@ class Part(abc.ABC):
 class LocalDurability(Part):
     """The stored batches become durable here under the fsync policy (range up to ``target``)."""
 
-    def __init__(self, rlog: RangeLog, indexes: list[int], target: int) -> None:
+    def __init__(self, rlog: RangeLog, indexes: list[int], target: int,
+                 when_durable: WhenDurable) -> None:
         super().__init__(rlog, indexes)
         self.target = target
+        self._when_durable = when_durable
 
     def start(self, pending: PendingAppend) -> None:
         # Called back on the fsync thread.
-        pending.server.storage.when_durable(
-            self.rlog, self.target, lambda exc: pending.part_done(self, exc))
+        self._when_durable(self.rlog, self.target, lambda exc: pending.part_done(self, exc))
 
 
 class Replication(Part):
     """Every secondary stores the forwarded batches (``start`` to ``end`` of the range)."""
 
     def __init__(self, rlog: RangeLog, indexes: list[int], forwards: list[Forward],
-                 start: int, end: int) -> None:
+                 start: int, end: int, replicator: Forwarding, notices: Notices,
+                 submit: Submit) -> None:
         super().__init__(rlog, indexes)
         self.forwards = forwards
         self.begin = start
         self.end = end
+        self._replicator = replicator
+        self._notices = notices
+        self._submit = submit
 
     def start(self, pending: PendingAppend) -> None:
-        pending.server.net.submit(self._await, pending)  # waits on the worker pool
+        self._submit(self._await, pending)  # waits on the worker pool
 
     def _await(self, pending: PendingAppend) -> None:
-        server, rlog = pending.server, self.rlog
-        problem = server.replicator.wait(rlog, self.forwards)
+        rlog = self.rlog
+        problem = self._replicator.wait(rlog, self.forwards)
         if problem is None:
             if rlog.cap.release(self.begin, self.end):
-                server.cap_notices.settled(rlog, self.end)
+                self._notices.settled(rlog, self.end)
                 pending.part_done(self, None)
                 return
             pending.part_done(self, self._past_the_end())
@@ -182,10 +236,11 @@ class Replication(Part):
 class PendingAppend:
     """One APPEND from its arrival to its answer: the replies, and the parts still running."""
 
-    def __init__(self, server: RangeServer, ctx: RequestContext, entries: Sequence[AppendEntry]
-                 ) -> None:
-        self.server = server
+    def __init__(self, ctx: RequestContext, entries: Sequence[AppendEntry], metrics: Metrics,
+                 submit: Submit) -> None:
         self.ctx = ctx
+        self._metrics = metrics
+        self._submit = submit
         self.started = time.monotonic()
         self.replies = AppendReplies(entries)
         self.parts: list[Part] = []
@@ -225,13 +280,13 @@ class PendingAppend:
             log.exception("answering an append at once failed; answering from a worker")
             sent = False
         if not sent:
-            self.server.net.submit(self.ctx.reply, response)
+            self._submit(self.ctx.reply, response)
 
     def finish(self) -> None:
         self.ctx.reply(self._response())
 
     def _response(self) -> AppendResponse:
-        metrics = self.server.metrics
+        metrics = self._metrics
         metrics.failed_appends += self.replies.failures
         metrics.append_latency_s += time.monotonic() - self.started
         return self.replies.response()
@@ -252,17 +307,25 @@ def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:
 class AppendPath:
     """Serves APPEND for one range server."""
 
-    def __init__(self, server: RangeServer) -> None:
-        self.server = server
-        self.storage = server.storage
+    def __init__(self, stream_ranges: Callable[[int], list[RangeLog]], durability: Durability,
+                 roles: Roles, replicator: Forwarding, notices: Notices, metrics: Metrics,
+                 submit: Submit, max_batch_bytes: int) -> None:
+        self._stream_ranges = stream_ranges  # a stream's local ranges, by range_index
+        self._durability = durability
+        self._roles = roles
+        self._replicator = replicator
+        self._notices = notices
+        self._metrics = metrics
+        self._submit = submit
+        self._max_batch_bytes = max_batch_bytes
 
     def serve(self, ctx: RequestContext, req: AppendRequest) -> None:
         payload = memoryview(ctx.payload)
         if req.cap_notice is not None:
-            ctx.reply(self.server.cap_notices.answer(req.cap_notice, req, payload.nbytes))
+            ctx.reply(self._notices.answer(req.cap_notice, req, payload.nbytes))
             return
         entries = req.append_requests
-        metrics = self.server.metrics
+        metrics = self._metrics
         metrics.appends += len(entries)
         problem = _frame_problem(req, payload)
         if problem is not None:
@@ -271,8 +334,8 @@ class AppendPath:
             ctx.reply(AppendResponse(status=status, append_responses=[
                 AppendResult(e.stream_id, e.request_index, -1, 0, status) for e in entries]))
             return
-        pending = PendingAppend(self.server, ctx, entries)
-        with self.storage.durability.storing():
+        pending = PendingAppend(ctx, entries, metrics, self._submit)
+        with self._durability.storing():
             self._store_all(req, ctx, pending, payload)
         # The batches are in the page cache now (what a forward to secondaries still sends, it
         # holds itself): the frame's buffer may take the next frame while this one waits.
@@ -300,7 +363,7 @@ class AppendPath:
             except ServerError as exc:
                 pending.replies.refuse(group.indexes, Status.from_error(exc))
                 continue
-            self.server.metrics.touch(group.rlog)
+            self._metrics.touch(group.rlog)
             for i, base in zip(group.indexes, bases, strict=True):
                 pending.replies.stored(i, base, now)
             pending.parts += parts
@@ -335,7 +398,7 @@ class AppendPath:
             raise InvalidRequestError(
                 f"stream {stream_id}: an entry of batch_length 0 holds no record batch (a read "
                 f"cap notice is an APPEND with cap_notice set and no entries)")
-        limit = self.server.config.max_batch_bytes
+        limit = self._max_batch_bytes
         if batch_length > limit:
             raise PayloadTooLargeError(
                 f"batch of {batch_length} bytes for stream {stream_id} exceeds the "
@@ -358,8 +421,8 @@ class AppendPath:
         client's append, which only the range's primary takes. A base offset in a client's
         batch changes nothing: stored on a secondary alone, it would sit at an offset the
         primary gives to other records."""
-        server = self.server
-        ranges = self.storage.stream_ranges(stream_id)
+        roles = self._roles
+        ranges = self._stream_ranges(stream_id)
         if not ranges:
             raise RangeNotFoundError(f"stream {stream_id} has no range on this server")
         last = ranges[-1]
@@ -370,12 +433,12 @@ class AppendPath:
         if last.sealed:
             raise RangeSealedError(
                 f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
-        if server.is_primary(last):
+        if roles.is_primary(last):
             return last, False
         primary = next((r for r in last.replicas if r.is_primary), None)
-        where = f" (primary: {primary.advertise_addr})" if primary else ""
+        where = f" (primary: {primary.server.advertise_addr})" if primary else ""
         raise NotPrimaryError(
-            f"server {server.server_id} is not the primary of range "
+            f"server {roles.server_id} is not the primary of range "
             f"{stream_id}/{last.range_index}{where}")
 
     def _forwarded_range(self, last: RangeLog, range_index: int, header: BatchHeader
@@ -384,24 +447,24 @@ class AppendPath:
         it: a stale forward from a primary the PD has replaced must not land in the range
         that followed, even where its offsets would continue it. ``last`` is the stream's
         newest range here."""
-        server, stream_id = self.server, last.stream_id
+        roles, stream_id = self._roles, last.stream_id
         if range_index < last.range_index:
             raise RangeSealedError(
                 f"range {stream_id}/{range_index} is sealed here: range {last.range_index} "
                 f"follows it")
         if range_index > last.range_index:
             raise RangeNotFoundError(
-                f"range {stream_id}/{range_index} is not on server {server.server_id} (its "
+                f"range {stream_id}/{range_index} is not on server {roles.server_id} (its "
                 f"newest is range {last.range_index})")
         if last.sealed:
             raise RangeSealedError(
                 f"range {stream_id}/{last.range_index} is sealed at {last.end_offset}")
-        if header.base_offset < 0 or server.is_primary(last) or not server.is_replica(last):
+        if header.base_offset < 0 or roles.is_primary(last) or not roles.is_replica(last):
             raise InvalidRequestError(
                 f"range {stream_id}/{range_index}: a forward (range_index set) must carry "
                 f"stored batches (base_offset >= 0) to a secondary of the range; server "
-                f"{server.server_id} is "
-                f"{'its primary' if server.is_primary(last) else 'no secondary'} and the "
+                f"{roles.server_id} is "
+                f"{'its primary' if roles.is_primary(last) else 'no secondary'} and the "
                 f"batch's base_offset is {header.base_offset}")
         return last
 
@@ -412,7 +475,7 @@ class AppendPath:
         """Store one group's batches; returns their base offsets and the parts to wait for."""
         rlog = group.rlog
         parts: list[Part] = []
-        if group.replicated or not self.server.replicator.secondaries(rlog):
+        if group.replicated or not self._roles.secondaries(rlog):
             bases, target = rlog.append(group.batches, now, replicated=group.replicated,
                                         crcs=crcs)
             if group.replicated and committed >= 0:
@@ -421,14 +484,15 @@ class AppendPath:
             bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
             parts.append(replication)
         if rlog.next_offset < target:
-            parts.insert(0, LocalDurability(rlog, group.indexes, target))
+            parts.insert(0, LocalDurability(rlog, group.indexes, target,
+                                            self._durability.when_durable))
         return bases, parts
 
     def _store_and_forward(self, group: RangeBatches, now: int, crcs: list[int | None] | None,
                            timeout_ms: int) -> tuple[list[int], int, Replication]:
         """On the primary of a replicated range: store the batches and forward them, as
         stored, to every secondary, in one order for all (see replication.py)."""
-        rlog, replicator = group.rlog, self.server.replicator
+        rlog, replicator = group.rlog, self._replicator
         stored: list = []
         with replicator.order_lock(rlog):
             # Readers wait for the secondaries (see replication.py).
@@ -439,5 +503,6 @@ class AppendPath:
             except BaseException:
                 rlog.cap.release(start, None)
                 raise
-            forwards = replicator.send(rlog, stored, timeout_ms)
-        return bases, target, Replication(rlog, group.indexes, forwards, start, target)
+            forwards = replicator.send(rlog, self._roles.secondaries(rlog), stored, timeout_ms)
+        return bases, target, Replication(rlog, group.indexes, forwards, start, target,
+                                          replicator, self._notices, self._submit)

@@ -1,12 +1,13 @@
-"""The range logs of a range server: where they live, how they are found, and their settings.
+"""The range logs of a range server: where they live and how they are found.
 
 Layout under ``data_dir``::
 
     ranges/<stream_id>-<range_index>/    one range's log (see range_log.py)
 
-``Storage`` is the registry of the local ranges (create, find, drop, recover them all at
-start), owns their group commit (``durability.py``: when appends become durable under the
-``FsyncPolicy``) and the signal that wakes long polls when readable data changes.
+``Storage`` is the registry of the local ranges (create, find, recover them all at start),
+owns their group commit (``durability.py``: when appends become durable under the
+``FsyncPolicy``), the page-cache bound and the signal that wakes long polls when readable
+data changes. Its range logs see it only as a ``LogEnv``: their settings and where they report.
 """
 
 from __future__ import annotations
@@ -17,65 +18,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from ..protocol.errors import DataCorruptError, InvalidRequestError
-from .conditions import WaitedCondition
-from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy, GroupCommit, Waiter
-from .pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCacheBudget
-from .range_log import META_FILE, RangeLog, Replica
-from .segment import SEGMENT_SUFFIX, fsync_dir
+from ...protocol.errors import DataCorruptError, InvalidRequestError
+from ...protocol.messages import RangeReplica
+from ..conditions import WaitedCondition
+from .config import StorageConfig
+from .disk import Disk, fsync_dir
+from .durability import FsyncPolicy, GroupCommit
+from .pagecache import PageCacheBudget
+from .range_log import META_FILE, LogEnv, RangeLog
+from .segment import SEGMENT_SUFFIX
 
 log = logging.getLogger(__name__)
 
-# A segment rolls over once it reaches this size: big enough that per-file costs (open fds,
-# index files, directory entries) stay small, small enough that retention and trims, which
-# delete whole segments, free space in reasonable steps.
-DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-# One sparse-index entry per this many bytes: a lookup then scans at most this many bytes of
-# stored-batch headers (a handful of 32-byte reads for large batches).
-DEFAULT_INDEX_INTERVAL_BYTES = 64 * 1024
-
 _RANGES_DIR = "ranges"
-
-
-@dataclass
-class StorageConfig:
-    """How a :class:`Storage` writes and syncs."""
-
-    fsync: FsyncPolicy | str = FsyncPolicy.GROUP
-    fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
-    # Check stored bytes against their CRCs before a fetch sends them, once per process (bytes
-    # this process wrote or scanned count as checked): corruption on disk becomes a clean error
-    # instead of a frame whose checksum fails at the client.
-    verify_reads: bool = True
-    # Most recently written bytes left in the OS page cache; older written data is dropped
-    # from it once durable, so its pages are reused (see pagecache.py). 0: no bound; no
-    # effect under FsyncPolicy.NEVER.
-    page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES
-
-    @property
-    def policy(self) -> FsyncPolicy:
-        """``fsync`` as the policy (a name given at construction is one by then)."""
-        return FsyncPolicy(self.fsync)
-
-    def __post_init__(self) -> None:
-        try:
-            self.fsync = FsyncPolicy(self.fsync)
-        except ValueError:
-            allowed = ", ".join(p.value for p in FsyncPolicy)
-            raise ValueError(f"fsync policy {self.fsync!r} is not one of {allowed}") from None
-        if self.fsync_interval_ms <= 0:
-            raise ValueError(f"fsync_interval_ms={self.fsync_interval_ms} must be > 0")
-        if self.segment_bytes < 4096:
-            raise ValueError(f"segment_bytes={self.segment_bytes} must be at least 4096")
-        if self.index_interval_bytes <= 0:
-            raise ValueError(f"index_interval_bytes={self.index_interval_bytes} must be > 0")
-        if self.page_cache_bytes < 0:
-            raise ValueError(f"page_cache_bytes={self.page_cache_bytes} must be >= 0 (0: no "
-                             f"bound)")
 
 
 class StorageStats:
@@ -85,7 +41,6 @@ class StorageStats:
         self.bytes_written = 0
         self.bytes_read = 0
         self.fsyncs = 0
-
 
 
 def _stored_segments(directory: str) -> list[str]:
@@ -106,8 +61,10 @@ class Storage:
     """All range logs of one range server (by stream and range index), their group commit
     (``durability``), and the data-change signal long polls wait on."""
 
-    def __init__(self, data_dir: str, config: StorageConfig | None = None) -> None:
+    def __init__(self, data_dir: str, config: StorageConfig | None = None,
+                 disk: Disk | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
+        disk = disk or Disk()
         self.config = config or StorageConfig()
         self.stats = StorageStats()
         self._ranges: dict[tuple[int, int], RangeLog] = {}
@@ -120,17 +77,27 @@ class Storage:
         self._closed = False
         # Only durable data can leave the page cache: no bound when nothing is fsynced.
         self.page_cache = PageCacheBudget(
-            0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes)
+            0 if self.config.fsync is FsyncPolicy.NEVER else self.config.page_cache_bytes, disk)
         os.makedirs(os.path.join(self.data_dir, _RANGES_DIR), exist_ok=True)
-        self._recover()
-        self.durability = GroupCommit(self.config.policy, self.config.fsync_interval_ms,
-                                      on_synced=self._count_fsync,
-                                      after_round=self._after_flush)
+        self.durability: GroupCommit[RangeLog] = GroupCommit(
+            self.config.policy, self.config.fsync_interval_ms, on_synced=self._count_fsync,
+            after_round=self._after_flush)
+        self._env = LogEnv(
+            segment_bytes=self.config.segment_bytes,
+            index_interval_bytes=self.config.index_interval_bytes,
+            flushed=self.config.policy is not FsyncPolicy.NEVER, counts=self.stats,
+            extents=self.page_cache, mark_dirty=self.durability.mark_dirty,
+            data_changed=self.notify_data, disk=disk)
+        try:
+            self._recover()
+        except BaseException:
+            self.durability.close()
+            raise
 
     # -- ranges ----------------------------------------------------------------------------
 
     def create_range(self, stream_id: int, range_index: int, start_offset: int,
-                     end_offset: int = -1, replicas: Sequence[Replica] = ()) -> RangeLog:
+                     end_offset: int = -1, replicas: Sequence[RangeReplica] = ()) -> RangeLog:
         """Create a local range (idempotent when it already exists with the same start)."""
         if stream_id < 0 or range_index < 0 or start_offset < 0:
             raise InvalidRequestError(
@@ -168,11 +135,8 @@ class Storage:
                     f"recovered because its {META_FILE} is unreadable; they are kept, not "
                     f"overwritten, until an operator moves the directory aside or repairs it")
             os.makedirs(directory, exist_ok=True)
-            meta = {"stream_id": stream_id, "range_index": range_index,
-                    "base_start_offset": start_offset, "start_offset": start_offset,
-                    "end_offset": end_offset, "deleted": False,
-                    "replicas": [r.__dict__ for r in replicas]}
-            rlog = RangeLog.create(self, directory, meta)
+            rlog = RangeLog.create(self._env, directory, stream_id, range_index, start_offset,
+                                   end_offset, replicas)
             fsync_dir(os.path.dirname(directory))
             with self._lock:
                 self._add(rlog)
@@ -221,26 +185,6 @@ class Storage:
             rlog.mark_deleted()
         return bool(ranges)
 
-    def drop_range(self, stream_id: int, range_index: int) -> None:
-        """Forget a range and delete its files."""
-        with self._lock:
-            rlog = self._ranges.pop((stream_id, range_index), None)
-            if rlog is not None:
-                self._by_stream[stream_id].remove(rlog)
-        if rlog is not None:
-            rlog.destroy()
-
-    # -- durability ------------------------------------------------------------------------
-
-    def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
-        """Call ``callback(None)`` once ``rlog.next_offset >= target`` (see
-        ``GroupCommit.when_durable``)."""
-        self.durability.when_durable(rlog, target, callback)
-
-    def wait_durable(self, rlog: RangeLog, target: int, timeout: float | None = None) -> None:
-        """Block until ``rlog.next_offset >= target``; raises on fsync failure or timeout."""
-        self.durability.wait_durable(rlog, target, timeout)
-
     # -- long polls ------------------------------------------------------------------------
 
     def notify_data(self) -> None:
@@ -287,7 +231,7 @@ class Storage:
                 log.error("skipping range directory %s: unreadable %s (%s)", directory,
                           META_FILE, exc)
                 continue
-            self._add(RangeLog.open(self, directory, meta))
+            self._add(RangeLog.open(self._env, directory, meta))
         if self._ranges:
             log.info("recovered %d ranges from %s", len(self._ranges), self.data_dir)
 

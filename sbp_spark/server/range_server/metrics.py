@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .range_log import RangeLog
+    from ..storage.range_log import RangeLog
 
 
 class Metrics:

@@ -22,12 +22,14 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..protocol.errors import SbpError, StorageFullError
-from ..protocol.frame import crc32
-from .writeback import WRITE_BEHIND_BYTES, start_writeback
+from ...protocol.errors import SbpError, StorageFullError
+from ...protocol.frame import crc32
+from .disk import Disk, fsync_dir
+from .writeback import WRITE_BEHIND_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +117,10 @@ class Segment:
     and closes the fd when the last reader releases it.
     """
 
-    def __init__(self, directory: str, base_offset: int, index_interval: int) -> None:
+    def __init__(self, directory: str, base_offset: int, index_interval: int, disk: Disk
+                 ) -> None:
         self.directory = directory
+        self._disk = disk
         self.base_offset = base_offset
         self.path = os.path.join(directory, segment_name(base_offset))
         self.index_path = self.path[:-len(SEGMENT_SUFFIX)] + INDEX_SUFFIX
@@ -157,7 +161,7 @@ class Segment:
         start = self.size
         total = sum(memoryview(p).nbytes for p in pieces)
         try:
-            _pwritev_all(self.fd, pieces, start)
+            _pwritev_all(self._disk.write, self.fd, pieces, start)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, start)
@@ -180,7 +184,8 @@ class Segment:
         least ``min_bytes`` of them (write-behind, see writeback.py)."""
         size = self.size
         if size - self._writeback_from >= min_bytes:
-            start_writeback(self.fd, self._writeback_from, size - self._writeback_from)
+            self._disk.start_writeback(self.fd, self._writeback_from,
+                                       size - self._writeback_from)
             self._writeback_from = size
 
     def fsync(self) -> None:
@@ -188,7 +193,7 @@ class Segment:
         (``fdatasync``: what reading it back needs, without the times an ``fsync`` also
         writes)."""
         size = self.size
-        _datasync(self.fd)
+        self._disk.datasync(self.fd)
         self.synced_size = max(self.synced_size, size)
 
     def write_index(self) -> None:
@@ -563,9 +568,10 @@ WRITE_CALL_BYTES = 2 * 1024 * 1024
 _MAX_IOV = 1024
 
 
-def _pwritev_all(fd: int, pieces: list, position: int) -> None:
-    """Write ``pieces`` back to back at ``position``, at most ``WRITE_CALL_BYTES`` per call,
-    going on after short writes."""
+def _pwritev_all(write: Callable[[int, Sequence[memoryview], int], int], fd: int, pieces: list,
+                 position: int) -> None:
+    """Write ``pieces`` back to back at ``position`` with ``write`` (a ``pwritev``), at most
+    ``WRITE_CALL_BYTES`` per call, going on after short writes."""
     views = [memoryview(p).cast("B") for p in pieces]
     views = [v for v in views if v.nbytes]
     i = 0
@@ -577,7 +583,7 @@ def _pwritev_all(fd: int, pieces: list, position: int) -> None:
                 break
             call.append(view)
             size += view.nbytes
-        written = os.pwritev(fd, call, position)
+        written = write(fd, call, position)
         if written <= 0:
             raise OSError(errno.EIO, "pwritev wrote nothing")
         position += written
@@ -596,22 +602,10 @@ def atomic_write(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        _pwritev_all(fd, [data], 0)
+        _pwritev_all(os.pwritev, fd, [data], 0)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 
-
-# fdatasync where the platform has it (Linux): a file's data and size, not its times.
-_datasync = getattr(os, "fdatasync", os.fsync)
-
-
-def fsync_dir(path: str) -> None:
-    """Make file creations, renames and deletions in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

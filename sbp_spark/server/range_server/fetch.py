@@ -21,21 +21,23 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     ErrorCode,
     RangeNotFoundError,
     RangeSealedError,
     ServerError,
     StreamNotFoundError,
 )
-from ..protocol.frame import crc32
-from ..protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
-from .net import FileRegion, RequestContext
-from .range_log import RangeLog, ReadChunk
-from .segment import CorruptDataError, StoredBatch, crc32_combine
-from .storage import Storage
+from ...protocol.frame import crc32
+from ...protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
+from ..net import FileRegion, RequestContext
+from ..storage.range_log import RangeLog, ReadChunk
+from ..storage.segment import CorruptDataError, StoredBatch, crc32_combine
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +92,24 @@ def validate_entry(entry: FetchEntry) -> str | None:
     return None
 
 
-class FetchServer:
-    """Serves FETCH requests from a :class:`Storage`."""
+class FetchSource(Protocol):
+    """The local ranges, as FETCH reads them (the storage)."""
 
-    def __init__(self, storage: Storage, frame_bytes: int = DEFAULT_FETCH_FRAME_BYTES,
-                 verify_reads: bool = True,
+    def stream_ranges(self, stream_id: int) -> list[RangeLog]: ...
+
+    def find_range(self, stream_id: int, offset: int) -> RangeLog | None: ...
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool: ...
+
+
+class FetchServer:
+    """Serves FETCH requests from the local ranges, and counts them in ``metrics``."""
+
+    def __init__(self, source: FetchSource, metrics: Metrics,
+                 frame_bytes: int = DEFAULT_FETCH_FRAME_BYTES, verify_reads: bool = True,
                  sendfile_frame_bytes: int = DEFAULT_SENDFILE_FRAME_BYTES) -> None:
-        self.storage = storage
+        self.source = source
+        self.metrics = metrics
         self.frame_bytes = frame_bytes  # read into memory, per frame
         self.sendfile_frame_bytes = max(frame_bytes, sendfile_frame_bytes)  # in all, per frame
         self.verify_reads = verify_reads
@@ -111,7 +124,7 @@ class FetchServer:
         """Find the range for the entry's offset; fails or finishes the entry when there is
         nothing to serve. Returns None when the entry is done."""
         sid = e.req.stream_id
-        ranges = self.storage.stream_ranges(sid)
+        ranges = self.source.stream_ranges(sid)
         if not ranges:
             e.fail(RangeNotFoundError(f"stream {sid} has no range on this server"))
             return None
@@ -122,7 +135,7 @@ class FetchServer:
         if bound >= 0 and e.offset >= bound:
             e.done = True
             return None
-        rlog = self.storage.find_range(sid, e.offset)
+        rlog = self.source.find_range(sid, e.offset)
         if rlog is None:
             # Below every range held here: an earlier range lives on other servers.
             e.fail(RangeNotFoundError(
@@ -165,7 +178,7 @@ class FetchServer:
         for e in entries:
             if e.done:
                 continue
-            rlog = self.storage.find_range(e.req.stream_id, e.offset)
+            rlog = self.source.find_range(e.req.stream_id, e.offset)
             if rlog is None:
                 continue
             if rlog.deleted or e.offset < rlog.start_offset or (
@@ -196,6 +209,22 @@ class FetchServer:
 
     def serve(self, ctx: RequestContext, req: FetchRequest) -> None:
         """Answer one FETCH request on ``ctx`` (one or more frames, the last with END)."""
+        metrics = self.metrics
+        started = time.monotonic()
+        metrics.fetches += 1
+        try:
+            self._serve(ctx, req)
+        except BaseException:
+            metrics.failed_fetches += 1
+            raise
+        finally:
+            metrics.fetch_latency_s += time.monotonic() - started
+        for fe in req.fetch_requests:
+            rlog = self.source.find_range(fe.stream_id, fe.fetch_offset)
+            if rlog is not None:
+                metrics.touch(rlog)
+
+    def _serve(self, ctx: RequestContext, req: FetchRequest) -> None:
         if req.max_wait_ms < 0 or req.min_bytes < 0:
             ctx.reply(FetchResponse(status=Status(
                 ErrorCode.INVALID_REQUEST,
@@ -232,7 +261,7 @@ class FetchServer:
             if left <= 0:
                 return
             # Wake at least twice a second to notice a closed connection.
-            if self.storage.wait_for(
+            if self.source.wait_for(
                     lambda: ctx.stopping or self._ready_bytes(entries, min_bytes) >= want,
                     min(left, 0.5)):
                 return

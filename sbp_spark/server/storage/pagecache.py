@@ -26,6 +26,8 @@ import threading
 from collections import deque
 from typing import Protocol
 
+from .disk import Disk
+
 log = logging.getLogger(__name__)
 
 # Default budget: the most recent data a tailing or catching-up reader is likely to want.
@@ -48,13 +50,14 @@ class CachedFile(Protocol):
 
 
 class PageCacheBudget:
-    """Drops the oldest written extents from the page cache once more than ``limit`` bytes
-    were written. ``limit`` 0 means no bound (the kernel alone decides)."""
+    """Drops the oldest written extents from the page cache (through ``disk``) once more than
+    ``limit`` bytes were written. ``limit`` 0 means no bound (the kernel alone decides)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, disk: Disk | None = None) -> None:
         if limit < 0:
             raise ValueError(f"page cache budget {limit} must be >= 0 (0: no bound)")
         self.limit = limit
+        self._disk = disk or Disk()
         self._extents: deque[tuple[CachedFile, int, int]] = deque()
         self._held = 0
         self._lock = threading.Lock()
@@ -109,7 +112,7 @@ class PageCacheBudget:
                 continue  # deleted meanwhile: its pages went with it
             try:
                 first = start - start % _FOLIO_BYTES
-                os.posix_fadvise(segment.fd, first, stop - first, os.POSIX_FADV_DONTNEED)
+                self._disk.drop_cached(segment.fd, first, stop - first)
                 dropped += stop - start
             except OSError as exc:  # advice only: never fail a write over it
                 log.debug("dropping cached pages of %r failed: %s", segment, exc)

@@ -1,7 +1,7 @@
 """The range server: stores the ranges it is given and serves APPEND and FETCH for them.
 
 It learns its ranges from the PD (SYNC_RANGES, or directly in tests), keeps them in a
-:class:`~sbp_spark.server.storage.Storage`, and answers (``range_requests.py``):
+:class:`~sbp_spark.server.storage.store.Storage`, and answers (``requests.py``):
 
 * APPEND to ranges it is the primary of (open ranges only); each entry by its request_index,
   acknowledged once the fsync policy is met and every secondary stored it (``append.py``,
@@ -9,11 +9,13 @@ It learns its ranges from the PD (SYNC_RANGES, or directly in tests), keeps them
 * FETCH (long poll, then streamed whole batches, see ``fetch.py``);
 * SEAL_RANGES (seal only: the sealed range, end_offset = its next_offset), SYNC_RANGES,
   DESCRIBE_RANGES (live next_offset), DELETE_STREAMS (no more writes), TRIM_STREAMS (drop local
-  data below an offset), HEARTBEAT; PING and GOAWAY are answered by the network core.
+  data below an offset), HEARTBEAT (``admin.py``); PING and GOAWAY are answered by the network
+  core.
 
-This module holds the server itself: its parts, its life cycle, its role in each range and
-retention. Its id is kept on disk (``identity.py``); read cap notices go to and come from the
-other replicas (``cap_notices.py``).
+``RangeServer`` is the owner: it builds the parts, hands each one what it uses and nothing
+else, and runs their life cycle. Its id is kept on disk (``identity.py``); its role in each
+range follows from it (``roles.py``); read cap notices go to and come from the other replicas
+(``cap_notices.py``); expired data is deleted by ``retention.py``.
 
 Run standalone (``RangeServer(RangeServerConfig(data_dir, server_id=1)).start()``), or with
 ``pd_addresses`` set: then ``registration.PdLink`` obtains a server id from the PD, heartbeats
@@ -24,33 +26,41 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 
-from ..protocol.messages import RangeServer as RangeServerInfo
-from .advertise import advertised
+from ...protocol import messages
+from ..advertise import advertised
+from ..dirlock import DataDirLock
+from ..net import FrameServer
+from ..storage.disk import Disk
+from ..storage.store import Storage
+from .admin import RangeAdmin
+from .append import AppendPath
 from .cap_notices import CapNotices
-from .dirlock import DataDirLock
+from .config import RangeServerConfig
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
-from .net import FrameServer
-from .range_log import RangeLog
-from .range_requests import RangeServerHandler
-from .range_server_config import RangeServerConfig
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
-from .storage import Storage
+from .requests import RangeServerHandler
+from .retention import Retention
+from .roles import Roles
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RangeServer", "RangeServerConfig", "RangeServerHandler"]
-
 
 class RangeServer:
-    """A range server process: storage, the TCP front end and background duties."""
+    """A range server process: storage, the TCP front end and background duties.
 
-    def __init__(self, config: RangeServerConfig) -> None:
+    Its two ways out of the process besides the network core can be handed in: ``disk``,
+    what its storage writes and syncs through, and ``replicator``, its calls to the
+    secondaries of its ranges (by default, the real ones). A test stands in a slow disk or a
+    secondary that does not answer there.
+    """
+
+    def __init__(self, config: RangeServerConfig, *, disk: Disk | None = None,
+                 replicator: Replicator | None = None) -> None:
         self.config = config
         os.makedirs(config.data_dir, exist_ok=True)
         # Before anything reads the directory: recovery truncates torn tails, which would cut
@@ -58,29 +68,32 @@ class RangeServer:
         self.dir_lock = DataDirLock(config.data_dir, "range server")
         try:
             self.identity = ServerIdentity(config.data_dir, config.server_id)
-            self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage)
+            self.storage = Storage(os.path.join(config.data_dir, "data"), config.storage,
+                                   disk)
         except BaseException:
             self.dir_lock.release()
             raise
+        storage = self.storage
+        self.roles = Roles(self.identity)
         self.metrics = Metrics()
-        self.fetcher = FetchServer(self.storage, config.fetch_frame_bytes,
-                                   config.storage.verify_reads)
-        self.cap_notices = CapNotices(self)
-        self.handler = RangeServerHandler(self)
-        self.replicator = Replicator(lambda: self.identity.server_id, tls=config.net.tls)
+        self.replicator = replicator or Replicator(tls=config.net.tls)
+        self.cap_notices = CapNotices(storage, self.roles, self.replicator,
+                                      storage.durability.when_durable, self._on_workers,
+                                      config.cap_probe_interval_s)
+        appends = AppendPath(storage.stream_ranges, storage.durability, self.roles,
+                             self.replicator, self.cap_notices, self.metrics, self._on_workers,
+                             config.max_batch_bytes)
+        fetches = FetchServer(storage, self.metrics, config.fetch_frame_bytes,
+                              config.storage.verify_reads)
+        admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
+        self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
         net = config.net
         net.host, net.port = config.host, config.port
         self.net = FrameServer(self.handler, net)
-        # stream_id -> retention_period_ms, learned from the PD (or set by tests).
-        self.retention: dict[int, int] = {}
-        # Called with (stream_id, new_start_offset) when retention deleted data; the PD link
-        # forwards it to the PD as TRIM_STREAMS.
-        self.on_trim: Callable[[int, int], None] | None = None
+        self.retention = Retention(storage.ranges, config.retention_check_interval_s)
         # Called (from the PD link's thread) when the PD refuses this server's id for good;
         # set before start() by an owner that reports the refusal itself, else it is logged.
         self.on_refusal: Callable[[RegistrationRefused], None] | None = None
-        self._stop = threading.Event()
-        self._maintenance: threading.Thread | None = None
         self.pd_link: PdLink | None = None
         self._started = False
 
@@ -91,10 +104,6 @@ class RangeServer:
         """This server's id (-1 until the PD allocated one)."""
         return self.identity.server_id
 
-    def set_server_id(self, server_id: int) -> None:
-        """Adopt ``server_id`` and keep it on disk for restarts."""
-        self.identity.set(server_id)
-
     @property
     def address(self) -> tuple[str, int]:
         return self.net.address
@@ -104,13 +113,18 @@ class RangeServer:
         return advertised(self.net.address, self.config.advertise_addr,
                           self.config.advertise_host)
 
-    def info(self) -> RangeServerInfo:
-        return RangeServerInfo(self.server_id, self.advertise_addr)
+    def info(self) -> messages.RangeServer:
+        """This server as the PD and its peers know it: its id and advertised address."""
+        return messages.RangeServer(self.server_id, self.advertise_addr)
+
+    def _on_workers(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run ``fn(*args)`` on the network core's worker pool (False: it has stopped)."""
+        return self.net.submit(fn, *args)
 
     def _linked(self) -> LinkedServer:
         """This server as its PD link sees it."""
         def stream_settings(stream_id: int, retention_ms: int, deleted: bool) -> None:
-            self.retention[stream_id] = retention_ms
+            self.retention.set_period(stream_id, retention_ms)
             if deleted:
                 self.storage.delete_stream(stream_id)
 
@@ -130,7 +144,7 @@ class RangeServer:
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             metrics_interval_s=cfg.metrics_interval_s,
             streams_interval_s=min(cfg.retention_check_interval_s, 60.0),
-            server_id=lambda: self.server_id, set_server_id=self.set_server_id,
+            server_id=lambda: self.server_id, set_server_id=self.identity.set,
             advertise_addr=lambda: self.advertise_addr,
             stream_ids=lambda: sorted({r.stream_id for r in self.storage.ranges()}),
             stream_settings=stream_settings, load=load)
@@ -143,14 +157,12 @@ class RangeServer:
             raise RuntimeError("range server already started")
         self._started = True
         self.net.start()
-        self._maintenance = threading.Thread(target=self._maintenance_loop,
-                                             name="range-server-maintenance", daemon=True)
-        self._maintenance.start()
+        self.retention.start()
         self.cap_notices.start()
         if self.config.pd_addresses:
             self.pd_link = PdLink(self._linked(), list(self.config.pd_addresses),
                                   tls=self.config.net.tls, on_refusal=self.on_refusal)
-            self.on_trim = self.pd_link.report_trim
+            self.retention.on_trim = self.pd_link.report_trim
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self.server_id,
                  self.advertise_addr, self.config.data_dir, self.config.storage.policy.value)
@@ -158,14 +170,13 @@ class RangeServer:
 
     def stop(self) -> None:
         """Graceful stop: GOAWAY to clients, finish in-flight requests, sync and close."""
-        self._stop.set()
+        self.retention.stop()
         if self.pd_link is not None:
             self.pd_link.stop()
         self.cap_notices.stop()
         self.net.stop()
         self.replicator.close()
-        if self._maintenance is not None:
-            self._maintenance.join(5)
+        self.retention.join(5)
         self.cap_notices.join(5)
         self.close_unstarted()
 
@@ -180,48 +191,3 @@ class RangeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- local roles -----------------------------------------------------------------------
-
-    def is_replica(self, rlog: RangeLog) -> bool:
-        """Whether this server holds a copy of ``rlog`` (primary or secondary)."""
-        me = self.server_id
-        return any(r.server_id == me for r in rlog.replicas)
-
-    def is_primary(self, rlog: RangeLog) -> bool:
-        """Whether appends for ``rlog`` belong here (a range with no replica list is local)."""
-        if not rlog.replicas:
-            return True
-        me = self.server_id
-        for r in rlog.replicas:  # a loop, not any(): this runs for every append
-            if r.is_primary and r.server_id == me:
-                return True
-        return False
-
-    # -- retention -------------------------------------------------------------------------
-
-    def apply_retention(self, now_ms: int | None = None) -> list[tuple[int, int]]:
-        """Delete expired segments; returns (stream_id, new start) for each stream that moved."""
-        moved: dict[int, int] = {}
-        for rlog in self.storage.ranges():
-            retention = self.retention.get(rlog.stream_id, -1)
-            if retention < 0:
-                continue
-            new_start = rlog.expire(retention, now_ms)
-            if new_start is not None:
-                moved[rlog.stream_id] = max(moved.get(rlog.stream_id, 0), new_start)
-        for sid, start in moved.items():
-            log.info("retention trimmed stream %d to offset %d", sid, start)
-            if self.on_trim is not None:
-                try:
-                    self.on_trim(sid, start)
-                except Exception:
-                    log.exception("reporting the trim of stream %d failed", sid)
-        return sorted(moved.items())
-
-    def _maintenance_loop(self) -> None:
-        while not self._stop.wait(self.config.retention_check_interval_s):
-            try:
-                self.apply_retention()
-            except Exception:
-                log.exception("retention pass failed")

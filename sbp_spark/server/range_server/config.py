@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..protocol.constants import MAX_BATCH_BYTES
-from .advertise import advertised_host, check_advertised
+from ...protocol.constants import MAX_BATCH_BYTES
+from ..advertise import advertised_host, check_advertised
+from ..net import NetConfig
+from ..peer_tls import check_peer_tls
+from ..storage import StorageConfig
 from .fetch import DEFAULT_FETCH_FRAME_BYTES
-from .net import NetConfig
-from .peer_tls import check_peer_tls
-from .storage import StorageConfig
 
 # How often retention is applied to the stored ranges.
 DEFAULT_RETENTION_CHECK_S = 30.0

@@ -2,7 +2,7 @@
 durability.
 
 Appends write to the page cache and mark their range *dirty*; acknowledgements wait here until
-the range's ``next_offset`` (what is durable, see ``RangeLog.sync``) reaches their end. A
+the range's ``next_offset`` (what is durable, see ``Flushable``) reaches their end. A
 *flush* fsyncs every dirty range (several side by side); appends written while a flush runs
 go into the next one, so one fsync serves every append that waited for it. When a flush
 starts is the policy (``FsyncPolicy``):
@@ -36,12 +36,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-from ..protocol.errors import SbpError, StorageFullError
-
-if TYPE_CHECKING:
-    from .range_log import RangeLog
+from ...protocol.errors import SbpError, StorageFullError
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +53,25 @@ GROUP_FLUSH_BYTES = 4 * 1024 * 1024
 _SYNC_THREADS = 8
 
 Waiter = Callable[[BaseException | None], None]
+
+
+class Flushable(Protocol):
+    """What the flush thread makes durable: a range log, as group commit sees it."""
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last durable record (what waiters wait for)."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why nothing more can be made durable (a failed fsync), or None."""
+
+    def sync(self) -> None:
+        """Make everything written so far durable, moving ``next_offset``; raises on
+        failure."""
+
+
+F = TypeVar("F", bound=Flushable)
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -95,7 +111,7 @@ class _StoringBracket:
         self._commit._end_storing()
 
 
-class GroupCommit:
+class GroupCommit(Generic[F]):
     """The flush thread of one storage, and the callbacks waiting for data to be durable.
 
     ``on_synced()`` is called after each fsync of a range that succeeded (statistics);
@@ -105,16 +121,16 @@ class GroupCommit:
 
     def __init__(self, policy: FsyncPolicy, interval_ms: int,
                  on_synced: Callable[[], None] = lambda: None,
-                 after_round: Callable[[list[RangeLog]], object] = lambda ranges: None
+                 after_round: Callable[[list[F]], object] = lambda ranges: None
                  ) -> None:
         self.policy = policy
         self.interval_s = interval_ms / 1000.0
         self._on_synced = on_synced
         self._after_round = after_round
-        self._dirty: dict[int, RangeLog] = {}  # id(range) -> range with unsynced writes
+        self._dirty: dict[int, F] = {}  # id(range) -> range with unsynced writes
         self._first_dirty = 0.0  # monotonic time the first of them was marked
         self._dirty_bytes = 0  # bytes written since the last flush took what was dirty
-        self._waiters: list[tuple[RangeLog, int, Waiter]] = []
+        self._waiters: list[tuple[F, int, Waiter]] = []
         self._storing = 0  # appends being stored right now (``storing()``)
         self._woken = False  # the flush thread was told of what is dirty now
         # ``group``: how many appends the previous flush acknowledged (their writers are likely
@@ -139,7 +155,7 @@ class GroupCommit:
 
     # -- what appends and acknowledgements call ----------------------------------------------
 
-    def mark_dirty(self, rlog: RangeLog, nbytes: int) -> None:
+    def mark_dirty(self, rlog: F, nbytes: int) -> None:
         """``rlog`` has written ``nbytes`` more that are not durable yet."""
         with self._cond:
             if not self._dirty:
@@ -172,7 +188,7 @@ class GroupCommit:
                                 or (not self._storing and self._returned >= self._answered)):
                 self._wake()
 
-    def when_durable(self, rlog: RangeLog, target: int, callback: Waiter) -> None:
+    def when_durable(self, rlog: F, target: int, callback: Waiter) -> None:
         """Call ``callback(None)`` once ``rlog.next_offset >= target`` (now, if already true),
         or ``callback(error)`` if the data cannot be made durable. Callbacks run on the flush
         thread: they must not block."""
@@ -182,7 +198,7 @@ class GroupCommit:
                 return
         callback(self._failure(rlog) if rlog.next_offset < target else None)
 
-    def wait_durable(self, rlog: RangeLog, target: int, timeout: float | None = None) -> None:
+    def wait_durable(self, rlog: F, target: int, timeout: float | None = None) -> None:
         """Block until ``rlog.next_offset >= target``; raises on fsync failure or timeout."""
         done = threading.Event()
         result: list[BaseException | None] = []
@@ -230,7 +246,7 @@ class GroupCommit:
 
     # -- the flush thread --------------------------------------------------------------------
 
-    def _failure(self, rlog: RangeLog) -> BaseException:
+    def _failure(self, rlog: F) -> BaseException:
         if self._closed:
             return StorageFullError("storage closed before the data was synced")
         return StorageFullError(rlog.failure or "data could not be synced")
@@ -253,7 +269,7 @@ class GroupCommit:
             return min(bound, self._last_end + self._last_took)
         return 0.0
 
-    def _next_batch(self) -> list[RangeLog] | None:
+    def _next_batch(self) -> list[F] | None:
         """Wait until a flush may start; the ranges it flushes (None: closed, all flushed)."""
         with self._cond:
             while not self._dirty and not self._closed:
@@ -272,7 +288,7 @@ class GroupCommit:
             self._returned = 0
             return dirty
 
-    def _sync_all(self, ranges: list[RangeLog]) -> None:
+    def _sync_all(self, ranges: list[F]) -> None:
         for rlog in ranges:
             try:
                 rlog.sync()
@@ -280,7 +296,7 @@ class GroupCommit:
             except (OSError, SbpError) as exc:
                 log.error("fsync of %s failed: %s", rlog, exc)
 
-    def _flush(self, dirty: list[RangeLog], pool: ThreadPoolExecutor | None
+    def _flush(self, dirty: list[F], pool: ThreadPoolExecutor | None
                ) -> ThreadPoolExecutor | None:
         """fsync every range of ``dirty``; returns the helper threads (started on first use)."""
         if len(dirty) == 1:

@@ -4,6 +4,10 @@ docs/reliability.md, "Cap notices").
 A primary tells its secondaries how far every replica holds a range once it goes quiet (a
 forward carries the cap under load), and after a restart asks them how far they stored it
 (the cap probe). A secondary raises its cap when told and answers with its stored end.
+
+``CapNotices`` sees the server through what it uses: the local ranges (``NoticedRanges``),
+this server's role in each (``Roles``), the calls to the secondaries (``Notifying``), the
+storage's durability callbacks and the network core's worker pool.
 """
 
 from __future__ import annotations
@@ -11,22 +15,44 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from ..protocol.errors import ErrorCode, InvalidRequestError, ServerError
-from ..protocol.messages import AppendRequest, AppendResponse, AppendResult, RangeId, Status
-from .range_log import RangeLog
-from .read_cap import CapState
-
-if TYPE_CHECKING:
-    from .range_server import RangeServer
+from ...protocol.errors import ErrorCode, InvalidRequestError, ServerError
+from ...protocol.messages import (
+    AppendRequest,
+    AppendResponse,
+    AppendResult,
+    RangeId,
+    RangeReplica,
+    Status,
+)
+from ..storage.durability import Waiter
+from ..storage.range_log import RangeLog
+from ..storage.read_cap import CapState
+from .replication import NoticeAnswer
+from .roles import Roles
 
 log = logging.getLogger(__name__)
 
 # A range quiet this long after an append settled sends its secondaries a cap notice: shorter
 # than a reader would notice, longer than a writer's gap between one append and the next.
 CAP_NOTICE_DELAY_S = 0.02
+
+
+class NoticedRanges(Protocol):
+    """The local ranges, as cap notices look them up (the storage)."""
+
+    def ranges(self) -> list[RangeLog]: ...
+
+    def get_range(self, stream_id: int, range_index: int) -> RangeLog | None: ...
+
+
+class Notifying(Protocol):
+    """The calls that carry cap notices to a range's secondaries (``replication.py``)."""
+
+    def notify(self, rlog: RangeLog, secondaries: Sequence[RangeReplica], committed: int
+               ) -> list[NoticeAnswer]: ...
 
 
 class DelayedCalls:
@@ -84,11 +110,16 @@ class CapNotices:
     """The cap notices of one range server: sent as the primary of a range, answered as a
     secondary."""
 
-    def __init__(self, server: RangeServer) -> None:
-        self.server = server
+    def __init__(self, ranges: NoticedRanges, roles: Roles, notifier: Notifying,
+                 when_durable: Callable[[RangeLog, int, Waiter], None],
+                 submit: Callable[..., bool], probe_interval_s: float) -> None:
+        self._ranges = ranges
+        self._roles = roles
+        self._notifier = notifier
+        self._when_durable = when_durable
+        self._probe_interval_s = probe_interval_s
         self._stop = threading.Event()
-        self._delayed = DelayedCalls(CAP_NOTICE_DELAY_S,
-                                     lambda rlog: server.net.submit(self.send, rlog),
+        self._delayed = DelayedCalls(CAP_NOTICE_DELAY_S, lambda rlog: submit(self.send, rlog),
                                      name="range-server-cap-notices")
         self.prober: threading.Thread | None = None
 
@@ -118,7 +149,7 @@ class CapNotices:
             if exc is None:
                 self._delayed.schedule((rlog.stream_id, rlog.range_index), rlog)
 
-        self.server.storage.when_durable(rlog, end, durable)
+        self._when_durable(rlog, end, durable)
 
     def send(self, rlog: RangeLog) -> None:
         """Send the secondaries of ``rlog`` its cap if nothing is pending and they do not
@@ -126,30 +157,30 @@ class CapNotices:
         committed = rlog.cap.notice_due(rlog.next_offset)
         if committed is None:
             return
-        for answer in self.server.replicator.notify(rlog, committed):
+        for answer in self._notifier.notify(rlog, self._roles.secondaries(rlog), committed):
             if answer.problem is not None:
                 log.debug("range %d/%d: cap notice (%d) to secondary %d not taken: %s",
                           rlog.stream_id, rlog.range_index, committed,
-                          answer.replica.server_id, answer.problem)
+                          answer.replica.server.server_id, answer.problem)
 
     def _probe_due(self, rlog: RangeLog) -> bool:
         # A primary's open replicated range whose readers miss records durable here, with no
         # append under way (one that settles raises the cap by itself).
         cap = rlog.cap
         return (cap.state is CapState.CAPPED and not rlog.deleted
-                and rlog.readable_offset < rlog.next_offset and self.server.is_primary(rlog)
-                and bool(self.server.replicator.secondaries(rlog)) and not cap.pending)
+                and rlog.readable_offset < rlog.next_offset and self._roles.is_primary(rlog)
+                and bool(self._roles.secondaries(rlog)) and not cap.pending)
 
     def probe(self, rlog: RangeLog) -> bool:
         """Ask every secondary of ``rlog`` how far it stored the range, and let readers see
         what every replica holds. False when a secondary did not answer (try again later)."""
         durable = rlog.next_offset
         ends = [durable]
-        for answer in self.server.replicator.notify(rlog, -1):
+        for answer in self._notifier.notify(rlog, self._roles.secondaries(rlog), -1):
             if answer.problem is not None or answer.stored_end is None:
                 log.info("range %d/%d: secondary %d did not say how far it stored the range "
                          "(%s); its readers stay at offset %s for now", rlog.stream_id,
-                         rlog.range_index, answer.replica.server_id, answer.problem,
+                         rlog.range_index, answer.replica.server.server_id, answer.problem,
                          rlog.read_cap)
                 return False
             ends.append(answer.stored_end)
@@ -162,7 +193,7 @@ class CapNotices:
     def _probe_once(self, done: set[tuple[int, int]]) -> int:
         """Probe every range that needs it and was not probed yet; the number left to retry."""
         left = 0
-        for rlog in self.server.storage.ranges():
+        for rlog in self._ranges.ranges():
             key = (rlog.stream_id, rlog.range_index)
             if key in done or not self._probe_due(rlog):
                 continue
@@ -183,10 +214,10 @@ class CapNotices:
         done: set[tuple[int, int]] = set()
         while not self._stop.is_set():
             wait = 0.2
-            if self.server.server_id >= 0:
+            if self._roles.server_id >= 0:
                 if not self._probe_once(done):
                     return
-                wait = self.server.config.cap_probe_interval_s
+                wait = self._probe_interval_s
             self._stop.wait(wait)
 
     # -- the secondary's side ---------------------------------------------------------------
@@ -215,10 +246,10 @@ class CapNotices:
     def _noticed_range(self, stream_id: int, range_index: int) -> RangeLog:
         """The range a cap notice names; INVALID_REQUEST saying why when this server is not a
         secondary of it, or it is not open here."""
-        server = self.server
-        me = server.server_id
+        roles = self._roles
+        me = roles.server_id
         name = f"range {stream_id}/{range_index}"
-        rlog = server.storage.get_range(stream_id, range_index)
+        rlog = self._ranges.get_range(stream_id, range_index)
         if stream_id < 0 or range_index < 0:
             why = "stream_id and range_index must be >= 0"
         elif rlog is None:
@@ -227,9 +258,9 @@ class CapNotices:
             why = f"stream {stream_id} was deleted"
         elif rlog.sealed:
             why = f"it is sealed at {rlog.end_offset} (a sealed range has no read cap)"
-        elif server.is_primary(rlog):
+        elif roles.is_primary(rlog):
             why = f"server {me} is its primary, and only a secondary takes notices"
-        elif not server.is_replica(rlog):
+        elif not roles.is_replica(rlog):
             why = f"server {me} holds no replica of it"
         else:
             return rlog

@@ -26,7 +26,7 @@ until the forward's timeout; the PD's failover seals the range within seconds).
 Readers of an open range see only records every replica stored (the range's read cap, see
 ``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
 would not survive a failover (the PD seals a range at the smallest end its live replicas
-hold), so no reader may see it first. On the primary, ``hold_reads``/``release_reads`` move
+hold), so no reader may see it first. On the primary, ``ReadCap.hold``/``release`` move
 the cap as the secondaries store appends. Every forward carries the primary's cap (no higher
 than what is durable on the primary itself) as ``committed_offset``, and a secondary that
 stored the forward raises its own cap to it.
@@ -55,22 +55,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..client.config import ClientConfig
-from ..client.connection import ResponseStream
-from ..client.pool import ConnectionPool
-from ..protocol.constants import Opcode
-from ..protocol.errors import ReplicationFailedError, SbpError
-from ..protocol.frame import Frame
-from ..protocol.messages import (
+from ...client.config import ClientConfig
+from ...client.connection import ResponseStream
+from ...client.pool import ConnectionPool
+from ...protocol.constants import Opcode
+from ...protocol.errors import ReplicationFailedError, SbpError
+from ...protocol.frame import Frame
+from ...protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
     RangeId,
+    RangeReplica,
     decode_response,
     request_frame,
 )
-from ..transport.tls import TlsConfig
-from .range_log import RangeLog, Replica
+from ...transport.tls import TlsConfig
+from ..storage.range_log import RangeLog
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ NOTICE_TIMEOUT_S = 10.0
 class NoticeAnswer:
     """One secondary's answer to a cap notice: its stored end of the range, or the problem."""
 
-    replica: Replica
+    replica: RangeReplica
     stored_end: int | None
     problem: str | None = None
 
@@ -103,17 +104,17 @@ class NoticeAnswer:
 class Forward:
     """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
 
-    replica: Replica
+    replica: RangeReplica
     stream: ResponseStream | None
     error: SbpError | None = None
 
 
 class Replicator:
-    """Forwards a primary's stored batches to its secondaries."""
+    """A primary's calls to the secondaries of its ranges: forwards of stored batches, and cap
+    notices. Which replicas are the secondaries is the caller's to say (``roles.py``)."""
 
-    def __init__(self, server_id_source, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
+    def __init__(self, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
                  tls: TlsConfig | None = None) -> None:
-        self._server_id = server_id_source  # callable: this server's current id
         # With TLS, secondaries are called with this server's own certificate.
         self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0
                                                 ).with_tls(tls))
@@ -122,10 +123,6 @@ class Replicator:
 
     def close(self) -> None:
         self.pool.close()
-
-    def secondaries(self, rlog: RangeLog) -> list[Replica]:
-        mine = self._server_id()
-        return [r for r in rlog.replicas if not r.is_primary and r.server_id != mine]
 
     def order_lock(self, rlog: RangeLog) -> threading.Lock:
         """Held across a local append and its forwards, so secondaries see the same order."""
@@ -136,22 +133,22 @@ class Replicator:
                 lock = self._locks[key] = threading.Lock()
             return lock
 
-    def notify(self, rlog: RangeLog, committed: int, timeout_s: float = NOTICE_TIMEOUT_S
-               ) -> list[NoticeAnswer]:
-        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to every
-        secondary and wait for their answers: each one's stored end of the range, or why
-        there is none. Sent over the same connections as the forwards, after them."""
+    def notify(self, rlog: RangeLog, secondaries: Sequence[RangeReplica], committed: int,
+               timeout_s: float = NOTICE_TIMEOUT_S) -> list[NoticeAnswer]:
+        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to its
+        ``secondaries`` and wait for their answers: each one's stored end of the range, or
+        why there is none. Sent over the same connections as the forwards, after them."""
         request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
                                 cap_notice=RangeId(rlog.stream_id, rlog.range_index))
         if committed >= 0:
             rlog.cap.note_sent(committed)
-        sent: list[tuple[Replica, ResponseStream | None, str | None]] = []
-        for replica in self.secondaries(rlog):
-            if not replica.advertise_addr:
+        sent: list[tuple[RangeReplica, ResponseStream | None, str | None]] = []
+        for replica in secondaries:
+            if not replica.server.advertise_addr:
                 sent.append((replica, None, "no known address"))
                 continue
             try:
-                conn = self.pool.get(replica.advertise_addr)
+                conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND, lambda sid: request_frame(sid, request),
                                     timeout_s)
                 sent.append((replica, stream, None))
@@ -173,10 +170,11 @@ class Replicator:
             out.append(NoticeAnswer(replica, stored, problem))
         return out
 
-    def send(self, rlog: RangeLog, stored: Sequence[Sequence], timeout_ms: int
-             ) -> list[Forward]:
-        """Send the stored batches (``[envelope, body]`` each) to every secondary; call
-        under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local append.
+    def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
+             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]:
+        """Send the stored batches (``[envelope, body]`` each) to the ``secondaries`` of
+        ``rlog``; call under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local
+        append.
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
@@ -201,13 +199,13 @@ class Replicator:
             wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
                          self.pool.config.request_timeout_s)
         out = []
-        for replica in self.secondaries(rlog):
-            if not replica.advertise_addr:
+        for replica in secondaries:
+            if not replica.server.advertise_addr:
                 out.append(Forward(replica, None, ReplicationFailedError(
-                    f"secondary {replica.server_id} has no known address")))
+                    f"secondary {replica.server.server_id} has no known address")))
                 continue
             try:
-                conn = self.pool.get(replica.advertise_addr)
+                conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
                                     lambda sid: request_frame(sid, request, payload), wait_s)
                 out.append(Forward(replica, stream))
@@ -215,15 +213,14 @@ class Replicator:
                 out.append(Forward(replica, None, exc))
         return out
 
-    @staticmethod
-    def wait(rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
         """Wait for every secondary's answer; None when all stored everything, else why not.
 
         A late answer stops being waited for once ``rlog`` is sealed here (see
         ``_settled_answer_of``)."""
         problems = []
         for fw in forwards:
-            where = f"secondary {fw.replica.server_id} ({fw.replica.advertise_addr})"
+            where = f"secondary {fw.replica.server.server_id} ({fw.replica.server.advertise_addr})"
             if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
                 continue

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 
-from .segment import atomic_write
+from ..storage.segment import atomic_write
 
 log = logging.getLogger(__name__)
 

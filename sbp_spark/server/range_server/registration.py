@@ -25,15 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..client.config import ClientConfig
-from ..client.pd import PdClient
-from ..client.pool import ConnectionPool
-from ..client.tls import TlsConfig
-from ..protocol.errors import InvalidRequestError, SbpError
-from ..protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
-from ..protocol.messages import RangeServer as RangeServerInfo
-from .pd_outage import PdOutage
-from .pd_store import UNKNOWN_SERVER_ID
+from ...client.config import ClientConfig
+from ...client.pd import PdClient
+from ...client.pool import ConnectionPool
+from ...client.tls import TlsConfig
+from ...protocol import messages
+from ...protocol.errors import InvalidRequestError, SbpError
+from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ..pd_outage import PdOutage
+from ..pd_store import UNKNOWN_SERVER_ID
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,9 @@ class LinkedServer:
     stream_settings: Callable[[int, int, bool], None]
     load: Callable[[], LoadSample]
 
-    def info(self) -> RangeServerInfo:
+    def info(self) -> messages.RangeServer:
         """The server as the PD knows it: id and advertised address."""
-        return RangeServerInfo(self.server_id(), self.advertise_addr())
+        return messages.RangeServer(self.server_id(), self.advertise_addr())
 
 
 class PdLink:
@@ -120,7 +120,8 @@ class PdLink:
 
     def __init__(self, server: LinkedServer, pd_addresses: list[str],
                  client_config: ClientConfig | None = None, tls: TlsConfig | None = None,
-                 on_refusal: Callable[[RegistrationRefused], None] | None = None) -> None:
+                 on_refusal: Callable[[RegistrationRefused], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.server = server
         # Who tells the operator when the PD refuses this server for good (see ``_refused``):
         # without one, the refusal is logged as an error.
@@ -131,7 +132,8 @@ class PdLink:
         # A heartbeat stuck waiting out an election would reach the new leader later than
         # the next one does: the link's calls fail fast instead.
         self.pd = PdClient(pd_addresses, config, pool=self.pool, wait_for_election=False)
-        self._stop = threading.Event()
+        # Set to end the link; its pauses (between attempts, between duties) wait on it.
+        self._stop = stop if stop is not None else threading.Event()
         self._trims: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="range-server-pd-link",
                                         daemon=True)

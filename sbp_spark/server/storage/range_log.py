@@ -22,24 +22,24 @@ import bisect
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..protocol.errors import (
+from ...protocol.errors import (
     OffsetOutOfRangeError,
     RangeSealedError,
     ReplicationFailedError,
     StorageFullError,
     StreamNotFoundError,
 )
-from ..protocol.frame import crc32
-from ..protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
-from .durability import FsyncPolicy
+from ...protocol.frame import crc32
+from ...protocol.messages import RangeReplica, RangeServer
+from ...protocol.records import ENVELOPE_SIZE, BatchHeader, set_base_offset
+from .disk import Disk
 from .read_cap import CapState, ReadCap
 from .segment import (
     SEGMENT_SUFFIX,
@@ -50,14 +50,10 @@ from .segment import (
     atomic_write,
     combined_crc,
     crc32_with_prefix,
-    fsync_dir,
     pack_storage_header,
     verify_batches,
     verify_once,
 )
-
-if TYPE_CHECKING:
-    from .storage import Storage
 
 log = logging.getLogger(__name__)
 # From this batch size on, the CRC stored with a batch is derived from the frame's checked
@@ -69,13 +65,48 @@ _REUSE_CRC_BYTES = 64 * 1024
 META_FILE = "range.json"
 
 
-@dataclass(frozen=True)
-class Replica:
-    """One server holding a copy of a range."""
+class ByteCounts(Protocol):
+    """Where range logs count the bytes they write and read (the server's metrics)."""
 
-    server_id: int
-    advertise_addr: str = ""
-    is_primary: bool = False
+    bytes_written: int
+    bytes_read: int
+
+
+class WrittenExtents(Protocol):
+    """Where range logs record what they wrote (the page-cache bound, pagecache.py)."""
+
+    def wrote(self, segment: Segment, start: int, end: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class LogEnv:
+    """What a range log uses of the storage it belongs to: the settings of its files, and
+    where it reports what it did."""
+
+    segment_bytes: int
+    index_interval_bytes: int
+    # Whether flushes make appends durable (every fsync policy but ``never``); without them
+    # an append is committed as soon as it is written.
+    flushed: bool
+    counts: ByteCounts
+    extents: WrittenExtents
+    # ``(range, nbytes)``: the range wrote ``nbytes`` that a flush is to make durable.
+    mark_dirty: Callable[[RangeLog, int], None]
+    # What readers may see changed (long polls wait for it).
+    data_changed: Callable[[], None]
+    # Where segment bytes are written and synced.
+    disk: Disk
+
+
+def _replica_record(replica: RangeReplica) -> dict:
+    """How ``range.json`` keeps a replica of the range."""
+    return {"server_id": replica.server.server_id,
+            "advertise_addr": replica.server.advertise_addr, "is_primary": replica.is_primary}
+
+
+def _replica_of(record: dict) -> RangeReplica:
+    return RangeReplica(RangeServer(record["server_id"], record.get("advertise_addr", "")),
+                        record.get("is_primary", False))
 
 
 @dataclass
@@ -92,14 +123,11 @@ class ReadChunk:
         """CRC-32 of the batches end to end, from their stored CRCs (reads no data)."""
         return combined_crc(self.batches)
 
-    def verify(self) -> int:
-        """Check the bytes on disk against the stored CRCs (an mmap pass, no copy); returns
-        the CRC of the batches end to end. Raises ``CorruptDataError``."""
-        return verify_batches(self.batches)
-
     def checked_crc(self) -> int:
-        """Like ``verify()``, but skips bytes this process already checked (its own writes,
-        recovery scans, earlier reads): the steady state reads no data at all."""
+        """The bytes on disk checked against the stored CRCs (``verify_batches``), skipping
+        those this process already checked (its own writes, recovery scans, earlier reads):
+        the steady state reads no data at all. Returns the CRC of the batches end to end;
+        raises ``CorruptDataError``."""
         if self._segment is None:
             return verify_batches(self.batches)
         return verify_once(self._segment, self.batches)
@@ -128,8 +156,8 @@ class ReadChunk:
 class RangeLog:
     """The local log of one range: its segments, offsets and metadata."""
 
-    def __init__(self, storage: Storage, directory: str, meta: dict) -> None:
-        self.storage = storage
+    def __init__(self, env: LogEnv, directory: str, meta: dict) -> None:
+        self._env = env
         self.directory = directory
         self.stream_id: int = meta["stream_id"]
         self.range_index: int = meta["range_index"]
@@ -137,7 +165,8 @@ class RangeLog:
         self._start_offset: int = meta["start_offset"]
         self._end_offset: int = meta["end_offset"]
         self._deleted: bool = meta.get("deleted", False)
-        self._replicas: tuple[Replica, ...] = tuple(Replica(**r) for r in meta.get("replicas", ()))
+        # The servers holding the range, as the PD placed it (none known: a range of its own).
+        self._replicas = tuple(_replica_of(r) for r in meta.get("replicas", ()))
         # ``lock`` guards the range's state (offsets, segment list, metadata) and is held only
         # briefly. ``_append_lock`` serializes appends, which write their bytes holding it but
         # not ``lock``: an fsync or a read need not wait for a 1 MiB write to end (measured:
@@ -161,10 +190,16 @@ class RangeLog:
         self._index_due: list[Segment] = []
 
     @classmethod
-    def create(cls, storage: Storage, directory: str, meta: dict) -> RangeLog:
+    def create(cls, env: LogEnv, directory: str, stream_id: int, range_index: int,
+               start_offset: int, end_offset: int, replicas: Sequence[RangeReplica]
+               ) -> RangeLog:
         """A new, empty range in ``directory``: its metadata written, its first segment
         open at its start offset."""
-        rlog = cls(storage, directory, meta)
+        meta = {"stream_id": stream_id, "range_index": range_index,
+                "base_start_offset": start_offset, "start_offset": start_offset,
+                "end_offset": end_offset, "deleted": False,
+                "replicas": [_replica_record(r) for r in replicas]}
+        rlog = cls(env, directory, meta)
         start = rlog._start_offset
         rlog._new_segment(start)
         rlog._written = rlog._committed = start
@@ -172,10 +207,10 @@ class RangeLog:
         return rlog
 
     @classmethod
-    def open(cls, storage: Storage, directory: str, meta: dict) -> RangeLog:
+    def open(cls, env: LogEnv, directory: str, meta: dict) -> RangeLog:
         """The range found in ``directory`` with its metadata ``meta``, recovered from its
         segment files (see ``_recover``)."""
-        rlog = cls(storage, directory, meta)
+        rlog = cls(env, directory, meta)
         rlog._recover()
         return rlog
 
@@ -209,7 +244,7 @@ class RangeLog:
 
     def _restored_cap(self, final: bool) -> ReadCap:
         return ReadCap.restored(len(self._replicas), self._start_offset, self._end_offset,
-                                final, self.storage.notify_data)
+                                final, self._env.data_changed)
 
     @property
     def written_offset(self) -> int:
@@ -242,12 +277,8 @@ class RangeLog:
         return self._failed
 
     @property
-    def replicas(self) -> tuple[Replica, ...]:
+    def replicas(self) -> tuple[RangeReplica, ...]:
         return self._replicas
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
 
     def _meta(self, end_final: bool | None = None) -> dict:
         return {
@@ -259,7 +290,7 @@ class RangeLog:
             # Whether the end is the one the PD recorded (not only where this replica stopped).
             "end_final": self.cap.state is CapState.FINAL if end_final is None else end_final,
             "deleted": self._deleted,
-            "replicas": [r.__dict__ for r in self._replicas],
+            "replicas": [_replica_record(r) for r in self._replicas],
         }
 
     @contextmanager
@@ -272,7 +303,7 @@ class RangeLog:
         atomic_write(os.path.join(self.directory, META_FILE),
                      json.dumps(self._meta(end_final), indent=1).encode())
 
-    def set_replicas(self, replicas: Sequence[Replica]) -> None:
+    def set_replicas(self, replicas: Sequence[RangeReplica]) -> None:
         with self._exclusive():
             replicas = tuple(replicas)
             if replicas == self._replicas:
@@ -280,7 +311,7 @@ class RangeLog:
             self._replicas = replicas
             self._save_meta()
             self.cap.replicas_changed(len(replicas), self._committed)
-        self.storage.notify_data()
+        self._env.data_changed()
 
     def mark_deleted(self) -> None:
         """Refuse further writes (the stream was deleted); reads of stored data still work."""
@@ -288,7 +319,7 @@ class RangeLog:
             if not self._deleted:
                 self._deleted = True
                 self._save_meta()
-        self.storage.notify_data()
+        self._env.data_changed()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -309,7 +340,7 @@ class RangeLog:
         """Store ``batches`` (validated envelopes and their bytes) at the end of the range.
 
         Returns (base offset of each batch, the commit target): the batches are acknowledged
-        once ``next_offset`` reaches the target (see ``Storage.when_durable``). Either every
+        once ``next_offset`` reaches the target (see ``GroupCommit.when_durable``). Either every
         batch is stored or none is.
 
         ``replicated``: the batches come from the range's primary and already carry their
@@ -361,7 +392,8 @@ class RangeLog:
             # Outside ``lock``: readers and fsyncs go on meanwhile (a reader sees only up to
             # the committed offset, and a segment's size moves only once its bytes are in).
             seg.write(pieces, records, now_ms)
-            never = self.storage.config.fsync is FsyncPolicy.NEVER
+            env = self._env
+            never = not env.flushed
             if not never:
                 # An fsync will come for these bytes: let the disk start on them now.
                 seg.start_writeback()
@@ -372,19 +404,19 @@ class RangeLog:
                 if never:
                     self._committed = offset
         start = records[0][2]
-        self.storage.stats.bytes_written += pos - start
-        self.storage.page_cache.wrote(seg, start, pos)
+        env.counts.bytes_written += pos - start
+        env.extents.wrote(seg, start, pos)
         if never:
-            self.storage.notify_data()
+            env.data_changed()
         else:
-            self.storage.durability.mark_dirty(self, pos - start)
+            env.mark_dirty(self, pos - start)
         return bases, offset
 
     def _active_for(self, nbytes: int) -> Segment:
         """The segment to write ``nbytes`` into, rolling to a new one when this one is full."""
         seg = self.segments[-1]
-        if not seg.empty and seg.size + nbytes > self.storage.config.segment_bytes:
-            if self.storage.config.fsync is FsyncPolicy.NEVER:
+        if not seg.empty and seg.size + nbytes > self._env.segment_bytes:
+            if not self._env.flushed:
                 # No fsync will come to write its index (see sync()): write it now.
                 seg.write_index()
                 seg.index_written = True
@@ -392,13 +424,14 @@ class RangeLog:
             # byte written to it is acknowledged: not here, on the append's path. (``never``
             # has no next sync: there it is synced now.)
             seg = self._new_segment(self._written,
-                                    sync_dir=self.storage.config.fsync is FsyncPolicy.NEVER)
+                                    sync_dir=not self._env.flushed)
         return seg
 
     def _new_segment(self, base_offset: int, sync_dir: bool = True) -> Segment:
-        seg = Segment(self.directory, base_offset, self.storage.config.index_interval_bytes)
+        seg = Segment(self.directory, base_offset, self._env.index_interval_bytes,
+                      self._env.disk)
         if sync_dir:
-            fsync_dir(self.directory)
+            self._env.disk.sync_dir(self.directory)
         else:
             self._dir_unsynced = True
         self.segments.append(seg)
@@ -413,7 +446,7 @@ class RangeLog:
         try:
             if sync_dir:
                 try:
-                    fsync_dir(self.directory)
+                    self._env.disk.sync_dir(self.directory)
                 except OSError:
                     with self.lock:
                         self._dir_unsynced = True
@@ -439,7 +472,7 @@ class RangeLog:
                     self._index_due.append(seg)
             if target > self._committed:
                 self._committed = target
-        self.storage.notify_data()
+        self._env.data_changed()
 
     def write_due_indexes(self) -> None:
         """Persist the index of each segment that sync() found full and durable (called by
@@ -470,9 +503,9 @@ class RangeLog:
             except OSError:
                 self._end_offset = -1
                 raise
-        if self.storage.config.fsync is not FsyncPolicy.NEVER:
+        if self._env.flushed:
             self.sync()
-        self.storage.notify_data()
+        self._env.data_changed()
         return self._end_offset
 
     def seal_at(self, end_offset: int) -> None:
@@ -528,7 +561,7 @@ class RangeLog:
         Returns an empty chunk when nothing is committed at ``offset`` yet. ``max_bytes``
         bounds the bytes, but a first batch (``first``) is returned even if larger.
         ``end_offset`` (-1: none) stops before batches starting at or after it. Checksums are
-        the caller's choice (``chunk.verify()`` or ``chunk.crc``). ``count``: add the bytes
+        the caller's choice (``chunk.checked_crc()`` or ``chunk.crc``). ``count``: add the bytes
         to the read statistics.
         """
         with self.lock:
@@ -565,7 +598,7 @@ class RangeLog:
             return ReadChunk([], 0, offset)
         nbytes = sum(b.length for b in batches)
         if count:
-            self.storage.stats.bytes_read += nbytes
+            self._env.counts.bytes_read += nbytes
         return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
 
     def available_bytes(self, offset: int, limit: int) -> int:
@@ -643,7 +676,7 @@ class RangeLog:
                 self._unsynced.remove(seg)
             seg.delete()
         if doomed:
-            fsync_dir(self.directory)
+            self._env.disk.sync_dir(self.directory)
             log.info("range %s: deleted %d segments below offset %d", self, len(doomed), offset)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -653,16 +686,6 @@ class RangeLog:
             for seg in self.segments:
                 seg.close()
 
-    def destroy(self) -> None:
-        """Delete the range's files entirely."""
-        with self._exclusive():
-            for seg in self.segments:
-                seg.delete()
-            self.segments = []
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def describe(self) -> dict:
-        return {**self._meta(), "next_offset": self._committed}
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -676,7 +699,8 @@ class RangeLog:
             except ValueError:
                 log.warning("ignoring unexpected file %s in %s", n, self.directory)
                 continue
-            segs.append(Segment(self.directory, base, self.storage.config.index_interval_bytes))
+            segs.append(Segment(self.directory, base, self._env.index_interval_bytes,
+                                self._env.disk))
         kept: list[Segment] = []
         for i, seg in enumerate(segs):
             last = i == len(segs) - 1
