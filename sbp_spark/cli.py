@@ -37,7 +37,7 @@ from sbp_spark.commands.common import (
 from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import SbpError
 from sbp_spark.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
-from sbp_spark.server.pd_etcd import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
+from sbp_spark.server.pd.etcd_store import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
 
 log = logging.getLogger("sbp_spark.cli")
 

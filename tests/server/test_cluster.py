@@ -186,7 +186,7 @@ def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, 
 
 def test_the_pd_tells_deleted_streams_apart_by_lookup_or_by_listing(tmp_path, pool):
     # A push of a few streams' ranges looks each up; a resync of many lists the streams once.
-    from sbp_spark.server import pd_calls
+    from sbp_spark.server.pd import calls as pd_calls
 
     with EmbeddedCluster(tmp_path, range_servers=1) as cluster:
         client = client_of(cluster, pool)

@@ -19,8 +19,8 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd_failover import Failover
-from sbp_spark.server.placement import Liveness
+from sbp_spark.server.pd.failover import Failover
+from sbp_spark.server.pd.placement import Liveness
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
 from .test_pd_store import FakeClock

@@ -41,7 +41,7 @@ from sbp_spark.protocol.errors import ErrorCode, FrameError, HeaderError, Stream
 from sbp_spark.protocol.frame import Frame, FrameDecoder, InvalidFrame, encode_frame
 from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.pd import _PdHandler
+from sbp_spark.server.pd.handler import _PdHandler
 from sbp_spark.server.range_server import RangeServerHandler
 
 ANSWER_TIMEOUT_S = 10.0

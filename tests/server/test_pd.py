@@ -20,7 +20,7 @@ from sbp_spark.protocol.errors import ErrorCode, PayloadTooLargeError
 from sbp_spark.protocol.frame import decode_frame, encode_frame
 from sbp_spark.server.net import FrameServer, NetConfig, RequestContext, RequestHandler
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd_meta import MAX_ASKED_STREAM_ID
+from sbp_spark.server.pd.meta import MAX_ASKED_STREAM_ID
 from tests.polling import wait_until as poll
 
 # -- a stand-in range server ------------------------------------------------------------------
@@ -510,7 +510,7 @@ def test_list_ranges_too_large_for_one_frame_fails_only_what_does_not_fit(pd, co
 def test_describe_streams_too_large_for_one_frame_is_refused_saying_so(pd, conn, monkeypatch):
     # Was SYSTEM_ERROR UNKNOWN naming a ProtocolError. The real limit needs ~250k streams; a
     # lower one takes the same path.
-    from sbp_spark.server import pd_handler
+    from sbp_spark.server.pd import handler as pd_handler
     monkeypatch.setattr(pd_handler, "MAX_ANSWER_HEADER", 1000)
     _add_ranges(pd, pd.store.allocate_server_id("one"), {s: 1 for s in range(1, 41)})
     with pytest.raises(PayloadTooLargeError, match="the 40 streams asked for take .* bytes, "

@@ -18,9 +18,9 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 from sbp_spark.server.etcd_client import EtcdClient
-from sbp_spark.server.pd_etcd import EtcdStore
-from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID, PdStore, ReplicaMeta
-from sbp_spark.server.placement import Liveness, choose_servers
+from sbp_spark.server.pd.etcd_store import EtcdStore
+from sbp_spark.server.pd.placement import Liveness, choose_servers
+from sbp_spark.server.pd.sqlite_store import UNKNOWN_SERVER_ID, PdStore, ReplicaMeta
 
 
 @pytest.fixture(params=["sqlite", "etcd"])

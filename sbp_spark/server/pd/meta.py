@@ -3,8 +3,8 @@
 The records (``StreamMeta``, ``RangeMeta``, ``ReplicaMeta``, ``ServerMeta``) are small frozen
 dataclasses the PD turns into wire messages. The rules every store applies the same way (what a
 new range needs, when a seal or a trim is refused, and the errors that say so) are functions
-here, so the SQLite store (``pd_store.py``) and the etcd store (``pd_etcd.py``) refuse the same
-requests with the same messages. ``MetadataStore`` is the interface both implement.
+here, so the SQLite store (``sqlite_store.py``) and the etcd store (``etcd_store.py``) refuse
+the same requests with the same messages. ``MetadataStore`` is the interface both implement.
 """
 
 from __future__ import annotations

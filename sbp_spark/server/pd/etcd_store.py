@@ -14,10 +14,10 @@ it needs at one revision, then commits its writes only if none of the keys it re
 since (``Compare.unchanged`` on each), and tries again from the start if one did. Every change
 to a stream's ranges also rewrites the stream's key, so a reader of the ranges compares that
 one key and still notices a range added or removed meanwhile. A ``Fence`` (the PD leader's
-lease, see ``pd_leader.py``) adds its own compare to every commit: a node that is no longer the
+lease, see ``leader.py``) adds its own compare to every commit: a node that is no longer the
 leader cannot change anything, and learns so as ``PdNotLeaderError``.
 
-Refusals are the same as the SQLite store's (``pd_meta``); etcd out of reach is the retriable
+Refusals are the same as the SQLite store's (``meta``); etcd out of reach is the retriable
 REQUEST_TIMEOUT naming it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any, Protocol, TypeVar
 
 from sbp_spark.protocol.errors import InvalidRequestError, RequestTimeoutError, ServerError
 
-from .etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
-from .pd_meta import (
+from ..etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
+from .meta import (
     RangeMeta,
     ReplicaMeta,
     ServerMeta,
@@ -49,7 +49,7 @@ from .pd_meta import (
     trimmed_ranges,
     unknown_server,
 )
-from .pd_meta import now_ms as _now_ms
+from .meta import now_ms as _now_ms
 
 T = TypeVar("T")
 

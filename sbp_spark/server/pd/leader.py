@@ -13,7 +13,7 @@ Two rules keep two nodes from ever acting as leader at once:
 * Fencing in etcd. Every metadata write of the leader carries a compare that the leader key
   still exists with the create revision it had when this node took office (``compare``). A
   key deleted with an expired lease, or taken over since, fails the compare, and the write is
-  refused as a whole (``pd_etcd.py``). So a former leader changes nothing, whatever it
+  refused as a whole (``etcd_store.py``). So a former leader changes nothing, whatever it
   believes.
 * Stepping down in time. A node counts its lease from the moment it *sent* the request that
   granted or renewed it, so its own deadline falls before etcd's; it stops answering as leader
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import PdNotLeaderError
 
-from .etcd_client import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
+from ..etcd_client import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class Leadership:
         return PdNotLeaderError(f"PD {self.me.name} is not the leader: {where}",
                                 detail=self.cluster().to_flatbuffers())
 
-    # -- the fence (pd_etcd.Fence) -----------------------------------------------------------
+    # -- the fence (etcd_store.Fence) --------------------------------------------------------
 
     def compare(self) -> Compare:
         if not self.is_leader():

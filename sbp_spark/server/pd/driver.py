@@ -1,12 +1,12 @@
 """The placement driver (PD): owner of stream and range metadata and of range placement.
 
 This module holds the PD's metadata operations (``PlacementDriver``); its request handler is
-``pd_handler.py``, its calls to range servers ``pd_calls.py`` and its liveness sweep and
-failover ``pd_failover.py``.
+``handler.py``, its calls to range servers ``calls.py`` and its liveness sweep and
+failover ``failover.py``.
 
-A PD runs alone, its metadata in SQLite (``pd_store``; the default, nothing to set up), or as
-one node of a PD cluster whose metadata lives in etcd (``PdConfig.etcd``; ``pd_etcd``). In a
-cluster the nodes elect a leader through etcd (``pd_leader``); only the leader answers
+A PD runs alone, its metadata in SQLite (``sqlite_store``; the default, nothing to set up), or as
+one node of a PD cluster whose metadata lives in etcd (``PdConfig.etcd``; ``etcd_store``). In a
+cluster the nodes elect a leader through etcd (``leader``); only the leader answers
 metadata requests and runs the liveness sweep and failover, and followers answer
 PD_NOT_LEADER naming it. A PD serves the admin opcodes over the shared frame server core
 (``net.FrameServer``); which range servers are alive comes from their heartbeats to the leader
@@ -37,7 +37,7 @@ Decisions the specification leaves open, made here:
   retriable REQUEST_TIMEOUT naming the server.
 * A RANGE_SERVER HEARTBEAT must carry an id this PD issued (ALLOCATE_ID; the ids live in the
   metadata store, so they survive a PD restart). Any other id is refused with INVALID_REQUEST
-  naming it (detail ``pd_store.UNKNOWN_SERVER_ID``) and the server never becomes live here.
+  naming it (detail ``meta.UNKNOWN_SERVER_ID``) and the server never becomes live here.
 * Failover: when a range server stops heartbeating, each open range with a replica on it is
   sealed on its live replicas, at the smallest end they report (every acknowledged record is on
   every replica, so none is lost; records past that end were never acknowledged), and the next
@@ -73,23 +73,23 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
-from .advertise import advertised, check_advertised
-from .dirlock import DataDirLock
-from .etcd_client import EtcdClient
-from .net import FrameServer, NetConfig
-from .pd_calls import RangeServerCalls
-from .pd_etcd import DEFAULT_PREFIX, EtcdStore
-from .pd_failover import Failover
-from .pd_handler import _PdHandler
-from .pd_leader import DEFAULT_LEASE_TTL_S, Leadership, Member
-from .pd_meta import MetadataStore
-from .pd_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
-from .peer_tls import check_peer_tls
+from ..advertise import advertised, check_advertised
+from ..dirlock import DataDirLock
+from ..etcd_client import EtcdClient
+from ..net import FrameServer, NetConfig
+from ..peer_tls import check_peer_tls
+from .calls import RangeServerCalls
+from .etcd_store import DEFAULT_PREFIX, EtcdStore
+from .failover import Failover
+from .handler import _PdHandler
+from .leader import DEFAULT_LEASE_TTL_S, Leadership, Member
+from .meta import MetadataStore
 from .placement import Liveness, choose_servers
+from .sqlite_store import UNKNOWN_SERVER_ID, PdStore, RangeMeta, ServerMeta, StreamMeta
 
 __all__ = ["PdConfig", "PlacementDriver", "RangeServerInfo", "_PdHandler"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("sbp_spark.server.pd")
 
 # File name of the metadata database inside the PD's data directory.
 PD_DB_NAME = "pd.sqlite"
@@ -584,7 +584,7 @@ class PlacementDriver:
         """Every stream that is not deleted, in id order."""
         return self.store.list_streams()
 
-    # -- failover (pd_failover.py) and pushes to range servers (pd_calls.py) ----------------
+    # -- failover (failover.py) and pushes to range servers (calls.py) ----------------------
 
     def run_failovers(self) -> None:
         """Fail over the open ranges of every server owed a failover (``Failover``)."""

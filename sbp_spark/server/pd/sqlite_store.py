@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sbp_spark.protocol.errors import InvalidRequestError
 
-from .pd_meta import (
+from .meta import (
     UNKNOWN_SERVER_ID,
     RangeMeta,
     ReplicaMeta,
@@ -38,9 +38,9 @@ from .pd_meta import (
     stream_taken,
     unknown_server,
 )
-from .pd_meta import now_ms as _now_ms
+from .meta import now_ms as _now_ms
 
-# The records live in pd_meta; importers of this module find them here too.
+# The records live in meta; importers of this module find them here too.
 __all__ = ["PdStore", "RangeMeta", "ReplicaMeta", "ServerMeta", "StreamMeta",
            "UNKNOWN_SERVER_ID"]
 
@@ -425,7 +425,7 @@ class PdStore:
         """Note a heartbeat and the server's current address.
 
         Only ids this PD allocated are accepted (they are kept here, so a restarted PD still
-        knows them); any other id raises ``pd_meta.unknown_server``'s error.
+        knows them); any other id raises ``meta.unknown_server``'s error.
         """
         if server_id < 0:
             raise InvalidRequestError(f"server_id must be >= 0, got {server_id}")

@@ -37,10 +37,10 @@ from sbp_spark.protocol.errors import (
     UnknownError,
 )
 
-from .pd_store import RangeMeta
+from .sqlite_store import RangeMeta
 
 if TYPE_CHECKING:
-    from .pd import PlacementDriver
+    from .driver import PlacementDriver
 
 log = logging.getLogger("sbp_spark.server.pd")
 

@@ -36,11 +36,11 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
-from .net import Connection, RequestContext, RequestHandler, Route, Runs
-from .pd_store import RangeMeta
+from ..net import Connection, RequestContext, RequestHandler, Route, Runs
+from .sqlite_store import RangeMeta
 
 if TYPE_CHECKING:
-    from .pd import PlacementDriver
+    from .driver import PlacementDriver
 
 # Names of the ReportMetricsRequest fields kept as a server's metrics.
 METRIC_FIELDS: tuple[str, ...] = tuple(

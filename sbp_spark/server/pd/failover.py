@@ -20,7 +20,7 @@ from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode, SbpError, ServerError
 
 if TYPE_CHECKING:
-    from .pd import PlacementDriver
+    from .driver import PlacementDriver
 
 log = logging.getLogger("sbp_spark.server.pd")
 
