@@ -36,9 +36,9 @@ def nodes(etcd_endpoints, etcd_prefix) -> Iterator[list[PlacementDriver]]:
 
 
 def leader_of(nodes: list[PlacementDriver]) -> PlacementDriver:
-    wait_until(lambda: sum(n.is_leader() for n in nodes) == 1, "exactly one PD node to lead",
-               timeout=15)
-    leader = next(n for n in nodes if n.is_leader())
+    wait_until(lambda: sum(n.office.is_leader() for n in nodes) == 1,
+               "exactly one PD node to lead", timeout=15)
+    leader = next(n for n in nodes if n.office.is_leader())
     wait_until(lambda: all(n.leadership.leader == leader.leadership.me for n in nodes
                            if n.leadership is not None),
                "every node to know the leader")
@@ -129,8 +129,9 @@ def range_server(nodes, tmp_path) -> Iterator[RangeServer]:
 
 def lose_office_after(leader: PlacementDriver, method: str, etcd_endpoints, etcd_prefix,
                       monkeypatch) -> None:
-    """Make ``leader``'s ``method`` end its office once it has carried out one item."""
-    done = getattr(leader, method)
+    """Make ``leader``'s stream operation ``method`` (``StreamOperations``, what its handler
+    calls per item) end its office once it has carried out one item."""
+    done = getattr(leader.streams, method)
 
     def then_lose_office(*args):
         result = done(*args)
@@ -142,12 +143,12 @@ def lose_office_after(leader: PlacementDriver, method: str, etcd_endpoints, etcd
             etcd.close()
         return result
 
-    monkeypatch.setattr(leader, method, then_lose_office)
+    monkeypatch.setattr(leader.streams, method, then_lose_office)
 
 
 def test_a_create_batch_cut_by_the_end_of_office_makes_no_stream_twice(
         nodes, range_server, monkeypatch, etcd_endpoints, etcd_prefix):
-    lose_office_after(leader_of(nodes), "create_stream", etcd_endpoints, etcd_prefix,
+    lose_office_after(leader_of(nodes), "create", etcd_endpoints, etcd_prefix,
                       monkeypatch)
     with ConnectionPool(ClientConfig()) as pool:
         client = PdClient(addresses(nodes), pool=pool)
@@ -165,7 +166,7 @@ def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
     with ConnectionPool(ClientConfig()) as pool:
         client = PdClient(addresses(nodes), pool=pool)
         ids = [r.unwrap().stream_id for r in client.create_streams([Stream(), Stream()])]
-        lose_office_after(leader_of(nodes), "delete_stream", etcd_endpoints, etcd_prefix,
+        lose_office_after(leader_of(nodes), "delete", etcd_endpoints, etcd_prefix,
                           monkeypatch)
         results = client.delete_streams(ids)
         left = [s.stream_id for s in client.list_streams()]

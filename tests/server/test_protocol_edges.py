@@ -24,13 +24,13 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.frame import encode_frame
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.pd.handler import _PdHandler
+from sbp_spark.server.pd.handler import PdHandler
 from sbp_spark.server.range_server import RangeServerHandler
 from tests.protocol.test_messages import append_request_with_table_entries
 
 from .wire import RawPeer
 
-ROLES = {"pd": ("placement driver", _PdHandler), "rs": ("range server", RangeServerHandler)}
+ROLES = {"pd": ("placement driver", PdHandler), "rs": ("range server", RangeServerHandler)}
 
 
 @pytest.fixture(scope="module")
