@@ -13,7 +13,7 @@ from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode, NotEnoughServersError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd.sqlite_store import UNKNOWN_SERVER_ID
+from sbp_spark.server.pd.meta import UNKNOWN_SERVER_ID
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until

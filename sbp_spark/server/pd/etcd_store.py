@@ -32,8 +32,8 @@ from sbp_spark.protocol.errors import InvalidRequestError, RequestTimeoutError, 
 
 from ..etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
 from .meta import (
+    RangeHolder,
     RangeMeta,
-    ReplicaMeta,
     ServerMeta,
     StreamMeta,
     check_asked_stream_id,
@@ -178,14 +178,14 @@ class EtcdStore:
         stream_id, range_index = (int(p) for p in kv.key.rsplit(b"/", 2)[1:])
         return RangeMeta(stream_id, range_index, v["start_offset"], v["end_offset"],
                          v["next_offset"],
-                         tuple(ReplicaMeta(sid, bool(p)) for sid, p in v["replicas"]),
+                         tuple(RangeHolder(sid, bool(p)) for sid, p in v["replicas"]),
                          v["base_start_offset"])
 
     def _put_range(self, tx: _Tx, rng: RangeMeta) -> None:
         tx.put(self._range_key(rng.stream_id, rng.range_index), {
             "base_start_offset": rng.base_start_offset, "start_offset": rng.start_offset,
             "end_offset": rng.end_offset, "next_offset": rng.next_offset,
-            "replicas": [[r.server_id, int(r.is_primary)] for r in rng.replicas]})
+            "replicas": [[r.server_id, int(r.is_primary)] for r in rng.holders]})
 
     @staticmethod
     def _server(server_id: int, v: dict[str, Any]) -> ServerMeta:

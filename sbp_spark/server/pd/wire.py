@@ -36,7 +36,7 @@ class Addresses:
             next_offset=rng.next_offset,
             end_offset=rng.end_offset,
             servers=[m.RangeReplica(m.RangeServer(r.server_id, self.of(r.server_id)),
-                                    r.is_primary) for r in rng.replicas])
+                                    r.is_primary) for r in rng.holders])
 
 
 def stream_msg(stream: StreamMeta) -> m.Stream:
