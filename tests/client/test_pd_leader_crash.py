@@ -39,10 +39,15 @@ def leader_of(nodes: list[PlacementDriver]) -> PlacementDriver:
     wait_until(lambda: sum(n.office.is_leader() for n in nodes) == 1,
                "exactly one PD node to lead", timeout=15)
     leader = next(n for n in nodes if n.office.is_leader())
-    wait_until(lambda: all(n.leadership.leader == leader.leadership.me for n in nodes
-                           if n.leadership is not None),
+    wait_until(lambda: all(_leader_address(n) == leader.address for n in nodes),
                "every node to know the leader")
     return leader
+
+
+def _leader_address(node: PlacementDriver) -> str | None:
+    """The leader's address as ``node`` sees it, if it knows one."""
+    known = node.office.cluster().leader
+    return None if known is None else known.advertise_addr
 
 
 def crash(node: PlacementDriver, monkeypatch) -> None:

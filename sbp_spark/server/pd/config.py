@@ -14,7 +14,10 @@ from .leader import DEFAULT_LEASE_TTL_S
 
 # Range servers heartbeat this often by default; the PD's liveness timeout is a multiple of it.
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
-DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_HEARTBEAT_INTERVAL_S
+# A range server is presumed dead after this many missed heartbeat intervals: one late
+# heartbeat (a GC pause, a busy core) must not make the PD route around a healthy server.
+MISSED_HEARTBEATS_BEFORE_DEAD = 3
+DEFAULT_HEARTBEAT_TIMEOUT_S = MISSED_HEARTBEATS_BEFORE_DEAD * DEFAULT_HEARTBEAT_INTERVAL_S
 # Bound on one call from the PD to a range server when the request carries no timeout_ms. Long
 # enough for a seal behind a slow fsync, short enough that an admin call on a hung server fails.
 DEFAULT_RANGE_SERVER_TIMEOUT_S = 10.0

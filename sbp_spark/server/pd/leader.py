@@ -124,12 +124,6 @@ class Leadership:
             return self._leader
         return None
 
-    @property
-    def leader(self) -> Member | None:
-        """The leader as this node last saw it."""
-        with self._lock:
-            return self._known_leader()
-
     def cluster(self) -> m.PlacementDriverCluster:
         """Every member and which one leads, as this node last saw them."""
         with self._lock:

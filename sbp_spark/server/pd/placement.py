@@ -19,10 +19,6 @@ from .meta import ServerMeta
 
 T = TypeVar("T")
 
-# A range server is presumed dead after this many missed heartbeat intervals: one late
-# heartbeat (a GC pause, a busy core) must not make the PD route around a healthy server.
-MISSED_HEARTBEATS_BEFORE_DEAD = 3
-
 
 @dataclass(frozen=True, slots=True)
 class ServerState:
