@@ -1,6 +1,7 @@
 """Layers import only downward: protocol <- transport <- client <- server, spark <- bench <-
-commands <- cli (docs/ARCHITECTURE.md), and the Spark layer never builds wire messages: it asks
-the client."""
+commands <- cli (docs/ARCHITECTURE.md), no module imports itself through others (an import
+cycle, type-only imports counted), and the Spark layer never builds wire messages: it asks the
+client."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ FORBIDDEN_THIRD_PARTY = {
 WIRE_MODULES = ("sbp_spark.protocol.messages", "sbp_spark.protocol.frame",
                 "sbp_spark.protocol._flatbuf", "sbp_spark.protocol._fastpath",
                 "sbp_spark.protocol._generated")
+# Import cycles that other branches of issue 42 remove at the same time as this check lands
+# (the range server's, the client's, the benchmark's). Each is a set of modules that import
+# each other. Emptied when those branches merge; the check fails on any cycle not listed here,
+# and on a listed one that is gone.
+CYCLES_REMOVED_ON_OTHER_BRANCHES: list[set[str]] = [
+    {"sbp_spark.server.durability", "sbp_spark.server.range_log", "sbp_spark.server.storage"},
+    {"sbp_spark.server.append", "sbp_spark.server.cap_notices",
+     "sbp_spark.server.range_requests", "sbp_spark.server.range_server"},
+    {"sbp_spark.client.stream", "sbp_spark.client.timesearch"},
+    {"sbp_spark.bench", "sbp_spark.bench.harness", "sbp_spark.bench.streaming"},
+]
 
 
 def _module_name(path: Path) -> str:
@@ -79,6 +91,47 @@ def _imports(path: Path, runtime_only: bool = False) -> set[str]:
     return names
 
 
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the package (a package by its own name) -> the modules of the package
+    it imports, type-only imports included. Importing ``a.b.c`` runs ``a.b``'s ``__init__``
+    first, but that is no edge: a package's ``__init__`` importing its own modules is how
+    packages are built, not a cycle."""
+    modules = {_module_name(path).removesuffix(".__init__"): path
+               for path in PACKAGE.rglob("*.py") if "_generated" not in path.parts}
+    return {name: {target for target in _imports(path) if target in modules and target != name}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The import cycles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm), each as the set of its modules."""
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = lowest[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                lowest[module] = min(lowest[module], lowest[target])
+            elif target in stack:
+                lowest[module] = min(lowest[module], index[target])
+        if lowest[module] == index[module]:
+            component = {stack.pop()}
+            while module not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
 def _layer_files(layer: str) -> list[Path]:
     if layer in MODULE_LAYERS:
         return [PACKAGE / name for name in MODULE_LAYERS[layer]]
@@ -114,6 +167,16 @@ def test_layer_imports_only_downward(layer):
     assert not offenders, "layering broken:\n" + "\n".join(sorted(set(offenders)))
 
 
+def test_no_import_cycles():
+    found = _cycles(_import_graph())
+    new = [sorted(c) for c in found if c not in CYCLES_REMOVED_ON_OTHER_BRANCHES]
+    gone = [sorted(c) for c in CYCLES_REMOVED_ON_OTHER_BRANCHES if c not in found]
+    assert not new, "modules that import each other (give the part the narrow interface it " \
+        "uses instead of its owner):\n" + "\n".join(" <-> ".join(c) for c in new)
+    assert not gone, "no longer cycles: take them off CYCLES_REMOVED_ON_OTHER_BRANCHES:\n" + \
+        "\n".join(" <-> ".join(c) for c in gone)
+
+
 def test_the_spark_layer_does_not_build_wire_messages():
     offenders = sorted(
         f"{path.relative_to(PACKAGE)} imports {name}"
@@ -133,3 +196,8 @@ def test_the_checks_see_what_they_look_for():
     assert "sbp_spark.spark.planning" in _imports(spark)
     assert "sbp_spark.protocol._fastpath" in _imports(PACKAGE / "protocol" / "messages.py")
     assert _layer_of("sbp_spark.cli") == "cli" and _layer_of("sbp_spark.bench.codec") == "bench"
+    # The cycle finder: type-only imports are edges, and a cycle is found whatever its length.
+    assert "sbp_spark.protocol.messages" in _import_graph()["sbp_spark.spark.cluster"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == \
+        [{"a", "b", "c"}]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
