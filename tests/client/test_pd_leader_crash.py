@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -20,7 +21,7 @@ from sbp_spark.client import ClientConfig, ConnectionPool
 from sbp_spark.client.pd import PD_ELECTION_WAIT_S, PdClient
 from sbp_spark.protocol.errors import ErrorCode, PdNotLeaderError
 from sbp_spark.protocol.messages import Stream
-from sbp_spark.server.etcd_client import EtcdClient
+from sbp_spark.server.etcd_client import EtcdClient, EtcdUnavailable
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from tests.polling import wait_until
@@ -180,14 +181,26 @@ def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
     assert results[1].status.code == ErrorCode.PD_NOT_LEADER and left == ids[1:]
 
 
+class UnreachableEtcd:
+    """What a node's election asks of etcd (``EtcdClient``), every call failing as when the
+    node cannot reach any etcd member."""
+
+    def _fail(self, *args: object, **kwargs: object) -> NoReturn:
+        raise EtcdUnavailable("no etcd member answered (cut off by the test)")
+
+    lease_grant = lease_keepalive = lease_revoke = put = txn = range = get = _fail
+
+
 def test_a_cluster_without_a_leader_is_reported_as_such(nodes, monkeypatch, capsys):
     leader_of(nodes)
-    # Every node stops leading and no election ends, as while etcd does not answer; the
-    # followers still name the last leader they saw.
+    # Every node stops leading and no election ends, as while etcd does not answer: the
+    # leader steps down when its lease can no longer be renewed; the followers still name the
+    # last leader they saw, for as long as its lease could have lasted.
     for node in nodes:
         assert node.leadership is not None
-        monkeypatch.setattr(node.leadership, "_leads", lambda: False)
-        monkeypatch.setattr(node.leadership, "_campaign", lambda: None)
+        monkeypatch.setattr(node.leadership, "etcd", UnreachableEtcd())
+    wait_until(lambda: not any(n.office.is_leader() for n in nodes),
+               "the leader to step down", timeout=15)
     config = ClientConfig(retry_deadline_s=2.0)
     with ConnectionPool(config) as pool:
         pd = PdClient(addresses(nodes), config, pool)
