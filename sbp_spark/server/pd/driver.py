@@ -80,10 +80,20 @@ class PlacementDriver:
                 raise
             self.office = LoneOffice(config.name, self._advertised)
 
+        try:
+            self._server = self._wire(net)
+        except BaseException:  # a PD that could not be built leaves its data directory free
+            self._close_store()
+            raise
+        self._started = False
+
+    def _wire(self, net: NetConfig) -> FrameServer:
+        """Build the parts on the store and the office, each given what it uses; the frame
+        server that serves their handler."""
         addresses = Addresses(self.liveness.address, self.store.get_server)
         self._calls = RangeServerCalls(
             addresses.of, functools.partial(addresses.range_msg, for_servers=True),
-            config.range_server_timeout_s, net.tls)
+            self.config.range_server_timeout_s, net.tls)
         self.pushes = RangePushes(self._calls, self.store)
         placement = Placement(self.liveness, self.store)
         self.locks = StreamLocks()
@@ -95,13 +105,12 @@ class PlacementDriver:
             self.liveness, self.store.list_servers,
             RangeFailover(self.store, self.liveness.is_live, self._calls, self.succession,
                           self.locks).fail_over_server,
-            self.office.is_leader, config.heartbeat_timeout_s, config.name)
+            self.office.is_leader, self.config.heartbeat_timeout_s, self.config.name)
         self.servers = RangeServerRegistry(
             self.store, self.liveness, self.pushes, self._run_soon,
             functools.partial(self.failover.owe, stopped=True), addresses.of)
-        self._server = FrameServer(PdHandler(self.store, self.streams, self.ranges,
-                                             self.servers, self.office, addresses), net)
-        self._started = False
+        return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
+                                     self.office, addresses), net)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -149,18 +149,16 @@ class Failover:
 class FailoverRecords(Protocol):
     """What a failover reads of the metadata."""
 
-    def ranges_on_server(self, server_id: int) -> list[RangeMeta]:
-        """Every range of a live stream with a replica on ``server_id``."""
+    def ranges_on_server(self, server_id: int) -> list[RangeMeta]: ...
 
-    def get_range(self, stream_id: int, range_index: int) -> RangeMeta:
-        """One range of a live stream."""
+    def get_range(self, stream_id: int, range_index: int) -> RangeMeta: ...
 
 
 class SurvivorCalls(Protocol):
-    """How a failover seals a range on one surviving replica (``calls.RangeServerCalls``)."""
+    """How a failover seals a range on one surviving replica (``calls.RangeServerCalls``): where
+    that replica ended it."""
 
-    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int:
-        """Seal ``rng`` on ``server_id``: where that replica ended it."""
+    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int: ...
 
 
 class RangeFailover:

@@ -53,92 +53,74 @@ T = TypeVar("T")
 class Records(Protocol):
     """What the handler reads of the metadata as it is (``meta.MetadataStore``)."""
 
-    def get_stream(self, stream_id: int) -> StreamMeta:
-        """The live stream."""
+    def get_stream(self, stream_id: int) -> StreamMeta: ...
 
-    def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]:
-        """Every live stream, in id order."""
+    def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
 
-    def list_ranges(self, stream_id: int) -> list[RangeMeta]:
-        """Every range of a live stream, in index order."""
+    def list_ranges(self, stream_id: int) -> list[RangeMeta]: ...
 
-    def get_range(self, stream_id: int, range_index: int) -> RangeMeta:
-        """One range, as the PD records it."""
+    def get_range(self, stream_id: int, range_index: int) -> RangeMeta: ...
 
 
 class StreamChanges(Protocol):
-    """``streams.StreamOperations``."""
+    """Changes of streams (``streams.StreamOperations``); refusals raise ``ServerError``s."""
 
     def create(self, replica_nums: int = 1, retention_period_ms: int = -1,
-               stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]:
-        """A new stream and its range 0."""
+               stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]: ...
 
-    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta:
-        """The stream with new settings."""
+    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta: ...
 
-    def delete(self, stream_id: int) -> StreamMeta:
-        """The stream, deleted."""
+    def delete(self, stream_id: int) -> StreamMeta: ...
 
     def trim(self, stream_id: int, trim_offset: int,
-             timeout_s: float | None = None) -> tuple[StreamMeta, RangeMeta]:
-        """The stream with its new start, and its first range."""
+             timeout_s: float | None = None) -> tuple[StreamMeta, RangeMeta]: ...
 
 
 class RangeChanges(Protocol):
-    """``ranges.RangeOperations``."""
+    """Seal-and-new, the next range, a server's ranges (``ranges.RangeOperations``);
+    refusals raise ``ServerError``s."""
 
-    def on_server(self, server: m.RangeServer) -> tuple[int, list[RangeMeta]]:
-        """The server's id and its ranges."""
+    def on_server(self, server: m.RangeServer) -> tuple[int, list[RangeMeta]]: ...
 
     def seal(self, stream_id: int, range_index: int, timeout_s: float | None = None
-             ) -> RangeMeta:
-        """Seal-and-new: the stream's new open range."""
+             ) -> RangeMeta: ...
 
     def create(self, stream_id: int, range_index: int, timeout_s: float | None = None
-               ) -> RangeMeta:
-        """The range opened after a sealed last one."""
+               ) -> RangeMeta: ...
 
 
 class Servers(Protocol):
-    """``servers.RangeServerRegistry``."""
+    """The range servers this PD knows (``servers.RangeServerRegistry``); refusals raise
+    ``ServerError``s."""
 
-    def allocate_id(self, host: str = "") -> int:
-        """A new server id."""
+    def allocate_id(self, host: str = "") -> int: ...
 
-    def heartbeat(self, server_id: int, advertise_addr: str) -> None:
-        """A range server's heartbeat."""
+    def heartbeat(self, server_id: int, advertise_addr: str) -> None: ...
 
-    def stopping(self, server_id: int) -> None:
-        """A range server said it stops."""
+    def stopping(self, server_id: int) -> None: ...
 
-    def report_metrics(self, report: m.ReportMetricsRequest) -> None:
-        """A range server's metrics."""
+    def report_metrics(self, report: m.ReportMetricsRequest) -> None: ...
 
-    def states(self) -> list[m.RangeServerState]:
-        """Every range server with liveness, load and metrics."""
+    def states(self) -> list[m.RangeServerState]: ...
 
 
 class Office(Protocol):
-    """Whether this node leads (``leader.Leadership``, or ``leader.LoneOffice``)."""
+    """Whether this node leads (``leader.Leadership``, or ``leader.LoneOffice``):
+    ``check_leading`` raises PD_NOT_LEADER, naming the leader, unless it does."""
 
-    def is_leader(self) -> bool:
-        """Whether this node leads now."""
+    def is_leader(self) -> bool: ...
 
-    def check_leading(self) -> None:
-        """Raise PD_NOT_LEADER, naming the leader, unless this node leads."""
+    def check_leading(self) -> None: ...
 
-    def cluster(self) -> m.PlacementDriverCluster:
-        """The PD nodes and which one leads."""
+    def cluster(self) -> m.PlacementDriverCluster: ...
 
 
 class WireForms(Protocol):
     """Range servers' addresses and ranges in their wire form (``wire.Addresses``)."""
 
-    def of(self, server: int) -> str:
-        """The current address of a range server."""
+    def of(self, server: int) -> str: ...
 
-    def range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range:
-        """The wire form of a range."""
+    def range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range: ...
 
 
 def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:

@@ -183,11 +183,9 @@ def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int) -> 
 class ServerLoad(Protocol):
     """What placement reads of the metadata."""
 
-    def open_range_counts(self) -> dict[int, int]:
-        """server_id -> open ranges it holds."""
+    def open_range_counts(self) -> dict[int, int]: ...
 
-    def list_servers(self) -> list[ServerMeta]:
-        """Every server this PD issued an id to."""
+    def list_servers(self) -> list[ServerMeta]: ...
 
 
 class Placement:

@@ -39,28 +39,24 @@ _LOOKUPS_BEFORE_LISTING = 16
 
 
 class PushLink(Protocol):
-    """The requests a push sends (``calls.RangeServerCalls``)."""
+    """The requests a push sends (``calls.RangeServerCalls``), each raising when the server
+    did not take it."""
 
     def sync(self, server_id: int, ranges: Sequence[RangeMeta],
-             timeout_s: float | None = None) -> None:
-        """One SYNC_RANGES of ``ranges`` to a server; raises when it did not take them."""
+             timeout_s: float | None = None) -> None: ...
 
     def delete_streams(self, server_id: int, streams: Sequence[m.Stream],
-                       timeout_s: float | None = None) -> None:
-        """DELETE_STREAMS ``streams`` on a server; raises when it could not be told."""
+                       timeout_s: float | None = None) -> None: ...
 
 
 class StreamRecords(Protocol):
     """What pushes read of the metadata."""
 
-    def get_stream(self, stream_id: int) -> StreamMeta:
-        """The live stream (StreamNotFoundError when deleted)."""
+    def get_stream(self, stream_id: int) -> StreamMeta: ...
 
-    def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]:
-        """Every live stream."""
+    def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
 
-    def ranges_on_server(self, server_id: int) -> list[RangeMeta]:
-        """Every range of a live stream with a replica on ``server_id``."""
+    def ranges_on_server(self, server_id: int) -> list[RangeMeta]: ...
 
 
 class RangePushes:

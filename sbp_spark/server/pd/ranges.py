@@ -18,27 +18,22 @@ log = logging.getLogger(__package__)
 class RangeRecords(Protocol):
     """What range operations read of the metadata."""
 
-    def list_ranges(self, stream_id: int) -> list[RangeMeta]:
-        """Every range of a live stream, in index order."""
+    def list_ranges(self, stream_id: int) -> list[RangeMeta]: ...
 
-    def last_range(self, stream_id: int) -> RangeMeta:
-        """The stream's highest-index range."""
+    def last_range(self, stream_id: int) -> RangeMeta: ...
 
-    def ranges_on_server(self, server_id: int) -> list[RangeMeta]:
-        """Every range of a live stream with a replica on ``server_id``."""
+    def ranges_on_server(self, server_id: int) -> list[RangeMeta]: ...
 
-    def get_server(self, server_id: int) -> ServerMeta | None:
-        """The server's record, or None."""
+    def get_server(self, server_id: int) -> ServerMeta | None: ...
 
-    def list_servers(self) -> list[ServerMeta]:
-        """Every server this PD issued an id to."""
+    def list_servers(self) -> list[ServerMeta]: ...
 
 
 class SealCalls(Protocol):
-    """How a seal reaches a range's replicas (``calls.RangeServerCalls``)."""
+    """How a seal reaches a range's replicas (``calls.RangeServerCalls``): the primary must
+    answer; the range ends where they say."""
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int:
-        """Seal ``rng`` on its replicas (the primary must answer): where it ends."""
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int: ...
 
 
 class RangeOperations:

@@ -31,38 +31,29 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
 class ServerRecords(Protocol):
     """What the registry reads and writes of the metadata."""
 
-    def allocate_server_id(self, host: str = "") -> int:
-        """A server id never handed out before."""
+    def allocate_server_id(self, host: str = "") -> int: ...
 
-    def get_server(self, server_id: int) -> ServerMeta | None:
-        """The server's record, or None."""
+    def get_server(self, server_id: int) -> ServerMeta | None: ...
 
     def record_heartbeat(self, server_id: int, advertise_addr: str,
-                         now_ms: int | None = None) -> ServerMeta:
-        """Note a heartbeat of an issued id (refuses others)."""
+                         now_ms: int | None = None) -> ServerMeta: ...
 
     def record_metrics(self, server_id: int, metrics: dict[str, int],
-                       now_ms: int | None = None) -> None:
-        """Keep a server's latest metrics."""
+                       now_ms: int | None = None) -> None: ...
 
-    def list_servers(self) -> list[ServerMeta]:
-        """Every server this PD issued an id to."""
+    def list_servers(self) -> list[ServerMeta]: ...
 
-    def open_range_counts(self) -> dict[int, int]:
-        """server_id -> open ranges it holds."""
+    def open_range_counts(self) -> dict[int, int]: ...
 
 
 class Resyncs(Protocol):
     """The resyncs a (re)appearing server is owed (``pushes.RangePushes``)."""
 
-    def owe_resync(self, server_id: int) -> None:
-        """``server_id`` may have missed pushes."""
+    def owe_resync(self, server_id: int) -> None: ...
 
-    def resync_owed(self, server_id: int) -> bool:
-        """Whether ``server_id`` is owed a resync."""
+    def resync_owed(self, server_id: int) -> bool: ...
 
-    def resync(self, server_id: int) -> None:
-        """Push ``server_id`` every range it holds, if owed."""
+    def resync(self, server_id: int) -> None: ...
 
 
 class RangeServerRegistry:

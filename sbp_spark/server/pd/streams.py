@@ -25,18 +25,17 @@ log = logging.getLogger(__package__)
 
 
 class StreamCalls(Protocol):
-    """The requests to range servers a change of streams sends (``calls.RangeServerCalls``)."""
+    """The requests to range servers a change of streams sends (``calls.RangeServerCalls``):
+    ``next_offset`` is None when the primary cannot say, the others raise when the server could
+    not be told."""
 
-    def next_offset(self, rng: RangeMeta, timeout_s: float | None = None) -> int | None:
-        """The open range's live next_offset from its primary, None if it cannot say."""
+    def next_offset(self, rng: RangeMeta, timeout_s: float | None = None) -> int | None: ...
 
     def delete_streams(self, server_id: int, streams: Sequence[m.Stream],
-                       timeout_s: float | None = None) -> None:
-        """DELETE_STREAMS on a server; raises when it could not be told."""
+                       timeout_s: float | None = None) -> None: ...
 
     def trim(self, server_id: int, stream_id: int, start_offset: int,
-             timeout_s: float | None = None) -> None:
-        """The stream's new start to a server; raises when it could not be told."""
+             timeout_s: float | None = None) -> None: ...
 
 
 def _check_stream_settings(replica_nums: int, retention_period_ms: int) -> None:

@@ -50,24 +50,20 @@ class StreamLocks:
 class SuccessionStore(Protocol):
     """What a succession reads and changes in the metadata."""
 
-    def get_stream(self, stream_id: int) -> StreamMeta:
-        """The live stream."""
+    def get_stream(self, stream_id: int) -> StreamMeta: ...
 
     def seal_range(self, stream_id: int, range_index: int, end_offset: int,
                    next_servers: Sequence[int] | None = None
-                   ) -> tuple[RangeMeta, RangeMeta | None]:
-        """Seal the range at ``end_offset`` and, given servers, open the next there, at once."""
+                   ) -> tuple[RangeMeta, RangeMeta | None]: ...
 
-    def open_next_range(self, stream_id: int, servers: Sequence[int]) -> RangeMeta:
-        """Open the range after the stream's last one, which is sealed."""
+    def open_next_range(self, stream_id: int, servers: Sequence[int]) -> RangeMeta: ...
 
 
 class Pusher(Protocol):
     """How a succession tells range servers about their ranges (``pushes.RangePushes``)."""
 
     def push(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
-             skip: Iterable[int] = ()) -> None:
-        """SYNC_RANGES ``ranges`` to their servers, but those in ``skip``."""
+             skip: Iterable[int] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
