@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from sbp_spark.server.pd_etcd import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
+from sbp_spark.server.pd.etcd_store import DEFAULT_PREFIX as DEFAULT_ETCD_PREFIX
 from sbp_spark.server.storage import DEFAULT_PAGE_CACHE_BYTES
 
 from .common import DEFAULT_PD_PORT, PD_ENV, address_arg, int_in, pd_addresses_arg

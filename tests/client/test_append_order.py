@@ -17,6 +17,7 @@ import pytest
 
 from sbp_spark.protocol.errors import TransportError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
+from tests.pd_link import hook_syncs
 from tests.polling import wait_until
 
 from .private_cluster import client_of, numbered_body, private_cluster, retrying_config
@@ -46,15 +47,12 @@ def test_an_append_keeps_its_order_when_the_next_range_reaches_its_primary_late(
 
         # The PD's push of range 1 waits until the writer's first frame was refused there.
         release = threading.Event()
-        calls = cluster.pd.calls
-        sync_to = calls.sync_to
 
-        def late_sync(server_id, ranges, timeout_s=None):
+        def late_sync(server_id, ranges):
             if any(r.stream_id == sid and r.range_index == 1 for r in ranges):
                 assert release.wait(30), "the writer never reached range 1's primary"
-            return sync_to(server_id, ranges, timeout_s)
 
-        monkeypatch.setattr(calls, "sync_to", late_sync)
+        hook_syncs(cluster.pd, late_sync, monkeypatch)
         sealer = threading.Thread(target=client.seal_range, args=(sid,))
         sealer.start()
         wait_until(lambda: len(client.list_ranges(sid)) == 2, "the PD to record range 1")

@@ -19,7 +19,7 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.frame import encode_frame
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.pd import _PdHandler
+from sbp_spark.server.pd.handler import PdHandler
 from sbp_spark.server.range_server.requests import RangeServerHandler
 from tests.flatc_classes import CreateStreamsRequest as GenCreateStreamsRequest
 from tests.flatc_classes import HeartbeatRequest as GenHeartbeatRequest
@@ -30,7 +30,7 @@ from tests.protocol.test_messages import append_request_with_table_entries
 
 from .wire import RawPeer
 
-ROLES = {"pd": ("placement driver", _PdHandler), "rs": ("range server", RangeServerHandler)}
+ROLES = {"pd": ("placement driver", PdHandler), "rs": ("range server", RangeServerHandler)}
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ from ...client.tls import TlsConfig
 from ...protocol import messages
 from ...protocol.errors import InvalidRequestError, SbpError
 from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ..pd.meta import UNKNOWN_SERVER_ID
 from ..pd_outage import PdOutage
-from ..pd_store import UNKNOWN_SERVER_ID
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ it needs at one revision, then commits its writes only if none of the keys it re
 since (``Compare.unchanged`` on each), and tries again from the start if one did. Every change
 to a stream's ranges also rewrites the stream's key, so a reader of the ranges compares that
 one key and still notices a range added or removed meanwhile. A ``Fence`` (the PD leader's
-lease, see ``pd_leader.py``) adds its own compare to every commit: a node that is no longer the
+lease, see ``leader.py``) adds its own compare to every commit: a node that is no longer the
 leader cannot change anything, and learns so as ``PdNotLeaderError``.
 
-Refusals are the same as the SQLite store's (``pd_meta``); etcd out of reach is the retriable
+Refusals are the same as the SQLite store's (``meta``); etcd out of reach is the retriable
 REQUEST_TIMEOUT naming it.
 """
 
@@ -30,10 +30,10 @@ from typing import Any, Protocol, TypeVar
 
 from sbp_spark.protocol.errors import InvalidRequestError, RequestTimeoutError, ServerError
 
-from .etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
-from .pd_meta import (
+from ..etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
+from .meta import (
+    RangeHolder,
     RangeMeta,
-    ReplicaMeta,
     ServerMeta,
     StreamMeta,
     check_asked_stream_id,
@@ -49,7 +49,7 @@ from .pd_meta import (
     trimmed_ranges,
     unknown_server,
 )
-from .pd_meta import now_ms as _now_ms
+from .meta import now_ms as _now_ms
 
 T = TypeVar("T")
 
@@ -178,14 +178,14 @@ class EtcdStore:
         stream_id, range_index = (int(p) for p in kv.key.rsplit(b"/", 2)[1:])
         return RangeMeta(stream_id, range_index, v["start_offset"], v["end_offset"],
                          v["next_offset"],
-                         tuple(ReplicaMeta(sid, bool(p)) for sid, p in v["replicas"]),
+                         tuple(RangeHolder(sid, bool(p)) for sid, p in v["replicas"]),
                          v["base_start_offset"])
 
     def _put_range(self, tx: _Tx, rng: RangeMeta) -> None:
         tx.put(self._range_key(rng.stream_id, rng.range_index), {
             "base_start_offset": rng.base_start_offset, "start_offset": rng.start_offset,
             "end_offset": rng.end_offset, "next_offset": rng.next_offset,
-            "replicas": [[r.server_id, int(r.is_primary)] for r in rng.replicas]})
+            "replicas": [[r.server_id, int(r.is_primary)] for r in rng.holders]})
 
     @staticmethod
     def _server(server_id: int, v: dict[str, Any]) -> ServerMeta:

@@ -13,7 +13,7 @@ Two rules keep two nodes from ever acting as leader at once:
 * Fencing in etcd. Every metadata write of the leader carries a compare that the leader key
   still exists with the create revision it had when this node took office (``compare``). A
   key deleted with an expired lease, or taken over since, fails the compare, and the write is
-  refused as a whole (``pd_etcd.py``). So a former leader changes nothing, whatever it
+  refused as a whole (``etcd_store.py``). So a former leader changes nothing, whatever it
   believes.
 * Stepping down in time. A node counts its lease from the moment it *sent* the request that
   granted or renewed it, so its own deadline falls before etcd's; it stops answering as leader
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import PdNotLeaderError
 
-from .etcd_client import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
+from ..etcd_client import Compare, EtcdClient, EtcdError, Get, KeyValue, Put
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +54,21 @@ class Member:
 
 
 class Leadership:
-    """This node's part in the election: campaigns, renews its lease, knows the leader."""
+    """This node's part in the election: campaigns, renews its lease, knows the leader.
 
-    def __init__(self, etcd: EtcdClient, prefix: str, me: Member,
+    ``address()`` is where clients reach this node, asked once it campaigns (a node learns its
+    port when it starts listening).
+    """
+
+    def __init__(self, etcd: EtcdClient, prefix: str, name: str, address: Callable[[], str],
                  lease_ttl_s: int = DEFAULT_LEASE_TTL_S, poll_s: float = DEFAULT_POLL_S,
                  on_elected: Callable[[], None] | None = None,
                  on_deposed: Callable[[], None] | None = None) -> None:
         if lease_ttl_s < 2:
             raise ValueError(f"lease_ttl_s={lease_ttl_s} must be at least 2 seconds")
         self.etcd = etcd
-        self.me = me
+        self._name = name
+        self._address = address
         self.key = f"{prefix}leader".encode()
         self._members_prefix = f"{prefix}members/".encode()
         self.lease_ttl_s = lease_ttl_s
@@ -79,7 +84,7 @@ class Leadership:
         # When etcd last showed a follower the leader key (monotonic, taken before the read):
         # that leader is named for ``lease_ttl_s`` from then, no longer (see _known_leader).
         self._leader_seen = 0.0
-        self._members: list[Member] = [me]
+        self._members: list[Member] = []  # as etcd last showed them
         self._next_renewal = 0.0
         self._next_view = 0.0
         self._stop = threading.Event()
@@ -87,10 +92,20 @@ class Leadership:
 
     # -- what others ask ---------------------------------------------------------------------
 
+    @property
+    def me(self) -> Member:
+        """This node as the cluster knows it."""
+        return Member(self._name, self._address())
+
     def is_leader(self) -> bool:
         """Whether this node may act as leader now."""
         with self._lock:
             return self._leads()
+
+    def check_leading(self) -> None:
+        """Raise the refusal of a follower (``not_leader``) unless this node leads now."""
+        if not self.is_leader():
+            raise self.not_leader()
 
     def _leads(self) -> bool:
         # with self._lock held
@@ -108,12 +123,6 @@ class Leadership:
                 time.monotonic() - self._leader_seen < self.lease_ttl_s:
             return self._leader
         return None
-
-    @property
-    def leader(self) -> Member | None:
-        """The leader as this node last saw it."""
-        with self._lock:
-            return self._known_leader()
 
     def cluster(self) -> m.PlacementDriverCluster:
         """Every member and which one leads, as this node last saw them."""
@@ -144,7 +153,7 @@ class Leadership:
         return PdNotLeaderError(f"PD {self.me.name} is not the leader: {where}",
                                 detail=self.cluster().to_flatbuffers())
 
-    # -- the fence (pd_etcd.Fence) -----------------------------------------------------------
+    # -- the fence (etcd_store.Fence) --------------------------------------------------------
 
     def compare(self) -> Compare:
         if not self.is_leader():
@@ -297,3 +306,22 @@ def _member(value: bytes) -> Member | None:
         return Member(str(data["name"]), str(data["address"]))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+class LoneOffice:
+    """The office of a lone PD (metadata in SQLite, no election): it always leads, and the
+    cluster is itself alone. ``address()`` is where clients reach it."""
+
+    def __init__(self, name: str, address: Callable[[], str]) -> None:
+        self._name = name
+        self._address = address
+
+    def is_leader(self) -> bool:
+        return True
+
+    def check_leading(self) -> None:
+        """Nothing to refuse: a lone PD leads from its start to its stop."""
+
+    def cluster(self) -> m.PlacementDriverCluster:
+        return m.PlacementDriverCluster(members=[m.PlacementDriverNode(
+            name=self._name, advertise_addr=self._address(), is_leader=True)])

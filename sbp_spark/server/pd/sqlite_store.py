@@ -20,10 +20,9 @@ from pathlib import Path
 
 from sbp_spark.protocol.errors import InvalidRequestError
 
-from .pd_meta import (
-    UNKNOWN_SERVER_ID,
+from .meta import (
+    RangeHolder,
     RangeMeta,
-    ReplicaMeta,
     ServerMeta,
     StreamMeta,
     check_asked_stream_id,
@@ -38,11 +37,7 @@ from .pd_meta import (
     stream_taken,
     unknown_server,
 )
-from .pd_meta import now_ms as _now_ms
-
-# The records live in pd_meta; importers of this module find them here too.
-__all__ = ["PdStore", "RangeMeta", "ReplicaMeta", "ServerMeta", "StreamMeta",
-           "UNKNOWN_SERVER_ID"]
+from .meta import now_ms as _now_ms
 
 SCHEMA_VERSION = 1
 
@@ -289,7 +284,7 @@ class PdStore:
             "INSERT INTO replicas (stream_id, range_index, server_id, is_primary, position) "
             "VALUES (?, ?, ?, ?, ?)",
             [(rng.stream_id, rng.range_index, r.server_id, int(r.is_primary), i)
-             for i, r in enumerate(rng.replicas)])
+             for i, r in enumerate(rng.holders)])
         return rng
 
     @staticmethod
@@ -301,13 +296,13 @@ class PdStore:
             f"WHERE {where} ORDER BY r.stream_id, r.range_index, p.position", args).fetchall()
         out: list[RangeMeta] = []
         key: tuple[int, int] | None = None
-        replicas: list[ReplicaMeta] = []
+        holders: list[RangeHolder] = []
         head: sqlite3.Row | None = None
 
         def flush() -> None:
             assert head is not None
             out.append(RangeMeta(head["stream_id"], head["range_index"], head["start_offset"],
-                                 head["end_offset"], head["next_offset"], tuple(replicas),
+                                 head["end_offset"], head["next_offset"], tuple(holders),
                                  head["base_start_offset"]))
 
         for row in rows:
@@ -315,9 +310,9 @@ class PdStore:
             if k != key:
                 if head is not None:
                     flush()
-                key, head, replicas = k, row, []
+                key, head, holders = k, row, []
             if row["server_id"] is not None:
-                replicas.append(ReplicaMeta(row["server_id"], bool(row["is_primary"])))
+                holders.append(RangeHolder(row["server_id"], bool(row["is_primary"])))
         if head is not None:
             flush()
         return out
@@ -425,7 +420,7 @@ class PdStore:
         """Note a heartbeat and the server's current address.
 
         Only ids this PD allocated are accepted (they are kept here, so a restarted PD still
-        knows them); any other id raises ``pd_meta.unknown_server``'s error.
+        knows them); any other id raises ``meta.unknown_server``'s error.
         """
         if server_id < 0:
             raise InvalidRequestError(f"server_id must be >= 0, got {server_id}")

@@ -2,7 +2,7 @@
 
 Kept apart from the PD's wire handling so the rules can be tested on their own:
 ``Liveness`` tracks heartbeats on a monotonic clock, ``choose_servers`` picks the replicas of a
-new range.
+new range, and ``Placement`` makes each choice, one at a time, with what it records.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from sbp_spark.protocol.errors import InvalidRequestError, NotEnoughServersError
+from sbp_spark.protocol.errors import InvalidRequestError, NotEnoughServersError, ServerError
 
-# A range server is presumed dead after this many missed heartbeat intervals: one late
-# heartbeat (a GC pause, a busy core) must not make the PD route around a healthy server.
-MISSED_HEARTBEATS_BEFORE_DEAD = 3
+from .meta import ServerMeta
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +178,60 @@ def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int) -> 
             f"{count} replicas requested but only {len(candidates)} range "
             f"server{'s are' if len(candidates) != 1 else ' is'} live")
     return candidates[:count]
+
+
+class ServerLoad(Protocol):
+    """What placement reads of the metadata."""
+
+    def open_range_counts(self) -> dict[int, int]: ...
+
+    def list_servers(self) -> list[ServerMeta]: ...
+
+
+class Placement:
+    """Chooses the servers of new ranges among the live ones, least loaded first.
+
+    One choice at a time, each with what records it (``record``), so concurrent choices see
+    each other's load: two streams created at once do not both land on the emptiest server.
+    """
+
+    def __init__(self, liveness: Liveness, load: ServerLoad) -> None:
+        self._liveness = liveness
+        self._load = load
+        self._lock = threading.Lock()
+
+    def place(self, count: int, record: Callable[[list[int]], T]) -> T:
+        """``record(servers)`` for ``count`` servers chosen now (the first is the primary):
+        its result. Too few live servers raise ``NotEnoughServersError``, after those the PD
+        has not heard from yet had their chance (``_await_live``)."""
+        self._await_live(count)
+        with self._lock:
+            return record(self._choose(count))
+
+    def place_if_possible(self, count: int, record: Callable[[list[int] | None], T], *,
+                          wait: bool = True) -> tuple[T, ServerError | None]:
+        """As ``place``, but too few live servers are no failure: ``record(None)`` runs then,
+        and the refusal comes back beside its result. ``wait``: first wait as ``place`` does."""
+        if wait:
+            self._await_live(count)
+        with self._lock:
+            try:
+                servers: list[int] | None = self._choose(count)
+                refusal = None
+            except ServerError as exc:
+                servers, refusal = None, exc
+            return record(servers), refusal
+
+    def _await_live(self, count: int) -> None:
+        """Before placing ``count`` replicas: a PD that just started or took office has not
+        heard yet from every server that is alive (their heartbeats went elsewhere, or not yet
+        anywhere); the registered servers it has not heard from get the rest of one liveness
+        timeout to find it (``Liveness.wait_for_live``). The choice is made after that."""
+        if len(self._liveness.live()) >= count:
+            return
+        known = [s.server_id for s in self._load.list_servers() if s.registered]
+        self._liveness.wait_for_live(count, known)
+
+    def _choose(self, count: int) -> list[int]:
+        live = [s.server_id for s in self._liveness.live()]
+        return choose_servers(live, self._load.open_range_counts(), count)

@@ -1,10 +1,11 @@
 """What the PD's metadata is, whichever store keeps it: records, rules and the store interface.
 
-The records (``StreamMeta``, ``RangeMeta``, ``ReplicaMeta``, ``ServerMeta``) are small frozen
-dataclasses the PD turns into wire messages. The rules every store applies the same way (what a
-new range needs, when a seal or a trim is refused, and the errors that say so) are functions
-here, so the SQLite store (``pd_store.py``) and the etcd store (``pd_etcd.py``) refuse the same
-requests with the same messages. ``MetadataStore`` is the interface both implement.
+The records (``StreamMeta``, ``RangeMeta`` with its ``RangeHolder``s, ``ServerMeta``) are small
+frozen dataclasses the PD turns into wire messages. The rules every store applies the same way
+(what a new range needs, when a seal or a trim is refused, and the errors that say so) are
+functions here, so the SQLite store (``sqlite_store.py``) and the etcd store
+(``etcd_store.py``) refuse the same requests with the same messages. ``MetadataStore`` is the
+interface both implement.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class StreamMeta:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaMeta:
-    """One range server holding a copy of a range."""
+class RangeHolder:
+    """A range server that holds a copy of a range, as the PD records it: its id, and whether
+    it is the range's primary."""
 
     server_id: int
     is_primary: bool
@@ -65,7 +67,7 @@ class RangeMeta:
     start_offset: int
     end_offset: int
     next_offset: int
-    replicas: tuple[ReplicaMeta, ...] = ()
+    holders: tuple[RangeHolder, ...] = ()
     base_start_offset: int = -1
 
     def __post_init__(self) -> None:
@@ -79,14 +81,14 @@ class RangeMeta:
     @property
     def primary(self) -> int | None:
         """Server id of the primary replica, if any."""
-        for r in self.replicas:
+        for r in self.holders:
             if r.is_primary:
                 return r.server_id
         return None
 
     @property
     def server_ids(self) -> list[int]:
-        return [r.server_id for r in self.replicas]
+        return [r.server_id for r in self.holders]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,7 @@ def new_range(stream_id: int, range_index: int, start_offset: int,
     if len(set(servers)) != len(servers):
         raise InvalidRequestError(f"a range's servers must differ, got {list(servers)}")
     return RangeMeta(stream_id, range_index, start_offset, -1, start_offset,
-                     tuple(ReplicaMeta(sid, i == 0) for i, sid in enumerate(servers)))
+                     tuple(RangeHolder(sid, i == 0) for i, sid in enumerate(servers)))
 
 
 def next_range(last: RangeMeta, servers: Sequence[int]) -> RangeMeta:

@@ -1,9 +1,11 @@
 """The PD's request handler: one method per opcode, decoding requests and encoding answers.
 
-``_PdHandler.routes`` is the PD's dispatch table (``net.Route``); each method turns a request
-into calls of the ``PlacementDriver``'s operations and their results (or failures) into the
-response. Batch opcodes answer one result per item, in request order; a bad item fails with its
-own status and never hides the others.
+``PdHandler.routes`` is the PD's dispatch table (``net.Route``); each method turns a request
+into calls of the PD's parts, which it sees only through the small interfaces below (what it
+reads of the metadata, the stream, range and range server operations, the leader's office and
+the wire forms of records), and their results (or failures) into the response. Batch opcodes
+answer one result per item, in request order; a bad item fails with its own status and never
+hides the others.
 
 In a PD cluster only the leader answers: a follower refuses every opcode but
 DESCRIBE_PD_CLUSTER with PD_NOT_LEADER (a SYSTEM_ERROR whose detail is the cluster, naming the
@@ -21,8 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH, Opcode
@@ -36,15 +37,9 @@ from sbp_spark.protocol.errors import (
     ServerError,
 )
 
-from .net import Connection, RequestContext, RequestHandler, Route, Runs
-from .pd_store import RangeMeta
-
-if TYPE_CHECKING:
-    from .pd import PlacementDriver
-
-# Names of the ReportMetricsRequest fields kept as a server's metrics.
-METRIC_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(m.ReportMetricsRequest) if f.name != "range_server")
+from ..net import Connection, RequestContext, RequestHandler, Route, Runs
+from .meta import RangeMeta, StreamMeta
+from .wire import stream_msg
 
 # The largest answer header one frame can carry (an answer has no payload; docs/wire.md, Limits).
 MAX_ANSWER_HEADER = MAX_FRAME_LENGTH - MIN_FRAME_LENGTH
@@ -53,6 +48,80 @@ MAX_ANSWER_HEADER = MAX_FRAME_LENGTH - MIN_FRAME_LENGTH
 _ITEM_SLACK = 16
 
 T = TypeVar("T")
+
+
+class Records(Protocol):
+    """What the handler reads of the metadata as it is (``meta.MetadataStore``)."""
+
+    def get_stream(self, stream_id: int) -> StreamMeta: ...
+
+    def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
+
+    def list_ranges(self, stream_id: int) -> list[RangeMeta]: ...
+
+    def get_range(self, stream_id: int, range_index: int) -> RangeMeta: ...
+
+
+class StreamChanges(Protocol):
+    """Changes of streams (``streams.StreamOperations``); refusals raise ``ServerError``s."""
+
+    def create(self, replica_nums: int = 1, retention_period_ms: int = -1,
+               stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]: ...
+
+    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta: ...
+
+    def delete(self, stream_id: int) -> StreamMeta: ...
+
+    def trim(self, stream_id: int, trim_offset: int,
+             timeout_s: float | None = None) -> tuple[StreamMeta, RangeMeta]: ...
+
+
+class RangeChanges(Protocol):
+    """Seal-and-new, the next range, a server's ranges (``ranges.RangeOperations``);
+    refusals raise ``ServerError``s."""
+
+    def on_server(self, server: m.RangeServer) -> tuple[int, list[RangeMeta]]: ...
+
+    def seal(self, stream_id: int, range_index: int, timeout_s: float | None = None
+             ) -> RangeMeta: ...
+
+    def create(self, stream_id: int, range_index: int, timeout_s: float | None = None
+               ) -> RangeMeta: ...
+
+
+class Servers(Protocol):
+    """The range servers this PD knows (``servers.RangeServerRegistry``); refusals raise
+    ``ServerError``s."""
+
+    def allocate_id(self, host: str = "") -> int: ...
+
+    def heartbeat(self, server_id: int, advertise_addr: str) -> None: ...
+
+    def stopping(self, server_id: int) -> None: ...
+
+    def report_metrics(self, report: m.ReportMetricsRequest) -> None: ...
+
+    def states(self) -> list[m.RangeServerState]: ...
+
+
+class Office(Protocol):
+    """Whether this node leads (``leader.Leadership``, or ``leader.LoneOffice``):
+    ``check_leading`` raises PD_NOT_LEADER, naming the leader, unless it does."""
+
+    def is_leader(self) -> bool: ...
+
+    def check_leading(self) -> None: ...
+
+    def cluster(self) -> m.PlacementDriverCluster: ...
+
+
+class WireForms(Protocol):
+    """Range servers' addresses and ranges in their wire form (``wire.Addresses``)."""
+
+    def of(self, server: int) -> str: ...
+
+    def range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range: ...
+
 
 def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
     """Run one item of a batch (``fn(*args)``): its value and OK, or None and the status of
@@ -84,8 +153,8 @@ def _any_done(results: Sequence[Any]) -> bool:
     return any(r.status.code == ErrorCode.NONE for r in results)
 
 
-class _PdHandler(RequestHandler):
-    """Decodes PD requests, runs them against the ``PlacementDriver``, encodes the answers."""
+class PdHandler(RequestHandler):
+    """Decodes PD requests, runs them against the PD's parts, encodes the answers."""
 
     role = "placement driver"
     # Requests that call range servers run on the worker pool and never stall a reader.
@@ -105,8 +174,14 @@ class _PdHandler(RequestHandler):
         Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
     }
 
-    def __init__(self, pd: PlacementDriver) -> None:
-        self.pd = pd
+    def __init__(self, records: Records, streams: StreamChanges, ranges: RangeChanges,
+                 servers: Servers, office: Office, wire: WireForms) -> None:
+        self._records = records
+        self._streams = streams
+        self._ranges = ranges
+        self._servers = servers
+        self._office = office
+        self._wire = wire
         # The range server whose heartbeats each connection carried: a GOAWAY on it is that
         # server saying it stops (``peer_goaway``).
         self._heartbeats_of: dict[Connection, int] = {}
@@ -115,8 +190,8 @@ class _PdHandler(RequestHandler):
     def peer_goaway(self, conn: Connection) -> None:
         with self._heartbeats_lock:
             server_id = self._heartbeats_of.pop(conn, None)
-        if server_id is not None and self.pd.is_leader():
-            self.pd.range_server_stopping(server_id)
+        if server_id is not None and self._office.is_leader():
+            self._servers.stopping(server_id)
 
     def connection_closed(self, conn: Connection) -> None:
         with self._heartbeats_lock:
@@ -124,8 +199,8 @@ class _PdHandler(RequestHandler):
 
     def handle(self, ctx: RequestContext) -> None:
         request_cls, serve = self.route(ctx)
-        if ctx.opcode != Opcode.DESCRIBE_PD_CLUSTER and not self.pd.is_leader():
-            raise self.pd.not_leader()
+        if ctx.opcode != Opcode.DESCRIBE_PD_CLUSTER:
+            self._office.check_leading()
         try:
             request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
@@ -235,32 +310,32 @@ class _PdHandler(RequestHandler):
                                   "(client_role RANGE_SERVER = 0 is the default: an SDK "
                                   "client sends CLIENT = 1)")
             else:
-                _, status = _ok_or_error(self.pd.heartbeat, req.range_server.server_id,
+                _, status = _ok_or_error(self._servers.heartbeat, req.range_server.server_id,
                                          req.range_server.advertise_addr)
         return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
                                    range_server=req.range_server, status=status)
 
     def _allocate_id(self, req: m.AllocateIdRequest) -> m.AllocateIdResponse:
-        return m.AllocateIdResponse(id=self.pd.allocate_id(req.host))
+        return m.AllocateIdResponse(id=self._servers.allocate_id(req.host))
 
     def _list_ranges(self, req: m.ListRangesRequest) -> m.ListRangesResponse:
         results = []
         for owner in req.range_owners:
             if owner.range_server is not None:
-                found, status = _ok_or_error(self.pd.ranges_on_server, owner.range_server)
+                found, status = _ok_or_error(self._ranges.on_server, owner.range_server)
                 server = owner.range_server
                 ranges: list[RangeMeta] = []
                 if found is not None:
                     sid, ranges = found
-                    server = m.RangeServer(sid, self.pd.address_of(sid))
+                    server = m.RangeServer(sid, self._wire.of(sid))
                 results.append(m.ListRangesResult(
-                    status=status, ranges=[self.pd.range_msg(r) for r in ranges],
+                    status=status, ranges=[self._wire.range_msg(r) for r in ranges],
                     range_server=server))
             else:
-                listed, status = _ok_or_error(self.pd.list_ranges, owner.stream_id)
+                listed, status = _ok_or_error(self._records.list_ranges, owner.stream_id)
                 results.append(m.ListRangesResult(
                     stream_id=owner.stream_id, status=status,
-                    ranges=[self.pd.range_msg(r) for r in listed or ()]))
+                    ranges=[self._wire.range_msg(r) for r in listed or ()]))
         return m.ListRangesResponse(list_responses=results)
 
     def _range_items(self, ids: Sequence[m.RangeId],
@@ -269,20 +344,21 @@ class _PdHandler(RequestHandler):
         out = []
         for rid in ids:
             rng, status = _ok_or_error(op, rid.stream_id, rid.range_index)
-            out.append((rid.stream_id, status, None if rng is None else self.pd.range_msg(rng)))
+            out.append((rid.stream_id, status,
+                        None if rng is None else self._wire.range_msg(rng)))
         return out
 
     def _seal_ranges(self, req: m.SealRangesRequest) -> m.SealRangesResponse:
         timeout = self._timeout_s(req)
         items = self._range_items(req.ranges,
-                                  lambda s, i: self.pd.seal_range(s, i, timeout))
+                                  lambda s, i: self._ranges.seal(s, i, timeout))
         return m.SealRangesResponse(seal_responses=[
             m.SealRangesResult(stream_id=s, status=st, range=r) for s, st, r in items])
 
     def _create_range(self, req: m.CreateRangeRequest) -> m.CreateRangeResponse:
         timeout = self._timeout_s(req)
         items = self._range_items(req.ranges,
-                                  lambda s, i: self.pd.create_range(s, i, timeout))
+                                  lambda s, i: self._ranges.create(s, i, timeout))
         return m.CreateRangeResponse(create_responses=[
             m.CreateRangeResult(stream_id=s, status=st, range=r) for s, st, r in items])
 
@@ -290,7 +366,7 @@ class _PdHandler(RequestHandler):
         # The PD's record, not the primary's live state: clients ask this when servers fail,
         # and must not wait for a dead primary here. So an open range's next_offset is a
         # snapshot, and the answer says so.
-        items = self._range_items(req.ranges, self.pd.describe_range)
+        items = self._range_items(req.ranges, self._records.get_range)
         return m.DescribeRangesResponse(describe_responses=[
             m.DescribeRangesResult(stream_id=s, status=st, range=r,
                                    next_offset_snapshot=r is not None and r.is_open)
@@ -299,10 +375,10 @@ class _PdHandler(RequestHandler):
     def _create_streams(self, req: m.CreateStreamsRequest) -> m.CreateStreamsResponse:
         results: list[m.CreateStreamsResult] = []
         for item in req.streams:
-            created, status = _batch_item(_any_done(results), self.pd.create_stream,
+            created, status = _batch_item(_any_done(results), self._streams.create,
                                           item.replica_nums, item.retention_period_ms,
                                           item.stream_id)
-            stream = self.pd.stream_msg(created[0]) if created else m.Stream(
+            stream = stream_msg(created[0]) if created else m.Stream(
                 stream_id=item.stream_id, replica_nums=item.replica_nums,
                 retention_period_ms=item.retention_period_ms)
             results.append(m.CreateStreamsResult(stream=stream, status=status))
@@ -311,9 +387,9 @@ class _PdHandler(RequestHandler):
     def _delete_streams(self, req: m.DeleteStreamsRequest) -> m.DeleteStreamsResponse:
         results: list[m.DeleteStreamsResult] = []
         for item in req.streams:
-            deleted, status = _batch_item(_any_done(results), self.pd.delete_stream,
+            deleted, status = _batch_item(_any_done(results), self._streams.delete,
                                           item.stream_id)
-            stream = self.pd.stream_msg(deleted) if deleted else m.Stream(
+            stream = stream_msg(deleted) if deleted else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.DeleteStreamsResult(deleted_stream=stream, status=status))
         return m.DeleteStreamsResponse(delete_responses=results)
@@ -321,9 +397,9 @@ class _PdHandler(RequestHandler):
     def _update_streams(self, req: m.UpdateStreamsRequest) -> m.UpdateStreamsResponse:
         results = []
         for item in req.streams:
-            updated, status = _ok_or_error(self.pd.update_stream, item.stream_id,
+            updated, status = _ok_or_error(self._streams.update, item.stream_id,
                                            item.replica_nums, item.retention_period_ms)
-            stream = self.pd.stream_msg(updated) if updated else m.Stream(
+            stream = stream_msg(updated) if updated else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.UpdateStreamsResult(updated_stream=stream, status=status))
         return m.UpdateStreamsResponse(update_responses=results)
@@ -333,12 +409,12 @@ class _PdHandler(RequestHandler):
             # Ours: a request naming no stream asks for every stream that is not deleted
             # (`sbp streams list`); the seed leaves an empty list undefined.
             return m.DescribeStreamsResponse(describe_responses=[
-                m.DescribeStreamsResult(stream=self.pd.stream_msg(s), status=m.OK)
-                for s in self.pd.list_streams()])
+                m.DescribeStreamsResult(stream=stream_msg(s), status=m.OK)
+                for s in self._records.list_streams()])
         results = []
         for stream_id in req.stream_ids:
-            found, status = _ok_or_error(self.pd.describe_stream, stream_id)
-            stream = self.pd.stream_msg(found) if found else m.Stream(stream_id=stream_id)
+            found, status = _ok_or_error(self._records.get_stream, stream_id)
+            stream = stream_msg(found) if found else m.Stream(stream_id=stream_id)
             results.append(m.DescribeStreamsResult(stream=stream, status=status))
         return m.DescribeStreamsResponse(describe_responses=results)
 
@@ -346,34 +422,24 @@ class _PdHandler(RequestHandler):
         timeout = self._timeout_s(req)
         results = []
         for item in req.trimmed_streams:
-            done, status = _ok_or_error(self.pd.trim_stream, item.stream_id, item.trim_offset,
+            done, status = _ok_or_error(self._streams.trim, item.stream_id, item.trim_offset,
                                         timeout)
             if done:
                 stream, first = done
-                results.append(m.TrimStreamsResult(trimmed_stream=self.pd.stream_msg(stream),
+                results.append(m.TrimStreamsResult(trimmed_stream=stream_msg(stream),
                                                    status=status,
-                                                   range=self.pd.range_msg(first)))
+                                                   range=self._wire.range_msg(first)))
             else:
                 results.append(m.TrimStreamsResult(
                     trimmed_stream=m.Stream(stream_id=item.stream_id), status=status))
         return m.TrimStreamsResponse(streams=results)
 
     def _report_metrics(self, req: m.ReportMetricsRequest) -> m.ReportMetricsResponse:
-        metrics = {name: int(getattr(req, name)) for name in METRIC_FIELDS}
-        _, status = _ok_or_error(self.pd.report_metrics, req.range_server.server_id, metrics)
+        _, status = _ok_or_error(self._servers.report_metrics, req)
         return m.ReportMetricsResponse(range_server=req.range_server, status=status)
 
     def _describe_pd_cluster(self, req: m.DescribePdClusterRequest
                              ) -> m.DescribePdClusterResponse:
-        states = []
-        for info in self.pd.range_servers() if self.pd.is_leader() else ():
-            metrics = None
-            if info.metrics_ms >= 0:
-                known = {k: v for k, v in info.metrics.items() if k in METRIC_FIELDS}
-                metrics = m.ReportMetricsRequest(
-                    range_server=m.RangeServer(info.server_id, info.advertise_addr), **known)
-            states.append(m.RangeServerState(
-                server=m.RangeServer(info.server_id, info.advertise_addr), live=info.live,
-                last_heartbeat_ms=info.last_heartbeat_ms, open_ranges=info.open_ranges,
-                metrics=metrics, metrics_ms=info.metrics_ms))
-        return m.DescribePdClusterResponse(cluster=self.pd.cluster(), range_servers=states)
+        # A follower's view of the range servers is empty: they heartbeat to the leader.
+        states = self._servers.states() if self._office.is_leader() else []
+        return m.DescribePdClusterResponse(cluster=self._office.cluster(), range_servers=states)
