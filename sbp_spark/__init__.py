@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
