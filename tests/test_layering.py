@@ -36,14 +36,6 @@ FORBIDDEN_THIRD_PARTY = {
 WIRE_MODULES = ("sbp_spark.protocol.messages", "sbp_spark.protocol.frame",
                 "sbp_spark.protocol._flatbuf", "sbp_spark.protocol._fastpath",
                 "sbp_spark.protocol._generated")
-# Import cycles that other branches of issue 42 remove at the same time as this check lands
-# (the range server's, the client's, the benchmark's). Each is a set of modules that import
-# each other. Emptied when those branches merge; the check fails on any cycle not listed here,
-# and on a listed one that is gone.
-CYCLES_REMOVED_ON_OTHER_BRANCHES: list[list[str]] = [
-    ["sbp_spark.client.stream", "sbp_spark.client.timesearch"],
-]
-
 
 def _module_name(path: Path) -> str:
     return ".".join(("sbp_spark",) + path.relative_to(PACKAGE).with_suffix("").parts)
@@ -123,13 +115,9 @@ def test_layer_imports_only_downward(layer):
 
 
 def test_no_import_cycles():
-    found = _cycles(_import_graph())
-    new = [sorted(c) for c in found if c not in CYCLES_REMOVED_ON_OTHER_BRANCHES]
-    gone = [sorted(c) for c in CYCLES_REMOVED_ON_OTHER_BRANCHES if c not in found]
-    assert not new, "modules that import each other (give the part the narrow interface it " \
-        "uses instead of its owner):\n" + "\n".join(" <-> ".join(c) for c in new)
-    assert not gone, "no longer cycles: take them off CYCLES_REMOVED_ON_OTHER_BRANCHES:\n" + \
-        "\n".join(" <-> ".join(c) for c in gone)
+    found = [sorted(c) for c in _cycles(_import_graph())]
+    assert not found, "modules that import each other (give the part the narrow interface it " \
+        "uses instead of its owner):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_spark_layer_does_not_build_wire_messages():

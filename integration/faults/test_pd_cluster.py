@@ -347,3 +347,35 @@ def test_pd_leader_killed_while_a_range_server_is_dead(tmp_path, figures):
         figures["ranges of the first stream"] = len(client.list_ranges(streams[0]))
         assert len(client.list_ranges(streams[0])) >= 2, "the dead primary's range stayed open"
         check_writers(client, writers, figures)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "PD leader and a primary killed, writers on the client's default settings",
+    "as 'PD leader killed while a range server is dead', the writers with ClientConfig() as "
+    "it comes (retries bounded by the one-minute deadline alone)",
+    "no append gives up: each waits out the election, the new leader's grace period and the "
+    "failover, and carries on on a new range; acked batches intact, no holes")
+def test_default_client_rides_out_the_pd_leader_and_a_primary_killed(tmp_path, figures):
+    defaults = ClientConfig()
+    with pd_cluster(tmp_path, etcd_members=1) as cluster, ConnectionPool(defaults) as pool:
+        client = SbpClient(cluster.pd_address, defaults, pool)
+        streams = [s.stream_id for s in client.create_streams(2, replicas=2)]
+        victim = _holder_index(cluster, client, streams[0], primary=True)
+        probe = MetadataProbe(cluster.pd_address)
+        probe.start()
+        try:
+            with Writers(client, streams, pause_s=0.02) as writers:
+                writers.wait_for_more(50)
+                cluster.kill_range_server(victim)
+                killed_at = kill_leader(cluster, probe, figures)
+                writers.wait_for_more(100, timeout=90)
+                resumed = max(w.last_ack for w in writers) - killed_at
+        finally:
+            probe.stop()
+        figures["writes resumed after the kills"] = f"{resumed:.1f} s"
+        figures["appends given up"] = sum(len(w.failures) for w in writers)
+        assert [f for w in writers for f in w.failures] == []
+        assert len(client.list_ranges(streams[0])) >= 2, "the dead primary's range stayed open"
+        check_writers(client, writers, figures)

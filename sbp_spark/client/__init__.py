@@ -8,9 +8,11 @@ from .heartbeat import Heartbeat
 from .pd import PdClient, parse_pd_addresses
 from .pool import ConnectionPool, close_pool, get_pool
 from .range_server import BatchLike, FetchChunk, RangeServerClient
-from .retry import Retrier, call_with_retries, is_retriable
-from .stream import ResendCheck, SbpClient, StreamWriter, known_range
-from .types import Appended, FetchedBatch, ItemResult, Replica
+from .replicas import known_range
+from .retry import Retrier, is_retriable
+from .sbp_client import SbpClient
+from .types import Appended, FetchedBatch, ItemResult, ReplicaLocation
+from .writer import ResendCheck, StreamWriter
 
 __all__ = [
     "DEFAULT_FETCH_MAX_BYTES",
@@ -25,14 +27,13 @@ __all__ = [
     "ItemResult",
     "PdClient",
     "RangeServerClient",
-    "Replica",
+    "ReplicaLocation",
     "ResendCheck",
     "ResponseStream",
     "Retrier",
     "SbpClient",
     "StreamWriter",
     "TlsConfig",
-    "call_with_retries",
     "close_pool",
     "get_pool",
     "is_retriable",

@@ -1,4 +1,4 @@
-"""Helpers shared by the PD and range-server clients: typed calls and per-item results."""
+"""Helpers shared by the client's parts: typed calls, per-item results, errors in context."""
 
 from __future__ import annotations
 
@@ -46,3 +46,11 @@ def item_results(
             f"{what}: the server answered {len(answers)} of {expected} items; "
             f"item {index} got no answer")))
     return results
+
+
+def unwrap(result: ItemResult[T], what: str) -> T:
+    """The item's value; its error, said to concern ``what`` ("stream 7"), if it failed."""
+    error = result.exception()
+    if error is not None:
+        raise error.with_context(what)
+    return result.unwrap()

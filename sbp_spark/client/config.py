@@ -36,6 +36,8 @@ DEFAULT_MAX_INFLIGHT_FRAMES = 32
 # APPEND waits for its fsync or its secondaries, so one that lets a PING go unanswered for
 # this long is taken as stopped.
 DEFAULT_PROBE_INTERVAL_S = 1.0
+# How long a call retries by default (see ClientConfig.retry_deadline_s).
+DEFAULT_RETRY_DEADLINE_S = 60.0
 
 
 @dataclass
@@ -51,11 +53,17 @@ class ClientConfig:
     request_timeout_s: float = 30.0
     # A pooled connection with nothing outstanding for this long is closed.
     idle_timeout_s: float = 300.0
-    retries: int = 5
+    # A call retries a retriable failure, backing off, until retry_deadline_s after it began:
+    # time, not a count, bounds it, so that it rides out what a cluster goes through. The PD
+    # fails a silent range server over after its liveness timeout (3 s by default, then the
+    # seal and the new range), a new PD leader serves 3-4 s after the old one died and gives
+    # range servers another liveness timeout to find it before failing any over: well within
+    # a minute. The last attempt starts at the deadline at the latest.
+    retry_deadline_s: float = DEFAULT_RETRY_DEADLINE_S
+    # A cap on the number of retries as well (None: none; the deadline alone bounds a call).
+    retries: int | None = None
     retry_backoff_ms: int = 50
     retry_backoff_max_ms: int = 2000
-    # No retry starts after this much time has passed since the first attempt.
-    retry_deadline_s: float = 60.0
     max_inflight_frames: int = DEFAULT_MAX_INFLIGHT_FRAMES
     max_frame_bytes: int = MAX_FRAME_LENGTH
     # APPEND frames are closed at about this size (a larger batch still gets a frame of its
@@ -84,7 +92,11 @@ class ClientConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ClientConfig.{name}={value!r}: must be a number > 0")
-        for name, low in (("retries", 0), ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
+        if self.retries is not None and (not isinstance(self.retries, int)
+                                         or isinstance(self.retries, bool) or self.retries < 0):
+            raise ValueError(f"ClientConfig.retries={self.retries!r}: must be an integer >= 0, "
+                             f"or None (retry until retry_deadline_s)")
+        for name, low in (("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
                           ("max_inflight_frames", 1), ("server_timeout_ms", 1),
                           ("append_frame_bytes", 1)):
             value = getattr(self, name)

@@ -9,6 +9,10 @@ as a ``ResponseStream``: an iterator of frames that ends at the END frame, raise
 ``ServerError`` on a SYSTEM_ERROR frame, and frees its stream_id when it is exhausted, closed or
 failed. The first socket failure fails every outstanding request with one ``TransportError``
 naming the server's address.
+
+The connection's state (open, draining, closed), the stream ids in flight and the GOAWAY and
+PING rules are a ``protocol.session.Session``, the same table the server's connections drive;
+this class feeds it events and carries out the actions it returns.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from sbp_spark.protocol.buffers import ReceiveBuffers
 from sbp_spark.protocol.constants import (
     MAX_FRAME_LENGTH,
     MAX_INFLIGHT_PER_CONNECTION,
-    MAX_STREAM_ID,
     Flags,
     Opcode,
     opcode_name,
@@ -47,6 +50,7 @@ from sbp_spark.protocol.errors import (
     WriteTimeoutError,
 )
 from sbp_spark.protocol.frame import Frame, FrameDecoder, encode_frame
+from sbp_spark.protocol.session import Action, Session, SessionEvent, goaway_frame, pong_frame
 from sbp_spark.transport.sockets import send_buffers, set_kernel_timeouts, set_receive_timeout
 from sbp_spark.transport.tls import TlsConfig, TlsSocket, wrap_client
 
@@ -71,7 +75,6 @@ Buffer = bytes | bytearray | memoryview
 _RESPONSE = int(Flags.RESPONSE)
 _END = int(Flags.END)
 _SYSTEM_ERROR = int(Flags.SYSTEM_ERROR)
-_RESPONSE_END = _RESPONSE | _END
 _LAST_FRAME = _END | _SYSTEM_ERROR
 
 
@@ -113,6 +116,15 @@ def _first_item(queue: SimpleQueue) -> Any:
     while item is YOUR_TURN:
         item = queue.get_nowait()
     return item
+
+
+def _final_if_refused(error: SbpError, tls_hint: str) -> SbpError:
+    """``error``, not retriable when ``tls_hint`` says the TLS certificates do not fit (the
+    server refused this client's, or this client cannot verify the server's): every retry
+    would fail the same way, and the hint says what to change."""
+    if tls_hint:
+        error.retriable = False
+    return error
 
 
 class _Failure:
@@ -187,7 +199,7 @@ class ResponseStream:
         """Stop waiting for the answer, which did not come ``how_long`` ("within 30s"): the
         error to raise. The connection counts as unanswered (see ``Connection.unanswered``)."""
         self.close()
-        self.connection._unanswered = True
+        self.connection._no_answer()
         return ReadTimeoutError(
             f"no answer from {self.connection.address} to {opcode_name(self.opcode)} "
             f"(request {self.stream_id} on this connection) {how_long}")
@@ -261,24 +273,16 @@ class Connection:
             self._sock = self._start_tls(sock, twin, tls, host)
             self._rsock = self._sock  # one TLS state: the reader decrypts through the same one
         self._decoder = FrameDecoder(MAX_FRAME_LENGTH, allocate=ReceiveBuffers())
-        # Guards _pending inserts, _next_id and the state below. Reentrant: a ResponseStream
-        # dropped (and finalized) while this thread holds it releases its slot through it.
+        # Guards the session. Reentrant: a ResponseStream dropped (and finalized) while this
+        # thread holds it releases its stream id through it.
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
-        self._control: deque[list[Buffer]] = deque()  # frames the reader must send (PONG)
-        self._pending: dict[int, SimpleQueue] = {}
-        self._next_id = 1
-        self._closed = False
-        self._error: SbpError | None = None
-        self._goaway = False
-        # A request timed out and nothing has arrived since: the connection may be dead
-        # without the socket knowing (a peer that vanished, a firewall that forgot it).
-        self._unanswered = False
-        self._retired = False  # set aside (``retire``): no new requests, closes when done
-        self._heard = False  # anything received from the server yet (see ``_tls_hint``)
-        self._throttled_until = 0.0
-        self._last_active = time.monotonic()
-        self._last_heard = 0.0  # when anything last arrived from the server
+        self._control: deque[Sequence[Buffer]] = deque()  # frames the reader must send (PONG)
+        # The connection's state, its requests in flight (each answer's queue, by stream_id)
+        # and what the server did lately (protocol/session.py): this class carries out what
+        # the session's transitions ask for (``_carry_out``).
+        self._session: Session[SimpleQueue] = Session()
+        self._session.last_active = time.monotonic()
         self._turn = ReadTurn(self._lock, QUIET_S)
         self._reader = threading.Thread(
             target=self._background_reads, name=f"sbp-reader-{address}", daemon=True)
@@ -299,66 +303,68 @@ class Connection:
         except OSError as exc:  # TlsError, ssl.SSLError, a reset...
             hint = (unverified_server_hint(exc, self.config)
                     or refused_certificate_hint(exc, self.config))
-            error = TransportError(f"TLS handshake with {self.address} failed: {exc}{hint}")
+            error = _final_if_refused(
+                TransportError(f"TLS handshake with {self.address} failed: {exc}{hint}"), hint)
         sock.close()
         self._rsock.close()
         raise error
 
     def __repr__(self) -> str:
-        state = ("closed" if self._closed else "goaway" if self._goaway
-                 else "retired" if self._retired else "open")
-        return f"<Connection {self.address} {state} outstanding={len(self._pending)}>"
+        session = self._session
+        why = f" ({session.drained_by.value})" if session.drained_by is not None else ""
+        return (f"<Connection {self.address} {session.state.value}{why} "
+                f"outstanding={len(session.sent)}>")
 
     # -- state -----------------------------------------------------------------------------
 
     @property
     def usable(self) -> bool:
         """True while the connection takes new requests."""
-        return not self._closed and not self._goaway and not self._retired
+        return self._session.open
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._session.closed
 
     @property
     def goaway_received(self) -> bool:
-        return self._goaway
+        """True when the server's GOAWAY is what made the connection stop taking requests."""
+        return self._session.drained_by is SessionEvent.GOAWAY_RECEIVED
 
     @property
     def unanswered(self) -> bool:
         """True when a request timed out and nothing has arrived since."""
-        return self._unanswered
+        return self._session.unanswered
 
     def retire(self) -> None:
         """Take no new requests; close once the requests in flight are answered (as after
         GOAWAY). The pool retires a connection whose last request got no answer, so a retry
         goes out on a new connection instead of one that may be dead."""
         with self._lock:
-            self._retired = True
-        self._after_answer()
+            actions = self._session.retire()
+        self._carry_out(actions)
 
     @property
     def last_heard(self) -> float:
         """When the server last sent anything on this connection (a ``time.monotonic()``
         value; 0.0 before it has)."""
-        return self._last_heard
+        return self._session.last_heard
 
     @property
     def outstanding(self) -> int:
         """Requests sent and not yet fully answered."""
-        return len(self._pending)
+        return len(self._session.sent)
 
     @property
     def error(self) -> SbpError | None:
         """Why the connection failed, if it did."""
-        return self._error
+        return self._session.error
 
     def throttle(self, throttle_time_ms: int) -> None:
         """Hold back new requests for ``throttle_time_ms`` (the server asked for it)."""
         if throttle_time_ms > 0:
-            until = time.monotonic() + throttle_time_ms / 1000.0
-            if until > self._throttled_until:
-                self._throttled_until = until
+            with self._lock:
+                self._session.throttle(time.monotonic() + throttle_time_ms / 1000.0)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -382,14 +388,14 @@ class Connection:
         """Allocate a stream_id, send the buffers ``build(stream_id)`` returns, and return the
         answer's stream. ``timeout`` bounds the wait for each answer frame (default: the
         config's ``request_timeout_s``)."""
-        delay = self._throttled_until - time.monotonic()
+        delay = self._session.throttled_until - time.monotonic()
         if delay > 0:
             time.sleep(delay)
         queue: SimpleQueue = SimpleQueue()
         with self._lock:
-            self._check_usable()
-            sid = self._allocate_id()
-            self._pending[sid] = queue
+            sid = self._session.send_request(queue)
+        if sid is None:
+            raise self._refusal()
         stream = ResponseStream(
             self, sid, opcode, queue,
             self.config.request_timeout_s if timeout is None else timeout)
@@ -492,16 +498,17 @@ class Connection:
         read nothing more (the PING included) until one of them is answered, which a slow
         disk can hold up: the PING goes over a connection of its own then
         (``_answers_ping_aside``)."""
-        if self._unanswered:
+        session = self._session
+        if session.unanswered:
             return False
-        if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
+        if len(session.sent) >= MAX_INFLIGHT_PER_CONNECTION:
             return self._answers_ping_aside(timeout)
-        heard = self._last_heard
+        heard = session.last_heard
         try:
             with self.request(Opcode.PING, b"", b"sbp-probe", timeout) as stream:
                 # Anything else arriving meanwhile (answers to other requests) shows the
                 # server at work, whose reader may be held back from reading the PING.
-                return stream.poll(timeout) is not None or self._last_heard != heard
+                return stream.poll(timeout) is not None or session.last_heard != heard
         except SbpError:
             return True
 
@@ -513,7 +520,7 @@ class Connection:
         or the connection or its TLS handshake did not complete within it either; anything
         arriving on this connection meanwhile counts as an answer. Only when an answer is
         already late: it costs a connection."""
-        heard = self._last_heard
+        heard = self._session.last_heard
         config = dataclasses.replace(self.config, connect_timeout_s=timeout,
                                      request_timeout_s=timeout)
         try:
@@ -523,7 +530,7 @@ class Connection:
         except SbpError as exc:
             log.debug("%s: PING over a new connection got no answer within %gs: %s",
                        self.address, timeout, exc)
-            return self._last_heard != heard
+            return self._session.last_heard != heard
 
     def ping(self, payload: bytes = b"sbp-ping", timeout: float | None = None) -> float:
         """Round-trip a PING; returns the round-trip time in seconds."""
@@ -543,24 +550,22 @@ class Connection:
         """Send ``make_request()`` (a HeartbeatRequest) every ``interval_s`` seconds on this
         connection until the returned ``Heartbeat`` is stopped or the connection closes."""
         def beat() -> None:
-            if self._closed:
+            if self._session.closed:
                 raise TransportError(f"connection to {self.address} is closed")
             response, _ = self.call(make_request())
             if on_response is not None:
                 on_response(response)
 
         return Heartbeat(beat, interval_s, name=f"sbp-heartbeat-{self.address}",
-                         stop_when=lambda: self._closed)
+                         stop_when=lambda: self._session.closed)
 
     def send_goaway(self, reason: str = "") -> None:
         """Tell the server this side sends no more requests on this connection (GOAWAY, best
-        effort: a connection that failed is left as it is); ``close()`` it afterwards."""
-        from sbp_spark.protocol.messages import GoAwayRequest, request_frame
-
-        try:
-            self._send(request_frame(0, GoAwayRequest(message=reason)))
-        except SbpError as exc:
-            log.debug("GOAWAY to %s not sent: %s", self.address, exc)
+        effort: a connection that failed is left as it is); it closes once the requests in
+        flight are answered."""
+        with self._lock:
+            actions = self._session.send_goaway()
+        self._carry_out(actions, reason=reason)
 
     def close(self) -> None:
         """Close the socket; anything still outstanding fails with ``TransportError``."""
@@ -574,39 +579,68 @@ class Connection:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._closed:
-            if self._error is not None:
-                raise _fresh(self._error)
-            raise TransportError(f"connection to {self.address} is closed")
-        if self._goaway:
-            raise TransportError(
+    def _refusal(self) -> SbpError:
+        """Why the connection took no new request: the error to raise."""
+        session = self._session
+        if session.closed:
+            if session.error is not None:
+                return _fresh(session.error)
+            return TransportError(f"connection to {self.address} is closed")
+        if session.drained_by is SessionEvent.GOAWAY_RECEIVED:
+            return TransportError(
                 f"{self.address} sent GOAWAY: this connection takes no new requests")
-        if self._retired:
-            raise TransportError(
-                f"connection to {self.address} was set aside after a request got no answer: "
-                f"it takes no new requests")
-
-    def _allocate_id(self) -> int:
-        sid = self._next_id
-        while sid in self._pending:
-            sid = sid + 1 if sid < MAX_STREAM_ID else 1
-        self._next_id = sid + 1 if sid < MAX_STREAM_ID else 1
-        return sid
+        if session.drained_by is SessionEvent.GOAWAY_SENT:
+            return TransportError(
+                f"this client sent GOAWAY to {self.address}: the connection takes no new "
+                f"requests")
+        return TransportError(
+            f"connection to {self.address} was set aside after a request got no answer: "
+            f"it takes no new requests")
 
     def _release(self, sid: int, queue: SimpleQueue) -> None:
         with self._lock:
-            if self._pending.get(sid) is queue:
-                del self._pending[sid]
-        if (self._goaway or self._retired) and not self._pending:
-            self._close_quietly()
+            actions = self._session.release(sid, queue)
+        if actions:
+            self._carry_out(actions)
+
+    def _no_answer(self) -> None:
+        # Lock-free: the peer table's next state never depends on the current one, so a
+        # concurrent ``heard`` and this can lose nothing but their order.
+        self._session.no_answer()
+
+    def _carry_out(self, actions: Sequence[Action], ping: Frame | None = None,
+                   reason: str = "") -> None:
+        """Do what the session's transitions asked for, in order (outside the lock)."""
+        for action in actions:
+            if action is Action.CLOSE:
+                self._shut_down()
+            elif action is Action.FAIL_ALL:
+                with self._lock:
+                    waiting, _ = self._session.drop_all()
+                    error = self._session.error or TransportError(
+                        f"connection to {self.address} is closed")
+                for queue in waiting:
+                    queue.put(_Failure(error))
+            elif action is Action.SEND_PONG:
+                assert ping is not None
+                self._control.append(pong_frame(ping))
+                self._flush_control()
+            elif action is Action.SEND_GOAWAY:
+                # The session may say closed already (CLOSE comes next), so ask the socket:
+                # it is closed holding the send lock.
+                try:
+                    with self._send_lock:
+                        if self._sock.fileno() >= 0:
+                            send_buffers(self._sock, goaway_frame(reason))
+                except OSError as exc:
+                    log.debug("GOAWAY to %s not sent: %s", self.address, exc)
 
     def _send(self, buffers: Sequence[Buffer], stream: ResponseStream | None = None) -> None:
         with self._send_lock:
-            if self._closed:
+            if self._session.closed:
                 if stream is not None:
                     stream.close()
-                self._check_usable()
+                raise self._refusal()
             try:
                 send_buffers(self._sock, buffers)
             except (TimeoutError, BlockingIOError):
@@ -616,12 +650,15 @@ class Connection:
                 self._fail(error)
                 raise _fresh(error) from None
             except OSError as exc:
+                hint = self._tls_hint(exc)
                 error = TransportError(f"connection to {self.address} failed while sending: "
-                                       f"{exc}{self._tls_hint(exc)}")
+                                       f"{exc}{hint}")
+                if self.config.tls:
+                    error = _final_if_refused(error, hint)
                 error.__cause__ = exc
                 self._fail(error)
                 raise _fresh(error) from exc
-            self._last_active = time.monotonic()
+            self._session.last_active = time.monotonic()
         if self._control:
             self._flush_control()
 
@@ -630,7 +667,7 @@ class Connection:
         # after it lets go of the lock, so a queued PONG always goes out.
         while self._control and self._send_lock.acquire(blocking=False):
             try:
-                while self._control and not self._closed:
+                while self._control and not self._session.closed:
                     send_buffers(self._sock, self._control.popleft())
             except OSError as exc:
                 self._fail(TransportError(
@@ -641,14 +678,8 @@ class Connection:
 
     def _fail(self, error: SbpError) -> None:
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._error = error
-            waiting = list(self._pending.values())
-            self._pending.clear()
-        for queue in waiting:
-            queue.put(_Failure(error))
-        self._shut_down()
+            actions = self._session.fail(error)
+        self._carry_out(actions)
 
     def _shut_down(self) -> None:
         """Wake whoever reads or waits to read; the background thread closes the sockets once
@@ -659,36 +690,28 @@ class Connection:
         except OSError:
             pass  # already closed, or the peer closed first: nothing left to shut down
 
-    def _close_quietly(self) -> None:
-        with self._lock:
-            if self._closed or self._pending:
-                return
-            self._closed = True
-        self._shut_down()
-
     def _close_sockets(self) -> None:
         with self._send_lock:
             self._sock.close()
         self._rsock.close()
 
     def _close_fds_after_fork(self) -> None:
-        # In a forked child: release this process's copies of the descriptors only.
-        self._closed = True
-        self._error = TransportError(
-            f"connection to {self.address} belongs to the parent process (fork)")
-        self._pending.clear()
+        # In a forked child: release this process's copies of the descriptors only (the
+        # session's CLOSE would shut the parent's connection down).
+        self._session.fail(TransportError(
+            f"connection to {self.address} belongs to the parent process (fork)"))
+        self._session.drop_all()
         self._send_lock = threading.Lock()
         self._sock.close()
         self._rsock.close()
 
-    def _idle_expired(self) -> bool:
+    def _retire_if_idle(self) -> Sequence[Action]:
+        """Nothing in flight and nothing sent or received for ``idle_timeout_s``: retire (the
+        session then closes the connection); the actions to carry out."""
         with self._lock:
-            if self._pending or self._closed:
-                return False
-            if time.monotonic() - self._last_active < self.config.idle_timeout_s:
-                return False
-            self._closed = True
-            return True
+            if not self._session.idle(time.monotonic(), self.config.idle_timeout_s):
+                return ()
+            return self._session.retire()
 
     # -- reading (whoever holds the read turn, see read_turn.py) ---------------------------
 
@@ -716,7 +739,7 @@ class Connection:
                         if time.monotonic() >= deadline:
                             raise
                     continue
-                if self._closed and queue.empty():
+                if self._session.closed and queue.empty():
                     self._put_failure(queue)
                 try:
                     item = queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -731,7 +754,7 @@ class Connection:
         """Holding the read turn: read and dispatch until ``queue`` has an item or
         ``deadline`` passes. A closed connection puts its failure there."""
         while queue.empty():  # (a stale offer of the turn in it costs one more round)
-            if self._closed:
+            if self._session.closed:
                 self._put_failure(queue)
                 return
             left = deadline - time.monotonic()
@@ -744,7 +767,7 @@ class Connection:
                 continue
 
     def _put_failure(self, queue: SimpleQueue) -> None:
-        queue.put(_Failure(self._error or TransportError(
+        queue.put(_Failure(self._session.error or TransportError(
             f"connection to {self.address} is closed")))
 
     def _wait_at_most(self, seconds: float) -> None:
@@ -773,11 +796,9 @@ class Connection:
             if n == 0:
                 self._fail(TransportError(
                     f"connection to {self.address} was closed by the server"
-                    + (" after GOAWAY" if self._goaway else "") + self._tls_hint()))
+                    + (" after GOAWAY" if self.goaway_received else "") + self._tls_hint()))
                 return
-            self._last_active = self._last_heard = time.monotonic()
-            self._unanswered = False
-            self._heard = True
+            self._session.heard(time.monotonic())  # lock-free, as ``_no_answer``
             decoder.buffer_updated(n)
             event = decoder.next_event()
             while event is not None:
@@ -788,9 +809,10 @@ class Connection:
         except FrameError as exc:
             self._fail(TransportError(f"lost framing on the connection to {self.address}: {exc}"))
         except OSError as exc:
-            if not self._closed:
-                self._fail(TransportError(
-                    f"connection to {self.address} failed: {exc}{self._tls_hint(exc)}"))
+            if not self._session.closed:
+                hint = self._tls_hint(exc)
+                error = TransportError(f"connection to {self.address} failed: {exc}{hint}")
+                self._fail(_final_if_refused(error, hint) if self.config.tls else error)
         except BaseException as exc:
             self._fail(TransportError(
                 f"reading the connection to {self.address} stopped: {exc!r}"))
@@ -804,7 +826,7 @@ class Connection:
         ``refused_certificate_hint``). Empty otherwise."""
         if self.config.tls:
             return refused_certificate_hint(exc, self.config)
-        if self._heard or (
+        if self._session.last_heard or (
                 exc is not None and not isinstance(exc, (BrokenPipeError, ConnectionResetError))):
             return ""
         return (" (before any answer: the server may require TLS, which this client does not "
@@ -817,20 +839,20 @@ class Connection:
         quiet spell), closes an idle connection, and closes the sockets at the end."""
         turn = self._turn
         try:
-            while not self._closed and turn.take_when_quiet():
+            while not self._session.closed and turn.take_when_quiet():
                 try:
                     self._wait_at_most(self.config.idle_timeout_s)
-                    while not self._closed and not turn.callers:
+                    while not self._session.closed and not turn.callers:
                         try:
                             self._receive()
                         except (TimeoutError, BlockingIOError):
-                            if self._idle_expired():
+                            if actions := self._retire_if_idle():
                                 log.debug("closing idle connection to %s", self.address)
-                                self._shut_down()
+                                self._carry_out(actions)
                 finally:
                     turn.put_down()
         finally:
-            if not self._closed:
+            if not self._session.closed:
                 self._fail(TransportError(f"connection to {self.address} stopped reading"))
             turn.close()
             turn.take_for_good()  # nobody reads any more: the descriptors can go
@@ -839,44 +861,41 @@ class Connection:
     def _dispatch(self, event: Any) -> None:
         if type(event) is not Frame:  # InvalidFrame: intact framing, unusable content
             if event.flags & _RESPONSE:
-                queue = self._pending.pop(event.stream_id, None)
+                with self._lock:
+                    queue, actions = self._session.answered(event.stream_id)
                 if queue is not None:
                     error = event.error
                     if isinstance(error, ChecksumError):
                         error = ChecksumError(f"answer from {self.address}: {error}")
                     queue.put(_Failure(error))
-                    self._after_answer()
+                    self._carry_out(actions)
             else:
                 log.warning("ignoring an invalid request frame from %s: %s",
                             self.address, event.error)
             return
         flags = event.flags
         if flags & _RESPONSE:
-            sid = event.stream_id
             if flags & _LAST_FRAME:
-                queue = self._pending.pop(sid, None)
+                with self._lock:
+                    queue, actions = self._session.answered(event.stream_id)
                 if queue is not None:
                     queue.put(event)
-                    self._after_answer()
+                    if actions:
+                        self._carry_out(actions)
                 return
-            queue = self._pending.get(sid)
+            queue = self._session.waiting(event.stream_id)
             if queue is not None:
                 queue.put(event)
             return
         opcode = event.opcode
         if opcode == Opcode.PING:
-            self._control.append(
-                encode_frame(Opcode.PING, _RESPONSE_END, event.stream_id, event.header,
-                             event.payload))
-            self._flush_control()
+            with self._lock:
+                actions = self._session.ping_received()
+            self._carry_out(actions, ping=event)
         elif opcode == Opcode.GOAWAY:
             log.debug("GOAWAY from %s", self.address)
-            self._goaway = True
-            self._after_answer()
+            with self._lock:
+                actions = self._session.goaway_received()
+            self._carry_out(actions)
         else:
             log.debug("ignoring request %s from server %s", opcode_name(opcode), self.address)
-
-    def _after_answer(self) -> None:
-        if (self._goaway or self._retired) and not self._pending:
-            self._close_quietly()
-

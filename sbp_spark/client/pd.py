@@ -58,14 +58,14 @@ from .connection import Connection, parse_address
 from .heartbeat import Heartbeat
 from .pool import ConnectionPool, get_pool
 from .range_server import _range_id
-from .retry import call_with_retries
+from .retry import Retrier
 from .types import ItemResult
 
 # How long one call waits for a PD cluster to have a leader it can reach, from the first node
 # that answered PD_NOT_LEADER: a dead leader's lease (3 s by default) must run out before
 # another node can win, and the fault suite saw a new leader serve 2.4-3.5 s after a kill.
-# These failures do not use up the retry policy's attempts (5 take about 1.5 s); the call's
-# deadline still ends the wait.
+# These failures do not count against ClientConfig.retries when that caps the retries; the
+# call's deadline still ends the wait.
 PD_ELECTION_WAIT_S = 10.0
 # A PD node whose process is stopped or hung still accepts connections (the kernel completes
 # the handshake) and takes requests, but answers nothing: without a check every call sent to
@@ -148,70 +148,18 @@ class PdClient:
         """``call``, and whether the response answers a resend: an earlier attempt sent
         ``msg`` and its answer was lost, so the PD may have carried that one out already.
         ``check(response, address)`` may refuse an answer by raising, as if the node had."""
-        lost = False
-        electing_since: float | None = None
-        leaders = _NamedLeaders()
-
-        def electing(error: SbpError) -> bool:
-            # A node answered but cannot serve: the cluster is between leaders. Until a leader
-            # answers, the old one refusing connections is part of the same wait.
-            nonlocal electing_since
-            now = time.monotonic()
-            if isinstance(error, PdNotLeaderError) and electing_since is None:
-                electing_since = now
-            return (electing_since is not None and error.invalid_metadata
-                    and now < electing_since + PD_ELECTION_WAIT_S)
-
-        def note_lost(exc: SbpError) -> SbpError:
-            nonlocal lost
-            lost = True
-            return exc
-
-        probe_s = min(PD_PROBE_S, self.config.request_timeout_s)
-
-        def attempt() -> tuple[Any, bool]:
-            target = self.leader
-            with leaders.asking(target):
-                conn = self.pool.get(target, self.config)
-                if conn.last_heard == 0.0 or (
-                        not resend and time.monotonic() - conn.last_heard > probe_s):
-                    _check_answers(conn, msg, probe_s)
-                if resend:
-                    response = checked_call(conn, msg, on_lost=note_lost, probe_s=probe_s)
-                else:
-                    response = checked_call(conn, msg, on_lost=lambda exc: _outcome_unknown(
-                        exc, msg, conn.address))
-            if check is not None:
-                check(response, conn.address)
-            return response, lost
-
+        call = _PdCall(self, msg, resend, check)
+        retrier = Retrier(self.config, on_error=self._on_error, deadline=deadline,
+                          spare=call.electing if self.wait_for_election else None)
         try:
-            answer = call_with_retries(attempt, self.config, on_error=self._on_error,
-                                       deadline=deadline,
-                                       spare=electing if self.wait_for_election else None)
-            self._answered = True
-            return answer
-        except ConnectError as exc:
-            if self._answered or isinstance(exc, PdUnreachableError):
+            answer = retrier.run(call.attempt)
+        except (ConnectError, PdNotLeaderError) as exc:
+            error = call.explained(exc, retrier)
+            if error is exc:
                 raise
-            if why := leaders.unreachable(electing_since):
-                raise ConnectError(why) from exc
-            # Never reached: most often a wrong address (the Spark option 'pd', say).
-            raise PdUnreachableError(
-                f"no PD answered at {', '.join(self.addresses)} (is a PD running there, and is "
-                f"that the address you meant?): {exc}") from exc
-        except PdNotLeaderError as exc:
-            if electing_since is None:
-                raise
-            # The last refusal alone names one node's view, often a leader that is gone.
-            waited = time.monotonic() - electing_since
-            if why := leaders.unreachable(electing_since):
-                raise PdNotLeaderError(why, detail=exc.detail) from exc
-            raise PdNotLeaderError(
-                f"no PD node served as leader for {waited:.1f} s (asked "
-                f"{', '.join(self.addresses)}; no node can lead while the nodes cannot reach "
-                f"etcd); "
-                f"the last answer: {exc.message}", detail=exc.detail) from exc
+            raise error from exc
+        self._answered = True
+        return answer, call.lost
 
     def _on_error(self, error: SbpError) -> bool:
         if isinstance(error, PdNotLeaderError):
@@ -325,20 +273,21 @@ class PdClient:
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             "DESCRIBE_RANGES")
 
-    def seal_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]]
-                    ) -> list[ItemResult[Range]]:
+    def seal_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]],
+                    deadline: float | None = None) -> list[ItemResult[Range]]:
         """Seal each stream's open range and open the next; each value is the new open
-        range."""
+        range. ``deadline``: as in ``call``."""
         ids = [_range_id(r) for r in ranges]
-        response = self.call(SealRangesRequest(self.config.server_timeout_ms, ids))
+        response = self.call(SealRangesRequest(self.config.server_timeout_ms, ids), deadline)
         return item_results(response.seal_responses, len(ids), lambda a: a.range,
                             "SEAL_RANGES")
 
-    def create_range(self, ranges: Sequence[RangeId | tuple[int, int]]
-                     ) -> list[ItemResult[Range]]:
-        """Open range ``range_index`` of each stream (its last range must be sealed)."""
+    def create_range(self, ranges: Sequence[RangeId | tuple[int, int]],
+                     deadline: float | None = None) -> list[ItemResult[Range]]:
+        """Open range ``range_index`` of each stream (its last range must be sealed).
+        ``deadline``: as in ``call``."""
         ids = [_range_id(r) for r in ranges]
-        response = self.call(CreateRangeRequest(self.config.server_timeout_ms, ids))
+        response = self.call(CreateRangeRequest(self.config.server_timeout_ms, ids), deadline)
         return item_results(response.create_responses, len(ids), lambda a: a.range,
                             "CREATE_RANGE")
 
@@ -390,6 +339,79 @@ class PdClient:
                 on_response(response)
 
         return Heartbeat(beat, interval_s, name=f"sbp-pd-heartbeat-{self.addresses[0]}")
+
+
+class _PdCall:
+    """One ``PdClient`` call: its request, and what its attempts learned (a lost answer, since
+    when the PD cluster has been between leaders, which leaders its nodes named)."""
+
+    def __init__(self, pd: PdClient, msg: Any, resend: bool,
+                 check: Callable[[Any, str], None] | None) -> None:
+        self.pd = pd
+        self.msg = msg
+        self.resend = resend
+        self.check = check
+        self.lost = False  # an attempt sent the request and its answer was lost
+        self.electing_since: float | None = None  # the first PD_NOT_LEADER of the call
+        self.leaders = _NamedLeaders()
+        self.probe_s = min(PD_PROBE_S, pd.config.request_timeout_s)
+
+    def attempt(self) -> Any:
+        """Send the request to the node that leads as far as the client knows."""
+        target = self.pd.leader
+        with self.leaders.asking(target):
+            conn = self.pd.pool.get(target, self.pd.config)
+            if conn.last_heard == 0.0 or (
+                    not self.resend and time.monotonic() - conn.last_heard > self.probe_s):
+                _check_answers(conn, self.msg, self.probe_s)
+            if self.resend:
+                response = checked_call(conn, self.msg, on_lost=self._note_lost,
+                                        probe_s=self.probe_s)
+            else:
+                response = checked_call(conn, self.msg, on_lost=lambda exc: _outcome_unknown(
+                    exc, self.msg, conn.address))
+        if self.check is not None:
+            self.check(response, conn.address)
+        return response
+
+    def _note_lost(self, exc: SbpError) -> SbpError:
+        self.lost = True
+        return exc
+
+    def electing(self, error: SbpError) -> bool:
+        """A ``Retrier`` spare: a node answered but cannot serve, so the cluster is between
+        leaders. Until a leader answers, the old one refusing connections is part of the same
+        wait (up to ``PD_ELECTION_WAIT_S``)."""
+        now = time.monotonic()
+        if isinstance(error, PdNotLeaderError) and self.electing_since is None:
+            self.electing_since = now
+        return (self.electing_since is not None and error.invalid_metadata
+                and now < self.electing_since + PD_ELECTION_WAIT_S)
+
+    def explained(self, exc: ConnectError | PdNotLeaderError, retrier: Retrier) -> SbpError:
+        """The error the call ends with: ``exc``, or one that says what the attempts saw (a
+        PD never reached, a leader named but unreachable, no leader for so long)."""
+        if isinstance(exc, ConnectError):
+            if self.pd._answered or isinstance(exc, PdUnreachableError):
+                return exc
+            if why := self.leaders.unreachable(self.electing_since):
+                return ConnectError(why)
+            # Never reached: most often a wrong address (the Spark option 'pd', say).
+            return PdUnreachableError(
+                f"no PD answered at {', '.join(self.pd.addresses)} (is a PD running there, and "
+                f"is that the address you meant?): {exc}")
+        if self.electing_since is None:
+            return exc
+        # The last refusal alone names one node's view, often a leader that is gone.
+        waited = time.monotonic() - self.electing_since
+        if why := self.leaders.unreachable(self.electing_since):
+            return PdNotLeaderError(why, detail=exc.detail)
+        last = retrier.stopped[0] if retrier.stopped is not None else exc
+        answer = last.message if isinstance(last, PdNotLeaderError) else str(last)
+        return PdNotLeaderError(
+            f"no PD node served as leader for {waited:.1f} s (asked "
+            f"{', '.join(self.pd.addresses)}; no node can lead while the nodes cannot reach "
+            f"etcd); the last answer: {answer}", detail=exc.detail)
 
 
 def _check_answers(conn: Connection, msg: Any, probe_s: float) -> None:

@@ -30,8 +30,6 @@ from sbp_spark.protocol.messages import (
     RangeId,
     SealRangesRequest,
     Status,
-    StreamRanges,
-    SyncRangesRequest,
     decode_response,
     request_frame,
 )
@@ -157,7 +155,8 @@ class RangeServerClient:
         Entries are packed in order into APPEND frames within ``config.max_frame_bytes``, and
         up to ``max_inflight_frames`` frames are in flight at once. Answers are matched to
         entries by request_index (the entry's position), whatever frame or order they come
-        in. Nothing is retried here: a failed entry says why in its result.
+        in. Nothing is retried here: a failed entry says why in its result, and whether it
+        may have been stored all the same (``ItemResult.outcome``).
 
         An answer ``config.probe_interval_s`` late PINGs the server; when the PING goes
         unanswered, the frames in flight fail at once (retriable), unless ``still_primary``
@@ -224,7 +223,8 @@ class RangeServerClient:
                             self._collect_append(conn, stream, indices, results, 0.0, wait,
                                                  probe_s, lost=error)
         return [r if r is not None else ItemResult(None, error=ProtocolError(
-            f"{self.address} did not answer append entry {i}")) for i, r in enumerate(results)]
+            f"{self.address} did not answer append entry {i}"), in_doubt=True)
+            for i, r in enumerate(results)]
 
     def _send_append(self, conn: Connection, entries, buffers, lengths, indices,
                      timeout_ms: int, wait: float) -> ResponseStream:
@@ -263,7 +263,7 @@ class RangeServerClient:
                 frame = stream.poll(0.0)
                 if frame is None:
                     stream.close()
-                    self._fail(results, indices, lost)
+                    self._fail(results, indices, lost, sent=True)
                     return lost
             while True:
                 response = decode_response(frame, AppendResponse)
@@ -283,7 +283,7 @@ class RangeServerClient:
                                              time.monotonic() - probe_s + wait, probe_s,
                                              still_primary)
         except SbpError as exc:  # SYSTEM_ERROR (a ServerError) or a failed connection
-            self._fail(results, indices, exc)
+            self._fail(results, indices, exc, sent=True)
             return exc
         if top is not None:
             for index in indices:
@@ -292,13 +292,18 @@ class RangeServerClient:
         return None
 
     @staticmethod
-    def _fail(results: list, indices: Sequence[int], error: SbpError) -> None:
+    def _fail(results: list, indices: Sequence[int], error: SbpError, sent: bool = False
+              ) -> None:
+        """Fail the entries ``indices`` that have no result yet with ``error``: a server's
+        answer (its status), or a failure of the connection, after their frame was ``sent``
+        (their outcome is unknown) or before (never sent: a frame cut off while sending is
+        incomplete, which the server stores nothing of)."""
         for index in indices:
             if results[index] is None:
                 if isinstance(error, ServerError):
                     results[index] = ItemResult(None, Status.from_error(error))
                 else:
-                    results[index] = ItemResult(None, error=error)
+                    results[index] = ItemResult(None, error=error, in_doubt=sent)
 
     # -- FETCH -----------------------------------------------------------------------------
 
@@ -432,14 +437,6 @@ class RangeServerClient:
                               probe=True)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             f"DESCRIBE_RANGES to {self.address}")
-
-    def sync_ranges(self, stream_ranges: Sequence[StreamRanges]
-                    ) -> list[ItemResult[list[Range]]]:
-        """Tell this server about ranges it now holds (SYNC_RANGES, sent by the PD)."""
-        response = self._call(
-            SyncRangesRequest(self.config.server_timeout_ms, list(stream_ranges)))
-        return item_results(response.sync_responses, len(stream_ranges), lambda a: a.ranges,
-                            f"SYNC_RANGES to {self.address}")
 
     def ping(self) -> float:
         """Round-trip time of a PING to this server, in seconds."""

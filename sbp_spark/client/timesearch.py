@@ -27,10 +27,10 @@ retained start goes on from that start, learnt from the range's replicas.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Generator, Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,9 +48,6 @@ from sbp_spark.protocol.records import (
 )
 
 from .types import FetchedBatch
-
-if TYPE_CHECKING:
-    from .stream import SbpClient
 
 _MS = pa.timestamp("ms")
 
@@ -99,11 +96,22 @@ def range_end(rng: Range) -> int:
     return rng.next_offset if rng.is_open else rng.end_offset
 
 
+class BatchSource(Protocol):
+    """What the search reads through (an ``SbpClient``): one range's batches from an offset,
+    and where a range's replicas still hold records."""
+
+    def fetch(self, range: Range, start_offset: int, end_offset: int = -1,
+              max_bytes: int = ...) -> Generator[FetchedBatch, None, None]: ...
+
+    def retained_start(self, stream_id: int, range_index: int, addresses: Iterable[str]
+                       ) -> int | None: ...
+
+
 class TimeSearch:
     """Searches one stream's ranges (in offset order; an open one with ``next_offset`` set to
-    where the caller reads up to) through ``client``, an ``SbpClient``."""
+    where the caller reads up to) through ``client`` (an ``SbpClient``)."""
 
-    def __init__(self, client: SbpClient, ranges: Sequence[Range]) -> None:
+    def __init__(self, client: BatchSource, ranges: Sequence[Range]) -> None:
         self.client = client
         self.spans = [_Span(r, r.start_offset, range_end(r)) for r in ranges
                       if range_end(r) > r.start_offset]
@@ -202,4 +210,4 @@ def _disorder_ms(probes: list[tuple[int, int, int, int]]) -> int:
     return worst
 
 
-__all__ = ["TimeSearch", "TimeSearchResult", "range_end", "record_timestamps_ms"]
+__all__ = ["BatchSource", "TimeSearch", "TimeSearchResult", "range_end", "record_timestamps_ms"]

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
-from sbp_spark.protocol.errors import SbpError, ServerError
+from sbp_spark.protocol.errors import ErrorCode, SbpError, ServerError
 from sbp_spark.protocol.messages import OK, Status
 from sbp_spark.protocol.records import BatchHeader
 
 T = TypeVar("T")
+
+_KNOWN_CODES = {int(code): code for code in ErrorCode}
+
+
+class Outcome(enum.Enum):
+    """What became of one item of a request."""
+
+    DONE = "done"  # carried out: the item succeeded
+    NOT_DONE = "not done"  # known not carried out: never sent, or refused by the server
+    UNKNOWN = "unknown"  # sent, and nothing says whether it was carried out
 
 
 @dataclass
@@ -17,16 +28,30 @@ class ItemResult(Generic[T]):
     """The outcome of one item of a batch request: a value, or why there is none.
 
     ``status`` is the server's answer for the item; ``error`` is set instead when the item got
-    no answer at all (the connection failed, the item was never sent, ...).
+    no answer at all: never sent (the connection could not be opened, an earlier frame
+    failed), or sent with its answer lost (``in_doubt``: the connection failed, or no answer
+    came in time).
     """
 
     value: T | None
     status: Status = OK
     error: SbpError | None = None
+    in_doubt: bool = False
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.status.code == 0
+
+    @property
+    def outcome(self) -> Outcome:
+        """Whether the server carried the item out, did not, or may have (a lost answer, or
+        a failure whose code does not say: ``ErrorCode.maybe_applied``)."""
+        if self.ok:
+            return Outcome.DONE
+        if self.error is not None:
+            return Outcome.UNKNOWN if self.in_doubt else Outcome.NOT_DONE
+        known = _KNOWN_CODES.get(self.status.code)
+        return Outcome.UNKNOWN if known is None or known.maybe_applied else Outcome.NOT_DONE
 
     def exception(self) -> SbpError | None:
         """The error this item failed with, or None on success."""
@@ -75,9 +100,10 @@ class FetchedBatch:
 
 
 @dataclass(frozen=True)
-class Replica:
-    """One range server holding a range, as callers remember it between requests (Spark
-    plans carry these to executors)."""
+class ReplicaLocation:
+    """Where one replica of a range lives, as callers remember it between requests: the range
+    server's id and address, and whether it is the range's primary (a planned Spark partition
+    carries these to its executor)."""
 
     server_id: int
     address: str

@@ -10,6 +10,7 @@ and write, all ``SbpTimeoutError``.
 
 from __future__ import annotations
 
+import copy
 from enum import IntEnum
 
 
@@ -49,6 +50,12 @@ class ErrorCode(IntEnum):
         return self is not ErrorCode.NONE and _BY_CODE[self].invalid_metadata
 
     @property
+    def maybe_applied(self) -> bool:
+        """Whether a request (or item) that failed with this code may still have been carried
+        out (a write stored): the server said it failed, not that it did nothing."""
+        return self is not ErrorCode.NONE and _BY_CODE[self].maybe_applied
+
+    @property
     def meaning(self) -> str:
         """What the code says, in one line (the docstring of its error class)."""
         if self is ErrorCode.NONE:
@@ -62,10 +69,19 @@ class SbpError(Exception):
     ``retriable``: trying the same operation again may succeed (retry loops read this flag).
     ``invalid_metadata``: the caller's idea of where things live may be stale; refresh it (ask
     the PD again) before retrying.
+    ``maybe_applied`` (server answers): the request may have been carried out all the same.
     """
 
     retriable: bool = False
     invalid_metadata: bool = False
+    maybe_applied: bool = False
+
+    def with_context(self, context: str) -> SbpError:
+        """A new error of the same class, flags and fields whose message starts with
+        ``context`` ("append to stream 7: ..."); the original stays as it was."""
+        fresh = copy.copy(self)  # the error's own pickling rules: its message, its fields
+        fresh.args = (f"{context}: {self}" if str(self) else context,)
+        return fresh
 
 
 class ProtocolError(SbpError):
@@ -165,6 +181,33 @@ class HistoryRewrittenError(SbpError):
         return exc
 
 
+class AppendOutcomeUnknownError(SbpError):
+    """An append call ended (at its deadline, or on a failure it cannot retry) with batches
+    in doubt: sent, and no answer says whether they were stored (the connection failed, no
+    answer came in time, the server failed in a way that does not say). They may be in the
+    stream, and sending them again may store them twice; the batches the call knows were not
+    stored are not among them. Fields: ``stream_id``; ``in_doubt``, the indexes (in the
+    call's batches) of the batches in doubt; ``ranges``, the ranges they were sent to when
+    their answers were lost; ``stored``, the indexes known stored; ``batches``, how many the
+    call had. The failure that ended the call is the ``__cause__``. Kafka likewise tells an
+    unknown outcome from a failure that stored nothing."""
+
+    stream_id = -1
+    in_doubt: tuple[int, ...] = ()
+    ranges: tuple[int, ...] = ()
+    stored: tuple[int, ...] = ()
+    batches = 0
+
+    @classmethod
+    def for_call(cls, message: str, stream_id: int, in_doubt: tuple[int, ...],
+                 ranges: tuple[int, ...], stored: tuple[int, ...], batches: int
+                 ) -> AppendOutcomeUnknownError:
+        exc = cls(message)
+        exc.stream_id, exc.in_doubt, exc.ranges = stream_id, in_doubt, ranges
+        exc.stored, exc.batches = stored, batches
+        return exc
+
+
 class ServerError(SbpError):
     """A response status with a non-zero code.
 
@@ -184,12 +227,20 @@ class ServerError(SbpError):
         known = _BY_CODE.get(self.code)  # the flags follow the code, whatever the class
         self.retriable = known.retriable if known is not None else False
         self.invalid_metadata = known.invalid_metadata if known is not None else False
+        # A code this version does not know says nothing about what the server did.
+        self.maybe_applied = known.maybe_applied if known is not None else True
         super().__init__(self._describe())
 
     def __reduce__(self) -> tuple:
         # Rebuild from the server's own words: the default (the formatted args) would put the
         # code's name in front of the message a second time. Spark pickles executor errors.
         return (type(self), (self.message, self.code, self.detail), self.__dict__)
+
+    def with_context(self, context: str) -> ServerError:
+        fresh = copy.copy(self)
+        fresh.message = f"{context}: {self.message}" if self.message else context
+        fresh.args = (fresh._describe(),)
+        return fresh
 
     def _describe(self) -> str:
         try:
@@ -221,6 +272,7 @@ class UnknownError(ServerError):
     """Unexpected server error."""
 
     code = ErrorCode.UNKNOWN
+    maybe_applied = True  # it may have failed after doing its work
 
 
 class InvalidRequestError(ServerError):
@@ -304,6 +356,7 @@ class RequestTimeoutError(ServerError):
 
     code = ErrorCode.REQUEST_TIMEOUT
     retriable = True
+    maybe_applied = True  # it may finish after the answer
 
 
 class NotEnoughServersError(ServerError):
@@ -318,6 +371,7 @@ class StorageFullError(ServerError):
 
     code = ErrorCode.STORAGE_FULL
     retriable = True
+    maybe_applied = True  # an fsync that failed leaves written bytes behind
 
 
 class ShuttingDownError(ServerError):

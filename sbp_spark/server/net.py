@@ -53,6 +53,11 @@ response frames, answers frames that are intact but invalid (docs/wire.md, Bad f
 SYSTEM_ERROR, and closes the connection when framing is lost. ``stop()`` is graceful: GOAWAY to
 every peer, no new connections, in-flight requests get a bounded time to finish. Idle
 connections are closed with a GOAWAY.
+
+Each connection's state (open, draining after a GOAWAY either way, closed), its requests in
+flight and the PING and GOAWAY rules are a ``protocol.session.Session``, the table the client's
+connections drive as well; ``Connection`` feeds it events and carries out the actions it
+returns.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ from ..protocol.frame import (
     encode_frame,
     frame_prefix,
 )
+from ..protocol.session import Action, ConnectionState, Session, goaway_frame, pong_frame
 from ..transport.sockets import send_buffers
 from ..transport.tls import DEFAULT_HANDSHAKE_TIMEOUT_S, ServingContext, TlsConfig, TlsSocket
 from .advertise import format_address
@@ -348,14 +354,12 @@ class Connection:
         self.config = server.config
         self._send_lock = threading.Lock()
         self._state = WaitedCondition()  # guards the fields below
-        self._inflight = 0
-        # Requests not yet answered (only these keep their frames, and so their memory, alive).
-        self._open: set[RequestContext] = set()
+        # The connection's state and the peer's requests in flight, not yet answered (only
+        # these keep their frames, and so their memory, alive): protocol/session.py. This
+        # class carries out what the session's transitions ask for (``_carry_out``).
+        self._session: Session = Session()
+        self._session.last_active = time.monotonic()
         self._outgoing = 0
-        self._closed = False
-        self._draining = False  # no new requests will be read (peer or server GOAWAY)
-        self._goaway_sent = False
-        self.last_activity = time.monotonic()
         self._send_started: float | None = None  # for the stuck-send watchdog
         self.reader: threading.Thread | None = None
         # Requests for the ordered handler thread (started on first use); None ends it.
@@ -377,11 +381,22 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._session.closed
+
+    @property
+    def draining(self) -> bool:
+        """No new requests are read (the peer's GOAWAY, or this server's); those in flight
+        are still answered."""
+        return self._session.state is ConnectionState.DRAINING
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return len(self._session.received)
+
+    @property
+    def last_activity(self) -> float:
+        """When anything last went either way (a ``time.monotonic()`` value)."""
+        return self._session.last_active
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -394,9 +409,9 @@ class Connection:
                    for p in parts)
         limit = self.config.max_outgoing_bytes_per_connection
         with self._state:
-            while self._outgoing and self._outgoing + size > limit and not self._closed:
+            while self._outgoing and self._outgoing + size > limit and not self.closed:
                 self._state.wait(0.5)
-            if self._closed:
+            if self.closed:
                 raise ConnectionClosed(f"connection to {self.peer_str} is closed")
             self._outgoing += size
         try:
@@ -416,12 +431,12 @@ class Connection:
         the socket, and the socket has room. False, having sent nothing, when it could block
         (then ``send`` it from a thread that may wait). Raises ``ConnectionClosed``."""
         size = sum(memoryview(p).nbytes for p in parts)
-        if self._closed:
+        if self.closed:
             raise ConnectionClosed(f"connection to {self.peer_str} is closed")
         if size > _TRY_SEND_BYTES or self._outgoing or not self._send_lock.acquire(False):
             return False
         try:
-            if self._closed:
+            if self.closed:
                 raise ConnectionClosed(f"connection to {self.peer_str} is closed")
             if isinstance(self.sock, TlsSocket):  # it encrypts and sends whole: ask first
                 if not _writable(self.sock):
@@ -447,7 +462,7 @@ class Connection:
         except OSError as exc:
             self._abort(f"send failed: {exc}")
             raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
-        self.last_activity = time.monotonic()
+        self._session.last_active = time.monotonic()
         self.server.stats.bytes_out += sent
         if sent < size:
             self._send_started = time.monotonic()
@@ -460,14 +475,14 @@ class Connection:
     def _write(self, parts: Sequence[Buffer | FileRegion], size: int) -> None:
         """Send ``parts`` (``size`` bytes) holding the send lock; a failure closes the
         connection (``ConnectionClosed``)."""
-        if self._closed:
+        if self.closed:
             raise ConnectionClosed(f"connection to {self.peer_str} is closed")
         try:
             self._send_parts(parts)
         except OSError as exc:
             self._abort(f"send failed: {exc}")
             raise ConnectionClosed(f"send to {self.peer_str} failed: {exc}") from exc
-        self.last_activity = time.monotonic()
+        self._session.last_active = time.monotonic()
         self.server.stats.bytes_out += size
 
     def _send_parts(self, parts: Sequence[Buffer | FileRegion]) -> None:
@@ -497,26 +512,30 @@ class Connection:
             remaining -= sent
 
     def send_goaway(self, reason: str = "") -> None:
-        """Tell the peer to send no new requests here.
-
-        Skipped when another sender holds the socket for long (a peer that does not read);
-        a GOAWAY that only partly fits the socket buffer is finished with a blocking send
-        (guarded by the send timeout), since half a frame would break the framing.
-        """
+        """Tell the peer to send no new requests here (once per connection): the connection
+        reads no more requests, and closes once those in flight are answered."""
         with self._state:
-            if self._goaway_sent or self._closed:
-                return
-            self._goaway_sent = True
-        # Server-initiated frames use stream_id 0: clients number their requests from 1.
-        data = b"".join(messages.request_frame(0, messages.GoAwayRequest(message=reason)))
+            actions = self._session.send_goaway()
+            self._state.notify_all()
+        self._carry_out(actions, reason)
+
+    def _write_goaway(self, reason: str) -> None:
+        """Send a GOAWAY, best effort: skipped when another sender holds the socket for long
+        (a peer that does not read); a GOAWAY that only partly fits the socket buffer is
+        finished with a blocking send (guarded by the send timeout), since half a frame would
+        break the framing."""
+        data = b"".join(goaway_frame(reason))
         if not self._send_lock.acquire(timeout=0.5):
             return
         try:
-            if not self._closed:
-                sent = self.sock.send(data, socket.MSG_DONTWAIT)
-                if sent < len(data):
-                    self._send_started = time.monotonic()
-                    self.sock.sendall(data[sent:])
+            # The session may say closed already (CLOSE comes next), so ask the socket: the
+            # reader closes it, holding the send lock, once it stopped.
+            if self.sock.fileno() < 0:
+                return
+            sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            if sent < len(data):
+                self._send_started = time.monotonic()
+                self.sock.sendall(data[sent:])
         except BlockingIOError:
             log.debug("GOAWAY to %s not sent: its socket buffer is full", self.peer_str)
         except OSError as exc:
@@ -525,35 +544,54 @@ class Connection:
             self._send_started = None
             self._send_lock.release()
 
+    def _carry_out(self, actions: Sequence[Action], reason: str = "") -> None:
+        """Do what the session's transitions asked for, in order (outside the lock). FAIL_ALL
+        is the reader's, when it stops (``FrameServer._reader_finished``): a handler thread
+        may still be serving those requests until then."""
+        for action in actions:
+            if action is Action.SEND_GOAWAY:
+                self._write_goaway(reason)
+            elif action is Action.CLOSE:
+                log.debug("closing %r: %s", self, reason or self._session.error
+                          or "nothing left in flight")
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
+
     # -- in-flight accounting --------------------------------------------------------------
 
-    def _begin_request(self, ctx: RequestContext) -> None:
+    def _begin_request(self, ctx: RequestContext) -> bool:
+        """Count ``ctx`` in flight; False when the connection is closed (not to be served)."""
         with self._state:
-            self._inflight += 1
-            self._open.add(ctx)
+            return self._session.receive_request(ctx)
 
     def _end_request(self, ctx: RequestContext) -> None:
         with self._state:
-            self._inflight -= 1
-            self._open.discard(ctx)
+            actions = self._session.finished(ctx)
             self._state.notify_all()
+        if actions:
+            self._carry_out(actions)
 
-    def _unfinished(self) -> list[RequestContext]:
+    def _abandon_unfinished(self) -> None:
+        """FAIL_ALL: the requests still in flight on a closed connection are given up."""
         with self._state:
-            return list(self._open)
+            _, unfinished = self._session.drop_all()
+        for ctx in unfinished:
+            assert isinstance(ctx, RequestContext)
+            ctx._abandon()
 
     def _wait_below_inflight_limit(self) -> None:
         limit = self.config.max_inflight_per_connection
-        if self._inflight < limit:  # the common case, without the lock: only this reader
-            return                  # adds requests, so the count can only have gone down
+        received = self._session.received
+        if len(received) < limit:  # the common case, without the lock: only this reader
+            return                 # adds requests, so the count can only have gone down
         with self._state:
-            while self._inflight >= limit and not self._closed:
+            while len(received) >= limit and not self.closed:
                 self._state.wait(0.5)
 
     def wait_idle(self, deadline: float) -> bool:
         """Wait until nothing is in flight (True) or ``deadline`` (monotonic) passes (False)."""
         with self._state:
-            while self._inflight and not self._closed:
+            while self._session.received and not self.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -585,7 +623,7 @@ class Connection:
         ``max_ordered_ahead_bytes`` waiting (the reader waits until then: backpressure)."""
         limit = self.config.max_ordered_ahead_bytes
         with self._state:
-            while self._ordered_bytes >= limit and not self._closed:
+            while self._ordered_bytes >= limit and not self.closed:
                 self._state.wait(0.5)
             self._ordered_bytes += nbytes
         self._ordered_given += 1
@@ -594,7 +632,7 @@ class Connection:
         server = self.server
         while (item := self._ordered.get()) is not None:
             ctx, fn = item
-            if self._closed:
+            if self.closed:
                 ctx._abandon()
             else:
                 server._run(ctx, fn)
@@ -615,15 +653,12 @@ class Connection:
     # -- closing ---------------------------------------------------------------------------
 
     def _abort(self, reason: str) -> None:
-        """Mark closed and shut the socket down: wakes the reader and every blocked sender."""
+        """Fail the connection: closed, and the socket shut down (wakes the reader and every
+        blocked sender)."""
         with self._state:
-            if self._closed:
-                return
-            self._closed = True
+            actions = self._session.fail(ConnectionClosed(reason))
             self._state.notify_all()
-        log.debug("closing %r: %s", self, reason)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
+        self._carry_out(actions, reason)
 
     def close(self, reason: str = "closed by server", goaway: bool = True) -> None:
         """Close the connection (GOAWAY first unless told not to)."""
@@ -896,8 +931,6 @@ class FrameServer:
         conns = self.connections()
         for conn in conns:
             conn.send_goaway("server shutting down")
-            with conn._state:
-                conn._draining = True
         deadline = time.monotonic() + timeout
         for conn in conns:
             if not conn.wait_idle(deadline):
@@ -997,7 +1030,7 @@ class FrameServer:
                 conn._wait_below_inflight_limit()
                 if receiving == 0:
                     self._wait_for_budget(conn)
-                if conn.closed or conn._draining:
+                if not conn._session.open:
                     break
                 buf = decoder.get_buffer()
                 try:
@@ -1012,7 +1045,7 @@ class FrameServer:
                     # A frame starts here: charge all of it now, since the decoder allocates
                     # its whole body as soon as it sees the length.
                     expected = 4 + _U32.unpack_from(buf, 0)[0]
-                conn.last_activity = time.monotonic()
+                conn._session.heard(time.monotonic())
                 self.stats.bytes_in += n
                 try:
                     decoder.buffer_updated(n)
@@ -1027,7 +1060,7 @@ class FrameServer:
                 charge = max(partial, expected) if partial else 0
                 self._charge_bytes(charge - receiving)
                 receiving = charge
-            if conn._draining and not conn.closed:
+            if conn.draining:
                 conn.wait_idle(time.monotonic() + self.config.shutdown_timeout_s)
         except Exception:
             log.exception("%r reader failed", conn)
@@ -1043,7 +1076,7 @@ class FrameServer:
             if conn.closed:
                 return
             self._dispatch(conn, event)
-            if conn._draining:
+            if not conn._session.open:
                 return
 
     def _reader_finished(self, conn: Connection) -> None:
@@ -1054,8 +1087,7 @@ class FrameServer:
             with contextlib.suppress(OSError):
                 conn.sock.close()
         conn._stop_ordered(self.config.shutdown_timeout_s)
-        for ctx in conn._unfinished():
-            ctx._abandon()
+        conn._abandon_unfinished()
         with self._lock:
             self._connections.pop(conn.id, None)
         try:
@@ -1083,13 +1115,17 @@ class FrameServer:
             return
         opcode = frame.opcode
         if opcode == Opcode.PING:
-            ctx = self._new_context(conn, frame)
-            self._run(ctx, self._pong)
+            with conn._state:
+                actions = conn._session.ping_received()
+            if Action.SEND_PONG in actions:
+                self._run(self._new_context(conn, frame), self._pong)
             return
         if opcode == Opcode.GOAWAY:
             log.debug("%r: peer sent GOAWAY", conn)
             with conn._state:
-                conn._draining = True
+                actions = conn._session.goaway_received()
+                conn._state.notify_all()
+            conn._carry_out(actions, "the peer sent GOAWAY")
             try:
                 self.handler.peer_goaway(conn)
             except Exception:
@@ -1120,8 +1156,10 @@ class FrameServer:
 
     def _new_context(self, conn: Connection, frame: Frame) -> RequestContext:
         ctx = RequestContext(frame, conn)
-        conn._begin_request(ctx)
-        self._charge_bytes(ctx._nbytes)
+        if conn._begin_request(ctx):
+            self._charge_bytes(ctx._nbytes)
+        else:  # closed under the reader: answering it fails, and nothing is counted
+            ctx._done = True
         return ctx
 
     # -- the server-wide byte budget -------------------------------------------------------
@@ -1156,7 +1194,7 @@ class FrameServer:
 
     @staticmethod
     def _pong(ctx: RequestContext) -> None:
-        ctx.reply_raw(ctx.frame.header, ctx.frame.payload)
+        ctx.send(pong_frame(ctx.frame))
 
     def _run(self, ctx: RequestContext, fn) -> None:
         try:

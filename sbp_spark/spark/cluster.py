@@ -17,7 +17,7 @@ from sbp_spark.client import FetchedBatch, SbpClient, known_range
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
 
 from .options import ClientOptions
-from .planning import RangeLayout, Replica, SbpPartition, StreamLayout
+from .planning import RangeLayout, ReplicaLocation, SbpPartition, StreamLayout
 
 if TYPE_CHECKING:  # what the client returns; this layer reads these, never builds them
     from sbp_spark.protocol.messages import Range
@@ -58,14 +58,14 @@ class RangeUnavailableError(RuntimeError):
     """No range server holding a range answered."""
 
 
-def describe_replicas(replicas: Sequence[Replica]) -> str:
+def describe_replicas(replicas: Sequence[ReplicaLocation]) -> str:
     """``host:port (primary), host:port`` for messages."""
     return ", ".join(f"{r.address}{' (primary)' if r.is_primary else ''}"
                      for r in replicas) or "none"
 
 
-def _replicas(rng: Range) -> tuple[Replica, ...]:
-    replicas = [Replica(r.server.server_id, r.server.advertise_addr, r.is_primary)
+def _replicas(rng: Range) -> tuple[ReplicaLocation, ...]:
+    replicas = [ReplicaLocation(r.server.server_id, r.server.advertise_addr, r.is_primary)
                 for r in rng.servers]
     replicas.sort(key=lambda r: not r.is_primary)  # primary first
     return tuple(replicas)

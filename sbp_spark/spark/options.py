@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sbp_spark.client.config import (
@@ -447,14 +447,11 @@ REQUEST_TIMEOUT_MS = OptionSpec(
     "how long to wait for each answer frame of a request",
     lambda n, v: parse_int(n, v, 1, 24 * 3_600_000), 30_000)
 RETRIES = OptionSpec(
-    "retries", "5; streaming reads 1000", "read/write",
-    "retries of a retriable failure (sealed range, busy or restarting server), each within "
-    "a minute of the first attempt; a streaming query so waits out a server restart",
-    lambda n, v: parse_int(n, v, 0, 1000), 5)
-# A streaming query runs for days: a range server restarting (its streams' only replica, or
-# the PD's) must not end it, so unless told otherwise its reads retry until the retry deadline
-# (ClientConfig.retry_deadline_s, a minute) instead of giving up after 5 attempts (~1.5 s).
-STREAMING_READ_RETRIES = 1000
+    "retries", "(none)", "read/write",
+    "most retries of one call (a read, a write's append): without it, a retriable failure "
+    "(sealed range, busy or restarting server, a failover of a range server or of the PD "
+    "leader) is retried, backing off, until a minute after the call began",
+    lambda n, v: parse_int(n, v, 0, 1_000_000), None)
 CREATE_IF_MISSING = OptionSpec(
     "createIfMissing", "false", "write",
     "without a stream option or stream_id column, create a new stream for the rows",
@@ -622,7 +619,7 @@ class ClientOptions:
 
     pd: tuple[str, ...]
     request_timeout_ms: int = REQUEST_TIMEOUT_MS.value
-    retries: int = RETRIES.value
+    retries: int | None = RETRIES.value
     max_inflight_frames: int = MAX_INFLIGHT_FRAMES.value
     tls: bool = TLS_ENABLED.value
     tls_ca_file: str | None = TLS_CA_FILE.value
@@ -771,11 +768,8 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
     if include_headers and payload == "arrow":
         raise OptionError("option 'includeHeaders' = 'true' needs payload=records: "
                           "payload=arrow rows have no headers")
-    client = _client_options(opts)
-    if streaming and not opts.has(RETRIES.name):
-        client = replace(client, retries=STREAMING_READ_RETRIES)
     return ReadOptions(
-        client=client,
+        client=_client_options(opts),
         streams=streams,
         starting=starting,
         ending=ending,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
-from sbp_spark.client import Replica  # the client's description of a replica, planned ahead
+from sbp_spark.client import ReplicaLocation
 
 from .filters import Interval, Predicate, PushedFilters, intersect_intervals
 from .options import EARLIEST, LATEST, OptionError, ReadOptions
@@ -30,7 +30,7 @@ class RangeLayout:
     range_index: int
     start_offset: int
     end_offset: int
-    replicas: tuple[Replica, ...]
+    replicas: tuple[ReplicaLocation, ...]
     is_open: bool = False
 
 
@@ -61,7 +61,7 @@ class SbpPartition(InputPartition):
     end_offset: int
     range_start: int
     range_end: int
-    replicas: tuple[Replica, ...]
+    replicas: tuple[ReplicaLocation, ...]
     range_is_open: bool = False
     row_predicates: tuple[Predicate, ...] = ()
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, call_with_retries, get_pool
+from sbp_spark.client import ClientConfig, ConnectionPool, Retrier, get_pool
 from sbp_spark.client.pool import close_pool
 from sbp_spark.client.retry import backoff_s, is_retriable
 from sbp_spark.protocol.errors import (
@@ -41,21 +41,21 @@ def failing(errors: list[Exception], result: str = "done"):
 def test_retriable_errors_are_retried_until_success():
     op, calls = failing([TransportError("reset"), RangeSealedError("sealed"),
                          SbpTimeoutError("slow")])
-    assert call_with_retries(op, QUICK) == "done"
+    assert Retrier(QUICK).run(op) == "done"
     assert len(calls) == 4
 
 
 def test_non_retriable_error_is_raised_at_once():
     op, calls = failing([StreamNotFoundError("gone")])
     with pytest.raises(StreamNotFoundError):
-        call_with_retries(op, QUICK)
+        Retrier(QUICK).run(op)
     assert len(calls) == 1
 
 
 def test_retries_run_out_and_raise_the_last_error():
     op, calls = failing([TransportError(f"try {i}") for i in range(10)])
     with pytest.raises(TransportError, match="try 4"):
-        call_with_retries(op, QUICK)
+        Retrier(QUICK).run(op)
     assert len(calls) == QUICK.retries + 1
 
 
@@ -64,7 +64,7 @@ def test_deadline_stops_retrying():
     op, calls = failing([TransportError("down")] * 100)
     began = time.monotonic()
     with pytest.raises(TransportError):
-        call_with_retries(op, config, deadline=time.monotonic() + 0.2)
+        Retrier(config, deadline=time.monotonic() + 0.2).run(op)
     assert time.monotonic() - began < 1.0
     assert 2 <= len(calls) <= 10
 
@@ -73,7 +73,7 @@ def test_throttle_time_is_honoured():
     throttled = ThrottledError("busy")
     throttled.throttle_time_ms = 150
     op, calls = failing([throttled])
-    assert call_with_retries(op, QUICK) == "done"
+    assert Retrier(QUICK).run(op) == "done"
     assert calls[1] - calls[0] >= 0.15
 
 
@@ -82,7 +82,7 @@ def test_on_error_redirect_skips_the_backoff():
     seen = []
     op, calls = failing([ServerError.for_status(5, "not leader")])
     began = time.monotonic()
-    assert call_with_retries(op, config, on_error=lambda e: seen.append(e) or True) == "done"
+    assert Retrier(config, on_error=lambda e: seen.append(e) or True).run(op) == "done"
     assert time.monotonic() - began < 0.4
     assert len(seen) == 1
 
@@ -90,7 +90,7 @@ def test_on_error_redirect_skips_the_backoff():
 def test_spared_failures_do_not_use_up_the_retries():
     op, calls = failing([TransportError(f"try {i}") for i in range(10)])
     # Ten failures against four retries: only the last one counts.
-    assert call_with_retries(op, QUICK, spare=lambda e: str(e) != "try 9") == "done"
+    assert Retrier(QUICK, spare=lambda e: str(e) != "try 9").run(op) == "done"
     assert len(calls) == 11
 
 
@@ -98,11 +98,11 @@ def test_spared_failures_stop_at_the_deadline_and_not_retriable_ones_at_once():
     config = ClientConfig(retries=0, retry_backoff_ms=20, retry_backoff_max_ms=20)
     op, calls = failing([TransportError("electing")] * 1000)
     with pytest.raises(TransportError):
-        call_with_retries(op, config, deadline=time.monotonic() + 0.2, spare=lambda e: True)
+        Retrier(config, deadline=time.monotonic() + 0.2, spare=lambda e: True).run(op)
     assert 2 <= len(calls) <= 20
     op, calls = failing([StreamNotFoundError("gone")])
     with pytest.raises(StreamNotFoundError):
-        call_with_retries(op, config, spare=lambda e: True)
+        Retrier(config, spare=lambda e: True).run(op)
     assert len(calls) == 1
 
 

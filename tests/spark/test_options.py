@@ -34,7 +34,7 @@ def test_read_defaults_and_case_insensitive_names():
     assert opts.payload == "records"
     assert opts.max_records_per_partition is None and opts.min_partitions is None
     config = opts.client.client_config()
-    assert config.retries == 5 and config.max_inflight_frames == DEFAULT_MAX_INFLIGHT_FRAMES
+    assert config.retries is None and config.max_inflight_frames == DEFAULT_MAX_INFLIGHT_FRAMES
     assert config.request_timeout_s == 30.0
 
 

@@ -30,14 +30,15 @@ from sbp_spark.spark.options import OptionError, parse_read_options
 from sbp_spark.spark.planning import (
     MAX_PIECES_PER_RANGE,
     RangeLayout,
-    Replica,
+    ReplicaLocation,
     StreamLayout,
     plan_partitions,
     split_evenly,
 )
 
-A = (Replica(1, "127.0.0.1:1001", True), Replica(2, "127.0.0.1:1002", False))
-B = (Replica(2, "127.0.0.1:1002", True),)
+A = (ReplicaLocation(1, "127.0.0.1:1001", True),
+     ReplicaLocation(2, "127.0.0.1:1002", False))
+B = (ReplicaLocation(2, "127.0.0.1:1002", True),)
 
 
 def layout(stream_id=7, start=0):

@@ -16,9 +16,9 @@ from typing import Any
 
 from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.pool import ConnectionPool
-from sbp_spark.client.tls import TlsConfig
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import RequestTimeoutError, SbpError, ServerError, UnknownError
+from sbp_spark.transport.tls import TlsConfig
 
 from .meta import RangeMeta
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from ...client.config import ClientConfig
 from ...client.pd import PdClient
 from ...client.pool import ConnectionPool
-from ...client.tls import TlsConfig
 from ...protocol import messages
 from ...protocol.errors import InvalidRequestError, SbpError
 from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ...transport.tls import TlsConfig
 from ..pd.meta import UNKNOWN_SERVER_ID
 from ..pd_outage import PdOutage
 

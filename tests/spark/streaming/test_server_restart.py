@@ -10,7 +10,9 @@ from sbp_spark.server.cluster import EmbeddedCluster
 
 from .helpers import append_values, memory_values, new_stream, wait_for
 
-OUTAGE_S = 4.0  # longer than the 1.55 s that 5 retries' backoff waits in all
+# Longer than five retries' backoff (1.55 s in all), what a call gave up after before retries
+# were bounded by time.
+OUTAGE_S = 4.0
 
 
 def test_a_streaming_query_rides_out_a_restart_of_its_streams_only_server(spark, tmp_path):

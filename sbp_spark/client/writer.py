@@ -1,0 +1,350 @@
+"""Appending to one stream: ``StreamWriter`` finds the stream's open range through the PD,
+sends the batches to its primary and follows seals and failovers to the next range."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from sbp_spark.protocol.errors import (
+    AppendOutcomeUnknownError,
+    BatchFormatError,
+    RangeSealedError,
+    ReplicationFailedError,
+    SbpError,
+)
+from sbp_spark.protocol.messages import AppendResult, Range, RangeId
+from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
+
+from ._calls import unwrap
+from .config import ClientConfig
+from .pd import PdClient
+from .range_server import BatchLike, RangeServerClient, batch_buffers
+from .retry import Retrier, is_retriable
+from .types import Appended, ItemResult, Outcome
+
+_log = logging.getLogger(__name__)
+
+
+# Given the indexes of batches about to be sent again, those already stored, with where.
+ResendCheck = Callable[[list[int]], dict[int, Appended]]
+
+
+class StreamWriter:
+    """Appends record batches to one stream, wherever its open range lives.
+
+    Finds the open range's primary through the PD, sends the batches there (packed into frames
+    within the frame limit, several frames in flight), follows seals to the next range and
+    retries what may be retried. Thread-safe; not ordered across concurrent ``append`` calls.
+    """
+
+    def __init__(self, pd: PdClient, stream_id: int,
+                 range_server: Callable[[str], RangeServerClient] | None = None,
+                 config: ClientConfig | None = None, reached: dict[int, int] | None = None
+                 ) -> None:
+        self.pd = pd
+        self.stream_id = int(stream_id)
+        self.config = config if config is not None else pd.config
+        # How to reach the range server at an address (``SbpClient.range_server``).
+        self._range_server = range_server if range_server is not None else (
+            lambda address: RangeServerClient(address, self.config, pd.pool))
+        # stream id -> the last range that stored a batch of this writer (or of the writers
+        # sharing the dict): the range has reached its primary (see ``_send``).
+        self._reached: dict[int, int] = reached if reached is not None else {}
+        self._lock = threading.Lock()
+        self._range: Range | None = None
+        # The range a range server last answered RANGE_SEALED for.
+        self._sealed_index: int | None = None
+
+    def __repr__(self) -> str:
+        return f"StreamWriter(stream_id={self.stream_id})"
+
+    @property
+    def open_range(self) -> Range:
+        """The range appends go to now (asked from the PD when unknown)."""
+        return self._open_range(None)
+
+    def _open_range(self, deadline: float | None) -> Range:
+        """``open_range``, asking the PD until ``deadline`` (None: the config's)."""
+        with self._lock:
+            if self._range is None:
+                self._range = self._find_open_range(deadline)
+            return self._range
+
+    def refresh(self) -> None:
+        """Forget the cached open range; the next append asks the PD again."""
+        with self._lock:
+            self._range = None
+
+    def _list_ranges(self, deadline: float | None = None) -> list[Range]:
+        (result,) = self.pd.list_ranges([self.stream_id], deadline)
+        return unwrap(result, f"stream {self.stream_id}")
+
+    def _find_open_range(self, deadline: float | None) -> Range:
+        ranges = self._list_ranges(deadline)
+        if ranges and ranges[-1].is_open:
+            last = ranges[-1]
+            if last.range_index != self._sealed_index:
+                return last
+            # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
+            # has not heard of it: ask the PD to seal it where the primary ended and to open
+            # the next range (seal-and-new).
+            (result,) = self.pd.seal_ranges([last], deadline)
+            return unwrap(result, f"sealing range {last.range_index} of stream "
+                                   f"{self.stream_id} after its primary sealed it")
+        # No open range (sealed without a successor): open the next.
+        next_index = ranges[-1].range_index + 1 if ranges else 0
+        (created,) = self.pd.create_range([RangeId(self.stream_id, next_index)], deadline)
+        if created.ok and created.value is not None:
+            return created.value
+        # Someone else may have opened it meanwhile: look again once.
+        ranges = self._list_ranges(deadline)
+        if ranges and ranges[-1].is_open:
+            return ranges[-1]
+        raise RangeSealedError(
+            f"stream {self.stream_id} has no open range and opening range {next_index} "
+            f"failed: {created.exception()}")
+
+    def append(self, batches: Sequence[BatchLike],
+               before_resend: ResendCheck | None = None) -> list[Appended]:
+        """Append record batches (bytes-like, or buffer lists as ``encode_batch`` makes);
+        returns where each landed, in input order.
+
+        Batches failing with a retriable status are sent again (after a PD look-up when the
+        range was sealed or moved) until they land, through failovers, or the call's retry
+        deadline passes (``ClientConfig.retry_deadline_s``). Delivery is at least once: a
+        batch whose answer was lost may be stored twice, unless ``before_resend`` is given:
+        it is called with the indexes of the batches about to be sent again and returns those
+        it finds already stored (index -> where), which are then not sent again (the
+        idempotent streaming sink looks for its write tags).
+
+        A call that fails says what it knows: ``AppendOutcomeUnknownError`` when batches are
+        in doubt (sent, with no answer saying whether they were stored); otherwise the
+        failure itself, every batch not stored by then known not to be (a non-retriable
+        failure names the batch it came with).
+        """
+        deadline = time.monotonic() + self.config.retry_deadline_s
+        call = _AppendCall(self, batches, before_resend, deadline)
+        if not call.pending:
+            return []
+        retrier = Retrier(self.config, on_error=self._on_error, deadline=deadline)
+        try:
+            retrier.run(call.attempt)
+        except SbpError as exc:
+            # Chained to the failure itself: the error says how long the call tried.
+            raise call.failure(exc, retrier) from (
+                retrier.stopped[0] if retrier.stopped is not None else exc)
+        return call.landed()
+
+    def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
+              ) -> list[ItemResult]:
+        """APPEND ``entries`` to ``target``'s primary; one outcome per entry, in order.
+
+        The frames of one call are in flight together, so their order holds only if the
+        server refuses every frame after one it refused. Within a range it does (a seal
+        refuses all that follow), but not before the range reached it: the PD records a range
+        before it tells the range's servers, so a writer may learn of it first; the frames
+        served before it arrived were refused, those served after stored, and the refused
+        ones, sent again, landed after them. So the first batch to a range goes alone, and
+        the rest once the range took it.
+        """
+        server = self._range_server(address)
+
+        def still_primary() -> bool:
+            return self._still_primary(target, address)
+
+        if self._reached.get(self.stream_id) == target.range_index or len(entries) == 1:
+            return server.append(entries, still_primary=still_primary)
+        (first,) = server.append(entries[:1], still_primary=still_primary)
+        error = first.exception()
+        if error is not None:  # the rest was not sent: it fails the same way, not stored
+            unsent = ItemResult[AppendResult](None, error=error.with_context(
+                f"not sent: the first batch sent to range {target.range_index} failed"))
+            return [first] + [unsent] * (len(entries) - 1)
+        self._reached[self.stream_id] = target.range_index
+        return [first, *server.append(entries[1:], still_primary=still_primary)]
+
+    def _still_primary(self, target: Range, address: str) -> bool:
+        """Asked when ``address``, appended to as ``target``'s primary, lets a PING go
+        unanswered: True while the PD still lists ``target`` open with that primary.
+
+        A stopped server and a busy one whose reader holds back (its backpressure, while a
+        slow disk holds the requests queued before the PING) look alike from here, and the
+        batches in flight, sent again, could be stored twice. Sending them elsewhere helps
+        only once the PD has moved the range (after the server's heartbeats stopped), so until
+        then the writer keeps waiting; a PD that cannot be asked counts as a yes."""
+        try:
+            ranges = self._list_ranges(time.monotonic() + self.config.probe_interval_s)
+        except SbpError as exc:
+            _log.debug("stream %d: asking the PD whether %s is still the primary failed: %s",
+                      self.stream_id, address, exc)
+            return True
+        for rng in ranges:
+            if rng.range_index == target.range_index:
+                primary = rng.primary
+                return rng.is_open and primary is not None and \
+                    primary.advertise_addr == address
+        return False
+
+    def _on_error(self, error: SbpError) -> bool:
+        # The flag, not a list of classes: a primary that went silent (a timeout) may have
+        # been failed over, and only the PD knows where the open range is now.
+        if error.invalid_metadata:
+            self.refresh()
+        # A seal is routine, not a fault: retry at once against the new open range.
+        return isinstance(error, RangeSealedError)
+
+
+class _AppendCall:
+    """One ``StreamWriter.append`` call: its batches, what became of each (stored where,
+    pending, or in doubt: sent with no answer saying whether it was stored) and its attempts.
+    """
+
+    def __init__(self, writer: StreamWriter, batches: Sequence[BatchLike],
+                 before_resend: ResendCheck | None, deadline: float) -> None:
+        self.writer = writer
+        self.deadline = deadline  # the PD calls of its attempts end there too
+        self.stream_id = writer.stream_id
+        self.items = [_describe_batch(i, b) for i, b in enumerate(batches)]
+        self.results: list[Appended | None] = [None] * len(self.items)
+        self.pending = list(range(len(self.items)))  # not known stored, in index order
+        # Batch index -> the ranges it was sent to with its answer lost: it may be stored
+        # there. A batch stored later (or found by ``before_resend``) leaves it.
+        self.in_doubt: dict[int, set[int]] = {}
+        self.before_resend = before_resend
+        self.attempts = 0
+
+    def attempt(self) -> None:
+        """Send the pending batches to the stream's open range; raises the first retriable
+        failure when some remain pending, the first other one at once."""
+        self.attempts += 1
+        writer = self.writer
+        # The open range first: after a failed append the PD ends the range it went to
+        # (seal-and-new), and only then is what that range holds final. Until then a replica
+        # fenced by a failed replication hides a tail that may stay in the range, so a check
+        # before the seal would miss batches that then land twice.
+        target = writer._open_range(self.deadline)
+        if self.attempts > 1 and self.before_resend is not None:
+            found = self.before_resend(list(self.pending))
+            for index in self.pending:
+                if index in found:
+                    self._stored(index, found[index])
+            self.pending = [i for i in self.pending if i not in found]
+            if not self.pending:
+                return
+        primary = target.primary
+        if primary is None or not primary.advertise_addr:
+            writer.refresh()
+            raise RangeSealedError(
+                f"open range {self.stream_id}/{target.range_index} lists no primary")
+        outcomes = writer._send(target, primary.advertise_addr,
+                                [(self.stream_id, self.items[i][0]) for i in self.pending])
+        # Every outcome is taken in before a failure is raised: what the others did counts.
+        retry_error: SbpError | None = None
+        final_error: SbpError | None = None
+        sent, self.pending = self.pending, []
+        for index, outcome in zip(sent, outcomes, strict=True):
+            error = outcome.exception()
+            if error is None:
+                _, length, count = self.items[index]
+                self._stored(index, Appended(self.stream_id, target.range_index,
+                                             outcome.unwrap().base_offset, count, length))
+                writer._reached[self.stream_id] = target.range_index
+                continue
+            self.pending.append(index)
+            if outcome.outcome is Outcome.UNKNOWN:
+                self.in_doubt.setdefault(index, set()).add(target.range_index)
+            if isinstance(error, (RangeSealedError, ReplicationFailedError)):
+                # The primary sealed the range (a replica failed to store a batch).
+                writer._sealed_index = target.range_index
+            if not is_retriable(error):
+                if final_error is None:
+                    final_error = error.with_context(
+                        f"append of batch {index} to stream {self.stream_id} at "
+                        f"{primary.advertise_addr}")
+            elif retry_error is None:
+                retry_error = error
+        if final_error is not None:
+            raise final_error
+        if retry_error is not None:
+            raise retry_error
+
+    def _stored(self, index: int, appended: Appended) -> None:
+        self.results[index] = appended
+        self.in_doubt.pop(index, None)
+
+    def landed(self) -> list[Appended]:
+        """Where every batch landed, in input order (the call succeeded)."""
+        landed = [appended for appended in self.results if appended is not None]
+        if len(landed) != len(self.results):
+            # The retry loop returns only once no batch is pending: this would be a bug.
+            raise RuntimeError(f"append to stream {self.stream_id}: batches {self.pending} "
+                               f"got no answer")
+        return landed
+
+    def failure(self, exc: SbpError, retrier: Retrier) -> SbpError:
+        """The error the call ends with, after ``exc`` ended its retries: what was stored,
+        what was not, and what may have been (``AppendOutcomeUnknownError``)."""
+        stored = tuple(i for i, r in enumerate(self.results) if r is not None)
+        total = len(self.items)
+        if retrier.stopped is not None:  # retried until it could not: say how long
+            cause, why = retrier.stopped
+            ended = f"append to stream {self.stream_id} {retrier.effort(why)}"
+        else:
+            cause, ended = exc, f"append to stream {self.stream_id} failed"
+        if not self.in_doubt:
+            if retrier.stopped is None:
+                return exc  # named the batch already, or the PD's answer says what failed
+            return cause.with_context(
+                f"{ended}, with {len(stored)} of {total} batches of the call stored (is the "
+                f"range server up? a stream with replicas > 1 moves to live servers once the "
+                f"PD notices); the other {total - len(stored)} were not; the last failure")
+        doubt = sorted(self.in_doubt)
+        ranges = tuple(sorted(set().union(*self.in_doubt.values())))
+        not_stored = total - len(stored) - len(doubt)
+        return AppendOutcomeUnknownError.for_call(
+            f"{ended}: {len(stored)} of {total} batches of the call stored, {len(doubt)} in "
+            f"doubt (batch{'es' if len(doubt) > 1 else ''} {_listed(doubt)}, sent to range"
+            f"{'s' if len(ranges) > 1 else ''} {_listed(ranges)} with no answer saying "
+            f"whether {'they were' if len(doubt) > 1 else 'it was'} stored: "
+            f"{'they' if len(doubt) > 1 else 'it'} may be in the stream, and sending "
+            f"{'them' if len(doubt) > 1 else 'it'} again may store "
+            f"{'them' if len(doubt) > 1 else 'it'} twice), {not_stored} not stored; the "
+            f"last failure: {cause}",
+            self.stream_id, tuple(doubt), ranges, stored, total)
+
+
+def _listed(numbers: Sequence[int], shown: int = 10) -> str:
+    """``3, 4, 9`` (the first ``shown``, then how many more)."""
+    text = ", ".join(str(n) for n in numbers[:shown])
+    return text + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
+
+
+_ENVELOPE = struct.Struct(">BBHqiqi")
+
+
+def _describe_batch(index: int, batch: BatchLike) -> tuple[list, int, int]:
+    """(buffers, batch_length, record_count) of one batch, after checking its envelope."""
+    buffers = batch_buffers(batch)
+    length = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+    first = memoryview(buffers[0]).cast("B") if buffers else memoryview(b"")
+    head = first if first.nbytes >= ENVELOPE_SIZE else b"".join(bytes(b) for b in buffers)
+    if len(head) < ENVELOPE_SIZE:
+        raise BatchFormatError(
+            f"batch {index}: {length} bytes cannot hold the {ENVELOPE_SIZE}-byte envelope")
+    header = BatchHeader(*_ENVELOPE.unpack_from(head, 0)[1:])
+    if head[0] != BATCH_MAGIC:
+        raise BatchFormatError(f"batch {index}: magic {head[0]:#04x} is not {BATCH_MAGIC:#04x}")
+    if header.body_format not in (BodyFormat.OPAQUE, BodyFormat.ARROW):
+        raise BatchFormatError(f"batch {index}: body_format {header.body_format} is unknown")
+    if header.record_count < 1:
+        raise BatchFormatError(f"batch {index}: record_count {header.record_count} is below 1")
+    if header.batch_length != length:
+        raise BatchFormatError(
+            f"batch {index}: the envelope says {header.batch_length} bytes, the batch has "
+            f"{length}")
+    return buffers, length, header.record_count
+
