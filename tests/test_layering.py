@@ -127,7 +127,7 @@ def test_the_spark_layer_does_not_build_wire_messages():
 def test_the_checks_see_what_they_look_for():
     # The rules above are only as good as the import finder: it must see relative imports,
     # "from x import module", and skip type-only imports when asked.
-    spark = PACKAGE / "spark" / "cluster.py"
+    spark = PACKAGE / "spark" / "cluster_access.py"
     assert "sbp_spark.protocol.messages" in _imports(spark)
     assert "sbp_spark.protocol.messages" not in _imports(spark, runtime_only=True)
     assert "sbp_spark.spark.planning" in _imports(spark)

@@ -82,14 +82,14 @@ def test_read_options_are_picklable_and_hashable():
 
 
 def test_one_client_per_process_and_options():
-    from sbp_spark.spark import cluster
+    from sbp_spark.spark import cluster_access
 
     first = parse_read_options(OPTIONS).client
     again = parse_read_options({**OPTIONS, "startingOffsets": '{"3": 4}'}).client
     other = parse_read_options({**OPTIONS, "retries": "2"}).client
     try:
-        assert cluster.get_client(first) is cluster.get_client(again)
-        assert cluster.get_client(other) is not cluster.get_client(first)
-        assert cluster.get_client(other).config.retries == 2
+        assert cluster_access.get_client(first) is cluster_access.get_client(again)
+        assert cluster_access.get_client(other) is not cluster_access.get_client(first)
+        assert cluster_access.get_client(other).config.retries == 2
     finally:
-        cluster.close_clients()
+        cluster_access.close_clients()

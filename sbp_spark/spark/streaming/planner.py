@@ -2,7 +2,7 @@
 
 ``MicroBatchPlanner`` is what the stream reader's driver-side calls (``initialOffset``,
 ``latestOffset``, ``partitions``...) do, without Spark: it asks the cluster where the streams
-stand (``cluster.stream_layouts``), sizes the next micro-batch under the trigger limits
+stand (``cluster_access.stream_layouts``), sizes the next micro-batch under the trigger limits
 (``limits``), waits at the streams' tails when nothing is new (``long_poll``), applies the
 data-loss rules (``data_loss``), keeps the lag report (``progress``), and cuts a micro-batch's
 offsets into partitions as a batch read does (``planning.plan_partitions``).
@@ -25,7 +25,7 @@ from pyspark.sql.types import StructType
 from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
 
-from .. import cluster
+from .. import cluster_access
 from ..decode import SkipTally
 from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions
 from ..planning import SbpPartition, StreamLayout, plan_partitions
@@ -66,7 +66,7 @@ class MicroBatchPlanner:
 
     @property
     def client(self) -> SbpClient:
-        return cluster.get_client(self.options.read.client)
+        return cluster_access.get_client(self.options.read.client)
 
     # -- offsets ---------------------------------------------------------------------------
 
@@ -74,7 +74,7 @@ class MicroBatchPlanner:
         """Where a new query starts (``startingOffsets`` and the time options), in Spark's
         offset form."""
         read = self.options.read
-        layouts = cluster.stream_layouts(self.client, read.streams, read.client.pd)
+        layouts = cluster_access.stream_layouts(self.client, read.streams, read.client.pd)
         warning = stored_time_warning(read, self.schema, self.metadata_columns)
         if warning:
             log.warning("%s", warning)
@@ -163,8 +163,8 @@ class MicroBatchPlanner:
                     sid, hi, cut, "the range that held its last record"))
                 hi = cut
             elif data_loss.needs_stream_end(layout, hi) and (
-                    (stream_end := cluster.authoritative_end(self.client, layout)) is not None
-                    and stream_end < hi):
+                    (stream_end := cluster_access.authoritative_end(self.client, layout))
+                    is not None and stream_end < hi):
                 self._lost(data_loss.planned_end_cut(sid, hi, stream_end, "the stream"))
                 hi = stream_end
             if layout.start_offset > lo:
@@ -192,8 +192,8 @@ class MicroBatchPlanner:
         pd = self.options.read.client.pd
         for sid in stream_ids:
             try:
-                (out[sid],) = cluster.stream_layouts(self.client, [sid], pd)
-            except (StreamNotFoundError, cluster.StreamMissingError):
+                (out[sid],) = cluster_access.stream_layouts(self.client, [sid], pd)
+            except (StreamNotFoundError, cluster_access.StreamMissingError):
                 out[sid] = None
         return out
 
@@ -241,7 +241,7 @@ class MicroBatchPlanner:
         loss = data_loss.range_sealed_below(sid, position, range_index, layout)
         if loss is None and data_loss.needs_stream_end(layout, position):
             loss = data_loss.stream_ends_below_read(
-                sid, position, range_index, cluster.authoritative_end(self.client, layout))
+                sid, position, range_index, cluster_access.authoritative_end(self.client, layout))
         if loss is None:
             return position
         self._lost(loss)
@@ -281,7 +281,7 @@ class MicroBatchPlanner:
             if cached is not None and cached[0] == lo:
                 sizes[sid] = cached[1]
                 continue
-            batch = cluster.batch_at(self.client, layout, lo)
+            batch = cluster_access.batch_at(self.client, layout, lo)
             if batch is not None:
                 sizes[sid] = Fraction(batch.header.batch_length, batch.header.record_count)
                 self.sizes[sid] = (lo, sizes[sid])
@@ -352,7 +352,7 @@ class MicroBatchPlanner:
             stamp = self.stamps.get(layout.stream_id, offset)
             if stamp is None:
                 try:
-                    batch = cluster.batch_at(self.client, layout, offset)
+                    batch = cluster_access.batch_at(self.client, layout, offset)
                 except SbpError as exc:
                     log.debug("sbp: no timestamp at stream %d offset %d: %s",
                               layout.stream_id, offset, exc)

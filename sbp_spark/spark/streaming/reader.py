@@ -18,7 +18,7 @@ Where each method runs (pyspark 4.3):
   them.
 
 This class is only what Spark sees; the rules live in plain modules: ``planner`` (sizing and
-planning micro-batches over ``cluster.stream_layouts`` and ``planning.plan_partitions``),
+planning micro-batches over ``cluster_access.stream_layouts`` and ``planning.plan_partitions``),
 ``limits`` (admission control), ``data_loss`` (what a trimmed, deleted or rewritten stream
 means), ``progress`` (lag reports) and ``long_poll`` (waiting at the streams' tails).
 """

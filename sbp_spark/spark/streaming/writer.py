@@ -29,7 +29,7 @@ from sbp_spark.client import Appended, ResendCheck, SbpClient
 from sbp_spark.protocol.errors import BatchFormatError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
 
-from .. import cluster
+from .. import cluster_access
 from ..encode import EncodedBatch, RowEncoder, encode_batches
 from ..evolution import check_backward
 from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
@@ -68,8 +68,8 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
             "name it with option 'stream'")
     encoder = RowEncoder.for_schema(schema, write.payload, write.stream, routes=write.routes)
     if write.stream is not None:
-        client = cluster.get_client(write.client)
-        cluster.check_streams_exist(client, [write.stream], write.client.pd)
+        client = cluster_access.get_client(write.client)
+        cluster_access.check_streams_exist(client, [write.stream], write.client.pd)
         if write.schema_compatibility == "backward":
             check_backward(client, write.stream, write.client.pd, to_arrow(schema))
     return SbpStreamWriter(parsed, encoder, write.stream)
@@ -241,7 +241,7 @@ def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter,
     """What attempts of the owner's (query, batch, partition) left in the stream; ``located``
     (when given) receives where each of its batches is, by sequence number."""
     pd = owner.options.client.pd
-    (layout,) = cluster.stream_layouts(client, [stream_id], pd)
+    (layout,) = cluster_access.stream_layouts(client, [stream_id], pd)
 
     def read_window(low: int, high: int) -> Iterator[tuple[int, WriteTag | None]]:
         for fetched in client.read(stream_id, low, high):

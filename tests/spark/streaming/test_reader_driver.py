@@ -248,20 +248,20 @@ def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
     # word may make that data loss; here it still holds every record.
     from dataclasses import replace
 
-    from sbp_spark.spark import cluster
+    from sbp_spark.spark import cluster_access
 
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 10)
     reader = make_reader(pd, [sid], startingOffsets="earliest")
     read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     assert from_spark(read_to) == {sid: 10}
-    real = cluster.stream_layouts
+    real = cluster_access.stream_layouts
 
     def lagging(*args):
         return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=6),))
                 for lay in real(*args)]
 
-    monkeypatch.setattr(cluster, "stream_layouts", lagging)
+    monkeypatch.setattr(cluster_access, "stream_layouts", lagging)
     assert from_spark(reader.latestOffset(read_to, ReadAllAvailable())) == {sid: 10}
 
 
