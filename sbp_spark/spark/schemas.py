@@ -102,7 +102,3 @@ def check_records_read_schema(schema: StructType) -> None:
             raise ValueError(
                 f"column '{field.name}' of the given schema is {field.dataType.simpleString()}, "
                 f"but payload=records reads it as {expected.simpleString()}")
-
-
-def is_string_or_binary(dtype: DataType) -> bool:
-    return isinstance(dtype, (StringType, BinaryType))
