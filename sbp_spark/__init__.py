@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,4 +33,37 @@ def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
         spark.dataSource.register(SbpDataSourceNoPushdown)
 
 
-__all__ = ["__version__", "register"]
+@contextmanager
+def session_in_thread(spark: SparkSession) -> Iterator[SparkSession]:
+    """Make ``spark`` the active session of the calling thread's Spark calls, for the
+    ``with`` block; the thread's previous active session (or none) comes back after it.
+
+    pyspark (4.0 to 4.3 measured) runs each Python thread's calls on a JVM thread of its own,
+    and looks a Python data source up for a write (``df.write.format("sbp").save()``,
+    ``saveAsTable``, ``insertInto``) in that JVM thread's active session. A thread other than
+    the one that built the session has none, so its writes fail with
+    ``DATA_SOURCE_NOT_FOUND`` (reads work). Wrap such a write::
+
+        with sbp_spark.session_in_thread(spark):
+            df.write.format("sbp").option("pd", pd).option("stream", "7").save()
+
+    A Spark Connect session has no JVM in this process; the block then changes nothing.
+    docs/upstream/pyspark-thread-write.md describes the pyspark bug.
+    """
+    jvm = getattr(spark, "_jvm", None)  # None: Spark Connect (no JVM here)
+    if jvm is None:
+        yield spark
+        return
+    sessions = jvm.org.apache.spark.sql.SparkSession
+    previous = sessions.getActiveSession()
+    sessions.setActiveSession(spark._jsparkSession)
+    try:
+        yield spark
+    finally:
+        if previous.isDefined():
+            sessions.setActiveSession(previous.get())
+        else:
+            sessions.clearActiveSession()
+
+
+__all__ = ["__version__", "register", "session_in_thread"]
