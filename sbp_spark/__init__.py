@@ -1,4 +1,8 @@
-"""sbp-spark: a PySpark connector for the Streaming Batch Protocol (SBP)."""
+"""sbp-spark: a PySpark connector for the Streaming Batch Protocol (SBP).
+
+Importing the package needs no pyspark: the embedded cluster, the client and the ``sbp``
+command work without it. The connector's functions say which pyspark they need when called.
+"""
 
 from __future__ import annotations
 
@@ -17,20 +21,50 @@ def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
 
     ``filter_pushdown=True`` also sets ``spark.sql.python.filterPushdown.enabled=true``
     (pyspark's switch for Python data sources) and registers the variant that pushes filters
-    on the metadata columns down to planning. It is off by default because pyspark (4.3.0
-    checked) keeps the partitions a Python source planned with pushed filters on the source's
-    relation and reuses them for other scans of it: a DataFrame or view queried again, or
-    scanned twice in one query with different filters, silently returns the first scan's
-    rows. Turn it on only where each query loads its DataFrame anew and scans it once (the
-    README's "Filter pushdown" says more).
+    on the metadata columns down to planning; pyspark has pushdown since 4.1, and on 4.0 this
+    raises ``PysparkUnsupportedError`` naming the pyspark found. It is off by default because
+    pyspark (4.3.0 checked) keeps the partitions a Python source planned with pushed filters
+    on the source's relation and reuses them for other scans of it: a DataFrame or view
+    queried again, or scanned twice in one query with different filters, silently returns the
+    first scan's rows. Turn it on only where each query loads its DataFrame anew and scans it
+    once (the README's "Filter pushdown" says more).
+
+    Raises ``PysparkUnsupportedError`` when the pyspark found has no Python data sources
+    (none before 4.0), naming it and what to install.
     """
+    from sbp_spark.spark.pyspark_api import found
+
+    api = found()
+    api.require_data_sources()
+    if filter_pushdown:
+        api.require("filter_pushdown", "sbp_spark.register(spark, filter_pushdown=True)")
+    from pyspark.errors import AnalysisException
+
     from sbp_spark.spark.source import SbpDataSource, SbpDataSourceNoPushdown
 
     if filter_pushdown:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
         spark.dataSource.register(SbpDataSource)
-    else:
+        return
+    try:
         spark.dataSource.register(SbpDataSourceNoPushdown)
+    except AnalysisException as exc:
+        # pyspark 4.0 lets no session replace a discovered source. The one discovered as
+        # 'sbp' is pyspark_sbp's DefaultSource, which is the very class registered here.
+        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS" or not _discoverable():
+            raise
+
+
+def _discoverable() -> bool:
+    """Whether pyspark's discovery finds ``pyspark_sbp``'s source (it is importable and
+    defines ``DefaultSource``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark_sbp") is None:
+        return False
+    import pyspark_sbp
+
+    return hasattr(pyspark_sbp, "DefaultSource")
 
 
 @contextmanager

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sbp_spark.protocol.errors import (
@@ -29,6 +30,9 @@ from .planning import SbpPartition, named_ends, plan_partitions
 from .schemas import METADATA_TYPES
 from .settings import case_sensitive
 from .times import resolve_time_positions, stored_time_warning, timestamp_bounds
+
+if TYPE_CHECKING:  # Spark's filter classes come with pushdown (pyspark 4.1)
+    from pyspark.sql.datasource import Filter
 
 log = logging.getLogger(__name__)
 

@@ -138,14 +138,14 @@ class SbpDataSource(DataSource):
         return SbpBatchWriter(options, encoder, stream, create)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from .streaming.reader import RefusedStreamReader, stream_reader
+        from .streaming.reader import refused_stream_reader, stream_reader
 
         try:
             table = tables.definition_of(schema)
             return stream_reader(tables.read_options(self.options, table, streaming=True), schema,
                                  self._data_columns(table), self._case_folded(table))
         except Exception as exc:  # raised at the query's first call (see RefusedStreamReader)
-            return RefusedStreamReader(exc)
+            return refused_stream_reader(exc)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .streaming.writer import stream_writer

@@ -53,8 +53,19 @@ class MicroBatchPlanner:
         # The end of an availableNow run, once fixed (``fix_target``).
         self.target: dict[int, int] | None = None
         self.delay = TriggerDelay()
-        # The lag report of the last sized micro-batch (``report``).
+        # The lag report of the last sized micro-batch, and the records it leaves behind.
         self.report: dict[str, StreamReport] | None = None
+        self.records_behind = 0
+        # Where the next micro-batch starts as far as Spark said: the end of the last one it
+        # planned (None before it planned one). A pyspark without admission control passes no
+        # start to latestOffset().
+        self.next_start: dict | None = None
+        # The end a latestOffset() gave before Spark said where the query starts (see
+        # ``reader.SbpSelfLimitingStreamReader``).
+        self.ended_before_start: dict | None = None
+        # The first offsets of a new query, fixed at the first ask: Spark may ask more than
+        # once, and "latest" moves.
+        self._initial: dict | None = None
         self.sizes: dict[int, tuple[int, Fraction]] = {}
         self.stamps = StampCache()
         # stream -> the last rewritten history the query went on from (failOnDataLoss=false)
@@ -72,7 +83,12 @@ class MicroBatchPlanner:
 
     def initial_offsets(self) -> dict:
         """Where a new query starts (``startingOffsets`` and the time options), in Spark's
-        offset form."""
+        offset form; the same answer every time it is asked."""
+        if self._initial is None:
+            self._initial = self._first_offsets()
+        return self._initial
+
+    def _first_offsets(self) -> dict:
         read = self.options.read
         layouts = cluster_access.stream_layouts(self.client, read.streams, read.client.pd)
         warning = stored_time_warning(read, self.schema, self.metadata_columns)
@@ -135,6 +151,7 @@ class MicroBatchPlanner:
     def partitions(self, start: dict, end: dict) -> list[SbpPartition]:
         """The partitions of the micro-batch ``start`` -> ``end``, after the data-loss rules
         (a stream trimmed, deleted or rewritten since the offsets were fixed)."""
+        self.next_start = end
         begin, begin_ranges = parse_spark(start, "start offset")
         finish, finish_ranges = parse_spark(end, "end offset")
         # A stream whose offset did not move may still have records to read: when its range
@@ -344,6 +361,7 @@ class MicroBatchPlanner:
             lags.append(lag)
             log.log(logging.INFO if admitted else logging.DEBUG, "%s", lag.describe())
         self.report = lag_report(lags, self.rewound, skipped)
+        self.records_behind = sum(lag.records_behind for lag in lags)
 
     def _ms_behind(self, layout: StreamLayout, position: int, latest: int) -> int:
         """Envelope time of the newest record minus that of the record at ``position``."""

@@ -5,22 +5,30 @@ reads records ``[start[s], end[s])`` of each stream ``s``. Everything a micro-ba
 fixed by those two offset objects, so Spark's replay of a micro-batch after a restart reads the
 same records again.
 
-Where each method runs (pyspark 4.3):
+Where each method runs (pyspark 4.x):
 
-- ``initialOffset``, ``latestOffset``, ``reportLatestOffset``, ``partitions``, ``commit`` and
-  ``prepareForTriggerAvailableNow`` run in one long-lived driver-side Python process per query.
-  They hand over to a ``MicroBatchPlanner`` (``planner``), which keeps what lives there between
-  calls; none of it changes what a micro-batch reads.
+- ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` (and on pyspark 4.2+
+  ``getDefaultReadLimit``, ``reportLatestOffset``, ``prepareForTriggerAvailableNow``) run in
+  one long-lived driver-side Python process per query. They hand over to a
+  ``MicroBatchPlanner`` (``planner``), which keeps what lives there between calls; none of it
+  changes what a micro-batch reads.
 - ``read`` runs on executors, on another instance made from the same options: it uses only the
   partition and those options (``sbp_spark.spark.reader.read_partition``, shared with batch
   reads).
 - ``commit`` comes one micro-batch late and ``stop`` is not always called: nothing depends on
   them.
 
-This class is only what Spark sees; the rules live in plain modules: ``planner`` (sizing and
-planning micro-batches over ``cluster_access.stream_layouts`` and ``planning.plan_partitions``),
-``limits`` (admission control), ``data_loss`` (what a trimmed, deleted or rewritten stream
-means), ``progress`` (lag reports) and ``long_poll`` (waiting at the streams' tails).
+Which reader a query gets depends on the pyspark (``pyspark_api``): where it has admission
+control (4.2+), ``admission.SbpStreamReader``, to which Spark passes each micro-batch's start
+and read limit; before, ``SbpSelfLimitingStreamReader``, to which Spark passes neither, so it
+follows where micro-batches start itself and applies the limits the options configure (as
+Spark's Kafka source did before admission control existed).
+
+These classes are only what Spark sees; the rules live in plain modules: ``planner`` (sizing
+and planning micro-batches over ``cluster_access.stream_layouts`` and
+``planning.plan_partitions``), ``limits`` (admission control), ``data_loss`` (what a trimmed,
+deleted or rewritten stream means), ``progress`` (lag reports) and ``long_poll`` (waiting at
+the streams' tails).
 """
 
 from __future__ import annotations
@@ -31,23 +39,28 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from ..decode import SkipTally
 from ..options import StreamReadOptions, parse_stream_read_options
 from ..planning import SbpPartition
+from ..pyspark_api import PysparkUnsupportedError, found
 from ..reader import known_metadata, metadata_columns_of, read_partition
 from ..schemas import check_records_read_schema
 from .data_loss import DataLossError
 from .limits import TriggerLimits
+from .offsets import parse_spark
 from .planner import MicroBatchPlanner
 
 log = logging.getLogger(__name__)
 
+# The Spark setting under which availableNow, on a pyspark without admission control, fixes
+# its end by asking the source once before the query's start is known.
+AVAILABLE_NOW_WRAPPER = "spark.sql.streaming.triggerAvailableNowWrapper.enabled"
 
-class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batch reads of SBP streams with admission control and data-loss checks."""
+
+class SbpStreamReaderBase(DataSourceStreamReader):
+    """What every pyspark's stream reader does: offsets, planning and reading."""
 
     def __init__(self, options: StreamReadOptions, schema: StructType,
                  metadata_columns: frozenset[str] | None = None,
@@ -74,30 +87,8 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._state = MicroBatchPlanner(self.options, self.schema, self.metadata_columns)
         return self._state
 
-    # -- offsets ---------------------------------------------------------------------------
-
     def initialOffset(self) -> dict:
         return self.state.initial_offsets()
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return self.limits.default_read_limit()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        """Fix the end of an availableNow run: what the streams hold now."""
-        self.state.fix_target()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The end of the next micro-batch: as far as ``limit`` (and the options) allow."""
-        return self.state.next_end(start, self.limits.for_limit(limit))
-
-    def reportLatestOffset(self) -> dict | None:
-        """Per stream: the true latest offset, records behind it and ms behind the newest
-        record, as of the last ``latestOffset`` (shown by Spark as ``latestOffset``); with
-        skipIncompatibleBatches, also the stored batches (and records) the planned
-        micro-batch skips."""
-        return self.state.report
-
-    # -- planning and reading --------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return self.state.partitions(start, end)
@@ -127,6 +118,84 @@ class SbpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._state is not None:
             self._state.close()
 
+
+class SbpSelfLimitingStreamReader(SbpStreamReaderBase):
+    """The stream reader for a pyspark without admission control (4.0, 4.1).
+
+    Spark calls ``latestOffset()`` with neither the micro-batch's start nor a read limit. The
+    start is where the last micro-batch Spark planned ends: Spark plans each micro-batch
+    (``partitions(start, end)``) before it asks for the next end, and on a restart it first
+    plans the empty micro-batch at the checkpointed offsets (``setLatestSeenOffset``). The
+    limits are the configured ones (``maxRecordsPerTrigger``, ``maxBytesPerTrigger``,
+    ``minRecordsPerTrigger`` with ``maxTriggerDelay``), applied as on pyspark 4.2+.
+
+    Spark asks for the first end before it says where a new query starts (it asks
+    ``initialOffset`` right after); the reader then starts from its own initial offsets,
+    which ``initialOffset`` returns too. The one other caller that asks first is availableNow's
+    wrapper (``spark.sql.streaming.triggerAvailableNowWrapper.enabled``) on a restart, which
+    fixes the run's end with that answer: ``partitions`` refuses the run when that end lies
+    before the checkpointed offsets (Spark would run a micro-batch backwards).
+
+    A micro-batch that the limits cut short is reported once with a warning (a one-time
+    trigger on this pyspark runs only that micro-batch; docs/streaming.md).
+    """
+
+    def latestOffset(self) -> dict:  # type: ignore[override]  # pyspark 4.0/4.1's signature
+        """The end of the next micro-batch, as far as the configured limits allow."""
+        planner = self.state
+        start = planner.next_start
+        if start is None:
+            start = planner.initial_offsets()
+            end = planner.next_end(start, self.limits)
+            planner.ended_before_start = end
+        else:
+            end = planner.next_end(start, self.limits)
+        self._report_cut(end)
+        return end
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        planner = self.state
+        if planner.next_start is None and planner.ended_before_start is not None:
+            self._check_fixed_end(planner.ended_before_start, start)
+        return planner.partitions(start, end)
+
+    def _check_fixed_end(self, fixed: dict, standing: dict) -> None:
+        """Refuse a run whose end was fixed (``fixed``) before Spark said the query stands
+        at ``standing`` when that end lies before it in some stream."""
+        ends, _ = parse_spark(fixed, "end offset")
+        starts, _ = parse_spark(standing, "start offset")
+        behind = {sid: (ends[sid], at) for sid, at in starts.items()
+                  if sid in ends and ends[sid] < at}
+        if not behind:
+            return
+        where = ", ".join(f"stream {sid}: {end} < {at}" for sid, (end, at) in sorted(
+            behind.items()))
+        raise PysparkUnsupportedError(
+            f"format sbp cannot run this availableNow query on {found().describe()} with "
+            f"{AVAILABLE_NOW_WRAPPER}=true and maxRecordsPerTrigger/maxBytesPerTrigger: the "
+            "wrapper fixed the run's end by asking the source before Spark said where the "
+            "query stands, and the end the source gave from its starting options lies before "
+            f"the checkpointed offsets ({where}), so Spark would read backwards. Leave the "
+            "wrapper off (availableNow then reads one micro-batch within the limits), or "
+            "leave the limits out (the run then reads everything up to its end in one "
+            "micro-batch), or use pyspark 4.2 or newer")
+
+    def _report_cut(self, end: dict) -> None:
+        """Warn once when the configured limits left records waiting after ``end``."""
+        waiting = self.state.records_behind
+        if not waiting or (self.limits.max_records is None and self.limits.max_bytes is None):
+            return
+        self.state.warn_once(
+            ("cut short",), logging.WARNING,
+            "sbp: %s has no admission control for Python streaming sources (pyspark 4.2 "
+            "added it), so format sbp applies maxRecordsPerTrigger/maxBytesPerTrigger itself: "
+            "this micro-batch reads up to %s and leaves %d records waiting. Under "
+            "Trigger.Once or availableNow this pyspark runs one micro-batch, so they wait for "
+            "the next run, which goes on from the checkpoint. To read everything in one run, "
+            "leave the limits out, or use pyspark 4.2 or newer (docs/streaming.md, "
+            "\"Triggers on each pyspark\")", found().describe(), end, waiting)
+
+
 class RefusedStreamReader(DataSourceStreamReader):
     """The reader of a query whose options or schema were refused: each call Spark makes
     raises that error.
@@ -134,8 +203,9 @@ class RefusedStreamReader(DataSourceStreamReader):
     When creating a stream reader raises, pyspark's streaming runner (4.x) follows the error
     with an ``UnboundLocalError`` of its own (it stops a reader it never got), and that is the
     error the query fails with. Raised from the first call instead (the query's start), the
-    connector's error reaches the user alone. Signatures match ``SbpStreamReader``'s, so
-    Spark plans the query the same way up to that call."""
+    connector's error reaches the user alone. Signatures match those of the reader the query
+    would have had (``refused_stream_reader``), so Spark plans the query the same way up to
+    that call."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -146,10 +216,7 @@ class RefusedStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         return self._refuse()
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return self._refuse()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self) -> dict:  # type: ignore[override]  # as SbpSelfLimitingStreamReader
         return self._refuse()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -165,16 +232,33 @@ class RefusedStreamReader(DataSourceStreamReader):
         pass
 
 
+def refused_stream_reader(error: Exception) -> DataSourceStreamReader:
+    """The reader that raises ``error`` at the query's first call (``RefusedStreamReader``),
+    shaped as this pyspark's stream reader."""
+    if found().admission_control:
+        from .admission import RefusedAdmissionStreamReader
+
+        return RefusedAdmissionStreamReader(error)
+    return RefusedStreamReader(error)
+
+
 def stream_reader(options: Mapping[str, str], schema: StructType,
                   data_columns: Sequence[str] | None = None,
-                  case_folded: Sequence[str] = ()) -> SbpStreamReader:
+                  case_folded: Sequence[str] = ()) -> SbpStreamReaderBase:
     """The stream reader of a query (``DataSource.streamReader``), options checked;
-    ``data_columns`` as for a batch read (see ``metadata_columns_of``)."""
+    ``data_columns`` as for a batch read (see ``metadata_columns_of``). Its kind follows the
+    pyspark found (see the module docstring)."""
     parsed = parse_stream_read_options(options)
     if parsed.read.payload == "records":
         check_records_read_schema(schema)
-    return SbpStreamReader(parsed, schema, metadata_columns_of(
-        schema, parsed.read.payload, data_columns), case_folded)
+    metadata = metadata_columns_of(schema, parsed.read.payload, data_columns)
+    if found().admission_control:
+        from .admission import SbpStreamReader
+
+        return SbpStreamReader(parsed, schema, metadata, case_folded)
+    return SbpSelfLimitingStreamReader(parsed, schema, metadata, case_folded)
 
 
-__all__ = ["DataLossError", "RefusedStreamReader", "SbpStreamReader", "stream_reader"]
+__all__ = ["AVAILABLE_NOW_WRAPPER", "DataLossError", "RefusedStreamReader",
+           "SbpSelfLimitingStreamReader", "SbpStreamReaderBase", "refused_stream_reader",
+           "stream_reader"]

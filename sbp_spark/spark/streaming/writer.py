@@ -13,6 +13,11 @@ Delivery:
   id, sequence) and a retried task skips the batches an earlier attempt landed (see
   ``idempotent``), so a replayed micro-batch adds nothing twice. docs/streaming.md says exactly
   what is guaranteed.
+
+How the rows arrive depends on the pyspark (``pyspark_api``): as Arrow batches where it has
+the Arrow stream writer (``arrow_writer.SbpStreamWriter``, pyspark 4.1 and later), else as
+``Row`` objects (``SbpStreamRowWriter``), which are packed back into Arrow batches first
+(``rows.RowBatches``). Everything after that is the same code.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from sbp_spark.client import Appended, ResendCheck, SbpClient
@@ -33,6 +39,8 @@ from .. import cluster_access
 from ..encode import EncodedBatch, RowEncoder, encode_batches
 from ..evolution import check_backward
 from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
+from ..pyspark_api import found
+from ..rows import RowBatches
 from ..schemas import to_arrow
 from ..writer import SbpBatchWriter, SbpCommitMessage, _StreamSink, _TaskAppends, summarize
 from .idempotent import (
@@ -52,8 +60,9 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
-                  ) -> SbpStreamWriter:
-    """The writer of one micro-batch (``DataSource.streamWriter``)."""
+                  ) -> MicroBatchWriter:
+    """The writer of one micro-batch (``DataSource.streamWriter``): the Arrow stream writer
+    where pyspark has one, else the row writer."""
     if overwrite:
         raise OptionError(
             "format sbp cannot truncate: SBP streams are append-only, so output mode "
@@ -72,7 +81,11 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
         cluster_access.check_streams_exist(client, [write.stream], write.client.pd)
         if write.schema_compatibility == "backward":
             check_backward(client, write.stream, write.client.pd, to_arrow(schema))
-    return SbpStreamWriter(parsed, encoder, write.stream)
+    if found().stream_arrow_writer:
+        from .arrow_writer import SbpStreamWriter
+
+        return SbpStreamWriter(parsed, encoder, write.stream, schema)
+    return SbpStreamRowWriter(parsed, encoder, write.stream, schema)
 
 
 @dataclass
@@ -88,16 +101,20 @@ class IdempotentCommitMessage(SbpCommitMessage):
     bounded: list[int] = field(default_factory=list)
 
 
-class SbpStreamWriter(DataSourceStreamArrowWriter):
-    """Appends each micro-batch; with ``idempotent`` set, at most once per record batch."""
+class MicroBatchWriter(DataSourceStreamWriter):
+    """What both stream writers do: append each micro-batch (Arrow batches, ``write_batches``);
+    with ``idempotent`` set, at most once per record batch. The two subclasses add ``write``
+    for the form in which their pyspark hands the rows over."""
 
     def __init__(self, options: StreamWriteOptions, encoder: RowEncoder,
-                 stream: int | None) -> None:
+                 stream: int | None, schema: StructType) -> None:
         self.options = options
         self.encoder = encoder
         self.stream = stream
+        self.schema = schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+    def write_batches(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+        """Append one task's share of a micro-batch."""
         if not self.options.idempotent:
             return SbpBatchWriter(self.options.write, self.encoder, self.stream).write(iterator)
         query_id, batch_id, partition_id = _task_identity()
@@ -127,6 +144,13 @@ class SbpStreamWriter(DataSourceStreamArrowWriter):
                     ": %s", batchId, failed, len(messages),
                     "; idempotent mode skips them then" if self.options.idempotent else "",
                     "; ".join(lines) or "nothing")
+
+
+class SbpStreamRowWriter(MicroBatchWriter):
+    """The stream writer for a pyspark that hands a sink ``Row`` objects (4.0)."""
+
+    def write(self, iterator: Iterator[Any]) -> SbpCommitMessage:
+        return self.write_batches(RowBatches(self.schema).batches(iterator))
 
 
 def _task_identity() -> tuple[str, int, int]:
