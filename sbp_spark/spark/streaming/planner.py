@@ -60,9 +60,10 @@ class MicroBatchPlanner:
         # planned (None before it planned one). A pyspark without admission control passes no
         # start to latestOffset().
         self.next_start: dict | None = None
-        # The end a latestOffset() gave before Spark said where the query starts (see
-        # ``reader.SbpSelfLimitingStreamReader``).
+        # The end a latestOffset() gave before Spark said where the query starts, and whether
+        # Spark asked initialOffset (a new query) (see ``reader.SbpSelfLimitingStreamReader``).
         self.ended_before_start: dict | None = None
+        self.started_new = False
         # The first offsets of a new query, fixed at the first ask: Spark may ask more than
         # once, and "latest" moves.
         self._initial: dict | None = None

@@ -133,8 +133,13 @@ class SbpSelfLimitingStreamReader(SbpStreamReaderBase):
     ``initialOffset`` right after); the reader then starts from its own initial offsets,
     which ``initialOffset`` returns too. The one other caller that asks first is availableNow's
     wrapper (``spark.sql.streaming.triggerAvailableNowWrapper.enabled``) on a restart, which
-    fixes the run's end with that answer: ``partitions`` refuses the run when that end lies
-    before the checkpointed offsets (Spark would run a micro-batch backwards).
+    fixes the run's end with that answer, given from the starting options instead of the
+    checkpoint. Spark says where the query stands right after (``partitions(o, o)``), and the
+    reader refuses the run there, before it reads, when that end does not follow from the
+    checkpoint: with maxRecordsPerTrigger/maxBytesPerTrigger (it is the first micro-batch of a
+    new query, not the next one), or lying before the checkpoint (a micro-batch backwards).
+    Without those limits the end is where the streams ended at the start: the run reads
+    everything up to it in one micro-batch.
 
     A micro-batch that the limits cut short is reported once with a warning (a one-time
     trigger on this pyspark runs only that micro-batch; docs/streaming.md).
@@ -153,32 +158,42 @@ class SbpSelfLimitingStreamReader(SbpStreamReaderBase):
         self._report_cut(end)
         return end
 
+    def initialOffset(self) -> dict:
+        # Spark starts a new query: an end given before was the first micro-batch's.
+        self.state.started_new = True
+        return super().initialOffset()
+
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         planner = self.state
-        if planner.next_start is None and planner.ended_before_start is not None:
+        if (planner.next_start is None and planner.ended_before_start is not None
+                and not planner.started_new and start == end):
             self._check_fixed_end(planner.ended_before_start, start)
         return planner.partitions(start, end)
 
     def _check_fixed_end(self, fixed: dict, standing: dict) -> None:
-        """Refuse a run whose end was fixed (``fixed``) before Spark said the query stands
-        at ``standing`` when that end lies before it in some stream."""
+        """Refuse a restarted run whose end was fixed (``fixed``) before Spark said the query
+        stands at ``standing``, when that end does not follow from ``standing``."""
         ends, _ = parse_spark(fixed, "end offset")
         starts, _ = parse_spark(standing, "start offset")
-        behind = {sid: (ends[sid], at) for sid, at in starts.items()
-                  if sid in ends and ends[sid] < at}
-        if not behind:
+        behind = sorted((sid, ends[sid], at) for sid, at in starts.items()
+                        if sid in ends and ends[sid] < at)
+        limited = self.limits.max_records is not None or self.limits.max_bytes is not None
+        if not behind and not limited:
             return
-        where = ", ".join(f"stream {sid}: {end} < {at}" for sid, (end, at) in sorted(
-            behind.items()))
+        why = ("from its starting options, with maxRecordsPerTrigger/maxBytesPerTrigger: the "
+               "first micro-batch of a new query, not the next one from the checkpoint"
+               if limited else "from its starting options")
+        where = "; ".join(f"stream {sid}: end {end}, checkpoint {at}"
+                          for sid, end, at in behind)
         raise PysparkUnsupportedError(
-            f"format sbp cannot run this availableNow query on {found().describe()} with "
-            f"{AVAILABLE_NOW_WRAPPER}=true and maxRecordsPerTrigger/maxBytesPerTrigger: the "
-            "wrapper fixed the run's end by asking the source before Spark said where the "
-            "query stands, and the end the source gave from its starting options lies before "
-            f"the checkpointed offsets ({where}), so Spark would read backwards. Leave the "
-            "wrapper off (availableNow then reads one micro-batch within the limits), or "
-            "leave the limits out (the run then reads everything up to its end in one "
-            "micro-batch), or use pyspark 4.2 or newer")
+            f"format sbp cannot run this restarted availableNow query on "
+            f"{found().describe()} with {AVAILABLE_NOW_WRAPPER}=true: the wrapper fixed the "
+            "run's end by asking the source before Spark said where the query stands, so the "
+            f"source answered {why} ({fixed}, checkpointed offsets {standing}"
+            f"{'; behind them: ' + where if behind else ''}). Leave the wrapper off "
+            "(availableNow then reads one micro-batch within the limits, going on from the "
+            "checkpoint each run), or leave the limits out (a wrapped run then reads "
+            "everything up to the end at its start), or use pyspark 4.2 or newer")
 
     def _report_cut(self, end: dict) -> None:
         """Warn once when the configured limits left records waiting after ``end``."""

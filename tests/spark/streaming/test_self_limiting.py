@@ -47,6 +47,17 @@ def test_a_new_query_keeps_max_records_per_trigger(pd, sbp_client):
     assert [from_spark(e)[sid] for e in ends] == [4, 8, 10]
 
 
+def test_a_new_query_on_an_empty_backlog_plans_its_empty_first_micro_batch(pd, sbp_client):
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 3)
+    reader = make_reader(pd, sid, maxRecordsPerTrigger=4)   # startingOffsets latest
+    end = reader.latestOffset()
+    start = reader.initialOffset()
+    assert start == end and reader.partitions(start, end) == []
+    append_values(sbp_client, sid, ["y"] * 6)
+    assert from_spark(reader.latestOffset()) == {sid: 7}
+
+
 def test_initial_offsets_are_fixed_at_the_first_ask(pd, sbp_client):
     # startingOffsets=latest moves with every append; Spark asks more than once.
     sid = new_stream(sbp_client)
@@ -110,22 +121,26 @@ def test_no_warning_without_limits(pd, sbp_client, caplog):
     assert not caplog.records
 
 
-def test_an_available_now_wrapper_end_before_the_checkpoint_is_refused(pd, sbp_client):
+def test_a_wrapped_available_now_restart_is_refused_where_its_end_is_wrong(pd, sbp_client):
     # With spark.sql.streaming.triggerAvailableNowWrapper.enabled=true, a restarted query's
     # availableNow run fixes its end by asking before Spark says where the query stands: the
-    # source answers from its starting options, which may lie behind the checkpoint.
+    # source can only answer from its starting options. Spark says it right after, before the
+    # run reads: partitions(o, o).
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 10)
-    reader = make_reader(pd, sid, startingOffsets="earliest", maxRecordsPerTrigger=4)
-    assert from_spark(reader.latestOffset()) == {sid: 4}   # the wrapper fixes its end
     checkpointed = {str(sid): 7, "ranges": {str(sid): 0}}
-    with pytest.raises(PysparkUnsupportedError, match=(
-            r"triggerAvailableNowWrapper\.enabled=true and maxRecordsPerTrigger/"
-            rf"maxBytesPerTrigger: .*\(stream {sid}: 4 < 7\), so Spark would read backwards")):
-        reader.partitions(checkpointed, checkpointed)
-    # An end at or past the checkpoint is only a micro-batch within it.
-    reader = make_reader(pd, sid, startingOffsets="earliest", maxRecordsPerTrigger=4)
+    for at in (7, 2):   # the answer (4) lies before the checkpoint, or is just not the next
+        reader = make_reader(pd, sid, startingOffsets="earliest", maxRecordsPerTrigger=4)
+        assert from_spark(reader.latestOffset()) == {sid: 4}   # the wrapper fixes its end
+        standing = {str(sid): at, "ranges": {str(sid): 0}}
+        with pytest.raises(PysparkUnsupportedError, match=(
+                r"restarted availableNow query on pyspark .* with spark\.sql\.streaming\."
+                r"triggerAvailableNowWrapper\.enabled=true: .*maxRecordsPerTrigger/"
+                r"maxBytesPerTrigger.*Leave the wrapper off")) as refused:
+            reader.partitions(standing, standing)
+        assert ("behind them: " in str(refused.value)) == (at == 7)
+    # Without those limits the end is where the stream ends: one micro-batch up to it.
+    reader = make_reader(pd, sid, startingOffsets="earliest")
     end = reader.latestOffset()
-    early = {str(sid): 3, "ranges": {str(sid): 0}}
-    assert reader.partitions(early, early) == []
-    assert spans(reader.partitions(early, end)) == [(3, 4)]
+    assert reader.partitions(checkpointed, checkpointed) == []
+    assert spans(reader.partitions(checkpointed, end)) == [(7, 10)]
