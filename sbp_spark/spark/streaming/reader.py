@@ -155,7 +155,8 @@ class SbpSelfLimitingStreamReader(SbpStreamReaderBase):
             planner.ended_before_start = end
         else:
             end = planner.next_end(start, self.limits)
-        self._report_cut(end)
+        if end != start:  # a micro-batch (not one minRecordsPerTrigger holds back)
+            self._report_cut(end)
         return end
 
     def initialOffset(self) -> dict:

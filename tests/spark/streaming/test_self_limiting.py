@@ -80,16 +80,18 @@ def test_a_restart_goes_on_from_the_checkpoint(pd, sbp_client):
     assert spans(reader.partitions(checkpointed, end)) == [(7, 8)]
 
 
-def test_min_records_per_trigger_waits_after_the_first_micro_batch(pd, sbp_client):
+def test_min_records_per_trigger_waits_after_the_first_micro_batch(pd, sbp_client, caplog):
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 2)
     reader = make_reader(pd, sid, startingOffsets="earliest", minRecordsPerTrigger=5,
-                         maxTriggerDelay="1h")
+                         maxTriggerDelay="1h", maxRecordsPerTrigger=100)
     end = reader.latestOffset()   # the first trigger runs with what is there
     reader.partitions(reader.initialOffset(), end)
     assert from_spark(end) == {sid: 2}
     append_values(sbp_client, sid, ["y"] * 3)
-    assert reader.latestOffset() == end   # 3 wait, fewer than 5: held back
+    with caplog.at_level(logging.WARNING, logger=READER_LOG):
+        assert reader.latestOffset() == end   # 3 wait, fewer than 5: held back
+    assert not caplog.records   # held back is no micro-batch cut short by a limit
     append_values(sbp_client, sid, ["z"] * 2)
     assert from_spark(reader.latestOffset()) == {sid: 7}
 
