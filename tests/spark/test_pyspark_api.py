@@ -103,6 +103,12 @@ try:
     sbp_spark.register(None)
 except Exception as exc:
     print(type(exc).__name__, exc)
+from sbp_spark.environment import local_spark_session
+
+try:
+    local_spark_session()  # what sbp demo and sbp bench start
+except Exception as exc:
+    print(type(exc).__name__)
 '''
 
 
@@ -115,7 +121,8 @@ def test_imports_work_without_pyspark_and_using_it_says_what_to_install():
     assert done.stdout.splitlines() == [
         "False",
         "PysparkUnsupportedError format sbp needs pyspark 4.x, and this Python has none (No "
-        f"module named 'pyspark'): {INSTALL_HINT}"]
+        f"module named 'pyspark'): {INSTALL_HINT}",
+        "PysparkUnsupportedError"]
 
 
 def test_pyspark_sbp_offers_the_source_on_this_pyspark():
