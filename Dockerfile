@@ -16,9 +16,10 @@ FROM ${BASE_IMAGE} AS build
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG EXTRA_CA_CERTS
-# The extras installed with the package: bench gives `sbp bench --plot` its chart; empty
-# for a smaller image.
-ARG SBP_EXTRAS=bench
+# The extras installed with the package: spark gives the Spark master, worker and job their
+# pyspark (the package itself needs none: the PD and range servers run without it); bench
+# gives `sbp bench --plot` its chart.
+ARG SBP_EXTRAS=spark,bench
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
@@ -37,7 +38,7 @@ RUN python3 -m venv /opt/venv \
     && python3 -c 'import sys, tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = [e for e in sys.argv[1].split(",") if e]; print("\n".join(project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]]))' "$SBP_EXTRAS" > requirements.txt \
     && /opt/venv/bin/pip install -r requirements.txt
 
-COPY README.md pyspark_sbp.py ./
+COPY README.md LICENSE pyspark_sbp.py ./
 COPY sbp_spark ./sbp_spark
 # pip and setuptools only install: the image runs what is installed.
 RUN /opt/venv/bin/pip install --no-deps . \

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
-    """Register ``format("sbp")`` in ``spark``, replacing the automatically discovered source.
+    """Register ``format("sbp")`` in ``spark``, replacing the automatically discovered source
+    (pyspark 4.0 lets no session replace a discovered source: there the discovered one, the
+    same class, stays).
 
     ``filter_pushdown=True`` also sets ``spark.sql.python.filterPushdown.enabled=true``
     (pyspark's switch for Python data sources) and registers the variant that pushes filters
@@ -32,39 +34,9 @@ def register(spark: SparkSession, filter_pushdown: bool = False) -> None:
     Raises ``PysparkUnsupportedError`` when the pyspark found has no Python data sources
     (none before 4.0), naming it and what to install.
     """
-    from sbp_spark.spark.pyspark_api import found
+    from sbp_spark.spark.registration import register as register_in
 
-    api = found()
-    api.require_data_sources()
-    if filter_pushdown:
-        api.require("filter_pushdown", "sbp_spark.register(spark, filter_pushdown=True)")
-    from pyspark.errors import AnalysisException
-
-    from sbp_spark.spark.source import SbpDataSource, SbpDataSourceNoPushdown
-
-    if filter_pushdown:
-        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-        spark.dataSource.register(SbpDataSource)
-        return
-    try:
-        spark.dataSource.register(SbpDataSourceNoPushdown)
-    except AnalysisException as exc:
-        # pyspark 4.0 lets no session replace a discovered source. The one discovered as
-        # 'sbp' is pyspark_sbp's DefaultSource, which is the very class registered here.
-        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS" or not _discoverable():
-            raise
-
-
-def _discoverable() -> bool:
-    """Whether pyspark's discovery finds ``pyspark_sbp``'s source (it is importable and
-    defines ``DefaultSource``)."""
-    import importlib.util
-
-    if importlib.util.find_spec("pyspark_sbp") is None:
-        return False
-    import pyspark_sbp
-
-    return hasattr(pyspark_sbp, "DefaultSource")
+    register_in(spark, filter_pushdown)
 
 
 @contextmanager

@@ -1,12 +1,15 @@
-"""What a machine needs to run Spark with this connector: a Java 17+ runtime, and Python
-workers that use the same interpreter (and so the same packages) as the driver.
+"""What a machine needs to run Spark with this connector: pyspark, a Java 17+ runtime, and
+Python workers that use the same interpreter (and so the same packages) as the driver.
 
-Used by `sbp demo`, `sbp bench` and the test suite, so a missing JVM fails in one place with
-one message that says how to install it, instead of deep inside pyspark.
+Used by `sbp demo`, `sbp bench` and the test suite, so a missing pyspark or JVM fails in one
+place with one message that says how to install it, instead of deep inside pyspark. The
+package does not depend on pyspark (the command, client and servers run without it): the
+connector runs in whatever pyspark the platform has.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -23,8 +26,33 @@ INSTALL_JAVA = (
 )
 
 
+INSTALL_PYSPARK = (
+    "pip install 'sbp-spark[spark]' adds it (or install the pyspark of your Spark cluster's "
+    "version: pip install 'pyspark==4.x.y')"
+)
+
+
 class JavaNotFoundError(RuntimeError):
     """No usable Java runtime for Spark."""
+
+
+class PysparkNotFoundError(RuntimeError):
+    """pyspark cannot be imported in this Python."""
+
+
+def check_pyspark(needed_by: str, alternative: str = "") -> None:
+    """Raise PysparkNotFoundError, saying that ``needed_by`` needs pyspark and how to install
+    it (then ``alternative``, a way to do without), when this Python cannot import pyspark.
+    Looks the module up without importing it, and so also finds a pyspark on PYTHONPATH (a
+    Spark distribution's python/ directory)."""
+    try:
+        found = importlib.util.find_spec("pyspark") is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
+        found = False
+    if not found:
+        raise PysparkNotFoundError(
+            f"{needed_by} needs pyspark, which this Python ({sys.executable}) cannot import: "
+            f"{INSTALL_PYSPARK}" + (f"; {alternative}" if alternative else ""))
 
 
 def java_executable() -> str | None:
@@ -72,13 +100,15 @@ def use_this_python_for_workers() -> None:
 def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", **conf: str):
     """A local SparkSession with the sbp source registered (``sbp_spark.register``: no filter
     pushdown; call ``register(spark, filter_pushdown=True)`` on it for pushdown), after
-    checking pyspark (``PysparkUnsupportedError``) and Java.
+    checking pyspark (``PysparkNotFoundError`` without one, ``PysparkUnsupportedError`` for one
+    without Python data sources) and Java.
 
     ``conf`` entries are Spark settings (e.g. ``**{"spark.sql.shuffle.partitions": "2"}``).
     """
+    check_pyspark("a Spark session")
     from sbp_spark.spark.pyspark_api import found
 
-    found().require_data_sources()  # names what to install when there is no pyspark 4.x
+    found().require_data_sources()  # a pyspark without Python data sources (before 4.0)
     check_java()
     use_this_python_for_workers()
     # Everything runs on this machine: Spark listens on loopback only (and does not warn that

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from sbp_spark.protocol.records import ENVELOPE_SIZE
-from sbp_spark.server.segment import STORAGE_HEADER_SIZE, unpack_storage_header
+from sbp_spark.server.storage.segment import STORAGE_HEADER_SIZE, unpack_storage_header
 
 
 def only_segment(ranges_dir: Path, stream_id: int) -> Path:

@@ -164,10 +164,10 @@ def test_describe_and_ranges_list_show_what_they_found_and_name_every_missing_id
 def test_create_asks_in_chunks_and_prints_what_it_made_before_a_failure(sbp, monkeypatch):
     # One request for every stream outlasted the client's timeout for large counts, and a
     # failure then printed no id of the streams that were made.
-    from sbp_spark import cli
     from sbp_spark.client import SbpClient
+    from sbp_spark.commands import streams
 
-    monkeypatch.setattr(cli, "CREATE_CHUNK", 2)
+    monkeypatch.setattr(streams, "CREATE_CHUNK", 2)
     ids = _create(sbp, 5)
     assert len(set(ids)) == 5
     create = SbpClient.create_streams
@@ -185,7 +185,7 @@ def test_create_asks_in_chunks_and_prints_what_it_made_before_a_failure(sbp, mon
     assert len(out.split()) == 4
     _assert_one_line_error(status, err, "streams create", "the PD went away")
     with pytest.raises(SystemExit) as usage:
-        sbp("streams", "create", "--count", str(cli.MAX_CREATE_COUNT + 1))
+        sbp("streams", "create", "--count", str(streams.MAX_CREATE_COUNT + 1))
     assert usage.value.code == 2
 
 
@@ -587,7 +587,7 @@ def test_demo_cleans_up_when_a_step_fails(monkeypatch):
     import re
     import socket
 
-    from sbp_spark import demo
+    from sbp_spark.commands import demo
 
     def broken_spark(workdir):
         raise demo.DemoError("Spark refused to start")
@@ -671,7 +671,7 @@ def test_cluster_without_range_servers_fails_the_health_check(capsys, tmp_path):
 def test_cluster_health_check_fails_while_no_pd_node_leads(capsys, cluster, monkeypatch):
     # What a PD cluster answers while it elects a leader (or cannot reach etcd): members,
     # none of them leading. Nothing can be created or planned then, so the check fails.
-    import sbp_spark.commands.cluster as command
+    import sbp_spark.commands.health as command
 
     gather = command.gather
 

@@ -292,6 +292,9 @@ def test_dockerfile_builds_what_the_services_run():
     assert re.search(r"^ARG BASE_IMAGE=debian:bookworm-slim$", text, re.MULTILINE)
     assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${BASE_IMAGE}"] * 2
     assert "openjdk-17-jre-headless" in text and "pip install --no-deps ." in text
+    # The Spark services run pyspark, which the package only brings with its spark extra.
+    [extras] = re.findall(r"^ARG SBP_EXTRAS=(\S*)$", text, re.MULTILINE)
+    assert "spark" in extras.split(",")
     assert re.search(r"^USER sbp$", text, re.MULTILINE)
     assert re.search(r'^VOLUME \["/data"\]$', text, re.MULTILINE)
     assert re.search(r'^\s+CMD \["sbp", "cluster", "--pd-only"\]$', text, re.MULTILINE)

@@ -1,6 +1,7 @@
 """Layers import only downward: protocol <- transport <- client <- server, spark <- bench <-
-commands <- cli (docs/ARCHITECTURE.md), and the Spark layer never builds wire messages: it asks
-the client."""
+commands <- cli (docs/ARCHITECTURE.md), no module imports itself through others (an import
+cycle, type-only imports counted), and the Spark layer never builds wire messages: it asks the
+client."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ ALLOWED = {
     "cli": {"protocol", "transport", "client", "server", "spark", "bench", "commands"},
 }
 # Layers that are single modules at the package's top (the command-line entry points).
-MODULE_LAYERS = {"cli": ["cli.py", "demo.py"]}
+MODULE_LAYERS = {"cli": ["cli.py"]}
 FORBIDDEN_THIRD_PARTY = {
     "protocol": {"socket", "threading", "pyspark", "selectors", "asyncio"},
     "transport": {"pyspark"},
@@ -35,6 +36,13 @@ FORBIDDEN_THIRD_PARTY = {
 WIRE_MODULES = ("sbp_spark.protocol.messages", "sbp_spark.protocol.frame",
                 "sbp_spark.protocol._flatbuf", "sbp_spark.protocol._fastpath",
                 "sbp_spark.protocol._generated")
+# Import cycles that other branches of issue 42 remove at the same time as this check lands
+# (the range server's, the client's, the benchmark's). Each is a set of modules that import
+# each other. Emptied when those branches merge; the check fails on any cycle not listed here,
+# and on a listed one that is gone.
+CYCLES_REMOVED_ON_OTHER_BRANCHES: list[list[str]] = [
+    ["sbp_spark.client.stream", "sbp_spark.client.timesearch"],
+]
 
 
 def _module_name(path: Path) -> str:
@@ -114,6 +122,16 @@ def test_layer_imports_only_downward(layer):
     assert not offenders, "layering broken:\n" + "\n".join(sorted(set(offenders)))
 
 
+def test_no_import_cycles():
+    found = _cycles(_import_graph())
+    new = [sorted(c) for c in found if c not in CYCLES_REMOVED_ON_OTHER_BRANCHES]
+    gone = [sorted(c) for c in CYCLES_REMOVED_ON_OTHER_BRANCHES if c not in found]
+    assert not new, "modules that import each other (give the part the narrow interface it " \
+        "uses instead of its owner):\n" + "\n".join(" <-> ".join(c) for c in new)
+    assert not gone, "no longer cycles: take them off CYCLES_REMOVED_ON_OTHER_BRANCHES:\n" + \
+        "\n".join(" <-> ".join(c) for c in gone)
+
+
 def test_the_spark_layer_does_not_build_wire_messages():
     offenders = sorted(
         f"{path.relative_to(PACKAGE)} imports {name}"
@@ -122,6 +140,109 @@ def test_the_spark_layer_does_not_build_wire_messages():
         if name.startswith(WIRE_MODULES))
     assert not offenders, ("the Spark layer must ask the client (sbp_spark.client) instead of "
                            "building wire messages:\n" + "\n".join(offenders))
+
+
+# -- the range server and its storage -----------------------------------------------------------
+
+RANGE_SERVER = "sbp_spark.server.range_server"
+STORAGE = "sbp_spark.server.storage"
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the package by name (a package by its own name, not ``__init__``)."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "_generated" in path.parts:
+            continue
+        name = _module_name(path)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, type-only imports included (an import of a
+    name is one of the module that defines it)."""
+    modules = _package_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if parts and ".".join(parts) != name:
+                targets.add(".".join(parts))
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of two or more
+    modules (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            step = next(targets, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_range_server_and_its_storage_import_in_no_cycle():
+    cycles = [c for c in _cycles(_import_graph())
+              if any(m.startswith((RANGE_SERVER, STORAGE)) for m in c)]
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_part_of_the_range_server_imports_its_owner():
+    owner = f"{RANGE_SERVER}.server"
+    graph = _import_graph()
+    offenders = sorted(m for m, targets in graph.items()
+                       if m.startswith(f"{RANGE_SERVER}.") and owner in targets)
+    assert not offenders, f"{owner} builds the parts; they must not import it: {offenders}"
+
+
+def test_the_storage_imports_nothing_of_the_range_server():
+    graph = _import_graph()
+    offenders = sorted(f"{m} imports {t}" for m, targets in graph.items()
+                       if m.startswith(STORAGE) for t in targets if t.startswith(RANGE_SERVER))
+    assert not offenders, offenders
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert sorted(_cycles(graph)) == [["a", "b", "c"], ["d", "e"]]
 
 
 def test_the_checks_see_what_they_look_for():
@@ -133,3 +254,8 @@ def test_the_checks_see_what_they_look_for():
     assert "sbp_spark.spark.planning" in _imports(spark)
     assert "sbp_spark.protocol._fastpath" in _imports(PACKAGE / "protocol" / "messages.py")
     assert _layer_of("sbp_spark.cli") == "cli" and _layer_of("sbp_spark.bench.codec") == "bench"
+    # Type-only imports count for cycles: a module named only under TYPE_CHECKING is an edge.
+    graph = _import_graph()
+    assert "sbp_spark.server.storage.range_log" in graph["sbp_spark.server.range_server.metrics"]
+    assert "sbp_spark.server.storage.store" in graph["sbp_spark.server.range_server.server"]
+    assert "sbp_spark.protocol.messages" in graph["sbp_spark.spark.cluster_access"]

@@ -40,7 +40,7 @@ import time
 
 from sbp_spark.bench.loopback import accept_process, file_append_seconds
 from sbp_spark.protocol.frame import crc32
-from sbp_spark.server.writeback import start_writeback
+from sbp_spark.server.storage.writeback import start_writeback
 
 MIB = 1024 * 1024
 VARIANTS = ("stream", "acked", "acked+python", "acked+python+drain")

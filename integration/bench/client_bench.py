@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from sbp_spark.bench import adapters
 from sbp_spark.bench.context import BenchConfig, BenchContext
 from sbp_spark.bench.harness import run_sections
 from sbp_spark.bench.report import Figure, format_table, machine_info, to_json
@@ -35,8 +34,8 @@ BATCHES_PER_CALL = 1000
 def per_batch_figures(ctx: BenchContext, batches: int) -> list[Figure]:
     """APPEND and FETCH batches/s with one ``RECORD_BYTES`` record per batch."""
     batch = encode_batch(b"s" * RECORD_BYTES)
-    stream_id = adapters.create_stream(ctx)
-    with adapters.bench_client(ctx) as client:
+    stream_id = ctx.create_stream()
+    with ctx.client() as client:
         writer = client.open_stream(stream_id)
         began = time.perf_counter()
         done = 0

@@ -5,7 +5,8 @@ Targets: APPEND request (16 entries) + response round trips >= 10,000/s; 1 MiB f
 buffer. The measurements are ``sbp_spark.bench.codec``'s (the ones ``sbp bench`` reports);
 this script adds, for scale, flatc's generated builders on the pure-Python FlatBuffers runtime.
 
-Usage: ``python integration/bench/codec_bench.py [--quick] [--json FILE]``.
+Usage: ``python integration/bench/codec_bench.py [--quick] [--json FILE]`` (from a checkout:
+flatc's classes live with the tests, in ``tests/flatc_classes``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import flatbuffers
 
 from sbp_spark.bench.codec import ENTRIES, bench_frames, bench_headers, sample_messages
 from sbp_spark.bench.timing import rate
-from sbp_spark.protocol._generated import AppendEntry as GenAppendEntry
-from sbp_spark.protocol._generated import AppendRequest as GenAppendRequest
 from sbp_spark.protocol.messages import AppendRequest
+
+# Run as a script, this file's folder is on sys.path, not the checkout that holds tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.flatc_classes import AppendEntry as GenAppendEntry  # noqa: E402
+from tests.flatc_classes import AppendRequest as GenAppendRequest  # noqa: E402
 
 
 def bench_generated_builder(entries: int = ENTRIES, min_time: float = 0.3) -> dict:

@@ -45,7 +45,7 @@ import time
 
 from sbp_spark.bench.loopback import accept_process
 from sbp_spark.protocol.frame import crc32
-from sbp_spark.server.writeback import start_writeback
+from sbp_spark.server.storage.writeback import start_writeback
 
 MIB = 1024 * 1024
 # Buffers (or pipes) between the receiving thread and the storing one.

@@ -106,7 +106,7 @@ def _client(pd: str, total: int, runs: int) -> dict[str, float]:
 
 def _spark(pd: str, rows: int, runs: int, workdir: Path) -> dict[str, float]:
     from sbp_spark.bench.context import BenchConfig, BenchContext
-    from sbp_spark.bench.spark_batch import _check_rows, aggregate, write_input
+    from sbp_spark.bench.spark_batch import aggregate, check_rows, write_input
     from sbp_spark.bench.spark_sources import ArrowCeilingSource
     from sbp_spark.bench.timing import Progress
     from sbp_spark.client import SbpClient
@@ -114,9 +114,6 @@ def _spark(pd: str, rows: int, runs: int, workdir: Path) -> dict[str, float]:
     ctx = BenchContext(BenchConfig.quick_run(), workdir, Progress())
     spark = ctx.spark()
     spark.dataSource.register(ArrowCeilingSource)
-    import sbp_spark
-
-    sbp_spark.register(spark)
     client = SbpClient(pd)
     source = write_input(spark, rows, RECORD_SIZE, SPARK_PARTITIONS).cache()
     if source.count() != rows:
@@ -131,7 +128,7 @@ def _spark(pd: str, rows: int, runs: int, workdir: Path) -> dict[str, float]:
         df = (spark.read.format("sbp").option("pd", pd).option("streams", str(stream))
               .option("minPartitions", SPARK_PARTITIONS).load())
         began = time.perf_counter()
-        _check_rows("sbp read", aggregate(df), rows, RECORD_SIZE)
+        check_rows("sbp read", aggregate(df), rows, RECORD_SIZE)
         read = time.perf_counter() - began
         if run:
             writes.append(wrote)

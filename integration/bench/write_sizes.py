@@ -3,7 +3,7 @@
 The range server writes each APPEND frame's entries to its segment file with ``pwritev``. On
 this machine one call of 4 MiB or more into a new part of a file ran erratically slower than
 the same bytes written 1-2 MiB per call, so the server cuts its writes at
-``sbp_spark.server.segment.WRITE_CALL_BYTES``. This script shows both sides, variants run
+``sbp_spark.server.storage.segment.WRITE_CALL_BYTES``. This script shows both sides, variants run
 alternately:
 
 * ``file N``: ``sbp bench``'s storage ceiling (a new file, fsynced every 10 ms) written ``N``

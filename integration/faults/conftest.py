@@ -10,6 +10,9 @@ variable ``SBP_FAULTS_REPORT=1`` (works however pytest is started). Without eith
 leaves the working tree untouched.
 
 The ``spark`` fixture is the Spark session of the Spark fault cases (one per test session).
+
+Every run is guarded (``integration/netlab/reaper.py``): the processes and network namespaces
+it starts die with it, even when the run is killed.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any
 
 import pytest
 
+from integration.netlab.reaper import guard
+
 from . import report
 
 REPO = Path(__file__).resolve().parents[2]
-REPORT_ENV = "SBP_FAULTS_REPORT"
 # Spark cases run on local[2] with up to 4 attempts per task (Spark's default on a cluster), so
 # a task that fails on a killed server is retried as it would be in production.
 SPARK_MASTER = "local[2,4]"
@@ -38,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--faults-report", action="store_true", default=False,
         help=f"rewrite integration/faults/README.md and results.json with the results of the "
-             f"fault cases that ran (also: {REPORT_ENV}=1)")
+             f"fault cases that ran (also: {report.REPORT_ENV}=1)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,17 +52,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _report_env() -> bool:
-    flag = os.environ.get(REPORT_ENV, "").strip().lower()
-    if flag not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise pytest.UsageError(
-            f"environment variable {REPORT_ENV}={flag!r} is not valid: expected 1 (write the "
-            "fault table) or 0")
-    return flag in ("1", "true", "yes")
+    try:
+        return report.requested_by_env()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def report_requested(config: pytest.Config) -> bool:
     """Whether this run should rewrite the fault table (option or environment variable)."""
     return bool(config.getoption("faults_report", default=False)) or _report_env()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leave_nothing_behind() -> None:
+    """Mark this run's processes and watch it (``reaper.guard``), before any case starts."""
+    guard()
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,10 @@
 
 Each prints one JSON object per line on stdout, which the test turns into its ``History``::
 
-    {"e": "sent", "op": "w1:17", "stream": 1, "digest": "..."}
+    {"e": "sent", "op": "w1:17", "stream": 1, "digest": "...", "call": 3, "attempt": 0}
     {"e": "acked", "op": "w1:17", "offset": 230, "range": 1}
     {"e": "failed", "op": "w1:17", "error": "ReadTimeoutError: ..."}
+    {"e": "call_failed", "call": 3, "attempt": 0, "error": "...", "seconds": 20.1}
     {"e": "seen", "stream": 1, "offset": 230, "count": 1, "digest": "...", "server": "..."}
     {"e": "error", "error": "..."}          (a tail's failed read, ridden out)
     {"e": "claim", "node": "198.18.0.10:2378", "t": 1764000000.1}   (a PD node says it leads)
@@ -14,8 +15,16 @@ Each prints one JSON object per line on stdout, which the test turns into its ``
 They run until stdin says ``stop`` (or closes); a writer finishes the append under way first.
 
     python -m integration.faults.driver writer --pd HOST:PORT --stream 1 --name w1 [--idempotent]
+        [--resend-failed] [--client default]
     python -m integration.faults.driver tail --pd HOST:PORT --stream 1 --name r1 [--prefer H:P]
     python -m integration.faults.driver prober --pd H1:P1,H2:P2,H3:P3 --name p1
+
+A writer's batches carry its name, their number, the append call and the try of that call
+(``make_body``'s note ``c<call> a<try>``): ``--resend-failed`` sends the batches of a failed
+call again, as the next try (op ``w1:17/1``), until they are acknowledged, so a batch stored
+twice tells whether the client sent the same bytes twice within one call or the writer sent
+them again after a call failed. Writers use a client patient enough to ride out any failover,
+or with ``--client default`` the client's default settings.
 
 ``--idempotent`` writes as the connector's idempotent streaming sink does: each batch is an
 Arrow body tagged (writer, append call, 0, index), and before a batch whose answer was lost is
@@ -39,7 +48,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from sbp_spark.client import Appended, ClientConfig, SbpClient
+from sbp_spark.client import Appended, ClientConfig, SbpClient, StreamWriter
 from sbp_spark.client.connection import Connection
 from sbp_spark.protocol.errors import BatchFormatError, SbpError
 from sbp_spark.protocol.messages import DescribePdClusterRequest, Range, RangeReplica
@@ -61,9 +70,23 @@ from .history import digest
 DRIVER_CONFIG = ClientConfig(connect_timeout_s=1.0, request_timeout_s=2.0,
                              server_timeout_ms=2000, retries=10_000, retry_backoff_ms=20,
                              retry_backoff_max_ms=250, retry_deadline_s=20.0)
+CLIENTS = {"patient": DRIVER_CONFIG, "default": ClientConfig()}
 PARTITION = 0  # the "Spark partition" of an idempotent driver's tags
 # Sequence numbers of writer n are n * WRITER_SEQS + 1, 2, ... (make_body holds 9 digits).
 WRITER_SEQS = 100_000_000
+
+
+def op_name(writer: str, seq: int, attempt: int = 0) -> str:
+    """The history's name of batch ``seq`` of ``writer`` sent in try ``attempt`` of its call:
+    ``w1:17`` (the first), ``w1:17/1`` (sent again after the call failed once)."""
+    return f"{writer}:{seq}" if attempt == 0 else f"{writer}:{seq}/{attempt}"
+
+
+def parse_op(op: str) -> tuple[str, int, int]:
+    """(writer, seq, attempt) of an ``op_name``."""
+    writer, _, rest = op.rpartition(":")
+    seq, _, attempt = rest.partition("/")
+    return writer, int(seq), int(attempt or 0)
 
 
 class Events:
@@ -102,6 +125,7 @@ class Writer:
         self.body_size = args.body_size
         self.pause_s = args.pause_s
         self.idempotent = args.idempotent
+        self.resend_failed = args.resend_failed
         self.events = events
         self.seq = 0
         self.call = 0
@@ -110,32 +134,49 @@ class Writer:
         writer = self.client.open_stream(self.stream)
         while not stop.is_set():
             self.call += 1
-            ops, batches, digests = [], [], []
-            for index in range(self.batches):
-                self.seq += 1
-                op = f"{self.name}:{self.seq}"
-                batch, body = self._batch(index)
-                ops.append(op)
-                batches.append(batch)
-                digests.append(digest(body))
-            self.events.emit(*({"e": "sent", "op": op, "stream": self.stream, "digest": d}
-                               for op, d in zip(ops, digests, strict=True)))
-            check = self._resend_check(self.call) if self.idempotent else None
-            try:
-                done = writer.append(batches, before_resend=check)
-            except SbpError as exc:
-                self.events.emit(*({"e": "failed", "op": op, "error": _error(exc)}
-                                   for op in ops))
-                continue
-            self.events.emit(*({"e": "acked", "op": op, "offset": a.base_offset,
-                                "range": a.range_index} for op, a in zip(ops, done, strict=True)))
-            if self.pause_s:
+            seqs = list(range(self.seq + 1, self.seq + self.batches + 1))
+            self.seq += self.batches
+            attempt = 0
+            acked = self._attempt(writer, seqs, attempt)
+            while not acked and self.resend_failed and not stop.is_set():
+                attempt += 1
+                acked = self._attempt(writer, seqs, attempt)
+            if acked and self.pause_s:
                 stop.wait(self.pause_s)
 
-    def _batch(self, index: int) -> tuple[bytes, bytes]:
-        """(the record batch, its body) for batch ``index`` of the current call."""
-        # Numbered apart from other writers' bodies, so every body is unique in the stream.
-        value = make_body(self.stream, self.writer_id * WRITER_SEQS + self.seq, self.body_size)
+    def _attempt(self, writer: StreamWriter, seqs: list[int], attempt: int) -> bool:
+        """One append call of the batches numbered ``seqs`` (try ``attempt`` of this call);
+        whether it was acknowledged."""
+        ops, batches, digests = [], [], []
+        for index, seq in enumerate(seqs):
+            batch, body = self._batch(index, seq, attempt)
+            ops.append(op_name(self.name, seq, attempt))
+            batches.append(batch)
+            digests.append(digest(body))
+        self.events.emit(*({"e": "sent", "op": op, "stream": self.stream, "digest": d,
+                            "call": self.call, "attempt": attempt}
+                           for op, d in zip(ops, digests, strict=True)))
+        check = self._resend_check(self.call) if self.idempotent else None
+        began = time.monotonic()
+        try:
+            done = writer.append(batches, before_resend=check)
+        except SbpError as exc:
+            self.events.emit(
+                *({"e": "failed", "op": op, "error": _error(exc)} for op in ops),
+                {"e": "call_failed", "call": self.call, "attempt": attempt,
+                 "error": _error(exc), "seconds": round(time.monotonic() - began, 3)})
+            return False
+        self.events.emit(*({"e": "acked", "op": op, "offset": a.base_offset,
+                            "range": a.range_index} for op, a in zip(ops, done, strict=True)))
+        return True
+
+    def _batch(self, index: int, seq: int, attempt: int) -> tuple[bytes, bytes]:
+        """(the record batch, its body) for batch ``index`` (number ``seq``) of the current
+        call, sent for the ``attempt``-th time after failed calls."""
+        # Numbered apart from other writers' bodies, so every body is unique in the stream;
+        # the call and attempt tell a resend after a failed call from the first sending.
+        value = make_body(self.stream, self.writer_id * WRITER_SEQS + seq, self.body_size,
+                          note=f"c{self.call} a{attempt}")
         if not self.idempotent:
             return batch_bytes(value), value
         tag = WriteTag(self.name, self.call, PARTITION, index)
@@ -271,15 +312,25 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_argument("--body-size", type=int, default=256)
     writer.add_argument("--pause-s", type=float, default=0.02, help="between append calls")
     writer.add_argument("--idempotent", action="store_true")
+    writer.add_argument("--resend-failed", action="store_true",
+                        help="after a failed call, send its batches again (as an application "
+                             "that wants them stored does) until acknowledged")
+    for sub in roles.choices.values():
+        sub.add_argument("--client", choices=sorted(CLIENTS), default="patient",
+                         help="patient: retries long enough to ride out any failover; "
+                              "default: the client's default settings")
     tail = roles.choices["tail"]
     tail.add_argument("--prefer", default="", help="host:port of the replica to read first")
     tail.add_argument("--wait-ms", type=int, default=200)
     args = parser.parse_args(argv)
+    if args.role == "writer" and args.idempotent and args.resend_failed:
+        parser.error("--resend-failed sends other bytes under the same write tags: it does not "
+                     "go with --idempotent")
     # The client's own account of what it rode out goes to stderr: the driver's log.
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     events = Events()
-    client = SbpClient(args.pd, DRIVER_CONFIG)
+    client = SbpClient(args.pd, CLIENTS[args.client])
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
     role: Writer | Tail | Prober

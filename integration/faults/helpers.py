@@ -9,14 +9,18 @@ and duplicates show up as a repeated sequence number.
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from integration.netlab.reaper import dying_with_parent
 from sbp_spark.client import ClientConfig, SbpClient
 from sbp_spark.protocol.errors import SbpError, ServerError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, BatchHeader, batch_bytes
@@ -29,9 +33,10 @@ RIDE_OUT = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retries=200,
 _TRAILER = struct.Struct(">I")
 
 
-def make_body(stream_id: int, seq: int, size: int = 256) -> bytes:
-    """A body of about ``size`` bytes naming ``stream_id`` and ``seq``, with a CRC trailer."""
-    head = f"s{stream_id:06d} n{seq:09d} ".encode()
+def make_body(stream_id: int, seq: int, size: int = 256, note: str = "") -> bytes:
+    """A body of about ``size`` bytes naming ``stream_id`` and ``seq`` (then ``note``, words
+    of the writer's own), with a CRC trailer."""
+    head = f"s{stream_id:06d} n{seq:09d} {note + ' ' if note else ''}".encode()
     filler = (head * (size // len(head) + 1))[:max(size - len(head) - 4, 0)]
     core = head + filler
     return core + _TRAILER.pack(zlib.crc32(core))
@@ -57,6 +62,24 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+@contextmanager
+def busy_cores(count: int) -> Iterator[list[subprocess.Popen]]:
+    """``count`` processes spinning on the CPU while the block runs: a busy neighbour. Each is
+    a child of this thread that dies with it (``reaper.dying_with_parent``), so a killed run
+    leaves none spinning; on the way out they are killed."""
+    spinners: list[subprocess.Popen] = []
+    try:
+        for _ in range(count):
+            spinners.append(subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], preexec_fn=dying_with_parent(),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        yield spinners
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait(10)
 
 
 class Writer(threading.Thread):

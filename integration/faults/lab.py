@@ -26,11 +26,14 @@ from sbp_spark.protocol.messages import Range
 from sbp_spark.protocol.records import ENVELOPE_SIZE
 from sbp_spark.server.cluster import ProcessCluster
 
+from .etcd_nodes import EtcdOnNodes
 from .helpers import wait_until
 from .history import History, Verdict, digest
 
 # The test process's own client: patient, since it reads the final logs while servers may
 # still be catching up after the heal.
+# A writer's wait between two acknowledgements longer than this is kept (``Driver.stalls``).
+STALL_NOTED_S = 1.0
 HOST_CONFIG = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retries=500,
                            retry_backoff_ms=20, retry_backoff_max_ms=250, retry_deadline_s=60.0)
 
@@ -49,8 +52,14 @@ class Driver:
         self.failed = 0
         self.seen = 0
         self.errors: list[str] = []
-        self.last_ack = time.monotonic()
+        self.last_ack: float | None = None  # when the newest acknowledgement came
         self.longest_stall_s = 0.0  # longest time between two acknowledged appends
+        # (from, to) of each wait between two acknowledged appends longer than STALL_NOTED_S
+        self.stalls: list[tuple[float, float]] = []
+        # (when, event) of each append call that failed (a writer's)
+        self.calls_failed: list[tuple[float, dict]] = []
+        # op -> [when it was sent, when it was acknowledged or given up (0: not yet)]
+        self.times: dict[str, list[float]] = {}
         self.claims: list[tuple[str, float]] = []  # a prober's: (PD node, when it led)
         self.done = threading.Event()
         self.log_path = lab.data_dir / f"driver-{name}.log"
@@ -72,15 +81,19 @@ class Driver:
             kind = event["e"]
             if kind == "sent":
                 h.record_sent(event["op"], self.name, event["stream"], event["digest"])
+                self.times[event["op"]] = [time.monotonic(), 0.0]
             elif kind == "acked":
                 h.record_acked(event["op"], event["offset"], event["range"])
                 now = time.monotonic()
-                self.longest_stall_s = max(self.longest_stall_s, now - self.last_ack)
-                self.last_ack = now
+                self.times[event["op"]][1] = now
+                self._acked_at(now)
                 self.acked += 1
             elif kind == "failed":
                 h.record_failed(event["op"], event["error"])
+                self.times[event["op"]][1] = time.monotonic()
                 self.failed += 1
+            elif kind == "call_failed":
+                self.calls_failed.append((time.monotonic(), event))
             elif kind == "seen":
                 h.record_seen(self.name, event["stream"], event["offset"], event["count"],
                               event["digest"], event["server"])
@@ -92,6 +105,14 @@ class Driver:
             elif kind == "done":
                 self.done.set()
 
+    def _acked_at(self, now: float) -> None:
+        if self.last_ack is not None:
+            waited = now - self.last_ack
+            self.longest_stall_s = max(self.longest_stall_s, waited)
+            if waited > STALL_NOTED_S:
+                self.stalls.append((self.last_ack, now))
+        self.last_ack = now
+
     def wait_for(self, count: int, what: str = "acked", timeout: float = 60.0) -> None:
         """Block until ``count`` more batches were acknowledged (``what="seen"``: read)."""
         target = getattr(self, what) + count
@@ -102,7 +123,14 @@ class Driver:
             f"driver {self.name} exited with {self.proc.returncode}: {self.log_tail()}"
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Ask the driver to finish (a writer completes its append) and wait for it."""
+        """Ask the driver to finish (a writer completes its append) and wait for it. A writer
+        waiting for an acknowledgement since longer than ``STALL_NOTED_S`` counts that wait as
+        a stall up to now."""
+        if self.role == "writer" and self.last_ack is not None and self.proc.poll() is None:
+            now = time.monotonic()
+            if now - self.last_ack > STALL_NOTED_S:
+                self.stalls.append((self.last_ack, now))
+                self.longest_stall_s = max(self.longest_stall_s, now - self.last_ack)
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
@@ -132,11 +160,17 @@ class Lab:
     the way out, also after a failure.
 
     ``pd_nodes`` > 0: a PD cluster instead, node ``i`` on node ``pd<i>``, over a local etcd
-    that runs on ``host`` (this process's node), so a PD node can be cut off from etcd alone.
+    that runs on ``host`` (this process's node), so a PD node can be cut off from etcd alone;
+    or with ``etcd_members`` > 0, over an etcd of that many members, member ``i`` on node
+    ``etcd<i>`` (``self.etcd``, an ``EtcdOnNodes``).
     ``replication_rtt_ms``: the links between range servers add this round trip."""
 
     def __init__(self, data_dir: Path, range_servers: int, clients: list[str],
-                 replication_rtt_ms: float | None = None, pd_nodes: int = 0) -> None:
+                 replication_rtt_ms: float | None = None, pd_nodes: int = 0,
+                 etcd_members: int = 0) -> None:
+        if etcd_members and not pd_nodes:
+            raise ValueError(f"etcd_members={etcd_members} needs PD nodes (pd_nodes > 0): a "
+                             "lone PD keeps its metadata in SQLite")
         self.data_dir = Path(data_dir)
         self.history = History()
         self.drivers: list[Driver] = []
@@ -144,8 +178,13 @@ class Lab:
         self.replicas_without: dict[str, str] = {}
         servers = [f"rs{i}" for i in range(range_servers)]
         pds = [f"pd{i}" for i in range(pd_nodes)] if pd_nodes else ["pd"]
-        self.net = Network([*pds, *servers, *clients], log_dir=self.data_dir)
+        members = [f"etcd{i}" for i in range(etcd_members)]
+        self.net = Network([*pds, *servers, *members, *clients], log_dir=self.data_dir)
+        self.etcd: EtcdOnNodes | None = None
         try:
+            if members:
+                self.etcd = EtcdOnNodes(self.data_dir / "etcd",
+                                        [self.net[m].placement() for m in members]).start()
             if replication_rtt_ms is not None:
                 # Slow links between range servers (forwards, cap notices), before any opens.
                 for server in servers:
@@ -160,15 +199,24 @@ class Lab:
                 placements["pd"] = self.net["pd"].placement()
             self.cluster = ProcessCluster(
                 self.data_dir, range_servers=range_servers, pd_nodes=pd_nodes,
-                host=self.net["host"].address, placements=placements)
+                host=self.net["host"].address, placements=placements,
+                etcd_endpoints=self.etcd.endpoints if self.etcd is not None else ())
             self.cluster.start()
             self.pool = ConnectionPool(HOST_CONFIG)
             self.client = SbpClient(self.cluster.pd_address, HOST_CONFIG, self.pool)
             self.wait_servers_live()
         except BaseException:
-            self.cluster.stop()
-            self.net.close()
+            self._stop_servers()
             raise
+
+    def _stop_servers(self) -> None:
+        try:
+            if hasattr(self, "cluster"):
+                self.cluster.stop()
+            if self.etcd is not None:
+                self.etcd.stop()
+        finally:
+            self.net.close()
 
     def __enter__(self) -> Lab:
         return self
@@ -180,9 +228,8 @@ class Lab:
                     driver.proc.kill()
                     driver.proc.wait()
             self.pool.close()
-            self.cluster.stop()
         finally:
-            self.net.close()
+            self._stop_servers()
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -221,11 +268,16 @@ class Lab:
     # -- clients ----------------------------------------------------------------------------
 
     def writer(self, node: str, stream: int, name: str | None = None, idempotent: bool = False,
-               pause_s: float = 0.02, batches: int = 8) -> Driver:
+               pause_s: float = 0.02, batches: int = 8, resend_failed: bool = False,
+               client: str = "patient") -> Driver:
+        """A writer driver on ``node`` (``driver.py``: ``resend_failed`` sends the batches of a
+        failed call again; ``client`` "default" uses the client's default settings)."""
         name = name or node
         writer_id = sum(1 for d in self.drivers if d.role == "writer")
         options = ["--pause-s", str(pause_s), "--batches", str(batches), "--writer-id",
-                   str(writer_id)]
+                   str(writer_id), "--client", client]
+        if resend_failed:
+            options.append("--resend-failed")
         if idempotent:
             options.append("--idempotent")
             self.history.mark_idempotent(name)
@@ -239,8 +291,9 @@ class Lab:
         self.drivers.append(driver)
         return driver
 
-    def tail(self, node: str, stream: int, name: str | None = None, prefer: str = "") -> Driver:
-        options = ["--prefer", prefer] if prefer else []
+    def tail(self, node: str, stream: int, name: str | None = None, prefer: str = "",
+             client: str = "patient") -> Driver:
+        options = ["--client", client, *(["--prefer", prefer] if prefer else [])]
         driver = Driver(self, node, "tail", name or node, stream, *options)
         self.drivers.append(driver)
         return driver

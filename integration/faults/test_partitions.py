@@ -299,7 +299,7 @@ RELAY_OPTIONS = {"retries": "60", "requestTimeoutMs": "3000"}
     "history of the input (the writer's, the relay's view of it, the final log) obeys the "
     "rules above")
 def test_spark_relay_through_a_partition_of_its_input_primary(tmp_path, figures, spark):
-    from .test_spark_streaming import Relay, check_output, stream_led_by
+    from .relay import Relay, check_output, stream_led_by
 
     with Lab(tmp_path, range_servers=4, clients=["w1"]) as lab:
         client = lab.client

@@ -24,8 +24,9 @@ from sbp_spark.server.cluster import ProcessCluster
 from tests.etcd import require_etcd
 
 from .helpers import RIDE_OUT, Writers, check_body, check_stream, make_body, wait_until
+from .relay import failure_cause
 from .test_crashes import _holder_index
-from .test_spark_streaming import BODY, _cause, relay_under_fault
+from .test_spark_streaming import BODY, relay_under_fault
 
 # What the probe's requests may take: a dead node is skipped within half a second.
 PROBE = ClientConfig(connect_timeout_s=0.5, request_timeout_s=2.0, retries=3,
@@ -212,7 +213,7 @@ def test_spark_batch_read_while_pd_leader_is_killed(tmp_path, spark, figures):
                 try:
                     rows = df.collect()
                 except Exception as exc:  # Py4J wraps the executor's error: keep its cause
-                    failed.append(_cause(str(exc)))
+                    failed.append(failure_cause(str(exc)))
                     continue
                 assert sorted(r.offset for r in rows) == list(range(READ_BATCHES))
                 for r in rows:

@@ -10,37 +10,23 @@ processes competing for the CPU, and stops at the first failure, naming the run.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from .helpers import busy_cores
 from .test_crashes import kill_primary_during_writes_and_tail
 from .test_spark_streaming import relay_under_fault
 
 RUNS = int(os.environ.get("SBP_STRESS_RUNS", "50"))
 
-# Two processes spinning until killed: the load a busy neighbour puts on a 2-core machine.
-_BURN = ("import multiprocessing as mp\n"
-         "def spin():\n"
-         "    while True:\n"
-         "        pass\n"
-         "if __name__ == '__main__':\n"
-         "    procs = [mp.Process(target=spin, daemon=True) for _ in range(2)]\n"
-         "    [p.start() for p in procs]\n"
-         "    [p.join() for p in procs]\n")
-
 
 @pytest.fixture
 def cpu_load():
-    """A second process keeping both cores busy while the test runs."""
-    proc = subprocess.Popen([sys.executable, "-c", _BURN], start_new_session=True)
-    try:
-        yield proc
-    finally:
-        os.killpg(proc.pid, 9)
-        proc.wait(10)
+    """Two processes keeping both cores busy while the test runs (the load a busy neighbour
+    puts on a 2-core machine)."""
+    with busy_cores(2) as spinners:
+        yield spinners
 
 
 CASES = (

@@ -3,6 +3,7 @@ partitions (whole nodes, pairs, one direction), link failures, and added latency
 limits (a userspace delay line: this kernel has no netem).
 
 ``network.Network`` builds and breaks the network; ``delay`` is the delay-line proxy it starts
-for slow links. Used by the partition cases (``integration/faults/test_partitions.py``) and the
+for slow links; ``reaper`` makes sure a test run, even a killed one, leaves no process or
+namespace behind. Used by the partition cases (``integration/faults/test_partitions.py``) and the
 slow-link benchmark (``integration/bench/slow_links.py``). Needs root.
 """

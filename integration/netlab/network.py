@@ -38,6 +38,8 @@ from pathlib import Path
 
 from sbp_spark.server.cluster import Placement
 
+from .reaper import dying_with_parent
+
 PREFIX = "sbpn"
 SUPERNET = ipaddress.ip_network("198.18.0.0/15")
 HOST = "host"
@@ -281,6 +283,11 @@ class Network:
             raise KeyError(f"no node {name!r} in this network (nodes: "
                            f"{', '.join(self._nodes)})") from None
 
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace of this network: the switch's and each node's."""
+        return [self.hub, *(n.namespace for n in self._nodes.values() if n.namespace)]
+
     def node_of(self, address: str) -> Node:
         """The node with ``address`` (``host:port`` or a bare address)."""
         host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
@@ -291,8 +298,10 @@ class Network:
 
     def popen(self, node: str, args: Sequence[str], **kwargs) -> subprocess.Popen:
         """Start ``args`` on ``node`` (from the repository root, so ``python -m
-        integration...`` finds its modules)."""
+        integration...`` finds its modules). The process dies with the thread that starts it
+        (``reaper.dying_with_parent``), so a killed run leaves none behind."""
         kwargs.setdefault("cwd", str(REPO))
+        kwargs.setdefault("preexec_fn", dying_with_parent())
         return subprocess.Popen([*self[node].prefix, *args], **kwargs)
 
     # -- faults -----------------------------------------------------------------------------

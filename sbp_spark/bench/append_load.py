@@ -41,11 +41,10 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass
 class LoadResult:
-    """What one run of the load did: acknowledgements, their latencies, the time it took."""
+    """What one run of the load did: acknowledgements, failures, the time it took."""
 
     acks: int = 0
     seconds: float = 0.0
-    latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -62,12 +61,8 @@ class _Conn:
         self.sock.settimeout(None)
         self.decoder = FrameDecoder()
         self.frames = frames  # request id -> the whole frame that request id always sends
-        self.sent_at: dict[int, float] = {}
 
     def send(self, request_ids: Sequence[int]) -> None:
-        now = time.perf_counter()
-        for rid in request_ids:
-            self.sent_at[rid] = now
         self.sock.sendall(b"".join(self.frames[rid] for rid in request_ids))
 
     def close(self) -> None:
@@ -104,7 +99,7 @@ class AppendLoad:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, seconds: float, keep_latencies: bool = False) -> LoadResult:
+    def run(self, seconds: float) -> LoadResult:
         """Offer the load for ``seconds``, then wait for the answers in flight."""
         result = LoadResult()
         selector = selectors.DefaultSelector()
@@ -125,7 +120,7 @@ class AppendLoad:
                                          f"after the load stopped")
                     break
                 for key, _ in selector.select(timeout=0.5):
-                    answered = self._receive(key.data, result, keep_latencies)
+                    answered = self._receive(key.data, result)
                     outstanding -= len(answered)
                     if sending and answered:
                         key.data.send(answered)
@@ -136,7 +131,7 @@ class AppendLoad:
         return result
 
     @staticmethod
-    def _receive(conn: _Conn, result: LoadResult, keep_latencies: bool) -> list[int]:
+    def _receive(conn: _Conn, result: LoadResult) -> list[int]:
         """Read what ``conn`` has; the request ids answered."""
         buf = conn.decoder.get_buffer()
         n = conn.sock.recv_into(buf)
@@ -144,7 +139,6 @@ class AppendLoad:
             raise ConnectionError("the range server closed a load connection")
         conn.decoder.buffer_updated(n)
         answered = []
-        now = time.perf_counter()
         while (frame := conn.decoder.next_event()) is not None:
             rid = frame.stream_id
             msg = decode_response(frame) if isinstance(frame, Frame) else frame.error
@@ -158,8 +152,6 @@ class AppendLoad:
                     else "no result"
             if problem is None:
                 result.acks += 1
-                if keep_latencies:
-                    result.latencies_s.append(now - conn.sent_at[rid])
             elif len(result.errors) < 10:
                 result.errors.append(problem)
             answered.append(rid)

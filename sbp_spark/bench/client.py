@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from . import adapters
 from .context import BenchContext
 from .loopback import NO_FSYNC, LoopbackClient
-from .report import AT_LEAST_RATIO, Figure, Target, unavailable
+from .report import AT_LEAST_RATIO, Figure, Target
 from .timing import MB, MIB
+
+if TYPE_CHECKING:
+    from sbp_spark.client import SbpClient
 
 SECTION = "client"
 # Issue 18: 1 MiB APPENDs against the disk's own durable append, measured beside them. (The
@@ -24,32 +28,12 @@ FETCH_TARGET = Target(AT_LEAST_RATIO, 0.5)
 BATCH_BYTES = MIB
 # Batches handed to one StreamWriter.append call: enough to keep its frames in flight.
 APPEND_CALL_BATCHES = 64
-# The ceiling is cheap to measure and swings between runs: take the median of at least this many.
-LOOPBACK_RUNS = 5
-
-
-def loopback_ceilings(ctx: BenchContext) -> tuple[list[float], list[float]]:
-    """Run times of pushing and of pulling ``client_bytes`` over plain loopback TCP."""
-    cfg = ctx.config
-    sends, receives = [], []
-    runs = max(LOOPBACK_RUNS, cfg.client_runs)
-    with LoopbackClient(ctx.server.loopback) as lo:
-        lo.send(64 * MIB)  # warm-up: socket buffers, page faults
-        lo.receive(64 * MIB)
-        for n in range(runs):
-            sends.append(lo.send(cfg.client_bytes))
-            receives.append(lo.receive(cfg.client_bytes))
-            ctx.progress(SECTION, f"loopback run {n + 1}/{runs}: push "
-                                  f"{cfg.client_bytes / MB / sends[-1]:,.0f} MB/s, pull "
-                                  f"{cfg.client_bytes / MB / receives[-1]:,.0f} MB/s")
-    return sends, receives
 
 
 def storage_durability(fsync: str | None) -> tuple[int, str]:
     """The fsync interval (ms, ``NO_FSYNC`` or 0 for back to back) under which the bench
     cluster acknowledges an APPEND, and the storage ceiling's name for it."""
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     storage = StorageConfig() if fsync is None else StorageConfig(fsync=fsync)
     if storage.fsync is FsyncPolicy.NEVER:
@@ -107,14 +91,35 @@ def timed_read(client, stream_id: int, decode_arrow: bool = False) -> tuple[floa
     return time.perf_counter() - start, nbytes, records
 
 
+def append_in_ranges(client: SbpClient, stream_id: int, batch: Callable[[int], Any], count: int,
+                     ranges: int, per_call: int,
+                     after_range: Callable[[int], None] | None = None) -> None:
+    """Append ``batch(0)`` ... ``batch(count - 1)`` to ``stream_id``, ``count // ranges``
+    batches per range, ``per_call`` batches per append call; the PD seals each range once it
+    is full and opens the next. ``after_range(batches so far)`` is called after each range."""
+    per_range = max(1, count // ranges)
+    writer = client.open_stream(stream_id)
+    made = 0
+    while made < count:
+        in_range = min(per_range, count - made)
+        for first in range(0, in_range, per_call):
+            n = min(per_call, in_range - first)
+            writer.append([batch(made + first + i) for i in range(n)])
+        made += in_range
+        if made < count:
+            client.seal_range(stream_id)
+        if after_range is not None:
+            after_range(made)
+
+
 def _append(ctx: BenchContext, stream_id: int, batches: list, total_batches: int) -> float:
-    with adapters.bench_client(ctx) as client:
+    with ctx.client() as client:
         return timed_append(client, stream_id, batches, total_batches)
 
 
 def _fetch(ctx: BenchContext, stream_id: int, decode_arrow: bool) -> tuple[float, int, int]:
     """Seconds to read the whole stream, its bytes and its records."""
-    with adapters.bench_client(ctx) as client:
+    with ctx.client() as client:
         return timed_read(client, stream_id, decode_arrow)
 
 
@@ -124,19 +129,6 @@ def run(ctx: BenchContext) -> list[Figure]:
              "APPEND 1 MiB batches, next to the storage",
              f"APPEND {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)",
              f"FETCH {cfg.record_size} B records (Arrow, {cfg.client_batch_records}/batch)")
-    reason = adapters.client_missing(ctx)
-    if reason:
-        ctx.progress(SECTION, f"loopback ceiling, {cfg.client_bytes // MIB} MiB each way per run")
-        sends, receives = loopback_ceilings(ctx)
-        push = cfg.client_bytes / MB / statistics.median(sends)
-        pull = cfg.client_bytes / MB / statistics.median(receives)
-        return [unavailable(SECTION, names[0], "MB/s", reason, None, push, "loopback push"),
-                unavailable(SECTION, names[1], "MB/s", reason, FETCH_TARGET, pull,
-                            "loopback pull"),
-                unavailable(SECTION, names[2], "MB/s", reason, APPEND_TARGET),
-                unavailable(SECTION, names[3], "records/s", reason),
-                unavailable(SECTION, names[4], "records/s", reason)]
-
     total = cfg.client_bytes // BATCH_BYTES
     batches = _opaque_batches(min(total, APPEND_CALL_BATCHES))
     append_times, fetch_times, files, sends, receives = [], [], [], [], []
@@ -152,7 +144,7 @@ def run(ctx: BenchContext) -> list[Figure]:
         lo.send(64 * MIB)  # warm-up: socket buffers, page faults
         lo.receive(64 * MIB)
         for n in range(cfg.client_runs + 1):
-            stream_id = adapters.create_stream(ctx)
+            stream_id = ctx.create_stream()
             push_s = [lo.send(cfg.client_bytes)]
             # The storage ceiling right before and right after each APPEND run, and the faster
             # of the two is the one the run stands next to: this disk's speed swings with what
@@ -196,7 +188,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     encoded = encode_arrow_batch(random_records_batch(per_batch, cfg.record_size))
     rec_append, rec_fetch = [], []
     for _ in range(cfg.client_runs):
-        stream_id = adapters.create_stream(ctx)
+        stream_id = ctx.create_stream()
         rec_append.append(_append(ctx, stream_id, [encoded] * APPEND_CALL_BATCHES,
                                   record_batches))
         f, _, records = _fetch(ctx, stream_id, decode_arrow=True)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 import zlib
 
-from . import adapters
 from .context import BenchContext
-from .report import AT_LEAST, AT_LEAST_RATIO, Figure, Target, unavailable
+from .report import AT_LEAST, AT_LEAST_RATIO, Figure, Target
 from .timing import MB, MIB, rate
 
 SECTION = "codec"
@@ -123,10 +122,6 @@ def run(ctx: BenchContext) -> list[Figure]:
     min_time = 0.1 if ctx.config.quick else 0.3
     header_name = f"APPEND request+response headers ({ENTRIES} entries) round trips"
     frame_name = "1 MiB frame encode+decode"
-    reason = adapters.messages_missing()
-    if reason:
-        return [unavailable(SECTION, header_name, "/s", reason, HEADER_TARGET),
-                unavailable(SECTION, frame_name, "MB/s", reason, FRAME_TARGET)]
     ctx.progress(SECTION, "APPEND header round trips")
     headers = bench_headers("append", ENTRIES, min_time)
     ctx.progress(SECTION, "1 MiB frames and zlib.crc32 on the same buffer")

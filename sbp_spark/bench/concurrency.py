@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import threading
 
-from . import adapters
 from .context import BenchContext
 from .procmem import PeakSampler, rss_kib
-from .report import AT_MOST, Figure, Target, unavailable
+from .report import AT_MOST, Figure, Target
 from .timing import MB, MIB
 
 SECTION = "memory"
@@ -27,7 +26,7 @@ LONG_POLL_MS = 500
 def _writer(ctx: BenchContext, stream_id: int, batch: list, stop: threading.Event,
             appended: list[int], errors: list[BaseException]) -> None:
     try:
-        with adapters.bench_client(ctx, private=True) as client:
+        with ctx.client(private=True) as client:
             writer = client.open_stream(stream_id)
             while not stop.is_set():
                 writer.append([batch] * BATCHES_PER_CALL)
@@ -39,7 +38,7 @@ def _writer(ctx: BenchContext, stream_id: int, batch: list, stop: threading.Even
 def _reader(ctx: BenchContext, stream_id: int, stop: threading.Event, fetched: list[int],
             errors: list[BaseException]) -> None:
     try:
-        with adapters.bench_client(ctx, private=True) as client:
+        with ctx.client(private=True) as client:
             (open_range,) = client.list_ranges(stream_id)[-1:]
             offset = 0
             while not stop.is_set():
@@ -57,10 +56,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     cfg = ctx.config
     clients = cfg.concurrent_clients
     name = f"server peak RSS, {clients} concurrent clients"
-    reason = adapters.client_missing(ctx)
-    if reason:
-        return [unavailable(SECTION, name, "MiB", reason, RSS_TARGET)]
-    streams = adapters.create_streams(ctx, clients)
+    streams = ctx.create_streams(clients)
     batch = encode_batch(os.urandom(BATCH_BYTES - 28))
     appended: list[int] = []
     fetched: list[int] = []

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sbp_spark.environment import check_java, use_this_python_for_workers
+from sbp_spark.client import ConnectionPool, SbpClient
+from sbp_spark.environment import local_spark_session
 
 from .server_proc import ServerProcess
 from .timing import Progress
@@ -99,39 +102,46 @@ class BenchContext:
             self.progress("setup", "starting the server process (EmbeddedCluster + loopback)")
             self._server = ServerProcess(self.workdir / "cluster", log_path=self.workdir /
                                          "server.log", fsync=self.config.fsync).start()
-            if self._server.cluster_error:
-                self.progress("setup", f"cluster not available: {self._server.cluster_error}")
         return self._server
 
+    @contextmanager
+    def client(self, private: bool = False) -> Iterator[SbpClient]:
+        """An ``SbpClient`` of the bench cluster.
+
+        ``private`` gives it a connection pool of its own, closed on exit, so concurrent bench
+        clients really use separate connections; otherwise it shares the process-wide pool.
+        """
+        pool = ConnectionPool() if private else None
+        try:
+            yield SbpClient(self.server.pd, pool=pool)
+        finally:
+            if pool is not None:
+                pool.close()
+
+    def create_streams(self, count: int) -> list[int]:
+        """``count`` new, empty streams on the bench cluster; returns their ids."""
+        with self.client() as client:
+            return [int(s.stream_id) for s in client.create_streams(count=count)]
+
+    def create_stream(self) -> int:
+        """A new, empty stream on the bench cluster; returns its id."""
+        return self.create_streams(1)[0]
+
     def spark(self) -> SparkSession:
-        """The run's SparkSession: local[2], no UI, warm Python workers (created on first use)."""
+        """The run's SparkSession: local[2], no UI, ``format("sbp")`` registered, warm Python
+        workers (created on first use)."""
         if self._spark is None:
             self.progress("setup", "starting Spark (local[2])")
-            check_java()
-            use_this_python_for_workers()
-            from pyspark.sql import SparkSession
-
             # Spark's own WARN lines would drown the progress lines: errors only.
             log_config = self.workdir / "log4j2.properties"
             log_config.write_text(_LOG4J2)
-
-            self._spark = (
-                SparkSession.builder.master("local[2]")
-                .appName("sbp-bench")
-                .config("spark.ui.enabled", "false")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.driver.memory", "3g")
-                .config("spark.sql.shuffle.partitions", "2")
-                # Older checkouts' registered reader implements pushFilters, which fails every
-                # read unless pushdown is on; today's default registration pushes nothing, and
-                # the bench's reads have no filter to push.
-                .config("spark.sql.python.filterPushdown.enabled", "true")
-                .config("spark.local.dir", str(self.workdir / "spark-local"))
-                .config("spark.sql.warehouse.dir", str(self.workdir / "warehouse"))
-                .config("spark.driver.extraJavaOptions",
-                        f"-Dlog4j.configurationFile=file:{log_config}")
-                .getOrCreate()
-            )
+            self._spark = local_spark_session("sbp-bench", **{
+                "spark.ui.showConsoleProgress": "false",
+                "spark.driver.memory": "3g",
+                "spark.local.dir": str(self.workdir / "spark-local"),
+                "spark.sql.warehouse.dir": str(self.workdir / "warehouse"),
+                "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log_config}",
+            })
             self._spark.sparkContext.setLogLevel("ERROR")
         return self._spark
 

@@ -33,6 +33,9 @@ SECTIONS: dict[str, str] = {
     "scaling": "sbp_spark.bench.scaling",
     "streaming": "sbp_spark.bench.streaming",
 }
+# The sections that run the connector's Spark code (planning calls its reader directly); the
+# others measure the codec, client and servers, which need no pyspark.
+NEEDS_PYSPARK = ("planning", "spark", "scaling", "streaming")
 
 
 def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
@@ -155,6 +158,17 @@ def run_sections(ctx: BenchContext, sections: list[str],
     return figures
 
 
+def _check_pyspark_for(sections: list[str]) -> None:
+    """Fail before measuring anything when a chosen section needs pyspark and there is none."""
+    from sbp_spark.environment import check_pyspark
+
+    spark_sections = [s for s in sections if s in NEEDS_PYSPARK]
+    if spark_sections:
+        others = ",".join(s for s in SECTIONS if s not in NEEDS_PYSPARK)
+        check_pyspark(f"the Spark part of sbp bench (sections {', '.join(spark_sections)})",
+                      f"--sections {others} runs without it")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``sbp bench`` / ``python -m sbp_spark.bench``; returns the exit code.
 
@@ -164,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = build_config(args)
     progress = Progress()
+    _check_pyspark_for(args.sections)
     if args.plot is not None:
         from .plot import require_matplotlib
 

@@ -16,7 +16,7 @@ import time
 
 from .context import BenchContext
 from .loopback import SMALL_BYTES, LoopbackClient
-from .report import AT_LEAST, AT_MOST, Figure, Target, unavailable
+from .report import AT_LEAST, AT_MOST, Figure, Target
 from .server_proc import ServerProcess
 from .timing import percentile
 
@@ -32,8 +32,7 @@ FLOOR_SAMPLES = 500
 
 def _policies() -> tuple[str, list[str]]:
     """The default policy and every policy, default first."""
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     default = FsyncPolicy(StorageConfig().fsync)
     return default.value, [default.value] + [p.value for p in FsyncPolicy if p is not default]
@@ -98,9 +97,6 @@ def run(ctx: BenchContext) -> list[Figure]:
             servers[policy] = ServerProcess(ctx.workdir / f"latency-{policy}",
                                             log_path=ctx.workdir / f"latency-{policy}.log",
                                             fsync=policy).start()
-        if any(s.cluster_error for s in servers.values()):
-            why = next(s.cluster_error for s in servers.values() if s.cluster_error)
-            return [unavailable(SECTION, f"one writer, fsync {p}", "ms", why) for p in policies]
         batch = encode_batch(memoryview(os.urandom(SMALL_BYTES - 28)))
         times: dict[str, list[float]] = {p: [] for p in policies}
         floors: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in policies}

@@ -51,7 +51,7 @@ class Figure:
     """One measured number, the ceiling it is compared with, and its target.
 
     ``value`` is None when the figure could not be measured; ``note`` then says why
-    (``not available: ...`` for code that has not landed, ``error: ...`` for a failure).
+    (``error: ...``).
     """
 
     section: str
@@ -88,18 +88,6 @@ class Figure:
         out["passed"] = self.passed
         out["status"] = self.status()
         return out
-
-
-def unavailable(section: str, name: str, unit: str, why: str, target: Target | None = None,
-                ceiling: float | None = None, ceiling_name: str = "") -> Figure:
-    """A figure whose code is not there yet: reported as such (with its ceiling), never faked."""
-    return Figure(section, name, unit, ceiling=ceiling, ceiling_name=ceiling_name,
-                  target=target, note=f"not available: {why}")
-
-
-def failed(section: str, name: str, unit: str, why: str, target: Target | None = None) -> Figure:
-    """A figure whose measurement raised: the table says so and the run exits non-zero."""
-    return Figure(section, name, unit, target=target, note=f"error: {why}")
 
 
 def _number(x: float | None) -> str:
@@ -166,16 +154,9 @@ def _mem_total_mib() -> int | None:
 
 def machine_info() -> dict[str, Any]:
     """Where the run happened: cores, memory and the versions that decide the figures."""
-    try:
-        import pyspark
-        pyspark_version = pyspark.__version__
-    except ImportError:
-        pyspark_version = "not installed"
-    try:
-        import pyarrow
-        pyarrow_version = pyarrow.__version__
-    except ImportError:
-        pyarrow_version = "not installed"
+    import pyarrow
+    import pyspark
+
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get(
         "JAVA_HOME") else "java"
     return {
@@ -184,8 +165,8 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "java": _command_version([java, "-version"]),
-        "pyspark": pyspark_version,
-        "pyarrow": pyarrow_version,
+        "pyspark": pyspark.__version__,
+        "pyarrow": pyarrow.__version__,
     }
 
 

@@ -21,11 +21,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from . import adapters
 from .append_load import AppendLoad, cpu_seconds
+from .client import append_in_ranges, random_records_batch
 from .context import BenchContext
 from .loopback import SMALL_BYTES
-from .report import AT_LEAST_RATIO, AT_MOST_RATIO, Figure, Target, unavailable
+from .report import AT_LEAST_RATIO, AT_MOST_RATIO, Figure, Target
 from .server_proc import ServerProcess
 from .timing import MB
 
@@ -128,8 +128,7 @@ def append_figures(ctx: BenchContext) -> list[Figure]:
 
 
 def _default_policy() -> str:
-    from sbp_spark.server.durability import FsyncPolicy
-    from sbp_spark.server.storage import StorageConfig
+    from sbp_spark.server.storage import FsyncPolicy, StorageConfig
 
     return FsyncPolicy(StorageConfig().fsync).value
 
@@ -153,9 +152,10 @@ def _append_figures(n: int, policy: str, got: dict[str, _Loads]) -> list[Figure]
 
 
 def _ranged_stream(ctx: BenchContext, batches: int, ranges: int, encoded: list) -> int:
-    stream_id = adapters.create_stream(ctx)
-    adapters.append_in_ranges(ctx, stream_id, lambda i: encoded, batches, ranges,
-                              APPEND_CALL_BATCHES)
+    stream_id = ctx.create_stream()
+    with ctx.client() as client:
+        append_in_ranges(client, stream_id, lambda i: encoded, batches, ranges,
+                         APPEND_CALL_BATCHES)
     return stream_id
 
 
@@ -163,7 +163,6 @@ def read_figures(ctx: BenchContext) -> list[Figure]:
     """Spark read MB/s of the same rows in 1, 4, 16 and 64 ranges."""
     from sbp_spark.protocol.records import encode_arrow_batch
 
-    from .client import random_records_batch
     from .spark_batch import CEILING_BATCH_ROWS, aggregate, check_rows
     from .spark_sources import NAME, ArrowCeilingSource
 
@@ -172,13 +171,8 @@ def read_figures(ctx: BenchContext) -> list[Figure]:
     most = max(cfg.scaling_ranges)
     batches = max(cfg.scaling_read_rows // READ_BATCH_ROWS // most, 1) * most
     rows, size = batches * READ_BATCH_ROWS, cfg.record_size
-    reason = adapters.connector_missing(ctx)
-    if reason:
-        return [unavailable(SECTION, f"Spark read, {n} ranges", "MB/s", reason)
-                for n in cfg.scaling_ranges]
     spark = ctx.spark()
     spark.dataSource.register(ArrowCeilingSource)
-    adapters.register_connector(spark)
     encoded = encode_arrow_batch(random_records_batch(READ_BATCH_ROWS, size))
     figures = []
     for n in cfg.scaling_ranges:
@@ -209,8 +203,4 @@ def read_figures(ctx: BenchContext) -> list[Figure]:
 
 
 def run(ctx: BenchContext) -> list[Figure]:
-    reason = adapters.client_missing(ctx)
-    if reason:
-        return [unavailable(SECTION, "APPEND batches/s against active streams", "batches/s",
-                            reason)]
     return append_figures(ctx) + read_figures(ctx)

@@ -17,49 +17,34 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from sbp_spark.server import EmbeddedCluster
+
 from .loopback import LoopbackServer
 
 STARTUP_TIMEOUT_S = 60.0
 
 
-def _cluster_unavailable_reason() -> str | None:
-    try:
-        from sbp_spark.server.cluster import EmbeddedCluster  # noqa: F401
-    except ImportError as exc:
-        return f"sbp_spark.server.cluster.EmbeddedCluster not importable ({exc})"
-    return None
-
-
 def _serve(data_dir: str, range_servers: int, fsync: str | None) -> int:
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     loopback = LoopbackServer(directory=data_dir)
-    info: dict[str, Any] = {"pid": os.getpid(), "loopback": loopback.address,
-                            "pd": None, "range_servers": [], "cluster_error": None}
-    reason = _cluster_unavailable_reason()
-    cluster = None
-    if reason is None:
-        from sbp_spark.server.cluster import EmbeddedCluster
+    try:
         if fsync is None:  # the cluster's default policy
             cluster = EmbeddedCluster(data_dir, range_servers=range_servers)
         else:
             cluster = EmbeddedCluster(data_dir, range_servers=range_servers, fsync=fsync)
-        cluster.__enter__()
-        info["pd"] = cluster.pd_address
-        info["range_servers"] = list(cluster.range_server_addresses)
-    else:
-        info["cluster_error"] = reason
-    print(json.dumps(info), flush=True)
-    try:
-        sys.stdin.read()  # until the parent closes our stdin (or dies)
+        with cluster:
+            print(json.dumps({"pid": os.getpid(), "loopback": loopback.address,
+                              "pd": cluster.pd_address,
+                              "range_servers": list(cluster.range_server_addresses)}),
+                  flush=True)
+            sys.stdin.read()  # until the parent closes our stdin (or dies)
     finally:
-        if cluster is not None:
-            cluster.__exit__(None, None, None)
         loopback.close()
     return 0
 
 
 class ServerProcess:
-    """Starts the server child and knows its pid and addresses; a context manager."""
+    """Starts the server child and knows its pid and addresses."""
 
     def __init__(self, data_dir: Path, range_servers: int = 1, log_path: Path | None = None,
                  fsync: str | None = None):
@@ -77,25 +62,17 @@ class ServerProcess:
 
     @property
     def pd(self) -> str:
-        """The PD's address; raises when the cluster is not running (sections that need it
-        check ``cluster_error`` first)."""
-        pd = self.info.get("pd")
-        if pd is None:
-            raise RuntimeError("the bench cluster is not running: "
-                               f"{self.cluster_error or 'the server process has not started'}")
-        return pd
+        """The cluster's PD address."""
+        return self.info["pd"]
 
     @property
     def range_server_addresses(self) -> list[str]:
-        return list(self.info.get("range_servers") or [])
+        return list(self.info["range_servers"])
 
     @property
     def loopback(self) -> str:
+        """The loopback ceiling server's address."""
         return self.info["loopback"]
-
-    @property
-    def cluster_error(self) -> str | None:
-        return self.info.get("cluster_error")
 
     def start(self) -> ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -133,12 +110,6 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

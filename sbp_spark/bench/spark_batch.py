@@ -22,11 +22,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import adapters
 from .append_load import cpu_seconds
 from .context import BenchContext
 from .procmem import PeakSampler, pyspark_workers
-from .report import AT_LEAST_RATIO, Figure, Target, unavailable
+from .report import AT_LEAST_RATIO, Figure, Target
 from .timing import MB
 
 SECTION = "spark batch"
@@ -112,8 +111,7 @@ def _time(kind: _Timed, fn: Callable[[], object], ctx: BenchContext, label: str,
 
 @dataclass
 class _Bench:
-    """One run of this section: the session, the sizes, and why the connector cannot be
-    measured (None when it can)."""
+    """One run of this section: the session and the sizes."""
 
     ctx: BenchContext
     spark: Any
@@ -121,7 +119,6 @@ class _Bench:
     size: int
     parts: int
     runs: int
-    sbp_reason: str | None
 
     @property
     def payload(self) -> int:
@@ -186,9 +183,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     spark = ctx.spark()
     spark.dataSource.register(ArrowCeilingSource)
     bench = _Bench(ctx, spark, cfg.spark_rows, cfg.record_size, cfg.spark_partitions,
-                   cfg.spark_runs, adapters.connector_missing(ctx))
-    if bench.sbp_reason is None:
-        adapters.register_connector(spark)
+                   cfg.spark_runs)
 
     ctx.progress(SECTION, f"building and caching the write input ({bench.label}, "
                           f"{bench.parts} partitions)")
@@ -211,7 +206,7 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
                      str(pq_dir / f"write-{ctx.config.spark_write_warmups + bench.runs - 1}"))
 
     def sbp_write() -> None:
-        stream_id = adapters.create_stream(ctx)
+        stream_id = ctx.create_stream()
         before = _server_cpu(ctx)
         try:
             (source.write.format("sbp").option("pd", ctx.server.pd)
@@ -230,8 +225,7 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
     for n, tag, record in bench.rounds(ctx.config.spark_write_warmups):
         _time(writes.ceiling, lambda: source.write.format(NAME).mode("append").save(), ctx,
               tag, record)
-        if bench.sbp_reason is None:
-            _time(writes.sbp, sbp_write, ctx, tag, record)
+        _time(writes.sbp, sbp_write, ctx, tag, record)
         _time(writes.parquet, parquet_write(n), ctx, tag, record)
     return writes
 
@@ -247,8 +241,6 @@ def _server_cpu(ctx: BenchContext) -> float | None:
 def _sbp_read_df(bench: _Bench, writes: _Writes, timed: _Timed) -> Any:
     """The sbp read of the stream the last write run made (None, with ``timed.error`` set
     when there is none)."""
-    if bench.sbp_reason is not None:
-        return None
     if not writes.streams:
         timed.error = f"nothing to read: the sbp write failed ({writes.sbp.error})"
         return None
@@ -261,14 +253,12 @@ def _sbp_read_df(bench: _Bench, writes: _Writes, timed: _Timed) -> Any:
 def _arrow_read_dfs(bench: _Bench, source: Any, arrow_reads: list[_ArrowRead]
                     ) -> list[tuple[Any, Any]]:
     """payload=arrow: writes one stream, and returns for each of ``arrow_reads`` its read and
-    the ceiling read of the same schema (none when the connector is missing or the write
-    failed: then each read's error says so)."""
-    if bench.sbp_reason is not None:
-        return []
+    the ceiling read of the same schema (none when the write failed: then each read's error
+    says so)."""
     ctx = bench.ctx
     dfs: list[tuple[Any, Any]] = []
     try:
-        arrow_stream = adapters.create_stream(ctx)
+        arrow_stream = ctx.create_stream()
         (source.selectExpr(*ARROW_COLUMNS).write.format("sbp")
          .option("pd", ctx.server.pd).option("stream", str(arrow_stream))
          .option("payload", "arrow").mode("append").save())
@@ -333,14 +323,10 @@ def _measure_reads(bench: _Bench, source: Any, writes: _Writes) -> _Reads:
 
 
 def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
-    rows, label, sbp_reason = bench.rows, bench.label, bench.sbp_reason
+    rows, label = bench.rows, bench.label
     extra_common = {"rows": rows, "record_size": bench.size, "partitions": bench.parts}
 
-    def figure(name: str, kind: _Timed, ceiling: _Timed, target: Target | None,
-               missing: str | None = None) -> Figure:
-        if missing:
-            return unavailable(SECTION, name, "MB/s", missing, target,
-                               ceiling.mb_per_s(bench.payload), ceiling.name)
+    def figure(name: str, kind: _Timed, ceiling: _Timed, target: Target | None) -> Figure:
         if kind.error or ceiling.error:
             return Figure(SECTION, name, "MB/s", target=target,
                           note=f"error: {kind.error or ceiling.error}")
@@ -350,11 +336,9 @@ def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
         return Figure(SECTION, name, "MB/s", value, ceiling.mb_per_s(bench.payload),
                       ceiling.name, target, extra=extra)
 
-    figures = [figure(f"write sbp ({label})", writes.sbp, writes.ceiling, WRITE_TARGET,
-                      sbp_reason),
+    figures = [figure(f"write sbp ({label})", writes.sbp, writes.ceiling, WRITE_TARGET),
                figure(f"write parquet ({label})", writes.parquet, writes.ceiling, None),
-               figure(f"read sbp + agg ({label})", reads.sbp, reads.ceiling, READ_TARGET,
-                      sbp_reason)]
+               figure(f"read sbp + agg ({label})", reads.sbp, reads.ceiling, READ_TARGET)]
     if writes.sbp.times:
         figures[0].extra["server_cpu_s"] = writes.server_cpu_s
         figures[0].extra["warmups"] = bench.ctx.config.spark_write_warmups
@@ -362,21 +346,18 @@ def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
         figures[-1].extra["sbp_read_partitions"] = reads.sbp_df.rdd.getNumPartitions()
     figures.append(figure(f"read parquet + agg ({label})", reads.parquet, reads.ceiling, None))
     stored, cast = reads.arrow
-    figures.append(figure(f"read sbp arrow + agg ({label})", stored.sbp, stored.ceiling, None,
-                          sbp_reason))
+    figures.append(figure(f"read sbp arrow + agg ({label})", stored.sbp, stored.ceiling, None))
     figures.append(figure(f"read sbp arrow, every batch cast + agg ({label})", cast.sbp,
-                          cast.ceiling, None, sbp_reason))
+                          cast.ceiling, None))
     if stored.sbp.times and cast.sbp.times:
         figures[-1].extra["vs_no_cast"] = round(
             statistics.median(stored.sbp.times) / statistics.median(cast.sbp.times), 3)
-    figures.extend(_memory_figures(sbp_reason, reads))
+    figures.extend(_memory_figures(reads))
     return figures
 
 
-def _memory_figures(sbp_reason: str | None, reads: _Reads) -> list[Figure]:
+def _memory_figures(reads: _Reads) -> list[Figure]:
     names = ("Python worker peak RSS during sbp read", "server peak RSS during Spark read")
-    if sbp_reason:
-        return [unavailable("memory", name, "MiB", sbp_reason) for name in names]
     if reads.sbp.error:
         return [Figure("memory", name, "MiB", note=f"error: {reads.sbp.error}")
                 for name in names]

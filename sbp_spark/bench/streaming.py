@@ -13,9 +13,8 @@ import os
 import threading
 import time
 
-from . import adapters
 from .context import BenchContext
-from .report import AT_MOST, Figure, Target, unavailable
+from .report import AT_MOST, Figure, Target
 from .timing import percentile
 
 SECTION = "streaming"
@@ -71,7 +70,7 @@ def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size
         None, offsets.buffers()[1], pa.py_buffer(os.urandom(most * size))])
     template = make_records_batch(values)
     try:
-        with adapters.bench_client(ctx, private=True) as client:
+        with ctx.client(private=True) as client:
             writer = client.open_stream(stream_id)
             start = time.monotonic()
             total = 0
@@ -90,9 +89,7 @@ def _producer(ctx: BenchContext, stream_id: int, rate: int, seconds: float, size
 
 
 def _start_query(ctx: BenchContext, stream_id: int, sink: _Sink, name: str, **options: str):
-    spark = ctx.spark()
-    adapters.register_connector(spark)
-    return (spark.readStream.format("sbp").option("pd", ctx.server.pd)
+    return (ctx.spark().readStream.format("sbp").option("pd", ctx.server.pd)
             .option("streams", str(stream_id)).option("startingOffsets", "earliest")
             .options(**options).load()
             .writeStream.foreachBatch(sink).trigger(processingTime="0 seconds")
@@ -113,7 +110,7 @@ def _wait_for(predicate, timeout_s: float, what: str, query) -> None:
 
 def _latency(ctx: BenchContext) -> list[Figure]:
     cfg = ctx.config
-    stream_id = adapters.create_stream(ctx)
+    stream_id = ctx.create_stream()
     sink = _Sink()
     query = _start_query(ctx, stream_id, sink, "bench_latency")
     try:
@@ -178,7 +175,7 @@ def _catch_up(ctx: BenchContext) -> Figure:
     from sbp_spark.protocol.records import encode_arrow_batch, make_records_batch
 
     cfg = ctx.config
-    stream_id = adapters.create_stream(ctx)
+    stream_id = ctx.create_stream()
     per_batch = 10_000
     size = cfg.record_size
     offsets = pa.array(range(0, (per_batch + 1) * size, size), pa.int32())
@@ -186,7 +183,7 @@ def _catch_up(ctx: BenchContext) -> Figure:
         None, offsets.buffers()[1], pa.py_buffer(os.urandom(per_batch * size))])
     body = encode_arrow_batch(make_records_batch(values))
     batches = max(1, cfg.stream_backlog // per_batch)
-    with adapters.bench_client(ctx) as client:
+    with ctx.client() as client:
         client.open_stream(stream_id).append([body] * batches)
     total = batches * per_batch
     ctx.progress(SECTION, f"catching up on a backlog of {total:,} records, "
@@ -211,17 +208,4 @@ def _catch_up(ctx: BenchContext) -> Figure:
 
 
 def run(ctx: BenchContext) -> list[Figure]:
-    cfg = ctx.config
-    rate_label = f"{cfg.stream_rate / 1000:g}k records/s"
-    reason = adapters.streaming_missing(ctx)
-    if reason:
-        return [
-            unavailable(SECTION, f"append-to-sink latency p50 at {rate_label}", "s", reason,
-                        P50_TARGET),
-            unavailable(SECTION, f"append-to-sink latency p99 at {rate_label}", "s", reason,
-                        P99_TARGET),
-            unavailable(SECTION, f"sustained records/s at the sink, {rate_label} offered",
-                        "records/s", reason),
-            unavailable(SECTION, "catch-up records/s", "records/s", reason),
-        ]
     return _latency(ctx) + [_catch_up(ctx)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from . import adapters
+from .client import append_in_ranges
 from .context import BenchContext
 from .report import Figure
 
@@ -37,16 +37,17 @@ def _build(ctx: BenchContext, records: int, ranges: int) -> tuple[int, int]:
         pa.array([b"x"] * PLANNING_BATCH_RECORDS, pa.binary()))))
     batches = records // PLANNING_BATCH_RECORDS
     per_range = max(1, batches // ranges)
-    stream_id = adapters.create_stream(ctx)
+    stream_id = ctx.create_stream()
 
     def progress(made: int) -> None:
         if made % (per_range * 100) == 0:
             ctx.progress(SECTION, f"built {made * PLANNING_BATCH_RECORDS:,} records")
 
-    adapters.append_in_ranges(
-        ctx, stream_id, lambda i: encode_batch(body, PLANNING_BATCH_RECORDS, T0_MS + i,
-                                                BodyFormat.ARROW),
-        batches, ranges, APPEND_CALL_BATCHES, progress)
+    with ctx.client() as client:
+        append_in_ranges(
+            client, stream_id, lambda i: encode_batch(body, PLANNING_BATCH_RECORDS, T0_MS + i,
+                                                      BodyFormat.ARROW),
+            batches, ranges, APPEND_CALL_BATCHES, progress)
     return stream_id, batches
 
 

@@ -31,10 +31,6 @@ def rate(fn: Callable[[], object], units_per_call: float, min_time_s: float = 0.
     return statistics.median(samples), samples
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0..100) by nearest rank on the sorted values."""
     if not values:

@@ -1,5 +1,5 @@
-"""What every ``sbp`` admin subcommand shares: the ``--pd`` option, argument types, the client,
-and turning errors into one line on stderr with a non-zero exit status.
+"""What the ``sbp`` command groups share: the ``--pd`` option, argument types, the client,
+exit statuses, and turning errors into one line on stderr with a non-zero exit status.
 
 Errors a user can cause (an unknown stream, a bad offset, a PD that is not running, a file that
 cannot be read) print one line and exit 1; argparse already prints usage errors and exits 2, as
@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypedDict
 
@@ -37,8 +37,10 @@ TLS_ENV = {"tls_ca_file": "SBP_TLS_CA", "tls_cert_file": "SBP_TLS_CERT",
            "tls_key_file": "SBP_TLS_KEY"}
 # Stream ids, offsets and retention are signed 64-bit integers on the wire.
 MAX_INT64 = (1 << 63) - 1
-# The port `sbp server` and `sbp pd` listen on when none is given.
-DEFAULT_PD = "127.0.0.1:2378"
+# The port `sbp server` and `sbp pd` listen on when none is given, so `sbp streams ...` finds a
+# local `sbp server` unasked.
+DEFAULT_PD_PORT = 2378
+DEFAULT_PD = f"127.0.0.1:{DEFAULT_PD_PORT}"
 
 # An admin command talks to a PD a person just named: if it is not there, say so within
 # seconds instead of retrying for the client's usual minute.
@@ -47,6 +49,7 @@ CLI_RETRIES = 3
 CLI_RETRY_DEADLINE_S = 15.0
 
 
+# Exit statuses: 1 = the operation failed, 2 = the command line was wrong (as argparse does).
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -75,6 +78,27 @@ def _checked(text: str, parse: Callable[[str], object]) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def int_in(low: int, high: int | None = None,
+           also: Sequence[int] = ()) -> Callable[[str], int]:
+    """argparse type: an integer from ``low`` to ``high`` (no bound: None), or one of
+    ``also``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value in also:
+            return value
+        if value < low or (high is not None and value > high):
+            span = f"between {low} and {high}" if high is not None else f">= {low}"
+            extra = "".join(f" or {a}" for a in also)
+            raise argparse.ArgumentTypeError(f"{value} must be {span}{extra}")
+        return value
+
+    return parse
 
 
 def pd_addresses_arg(text: str) -> str:
@@ -236,11 +260,11 @@ def _reachable(address: str) -> bool:
 
 def describe_error(exc: BaseException, args: argparse.Namespace) -> str | None:
     """The one-line message for a failure a user can cause; None for a bug."""
-    from sbp_spark.environment import JavaNotFoundError
+    from sbp_spark.environment import JavaNotFoundError, PysparkNotFoundError
 
     if isinstance(exc, CommandError):
         return str(exc)
-    if isinstance(exc, JavaNotFoundError):
+    if isinstance(exc, (JavaNotFoundError, PysparkNotFoundError)):
         return str(exc)
     if isinstance(exc, ServerError):
         message = exc.message or str(exc)
@@ -306,6 +330,36 @@ def _silence_stdout() -> None:
         pass
     finally:
         os.close(devnull)
+
+
+def usage(parser: argparse.ArgumentParser) -> int:
+    """The handler of a command group named without its command: its help, exit status 2."""
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def named(parser: argparse.ArgumentParser, name: str, handler: Handler) -> None:
+    """Make ``handler`` run ``sbp NAME``, whose error lines start with ``sbp NAME``."""
+    parser.set_defaults(handler=handler, command=f"sbp {name}")
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """``--json``: one JSON object per line instead of a table."""
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per line instead of a table")
+
+
+def item_failure(error: Exception, stream_id: int, args: argparse.Namespace) -> str:
+    """The error line's message for one stream of a batch, naming the stream."""
+    message = describe_error(error, args) or str(error)
+    return message if str(stream_id) in message else f"stream {stream_id}: {message}"
+
+
+def report_failures(failures: list[str], args: argparse.Namespace) -> int:
+    """One error line per stream that failed; the exit status."""
+    for message in failures:
+        print(f"{args.command}: error: {message}", file=sys.stderr)
+    return EXIT_ERROR if failures else EXIT_OK
 
 
 def print_table(rows: list[list[str]], header: list[str], out=None) -> None:

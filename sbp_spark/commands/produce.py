@@ -223,7 +223,7 @@ def produce_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_produce_command(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp produce``."""
     p = subparsers.add_parser(
         "produce", help="append lines or files to a stream",

@@ -1,39 +1,42 @@
-"""``sbp streams list|describe|update|trim|delete`` and ``sbp ranges list|seal``.
-
-(``sbp streams create`` lives in ``sbp_spark.cli`` with the server commands.)
-"""
+"""``sbp streams create|list|describe|update|trim|delete``."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from sbp_spark.protocol.constants import MAX_REPLICAS
+
 from .common import (
-    EXIT_ERROR,
+    MAX_INT64,
     UsageError,
     add_pd_argument,
     cli_errors,
     connect,
-    describe_error,
+    int_in,
+    item_failure,
+    json_flag,
     more_positionals,
+    named,
     non_negative_int,
     print_table,
     replicas_arg,
+    report_failures,
     retention_arg,
     stream_id_arg,
+    usage,
 )
+
+# Streams one CREATE_STREAMS of `sbp streams create` asks for: the PD stores and places each
+# stream before it answers, so a request for many at once would outlast the client's timeout
+# (20,000 did) with nothing printed of what was made.
+CREATE_CHUNK = 100
+MAX_CREATE_COUNT = 1_000_000
 
 
 def _retention_text(ms: int) -> str:
     return "forever" if ms < 0 else f"{ms} ms"
-
-
-def _servers_text(rng: Any) -> str:
-    return ",".join(
-        f"{r.server.server_id}{'*' if r.is_primary else ''}@{r.server.advertise_addr}"
-        for r in rng.servers)
 
 
 def next_offset_of(client: Any, rng: Any) -> int:
@@ -69,24 +72,25 @@ def _print_streams(facts: list[dict[str, Any]], as_json: bool) -> None:
 
 
 @cli_errors
+def create_command(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        left = args.count
+        while left:
+            streams = client.create_streams(count=min(left, CREATE_CHUNK),
+                                            replicas=args.replicas,
+                                            retention_ms=args.retention_ms)
+            for stream in streams:
+                print(stream.stream_id, flush=True)
+            left -= len(streams)
+    return 0
+
+
+@cli_errors
 def list_command(args: argparse.Namespace) -> int:
     with connect(args) as client:
         streams = client.list_streams()
         _print_streams([_stream_facts(client, s) for s in streams], args.json)
     return 0
-
-
-def _item_failure(error: Exception, stream_id: int, args: argparse.Namespace) -> str:
-    """The error line's message for one stream of a batch, naming the stream."""
-    message = describe_error(error, args) or str(error)
-    return message if str(stream_id) in message else f"stream {stream_id}: {message}"
-
-
-def _report_failures(failures: list[str], args: argparse.Namespace) -> int:
-    """One error line per stream that failed; the exit status."""
-    for message in failures:
-        print(f"{args.command}: error: {message}", file=sys.stderr)
-    return EXIT_ERROR if failures else 0
 
 
 @cli_errors
@@ -101,10 +105,10 @@ def describe_command(args: argparse.Namespace) -> int:
             if error is None:
                 found.append(result.unwrap())
             else:
-                failures.append(_item_failure(error, stream_id, args))
+                failures.append(item_failure(error, stream_id, args))
         if found:
             _print_streams([_stream_facts(client, s) for s in found], args.json)
-    return _report_failures(failures, args)
+    return report_failures(failures, args)
 
 
 @cli_errors
@@ -139,89 +143,45 @@ def delete_command(args: argparse.Namespace) -> int:
         if error is None:
             print(f"deleted stream {stream_id}")
         else:
-            failures.append(_item_failure(error, stream_id, args))
-    return _report_failures(failures, args)
+            failures.append(item_failure(error, stream_id, args))
+    return report_failures(failures, args)
 
 
-def _range_facts(client: Any, rng: Any) -> dict[str, Any]:
-    return {
-        "stream_id": rng.stream_id,
-        "range_index": rng.range_index,
-        "start_offset": rng.start_offset,
-        "next_offset": next_offset_of(client, rng),
-        "end_offset": rng.end_offset,
-        "open": rng.is_open,
-        "servers": [{"server_id": r.server.server_id, "address": r.server.advertise_addr,
-                     "primary": r.is_primary} for r in rng.servers],
-    }
+def _create_retention_ms(text: str) -> int:
+    value = int_in(1, also=(-1,))(text)
+    if value > MAX_INT64:  # a signed 64-bit integer on the wire
+        raise argparse.ArgumentTypeError(f"{value} must be at most {MAX_INT64}")
+    return value
 
 
-def _print_ranges(facts: list[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        for item in facts:
-            print(json.dumps(item))
-        return
-    rows = []
-    for f in facts:
-        servers = ",".join(f"{s['server_id']}{'*' if s['primary'] else ''}@{s['address']}"
-                           for s in f["servers"])
-        end = "-" if f["open"] else f"{f['end_offset']:,}"
-        rows.append([str(f["stream_id"]), str(f["range_index"]), f"{f['start_offset']:,}",
-                     f"{f['next_offset']:,}", end, "open" if f["open"] else "sealed", servers])
-    print_table(rows, ["STREAM", "RANGE", "START", "NEXT", "END", "STATE",
-                       "SERVERS (*=primary)"])
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sbp streams`` and its commands."""
+    parser = subparsers.add_parser("streams", help="create and manage streams",
+                                   description="Create and manage streams.")
+    streams = parser.add_subparsers(title="commands", metavar="COMMAND")
+    parser.set_defaults(handler=lambda _args: usage(parser))
 
+    p = streams.add_parser(
+        "create", help="create streams and print their ids",
+        description="Create streams; prints each new stream id on its own line.")
+    add_pd_argument(p)
+    p.add_argument("--replicas", type=int_in(1, MAX_REPLICAS), default=1, metavar="N",
+                   help="range servers holding each range (default 1)")
+    p.add_argument("--retention-ms", type=_create_retention_ms, default=-1,
+                   metavar="MS", help="keep records this long (default -1: forever)")
+    p.add_argument("--count", type=int_in(1, MAX_CREATE_COUNT), default=1, metavar="K",
+                   help=f"how many streams to create (default 1, at most "
+                        f"{MAX_CREATE_COUNT:,}); asked of the PD {CREATE_CHUNK} at a "
+                        "time, each id printed once its stream exists")
+    named(p, "streams create", create_command)
 
-@cli_errors
-def ranges_list_command(args: argparse.Namespace) -> int:
-    # The ranges of every stream found; every id that was not is named, each id once.
-    stream_ids = list(dict.fromkeys(args.stream_ids))
-    with connect(args) as client:
-        results = client.pd.list_ranges(stream_ids)
-        facts, failures = [], []
-        for stream_id, result in zip(stream_ids, results, strict=True):
-            error = result.exception()
-            if error is None:
-                facts += [_range_facts(client, r) for r in result.unwrap()]
-            else:
-                failures.append(_item_failure(error, stream_id, args))
-        if facts or not failures:
-            _print_ranges(facts, args.json)
-    return _report_failures(failures, args)
-
-
-@cli_errors
-def ranges_seal_command(args: argparse.Namespace) -> int:
-    with connect(args) as client:
-        new_range = client.seal_range(args.stream_id)
-        ranges = client.list_ranges(args.stream_id)
-        sealed = [r for r in ranges if r.range_index == new_range.range_index - 1]
-        if sealed:
-            print(f"sealed range {sealed[0].range_index} of stream {args.stream_id} at offset "
-                  f"{sealed[0].end_offset:,}")
-        print(f"open range is now {new_range.range_index}, starting at offset "
-              f"{new_range.start_offset:,} on servers {_servers_text(new_range)}")
-    return 0
-
-
-def _json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="one JSON object per line instead of a table")
-
-
-def _named(parser: argparse.ArgumentParser, name: str, handler: Any) -> None:
-    parser.set_defaults(handler=handler, command=f"sbp {name}")
-
-
-def add_stream_commands(streams: argparse._SubParsersAction) -> None:
-    """Add list/describe/update/trim/delete to the ``sbp streams`` subparsers."""
     p = streams.add_parser("list", help="list streams with their offsets",
                            description="List every stream that is not deleted, with its "
                                        "settings, start offset, next offset and number of "
                                        "ranges.")
     add_pd_argument(p)
-    _json_flag(p)
-    _named(p, "streams list", list_command)
+    json_flag(p)
+    named(p, "streams list", list_command)
 
     p = streams.add_parser("describe", help="show streams' settings and offsets",
                            description="Show settings, start and next offset and the number "
@@ -229,8 +189,8 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
     add_pd_argument(p)
     p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
     more_positionals(p, "stream_ids", stream_id_arg)
-    _json_flag(p)
-    _named(p, "streams describe", describe_command)
+    json_flag(p)
+    named(p, "streams describe", describe_command)
 
     p = streams.add_parser("update", help="change a stream's replicas or retention",
                            description="Change the replica count (for ranges opened from now "
@@ -241,8 +201,8 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
                    help="replicas of each range opened from now on (1-127)")
     p.add_argument("--retention-ms", type=retention_arg, metavar="MS",
                    help="how long records are kept, -1 = forever")
-    _json_flag(p)
-    _named(p, "streams update", update_command)
+    json_flag(p)
+    named(p, "streams update", update_command)
 
     p = streams.add_parser("trim", help="drop a stream's records below an offset",
                            description="Drop every record of the stream below OFFSET; reads "
@@ -251,37 +211,11 @@ def add_stream_commands(streams: argparse._SubParsersAction) -> None:
     p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
     p.add_argument("offset", type=non_negative_int, metavar="OFFSET",
                    help="the stream's new first offset")
-    _named(p, "streams trim", trim_command)
+    named(p, "streams trim", trim_command)
 
     p = streams.add_parser("delete", help="delete streams",
                            description="Delete streams and their data.")
     add_pd_argument(p)
     p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
     more_positionals(p, "stream_ids", stream_id_arg)
-    _named(p, "streams delete", delete_command)
-
-
-def add_ranges_command(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sbp ranges list|seal``."""
-    ranges = subparsers.add_parser(
-        "ranges", help="list or seal the ranges of a stream",
-        description="A stream is a sequence of ranges; only the last one is open for appends.")
-    sub = ranges.add_subparsers(dest="ranges_command", metavar="{list,seal}", required=True)
-
-    p = sub.add_parser("list", help="list the ranges of streams",
-                       description="List each range of the streams: offsets, state (open or "
-                                   "sealed) and the range servers holding it.")
-    add_pd_argument(p)
-    p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
-    more_positionals(p, "stream_ids", stream_id_arg)
-    _json_flag(p)
-    _named(p, "ranges list", ranges_list_command)
-
-    p = sub.add_parser("seal", help="seal the open range and open the next one",
-                       description="Seal the stream's open range where it ends now and open a "
-                                   "new range (possibly on other range servers) for appends.")
-    add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
-    _named(p, "ranges seal", ranges_seal_command)
-
-
+    named(p, "streams delete", delete_command)

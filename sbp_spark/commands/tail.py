@@ -122,26 +122,26 @@ def _find_range(ranges: list[Any], offset: int) -> Any | None:
     return None
 
 
-def resolve_start(client: Any, stream_id: int, start: str | int) -> tuple[int, int, int]:
-    """(first offset to print, the stream's first offset, its next offset) for ``--from``."""
+def resolve_start(client: Any, stream_id: int, start: str | int) -> tuple[int, int]:
+    """(first offset to print, the stream's next offset) for ``--from``."""
     (stream,) = client.describe_streams([stream_id])
     ranges = client.list_ranges(stream_id)
     first = max(stream.start_offset, ranges[0].start_offset) if ranges else stream.start_offset
     end = next_offset_of(client, ranges[-1]) if ranges else first
     if start == "earliest":
-        return first, first, end
+        return first, end
     if start == "latest":
-        return end, first, end
+        return end, end
     assert isinstance(start, int)
     if start < 0:
-        return max(first, end + start), first, end
+        return max(first, end + start), end
     if start < first:
         raise CommandError(f"offset {start} of stream {stream_id} was trimmed away: the stream "
                            f"starts at {first}")
     if start > end:
         raise CommandError(f"offset {start} is beyond the end of stream {stream_id} (its next "
                            f"offset is {end})")
-    return start, first, end
+    return start, end
 
 
 class _Unreachable:
@@ -222,7 +222,7 @@ def tail_command(args: argparse.Namespace) -> int:
         raise ValueError("--wait-ms must be >= 1")
     printer = _Printer(sys.stdout.buffer, args.print_offsets, args.print_keys, args.max)
     with connect(args) as client:
-        offset, _first, end = resolve_start(client, args.stream_id, args.start)
+        offset, end = resolve_start(client, args.stream_id, args.start)
         try:
             follow(client, args.stream_id, offset, None if args.follow else end, args.wait_ms,
                    printer)
@@ -231,7 +231,7 @@ def tail_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tail_command(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp tail``."""
     p = subparsers.add_parser(
         "tail", help="print a stream's records (and follow it with -f)",

@@ -1,7 +1,7 @@
 """sbp_spark.server: the reference SBP cluster (PD, range servers, launchers).
 
-``EmbeddedCluster`` and ``ProcessCluster`` load on first use, so small modules of this package
-(``pagecache`` for the CLI's defaults) import without the whole server.
+``EmbeddedCluster`` and ``ProcessCluster`` load on first use, so small parts of this package
+(``storage``'s settings for the CLI's defaults) import without the whole server.
 """
 
 from __future__ import annotations

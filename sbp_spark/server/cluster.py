@@ -41,13 +41,16 @@ from sbp_spark.protocol.errors import SbpError
 from sbp_spark.transport.tls import TlsConfig
 
 from .advertise import check_advertised
-from .durability import DEFAULT_FSYNC_INTERVAL_MS, FsyncPolicy
 from .etcd_process import LocalEtcd
 from .net import NetConfig
-from .pagecache import DEFAULT_PAGE_CACHE_BYTES
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
 from .range_server import RangeServer, RangeServerConfig
-from .storage import StorageConfig
+from .storage import (
+    DEFAULT_FSYNC_INTERVAL_MS,
+    DEFAULT_PAGE_CACHE_BYTES,
+    FsyncPolicy,
+    StorageConfig,
+)
 
 log = logging.getLogger(__name__)
 

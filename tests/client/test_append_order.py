@@ -17,6 +17,7 @@ import pytest
 
 from sbp_spark.protocol.errors import TransportError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
+from tests.pd_link import hook_syncs
 from tests.polling import wait_until
 
 from .private_cluster import client_of, numbered_body, private_cluster, retrying_config
@@ -46,31 +47,29 @@ def test_an_append_keeps_its_order_when_the_next_range_reaches_its_primary_late(
 
         # The PD's push of range 1 waits until the writer's first frame was refused there.
         release = threading.Event()
-        calls = cluster.pd.calls
-        sync_to = calls.sync_to
 
-        def late_sync(server_id, ranges, timeout_s=None):
+        def late_sync(server_id, ranges):
             if any(r.stream_id == sid and r.range_index == 1 for r in ranges):
                 assert release.wait(30), "the writer never reached range 1's primary"
-            return sync_to(server_id, ranges, timeout_s)
 
-        monkeypatch.setattr(calls, "sync_to", late_sync)
+        hook_syncs(cluster.pd, late_sync, monkeypatch)
         sealer = threading.Thread(target=client.seal_range, args=(sid,))
         sealer.start()
         wait_until(lambda: len(client.list_ranges(sid)) == 2, "the PD to record range 1")
         second = _primary_id(client.list_ranges(sid)[1])
         assert second != first, "range 1 opened on the server of range 0"
         index = next(i for i in range(2) if cluster.server_id(i) == second)
-        path = cluster.range_servers[index].handler.appends
+        server = cluster.range_servers[index]
+        path = server.handler.appends
         serve = path.serve
 
         def serve_then_let_the_range_arrive(ctx, req):
-            refused = not path.storage.stream_ranges(sid)
+            refused = not server.storage.stream_ranges(sid)
             serve(ctx, req)
             if refused and not release.is_set():
                 # Frames behind this one are served only once the range arrived.
                 release.set()
-                wait_until(lambda: path.storage.stream_ranges(sid), "range 1 on its primary")
+                wait_until(lambda: server.storage.stream_ranges(sid), "range 1 on its primary")
 
         monkeypatch.setattr(path, "serve", serve_then_let_the_range_arrive)
         appended = writer.append([encode_batch(numbered_body(b"o", i, BATCH_BYTES), 1, 1)

@@ -13,7 +13,7 @@ import pytest
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server import EmbeddedCluster
-from sbp_spark.server import segment as segment_mod
+from sbp_spark.server.storage import segment as segment_mod
 
 PROBE_S = 0.2
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=30, retry_backoff_ms=1,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -20,7 +21,7 @@ from sbp_spark.client import ClientConfig, ConnectionPool
 from sbp_spark.client.pd import PD_ELECTION_WAIT_S, PdClient
 from sbp_spark.protocol.errors import ErrorCode, PdNotLeaderError
 from sbp_spark.protocol.messages import Stream
-from sbp_spark.server.etcd_client import EtcdClient
+from sbp_spark.server.etcd_client import EtcdClient, EtcdUnavailable
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from tests.polling import wait_until
@@ -36,13 +37,18 @@ def nodes(etcd_endpoints, etcd_prefix) -> Iterator[list[PlacementDriver]]:
 
 
 def leader_of(nodes: list[PlacementDriver]) -> PlacementDriver:
-    wait_until(lambda: sum(n.is_leader() for n in nodes) == 1, "exactly one PD node to lead",
-               timeout=15)
-    leader = next(n for n in nodes if n.is_leader())
-    wait_until(lambda: all(n.leadership.leader == leader.leadership.me for n in nodes
-                           if n.leadership is not None),
+    wait_until(lambda: sum(n.office.is_leader() for n in nodes) == 1,
+               "exactly one PD node to lead", timeout=15)
+    leader = next(n for n in nodes if n.office.is_leader())
+    wait_until(lambda: all(_leader_address(n) == leader.address for n in nodes),
                "every node to know the leader")
     return leader
+
+
+def _leader_address(node: PlacementDriver) -> str | None:
+    """The leader's address as ``node`` sees it, if it knows one."""
+    known = node.office.cluster().leader
+    return None if known is None else known.advertise_addr
 
 
 def crash(node: PlacementDriver, monkeypatch) -> None:
@@ -129,8 +135,9 @@ def range_server(nodes, tmp_path) -> Iterator[RangeServer]:
 
 def lose_office_after(leader: PlacementDriver, method: str, etcd_endpoints, etcd_prefix,
                       monkeypatch) -> None:
-    """Make ``leader``'s ``method`` end its office once it has carried out one item."""
-    done = getattr(leader, method)
+    """Make ``leader``'s stream operation ``method`` (``StreamOperations``, what its handler
+    calls per item) end its office once it has carried out one item."""
+    done = getattr(leader.streams, method)
 
     def then_lose_office(*args):
         result = done(*args)
@@ -142,12 +149,12 @@ def lose_office_after(leader: PlacementDriver, method: str, etcd_endpoints, etcd
             etcd.close()
         return result
 
-    monkeypatch.setattr(leader, method, then_lose_office)
+    monkeypatch.setattr(leader.streams, method, then_lose_office)
 
 
 def test_a_create_batch_cut_by_the_end_of_office_makes_no_stream_twice(
         nodes, range_server, monkeypatch, etcd_endpoints, etcd_prefix):
-    lose_office_after(leader_of(nodes), "create_stream", etcd_endpoints, etcd_prefix,
+    lose_office_after(leader_of(nodes), "create", etcd_endpoints, etcd_prefix,
                       monkeypatch)
     with ConnectionPool(ClientConfig()) as pool:
         client = PdClient(addresses(nodes), pool=pool)
@@ -165,7 +172,7 @@ def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
     with ConnectionPool(ClientConfig()) as pool:
         client = PdClient(addresses(nodes), pool=pool)
         ids = [r.unwrap().stream_id for r in client.create_streams([Stream(), Stream()])]
-        lose_office_after(leader_of(nodes), "delete_stream", etcd_endpoints, etcd_prefix,
+        lose_office_after(leader_of(nodes), "delete", etcd_endpoints, etcd_prefix,
                           monkeypatch)
         results = client.delete_streams(ids)
         left = [s.stream_id for s in client.list_streams()]
@@ -174,14 +181,26 @@ def test_a_delete_batch_cut_by_the_end_of_office_reports_what_it_deleted(
     assert results[1].status.code == ErrorCode.PD_NOT_LEADER and left == ids[1:]
 
 
+class UnreachableEtcd:
+    """What a node's election asks of etcd (``EtcdClient``), every call failing as when the
+    node cannot reach any etcd member."""
+
+    def _fail(self, *args: object, **kwargs: object) -> NoReturn:
+        raise EtcdUnavailable("no etcd member answered (cut off by the test)")
+
+    lease_grant = lease_keepalive = lease_revoke = put = txn = range = get = _fail
+
+
 def test_a_cluster_without_a_leader_is_reported_as_such(nodes, monkeypatch, capsys):
     leader_of(nodes)
-    # Every node stops leading and no election ends, as while etcd does not answer; the
-    # followers still name the last leader they saw.
+    # Every node stops leading and no election ends, as while etcd does not answer: the
+    # leader steps down when its lease can no longer be renewed; the followers still name the
+    # last leader they saw, for as long as its lease could have lasted.
     for node in nodes:
         assert node.leadership is not None
-        monkeypatch.setattr(node.leadership, "_leads", lambda: False)
-        monkeypatch.setattr(node.leadership, "_campaign", lambda: None)
+        monkeypatch.setattr(node.leadership, "etcd", UnreachableEtcd())
+    wait_until(lambda: not any(n.office.is_leader() for n in nodes),
+               "the leader to step down", timeout=15)
     config = ClientConfig(retry_deadline_s=2.0)
     with ConnectionPool(config) as pool:
         pd = PdClient(addresses(nodes), config, pool)

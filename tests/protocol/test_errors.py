@@ -33,7 +33,7 @@ def _all_error_classes() -> list[type[SbpError]]:
     # The tree reaches into the client and the server too (ConnectionClosed, CorruptDataError).
     import sbp_spark.client  # noqa: F401
     import sbp_spark.server.net  # noqa: F401
-    import sbp_spark.server.segment  # noqa: F401
+    import sbp_spark.server.storage.segment  # noqa: F401
 
     found: list[type[SbpError]] = []
     todo: list[type[SbpError]] = [SbpError]

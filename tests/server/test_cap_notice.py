@@ -31,10 +31,16 @@ from sbp_spark.protocol.messages import (
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes
 from sbp_spark.server import EmbeddedCluster
-from sbp_spark.server.cap_notices import DelayedCalls
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
+from sbp_spark.server.range_server.cap_notices import DelayedCalls
+from sbp_spark.server.range_server.replication import (
+    NOTICE_TIMEOUT_S,
+    NoticeAnswer,
+    Replicator,
+)
 from sbp_spark.server.storage import StorageConfig
+from sbp_spark.server.storage.range_log import RangeLog
 from tests.polling import wait_until as poll
 from tests.server.secondary import forward_of, send_append, sync_range
 
@@ -45,10 +51,10 @@ CLUSTER_CONFIG = ClientConfig(request_timeout_s=20, retry_deadline_s=20)
 
 
 
-def make(path, server_id: int) -> Server:
+def make(path, server_id: int, replicator: Replicator | None = None) -> Server:
     return Server(RangeServerConfig(data_dir=str(path), server_id=server_id,
                                     storage=StorageConfig(fsync="never"),
-                                    cap_probe_interval_s=0.1))
+                                    cap_probe_interval_s=0.1), replicator=replicator)
 
 
 def start(path, server_id: int) -> Server:
@@ -195,6 +201,20 @@ def test_notices_and_zero_length_client_entries_are_refused_by_a_primary(tmp_pat
 # ---- the restart probe of a primary --------------------------------------------------------
 
 
+class AskingReplicator(Replicator):
+    """A primary's calls to its secondaries, noting the ``committed_offset`` of every cap
+    notice it sends (-1: it only asks how far they stored the range)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[int] = []
+
+    def notify(self, rlog: RangeLog, secondaries, committed: int,
+               timeout_s: float = NOTICE_TIMEOUT_S) -> list[NoticeAnswer]:
+        self.asked.append(committed)
+        return super().notify(rlog, secondaries, committed, timeout_s)
+
+
 def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_path):
     """The primary holds 0-4, its secondaries only 0-2: after a restart its readers (and theirs)
     see 0-2, the prefix on every replica, with no append; one unreachable secondary holds
@@ -212,12 +232,9 @@ def test_restarted_primary_raises_its_cap_to_what_every_secondary_stored(tmp_pat
         sync(primary, replicas_of(primary, s2, s3))
         s3.stop()
         primary.stop()
-        primary = make(tmp_path / "1", 1)
-        asked: list[int] = []
-        notify = primary.replicator.notify
-        primary.replicator.notify = lambda rlog, committed, *rest: (
-            asked.append(committed) or notify(rlog, committed, *rest))
-        primary.start()
+        replicator = AskingReplicator()
+        asked = replicator.asked
+        primary = make(tmp_path / "1", 1, replicator).start()
         rlog = primary.storage.get_range(STREAM, 0)
         assert rlog.next_offset == 5
         # Secondary 3 is down: no answer from it, so nothing past the start is readable, and

@@ -153,7 +153,8 @@ def test_invalid_arguments(tmp_path):
         cluster.start_range_server(0)
 
 
-def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, pool):
+def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, pool,
+                                                                      monkeypatch):
     # The PD pushed the range a seal opened after releasing the stream (a new stream's range
     # still is), so a DELETE_STREAMS could reach the new range's server first, while it held
     # no range of the stream: nothing there recorded the deletion, the push then created the
@@ -161,19 +162,19 @@ def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, 
     # could ever read.
     from sbp_spark.client.connection import Connection
     from sbp_spark.protocol import messages as m
+    from tests.pd_link import hook_syncs
 
     with EmbeddedCluster(tmp_path, range_servers=1) as cluster:
         client = client_of(cluster, pool)
         pd = cluster.pd
-        push = pd.calls.sync_to
+        assert pd is not None
         deleted = []
 
-        def delete_first(server_id, ranges, timeout_s=None):
+        def delete_first(server_id, ranges):
             if not deleted:
-                deleted.append(pd.delete_stream(ranges[0].stream_id))  # overtakes the push
-            return push(server_id, ranges, timeout_s)
+                deleted.append(pd.streams.delete(ranges[0].stream_id))  # overtakes the push
 
-        pd.calls.sync_to = delete_first
+        hook_syncs(pd, delete_first, monkeypatch)
         [a] = client.create_streams(1)
         assert [s.stream_id for s in deleted] == [a.stream_id]
         batch = batch_bytes(b"lost")
@@ -186,18 +187,20 @@ def test_a_range_pushed_after_its_stream_was_deleted_takes_no_appends(tmp_path, 
 
 def test_the_pd_tells_deleted_streams_apart_by_lookup_or_by_listing(tmp_path, pool):
     # A push of a few streams' ranges looks each up; a resync of many lists the streams once.
-    from sbp_spark.server import pd_calls
+    from sbp_spark.server.pd import pushes as pd_pushes
 
     with EmbeddedCluster(tmp_path, range_servers=1) as cluster:
         client = client_of(cluster, pool)
-        ids = [s.stream_id for s in client.create_streams(pd_calls._LOOKUPS_BEFORE_LISTING + 4)]
+        ids = [s.stream_id
+               for s in client.create_streams(pd_pushes._LOOKUPS_BEFORE_LISTING + 4)]
         client.delete_streams(ids[::3])
         never = max(ids) + 100
-        calls = cluster.pd.calls
-        assert calls._deleted(ids) == set(ids[::3])
-        assert calls._deleted([*ids, never]) == {*ids[::3], never}
-        assert calls._deleted(ids[:4]) == set(ids[:4:3])
-        assert calls._deleted([ids[1], never]) == {never}
+        assert cluster.pd is not None
+        pushes = cluster.pd.pushes
+        assert pushes.deleted(ids) == set(ids[::3])
+        assert pushes.deleted([*ids, never]) == {*ids[::3], never}
+        assert pushes.deleted(ids[:4]) == set(ids[:4:3])
+        assert pushes.deleted([ids[1], never]) == {never}
 
 
 def test_a_gracefully_stopped_range_server_is_not_live_at_once(tmp_path, pool):

@@ -12,10 +12,11 @@ import threading
 import pytest
 
 from sbp_spark.protocol.records import batch_bytes, parse_header
-from sbp_spark.server import segment as segment_mod
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage.disk import Disk
+from sbp_spark.server.storage.store import Storage
 from tests.polling import stays_true, wait_until
+from tests.server.disks import HeldSyncs
 
 HOUR_MS = 3_600_000
 
@@ -25,8 +26,10 @@ def _batch(body: bytes) -> list:
     return [(parse_header(data), data)]
 
 
-def _storage(tmp_path, policy: str, interval_ms: int = HOUR_MS) -> Storage:
-    return Storage(str(tmp_path), StorageConfig(fsync=policy, fsync_interval_ms=interval_ms))
+def _storage(tmp_path, policy: str, interval_ms: int = HOUR_MS, disk: Disk | None = None
+             ) -> Storage:
+    return Storage(str(tmp_path), StorageConfig(fsync=policy, fsync_interval_ms=interval_ms),
+                   disk)
 
 
 def test_group_is_the_default_policy():
@@ -41,7 +44,7 @@ def test_a_lone_write_is_flushed_at_once_not_after_the_interval(tmp_path, policy
         rlog = s.create_range(1, 0, 0)
         for i in range(5):
             _, target = rlog.append(_batch(b"w%d" % i))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
             assert rlog.next_offset == i + 1
         assert s.durability.flushes == 5
 
@@ -50,7 +53,7 @@ def test_interval_waits_for_its_tick(tmp_path):
     with _storage(tmp_path, "interval") as s:
         rlog = s.create_range(1, 0, 0)
         _, target = rlog.append(_batch(b"first"))  # the first flush: at once
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         _, target = rlog.append(_batch(b"second"))  # the next: an hour after the first
         stays_true(lambda: rlog.next_offset == 1, "the second write waiting for the tick", 0.3)
 
@@ -61,7 +64,7 @@ def test_group_gathers_a_burst_and_flushes_when_it_is_stored(tmp_path):
         durable = threading.Event()
         with s.durability.storing():  # an append of a burst is being stored
             _, target = rlog.append(_batch(b"a"))
-            s.when_durable(rlog, target, lambda exc: durable.set())
+            s.durability.when_durable(rlog, target, lambda exc: durable.set())
             stays_true(lambda: not durable.is_set(), "the flush waiting for the burst", 0.3)
             rlog.append(_batch(b"b"))  # stored before the flush: shares it
         assert durable.wait(10)
@@ -75,27 +78,20 @@ def test_group_waits_for_a_burst_at_most_the_interval(tmp_path):
         with s.durability.storing():  # other appends keep being stored: never a quiet moment
             with s.durability.storing():
                 _, target = rlog.append(_batch(b"a"))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
 
 
 @pytest.mark.parametrize("policy", ["group", "always", "interval"])
-def test_an_append_is_acknowledged_only_after_its_fsync_returned(tmp_path, monkeypatch, policy):
+def test_an_append_is_acknowledged_only_after_its_fsync_returned(tmp_path, policy):
     """The fsync of the segment is held: the append stays unacknowledged (and unreadable)
     until it returns, under every policy that fsyncs."""
-    entered, release = threading.Event(), threading.Event()
-    real = segment_mod.Segment.fsync
-
-    def held_fsync(self):
-        entered.set()
-        assert release.wait(10)
-        real(self)
-
-    monkeypatch.setattr(segment_mod.Segment, "fsync", held_fsync)
-    with _storage(tmp_path, policy, interval_ms=5) as s:
+    disk = HeldSyncs(timeout_s=10)
+    entered, release = disk.entered, disk.release
+    with _storage(tmp_path, policy, interval_ms=5, disk=disk) as s:
         rlog = s.create_range(1, 0, 0)
         acked = threading.Event()
         _, target = rlog.append(_batch(b"x"))
-        s.when_durable(rlog, target, lambda exc: exc is None and acked.set())
+        s.durability.when_durable(rlog, target, lambda exc: exc is None and acked.set())
         assert entered.wait(10)
         stays_true(lambda: not acked.is_set() and rlog.next_offset == 0,
                    "the acknowledgement waiting for the fsync", 0.2)
@@ -104,25 +100,26 @@ def test_an_append_is_acknowledged_only_after_its_fsync_returned(tmp_path, monke
         assert rlog.next_offset == 1
 
 
-def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypatch):
+class SlowSyncs(Disk):
+    """Every datasync takes 0.2 s more."""
+
+    def datasync(self, fd: int) -> None:
+        threading.Event().wait(0.2)
+        super().datasync(fd)
+
+
+def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path):
     # Flushes take 0.2 s here: two writers answered by one flush come back one after the
     # other, and the next flush waits for the second (at most as long as a flush takes)
     # instead of covering the first alone.
-    real = segment_mod.Segment.fsync
-
-    def slow_fsync(self):
-        threading.Event().wait(0.2)
-        real(self)
-
-    monkeypatch.setattr(segment_mod.Segment, "fsync", slow_fsync)
-    with _storage(tmp_path, "group") as s:
+    with _storage(tmp_path, "group", disk=SlowSyncs()) as s:
         ranges = [s.create_range(i, 0, 0) for i in (1, 2)]
 
         def append(rlog, body: bytes) -> threading.Event:
             with s.durability.storing():
                 _, target = rlog.append(_batch(body))
             event = threading.Event()
-            s.when_durable(rlog, target, lambda exc: event.set())
+            s.durability.when_durable(rlog, target, lambda exc: event.set())
             return event
 
         with s.durability.storing():  # one burst: one flush answers both writers
@@ -137,7 +134,7 @@ def test_group_waits_for_the_writers_its_last_flush_answered(tmp_path, monkeypat
 def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, monkeypatch):
     """A burst still being stored holds the flush back, but not past GROUP_FLUSH_BYTES: the
     acknowledgements of large appends do not wait for the burst (or the interval) to end."""
-    from sbp_spark.server import durability
+    from sbp_spark.server.storage import durability
 
     monkeypatch.setattr(durability, "GROUP_FLUSH_BYTES", 64 * 1024)
     with _storage(tmp_path, "group") as s:  # an interval of an hour
@@ -145,27 +142,36 @@ def test_group_flushes_at_once_once_enough_is_dirty_even_mid_burst(tmp_path, mon
         durable = threading.Event()
         with s.durability.storing():  # the burst goes on for the whole test
             _, small = rlog.append(_batch(b"small"))
-            s.when_durable(rlog, small, lambda exc: durable.set())
+            s.durability.when_durable(rlog, small, lambda exc: durable.set())
             stays_true(lambda: not durable.is_set(), "a small append waiting for the burst",
                        0.3)
             with s.durability.storing():
                 _, target = rlog.append(_batch(bytes(64 * 1024)))
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
             assert durable.is_set() and rlog.next_offset == 2
 
 
-def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_path,
-                                                                          monkeypatch):
+class WritebackCalls(Disk):
+    """Records each write-behind hand-over as (offset, length), and hands nothing over."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def start_writeback(self, fd: int, offset: int, length: int) -> bool:
+        self.calls.append((offset, length))
+        return True
+
+
+def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_path):
     """Write-behind (writeback.py): once a segment holds WRITE_BEHIND_BYTES not yet handed to
     the disk, the append that crossed it hands them over, from where the last hand-over
     ended; under ``never`` nothing is handed over (no fsync will follow)."""
-    from sbp_spark.server import writeback
+    from sbp_spark.server.storage import writeback
 
-    calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(segment_mod, "start_writeback",
-                        lambda fd, offset, length: calls.append((offset, length)) or True)
+    disk = WritebackCalls()
+    calls = disk.calls
     threshold = writeback.WRITE_BEHIND_BYTES
-    with _storage(tmp_path, "group") as s:
+    with _storage(tmp_path, "group", disk=disk) as s:
         rlog = s.create_range(1, 0, 0)
         rlog.append(_batch(b"small"))
         assert calls == []
@@ -177,7 +183,7 @@ def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_pa
         rlog.append(_batch(bytes(threshold)))
         assert calls[1] == (calls[0][1], seg.size - calls[0][1])
     calls.clear()
-    with Storage(str(tmp_path / "never"), StorageConfig(fsync="never")) as s:
+    with Storage(str(tmp_path / "never"), StorageConfig(fsync="never"), disk) as s:
         s.create_range(1, 0, 0).append(_batch(bytes(threshold)))
     assert calls == []
 
@@ -185,7 +191,7 @@ def test_large_appends_start_their_writeback_and_small_ones_wait_for_more(tmp_pa
 def test_start_writeback_on_a_real_file(tmp_path):
     import os
 
-    from sbp_spark.server import writeback
+    from sbp_spark.server.storage import writeback
 
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)

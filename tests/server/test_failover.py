@@ -19,8 +19,8 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd_failover import Failover
-from sbp_spark.server.placement import Liveness
+from sbp_spark.server.pd.failover import Failover
+from sbp_spark.server.pd.placement import Liveness
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
 from .test_pd_store import FakeClock
@@ -119,7 +119,7 @@ def test_single_replica_range_waits_for_its_server(cluster):
     rs.next_offsets[(sid, 0)] = 4
     beater.live.remove(rs)
     poll(lambda: not pd.liveness.is_live(only), what="the server to be declared dead")
-    pd.run_failovers()  # what the liveness thread does: nothing may change
+    pd.failover.run_failovers()  # what the liveness thread does: nothing may change
     [rng] = list_ranges(conn, sid)
     assert rng.is_open and [r.server.server_id for r in rng.servers] == [only]
     beater.live.append(rs)
@@ -153,7 +153,7 @@ def test_unreachable_survivor_is_retried(cluster):
     saved = secondary.ranges.pop((sid, 0))  # the survivor answers "unknown range" for now
     beater.live.remove(primary)
     poll(lambda: not pd.liveness.is_live(primary.server_id), what="the primary to be dead")
-    pd.run_failovers()
+    pd.failover.run_failovers()
     assert list_ranges(conn, sid)[-1].is_open
     secondary.ranges[(sid, 0)] = saved
     poll(lambda: len(list_ranges(conn, sid)) == 2, what="the retried failover")
@@ -183,16 +183,16 @@ def test_servers_silent_since_a_pd_restart_are_failed_over(tmp_path):
             rs.stop()
 
 
-class RecordingFailover(Failover):
-    """The sweep's decisions, without a store of ranges to act on: who is failed over."""
+def recording_failover(liveness: Liveness, registered: list) -> tuple[Failover, list[int]]:
+    """The sweep's decisions, without ranges to act on: who is failed over."""
+    failed_over: list[int] = []
 
-    def __init__(self, pd) -> None:
-        super().__init__(pd)
-        self.failed_over: list[int] = []
-
-    def fail_over_server(self, server_id: int) -> bool:
-        self.failed_over.append(server_id)
+    def fail_over(server_id: int, stopped: bool) -> bool:
+        failed_over.append(server_id)
         return True
+
+    return Failover(liveness, lambda: registered, fail_over, lambda: True, 3.0,
+                    "test"), failed_over
 
 
 def test_servers_slow_to_find_a_new_pd_are_not_failed_over():
@@ -203,33 +203,31 @@ def test_servers_slow_to_find_a_new_pd_are_not_failed_over():
     clock = FakeClock()
     registered = [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True)
                   for sid in (1, 2, 3)]
-    pd = SimpleNamespace(config=SimpleNamespace(heartbeat_timeout_s=3.0),
-                         liveness=Liveness(3.0, clock=clock),
-                         store=SimpleNamespace(list_servers=lambda: registered))
-    failover = RecordingFailover(pd)
+    liveness = Liveness(3.0, clock=clock)
+    failover, failed_over = recording_failover(liveness, registered)
     failover.took_office()
     clock.now += 2.7  # servers 1 and 3 find the new leader first
     for sid in (1, 3):
-        pd.liveness.beat(sid, f"s:{sid}")
+        liveness.beat(sid, f"s:{sid}")
     clock.now += 0.5  # one timeout after taking office, but not after the first heartbeat
     failover.sweep_once()
-    pd.liveness.beat(2, "s:2")  # 2 arrives
+    liveness.beat(2, "s:2")  # 2 arrives
     for _ in range(4):
         clock.now += 1.0
         for sid in (1, 2, 3):
-            pd.liveness.beat(sid, f"s:{sid}")
+            liveness.beat(sid, f"s:{sid}")
         failover.sweep_once()
-    assert failover.failed_over == []
+    assert failed_over == []
     # One that never arrives is gone once the others were heard for the timeout.
-    late = RecordingFailover(pd)
+    late, late_failed_over = recording_failover(liveness, registered)
     late.took_office()
-    pd.liveness.clear()
+    liveness.clear()
     for _ in range(5):
         clock.now += 1.0
         for sid in (1, 3):
-            pd.liveness.beat(sid, f"s:{sid}")
+            liveness.beat(sid, f"s:{sid}")
         late.sweep_once()
-    assert late.failed_over == [2]
+    assert late_failed_over == [2]
 
 
 def test_writer_carries_on_after_its_primary_dies(tmp_path):

@@ -41,8 +41,8 @@ from sbp_spark.protocol.errors import ErrorCode, FrameError, HeaderError, Stream
 from sbp_spark.protocol.frame import Frame, FrameDecoder, InvalidFrame, encode_frame
 from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.pd import _PdHandler
-from sbp_spark.server.range_server import RangeServerHandler
+from sbp_spark.server.pd.handler import PdHandler
+from sbp_spark.server.range_server.requests import RangeServerHandler
 
 ANSWER_TIMEOUT_S = 10.0
 REQUEST_ID = 7
@@ -83,7 +83,7 @@ class Env:
         self.ref_ranges = self.client.list_ranges(self.ref)
         self.rs_id = self.cluster.server_id(0)
         self.addr = {"pd": self.cluster.pd_address, "rs": self.cluster.range_server_addresses[0]}
-        self.served = {"pd": _PdHandler.opcodes, "rs": RangeServerHandler.opcodes}
+        self.served = {"pd": PdHandler.opcodes, "rs": RangeServerHandler.opcodes}
         self.outcomes: Counter[str] = Counter()  # what the sent frames got, for sanity checks
 
     def _read(self, stream_id: int) -> list[tuple[int, bytes]]:

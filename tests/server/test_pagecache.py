@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from sbp_spark.protocol.records import batch_bytes, parse_header
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.pagecache import PageCacheBudget
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage.disk import Disk
+from sbp_spark.server.storage.pagecache import PageCacheBudget
+from sbp_spark.server.storage.store import Storage
 from tests.polling import wait_until
 
 MIB = 1 << 20
@@ -84,23 +85,21 @@ def files(tmp_path):
         f.close()
 
 
-@pytest.fixture
-def advised(monkeypatch):
-    """Every POSIX_FADV_DONTNEED the budget gives, as (fd, start, end), still passed on."""
-    calls: list[tuple[int, int, int]] = []
-    real = os.posix_fadvise
+class DropCalls(Disk):
+    """Records every drop from the page cache as (fd, start, end), still passed on."""
 
-    def record(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_DONTNEED:
-            calls.append((fd, offset, offset + length))
-        real(fd, offset, length, advice)
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
 
-    monkeypatch.setattr(os, "posix_fadvise", record)
-    return calls
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        self.calls.append((fd, offset, offset + length))
+        super().drop_cached(fd, offset, length)
 
 
-def test_oldest_durable_extents_are_dropped_down_to_the_budget(files, advised):
-    budget = PageCacheBudget(2 * MIB)
+def test_oldest_durable_extents_are_dropped_down_to_the_budget(files):
+    disk = DropCalls()
+    advised = disk.calls
+    budget = PageCacheBudget(2 * MIB, disk)
     a, b = files(2 * MIB), files(2 * MIB)
     budget.wrote(a, 0, MIB)
     budget.wrote(a, MIB, 2 * MIB)  # continues the previous extent
@@ -114,8 +113,10 @@ def test_oldest_durable_extents_are_dropped_down_to_the_budget(files, advised):
     assert budget.trim() == 0 and len(advised) == 1  # within budget now
 
 
-def test_data_not_yet_durable_stays_cached(files, advised):
-    budget = PageCacheBudget(2 * MIB)
+def test_data_not_yet_durable_stays_cached(files):
+    disk = DropCalls()
+    advised = disk.calls
+    budget = PageCacheBudget(2 * MIB, disk)
     a = files(6 * MIB)
     budget.wrote(a, 0, 6 * MIB)
     assert budget.trim() == 0 and advised == []  # nothing on disk: the kernel keeps dirty pages
@@ -180,7 +181,7 @@ def test_storage_keeps_only_the_newest_bytes_cached_and_reads_everything_back(tm
         for body in bodies:
             data = memoryview(batch_bytes(body))
             _, target = rlog.append([(parse_header(data), data)])
-        store.wait_durable(rlog, target, timeout=30)
+        store.durability.wait_durable(rlog, target, timeout=30)
         # The fsync thread trims right after it answers: wait for it to have done so.
         wait_until(lambda: store.page_cache.trim() >= 0
                    and store.page_cache.dropped_bytes >= 6 * MIB, "the fsync thread's trim")

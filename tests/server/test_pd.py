@@ -20,7 +20,7 @@ from sbp_spark.protocol.errors import ErrorCode, PayloadTooLargeError
 from sbp_spark.protocol.frame import decode_frame, encode_frame
 from sbp_spark.server.net import FrameServer, NetConfig, RequestContext, RequestHandler
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd_meta import MAX_ASKED_STREAM_ID
+from sbp_spark.server.pd.meta import MAX_ASKED_STREAM_ID
 from tests.polling import wait_until as poll
 
 # -- a stand-in range server ------------------------------------------------------------------
@@ -510,8 +510,8 @@ def test_list_ranges_too_large_for_one_frame_fails_only_what_does_not_fit(pd, co
 def test_describe_streams_too_large_for_one_frame_is_refused_saying_so(pd, conn, monkeypatch):
     # Was SYSTEM_ERROR UNKNOWN naming a ProtocolError. The real limit needs ~250k streams; a
     # lower one takes the same path.
-    from sbp_spark.server import pd_handler
-    monkeypatch.setattr(pd_handler, "MAX_ANSWER_HEADER", 1000)
+    from sbp_spark.server.pd import handler
+    monkeypatch.setattr(handler, "MAX_ANSWER_HEADER", 1000)
     _add_ranges(pd, pd.store.allocate_server_id("one"), {s: 1 for s in range(1, 41)})
     with pytest.raises(PayloadTooLargeError, match="the 40 streams asked for take .* bytes, "
                        "more than one answer holds .*fewer per request"):
@@ -599,8 +599,8 @@ def test_liveness_timeout(tmp_path):
     try:
         with PlacementDriver(cfg) as pd, Connection(pd.address) as c:
             register(c, rs)
-            assert [s.live for s in pd.range_servers()] == [True]
-            poll(lambda: not pd.range_servers()[0].live, what="the server to be declared dead")
+            assert [s.live for s in pd.servers.states()] == [True]
+            poll(lambda: not pd.servers.states()[0].live, what="the server to be declared dead")
             [res] = create(c, m.Stream())
             assert res.status.code == ErrorCode.NOT_ENOUGH_SERVERS
             beat(c, rs)
@@ -625,8 +625,8 @@ def test_report_metrics_visible(conn, pd, servers):
     resp, _ = conn.call(m.ReportMetricsRequest(range_server=m.RangeServer(rs.server_id, rs.address),
                                                disk_free_space=123, range_active_cnt=4))
     assert resp.status.ok and resp.range_server.server_id == rs.server_id
-    info = next(i for i in pd.range_servers() if i.server_id == rs.server_id)
-    assert info.metrics["disk_free_space"] == 123 and info.metrics["range_active_cnt"] == 4
+    info = next(i for i in pd.servers.states() if i.server.server_id == rs.server_id)
+    assert info.metrics.disk_free_space == 123 and info.metrics.range_active_cnt == 4
     assert info.metrics_ms > 0 and info.live
     bad, _ = conn.call(m.ReportMetricsRequest(range_server=m.RangeServer(9999, "x:1")))
     assert bad.status.code == ErrorCode.INVALID_REQUEST

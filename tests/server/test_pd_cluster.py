@@ -36,9 +36,9 @@ def start_node(endpoints: list[str], prefix: str, i: int) -> PlacementDriver:
 
 
 def leader_of(nodes: list[PlacementDriver]) -> PlacementDriver:
-    wait_until(lambda: sum(n.is_leader() for n in nodes if n is not None) == 1,
+    wait_until(lambda: sum(n.office.is_leader() for n in nodes if n is not None) == 1,
                "exactly one PD node to lead", timeout=15)
-    return next(n for n in nodes if n is not None and n.is_leader())
+    return next(n for n in nodes if n is not None and n.office.is_leader())
 
 
 @pytest.fixture
@@ -57,7 +57,8 @@ def test_one_leader_and_every_node_describes_the_cluster(nodes):
     leader = leader_of(nodes)
     for node in nodes:
         # Each node refreshes its view of the membership about once a second.
-        wait_until(lambda n=node: len(n.cluster().members) == 3 and n.cluster().leader,
+        wait_until(lambda n=node: len(n.office.cluster().members) == 3
+                   and n.office.cluster().leader,
                    f"{node.config.name} to see every member and the leader", timeout=5)
         with Connection(node.address) as conn:
             response, _ = conn.call(m.DescribePdClusterRequest())
@@ -72,8 +73,8 @@ def test_one_leader_and_every_node_describes_the_cluster(nodes):
 def test_a_follower_answers_pd_not_leader_naming_the_leader(nodes):
     leader = leader_of(nodes)
     follower = next(n for n in nodes if n is not leader)
-    wait_until(lambda: follower.cluster().leader is not None
-               and len(follower.cluster().members) == len(nodes),
+    wait_until(lambda: follower.office.cluster().leader is not None
+               and len(follower.office.cluster().members) == len(nodes),
                "the follower to see the leader and every member")
     with Connection(follower.address) as conn:
         with pytest.raises(PdNotLeaderError) as err:
@@ -87,7 +88,7 @@ def test_a_follower_answers_pd_not_leader_naming_the_leader(nodes):
 def test_clients_given_a_follower_first_are_redirected(nodes):
     leader = leader_of(nodes)
     followers = [n for n in nodes if n is not leader]
-    wait_until(lambda: all(f.cluster().leader is not None for f in followers),
+    wait_until(lambda: all(f.office.cluster().leader is not None for f in followers),
                "the followers to see the leader")
     pd = PdClient(addresses([*followers, leader]), CONFIG)
     server_id = pd.allocate_id("host")
@@ -121,7 +122,7 @@ def test_a_leader_that_cannot_renew_stops_before_another_starts(nodes, monkeypat
 
     # The node keeps running but can no longer reach etcd: it must go quiet on its own.
     monkeypatch.setattr(leadership.etcd, "lease_keepalive", cut_off)
-    wait_until(lambda: not leader.is_leader(), "the cut-off leader to stop leading",
+    wait_until(lambda: not leader.office.is_leader(), "the cut-off leader to stop leading",
                timeout=LEASE_S + 2)
     quiet_at = time.monotonic()
     new = leader_of(rest)
@@ -132,7 +133,7 @@ def test_a_leader_that_cannot_renew_stops_before_another_starts(nodes, monkeypat
     # Its writes are fenced off in etcd too, whatever it believes.
     with pytest.raises(PdNotLeaderError):
         leader.store.allocate_server_id("stale")
-    assert new.is_leader()
+    assert new.office.is_leader()
 
 
 def test_writes_are_fenced_by_the_leader_key(nodes, etcd_endpoints, etcd_prefix):
@@ -146,7 +147,7 @@ def test_writes_are_fenced_by_the_leader_key(nodes, etcd_endpoints, etcd_prefix)
             leader.store.allocate_server_id("after the key went")
     finally:
         etcd.close()
-    assert not leader.is_leader()
+    assert not leader.office.is_leader()
     new = leader_of(nodes)
     assert new.store.list_servers() == before
 
@@ -171,8 +172,8 @@ def test_a_new_leader_gives_range_servers_a_grace_period(nodes, tmp_path):
         wait_until(lambda: all(new.liveness.is_live(s.server_id) for s in servers),
                    "the range servers to heartbeat to the new leader", timeout=10)
         # Nothing was failed over: the stream's first range stays open on both servers.
-        stays_true(lambda: len(new.list_ranges(stream)) == 1 and
-                   new.list_ranges(stream)[0].is_open, "range 0 of the stream open",
+        stays_true(lambda: len(new.store.list_ranges(stream)) == 1 and
+                   new.store.list_ranges(stream)[0].is_open, "range 0 of the stream open",
                    duration=LIVENESS_S * 1.5)
         appended = writer.append([batch_bytes(b"after")])
         assert appended[0].range_index == 0
@@ -185,7 +186,7 @@ def test_a_new_leader_gives_range_servers_a_grace_period(nodes, tmp_path):
 
 def test_a_lone_pd_still_runs_on_sqlite(tmp_path):
     with PlacementDriver(PdConfig(tmp_path / "pd", fsync=False)) as pd:
-        assert pd.is_leader() and pd.leadership is None
-        assert [x.is_leader for x in pd.cluster().members] == [True]
+        assert pd.office.is_leader() and pd.leadership is None
+        assert [x.is_leader for x in pd.office.cluster().members] == [True]
     with pytest.raises(ValueError, match="data_dir"):
         PdConfig(None)

@@ -13,7 +13,7 @@ from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode, NotEnoughServersError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID
+from sbp_spark.server.pd.meta import UNKNOWN_SERVER_ID
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until
@@ -53,17 +53,17 @@ def test_a_heartbeat_with_an_id_never_issued_is_refused(pd):
     assert f"id {issued.id + 41} " in status.message and "never issued" in status.message
     assert bytes(status.detail) == UNKNOWN_SERVER_ID
     assert not pd.liveness.is_live(issued.id + 41)
-    assert [s.server_id for s in pd.range_servers()] == []
+    assert [s.server.server_id for s in pd.servers.states()] == []
     # It takes no ranges: no live server at all.
     with pytest.raises(NotEnoughServersError):
-        pd.create_stream()
+        pd.streams.create()
     # The id the PD did issue is welcome.
     assert heartbeat(pd.address, issued.id).ok
     assert pd.liveness.is_live(issued.id)
 
 
 def test_a_range_server_with_a_foreign_id_is_told_what_to_do(tmp_path, pd, caplog):
-    caplog.set_level(logging.ERROR, logger="sbp_spark.server.registration")
+    caplog.set_level(logging.ERROR, logger="sbp_spark.server.range_server.registration")
     with RangeServer(rs_config(tmp_path, pd.address, server_id=77)) as rs:
         link = rs.pd_link
         assert link is not None

@@ -19,7 +19,7 @@ from tests.polling import stays_true, wait_until
 
 def warnings_of(log_text: str) -> list[str]:
     return [line for line in log_text.splitlines()
-            if " WARNING sbp_spark.server.registration:" in line]
+            if " WARNING sbp_spark.server.range_server.registration:" in line]
 
 
 @pytest.mark.slow

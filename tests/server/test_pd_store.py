@@ -18,9 +18,10 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 from sbp_spark.server.etcd_client import EtcdClient
-from sbp_spark.server.pd_etcd import EtcdStore
-from sbp_spark.server.pd_store import UNKNOWN_SERVER_ID, PdStore, ReplicaMeta
-from sbp_spark.server.placement import Liveness, choose_servers
+from sbp_spark.server.pd.etcd_store import EtcdStore
+from sbp_spark.server.pd.meta import UNKNOWN_SERVER_ID, RangeHolder
+from sbp_spark.server.pd.placement import Liveness, choose_servers
+from sbp_spark.server.pd.sqlite_store import PdStore
 
 
 @pytest.fixture(params=["sqlite", "etcd"])
@@ -40,7 +41,7 @@ def test_create_stream_opens_range_zero_with_primary_first(store):
     assert stream.stream_id == 1 and stream.replica_nums == 2
     assert stream.retention_period_ms == 60_000 and stream.start_offset == 0
     assert (rng.range_index, rng.start_offset, rng.end_offset, rng.next_offset) == (0, 0, -1, 0)
-    assert rng.replicas == (ReplicaMeta(3, True), ReplicaMeta(1, False))
+    assert rng.holders == (RangeHolder(3, True), RangeHolder(1, False))
     assert rng.primary == 3 and rng.is_open
     assert store.list_ranges(stream.stream_id) == [rng]
 

@@ -26,41 +26,33 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import batch_bytes
-from sbp_spark.server import segment as segment_mod
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.client.fakes import FakeServer, Peer
+from tests.server.disks import HeldSyncs
 from tests.server.secondary import sync_range
 
 STREAM = 9
 PROBE_S = 0.2
 CONFIG = ClientConfig(request_timeout_s=10, retries=0, probe_interval_s=PROBE_S)
 # A small APPEND is stored on the connection's reader itself; a large one on its handler
-# thread (range_requests.INLINE_APPEND_BYTES).
+# thread (range_server/requests.py, INLINE_APPEND_BYTES).
 BODY_SIZES = [1024, 1024 * 1024]
 
 
 @pytest.fixture
-def held_fsync(monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """Every fsync of segment data waits for the second event (set at the end of the test);
-    the first is set once one does."""
-    entered, release = threading.Event(), threading.Event()
-    real = segment_mod.Segment.fsync
-
-    def held(self):
-        entered.set()
-        release.wait(30)
-        real(self)
-
-    monkeypatch.setattr(segment_mod.Segment, "fsync", held)
-    yield entered, release
-    release.set()
+def held_fsync() -> Iterator[HeldSyncs]:
+    """A disk whose every fsync of segment data waits for ``release`` (set at the end of the
+    test at the latest); ``entered`` is set once one does."""
+    disk = HeldSyncs(timeout_s=30)
+    yield disk
+    disk.release.set()
 
 
-def primary(tmp_path, secondary: str | None = None) -> Server:
+def primary(tmp_path, secondary: str | None = None, disk: HeldSyncs | None = None) -> Server:
     server = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
-                                      storage=StorageConfig(fsync="group"))).start()
+                                      storage=StorageConfig(fsync="group")), disk=disk).start()
     replicas = [RangeReplica(RangeServer(1, server.advertise_addr), True)]
     if secondary is not None:
         replicas.append(RangeReplica(RangeServer(2, secondary), False))
@@ -69,9 +61,10 @@ def primary(tmp_path, secondary: str | None = None) -> Server:
 
 
 @contextlib.contextmanager
-def primary_client(tmp_path, secondary: str | None = None) -> Iterator[RangeServerClient]:
+def primary_client(tmp_path, secondary: str | None = None, disk: HeldSyncs | None = None
+                   ) -> Iterator[RangeServerClient]:
     """A client of a running ``primary`` (stopped at the end)."""
-    server = primary(tmp_path, secondary)
+    server = primary(tmp_path, secondary, disk)
     try:
         with ConnectionPool(CONFIG) as pool:
             yield RangeServerClient(server.advertise_addr, CONFIG, pool)
@@ -89,8 +82,8 @@ def start_append(client: RangeServerClient, body: bytes, timeout_ms: int = 10_00
 
 @pytest.mark.parametrize("size", BODY_SIZES)
 def test_ping_is_answered_while_an_append_waits_for_its_fsync(tmp_path, held_fsync, size):
-    entered, release = held_fsync
-    with primary_client(tmp_path) as client:
+    entered, release = held_fsync.entered, held_fsync.release
+    with primary_client(tmp_path, disk=held_fsync) as client:
         answer = start_append(client, b"x" * size)
         assert entered.wait(10)
         assert answer.poll(0.2) is None  # waiting for the fsync
@@ -101,8 +94,8 @@ def test_ping_is_answered_while_an_append_waits_for_its_fsync(tmp_path, held_fsy
 
 @pytest.mark.parametrize("size", BODY_SIZES)
 def test_an_append_held_by_a_slow_fsync_is_waited_for(tmp_path, held_fsync, size):
-    entered, release = held_fsync
-    with primary_client(tmp_path) as client:
+    release = held_fsync.release
+    with primary_client(tmp_path, disk=held_fsync) as client:
         # The fsync takes 5 probe intervals: the client PINGs, the server answers, and the
         # append is waited for (not failed as if the server had stopped).
         threading.Timer(5 * PROBE_S, release.set).start()
@@ -136,8 +129,8 @@ def test_a_connection_the_server_stopped_reading_is_waited_for(tmp_path, held_fs
     # With MAX_INFLIGHT_PER_CONNECTION requests in flight on one connection (writer threads
     # sharing it) the server reads nothing more until one is answered, a PING neither: an
     # unanswered PING then does not mean the server stopped.
-    entered, release = held_fsync
-    with primary_client(tmp_path) as client:
+    entered, release = held_fsync.entered, held_fsync.release
+    with primary_client(tmp_path, disk=held_fsync) as client:
         others = [start_append(client, b"o%d" % i) for i in range(MAX_INFLIGHT_PER_CONNECTION)]
         assert entered.wait(10)
         threading.Timer(5 * PROBE_S, release.set).start()
@@ -151,8 +144,8 @@ def test_an_append_whose_client_left_before_its_fsync_ends_quietly(tmp_path, hel
                                                                      caplog, size):
     # A client that gives up (a timeout, a killed Spark task) closes its connection with
     # appends in flight; their answers have nowhere to go, which is no error of the server's.
-    entered, release = held_fsync
-    server = primary(tmp_path)
+    entered, release = held_fsync.entered, held_fsync.release
+    server = primary(tmp_path, disk=held_fsync)
     try:
         with ConnectionPool(CONFIG) as pool:
             client = RangeServerClient(server.advertise_addr, CONFIG, pool)

@@ -14,23 +14,23 @@ import pytest
 from sbp_spark.client import SbpClient
 from sbp_spark.client.connection import parse_address
 from sbp_spark.protocol import messages as m
-from sbp_spark.protocol._generated import CreateStreamsRequest as GenCreateStreamsRequest
-from sbp_spark.protocol._generated import HeartbeatRequest as GenHeartbeatRequest
-from sbp_spark.protocol._generated import RangeServer as GenRangeServer
-from sbp_spark.protocol._generated import Stream as GenStream
-from sbp_spark.protocol._generated import SyncRangesResponse as GenSyncRangesResponse
 from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.frame import encode_frame
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
-from sbp_spark.server.pd import _PdHandler
-from sbp_spark.server.range_server import RangeServerHandler
+from sbp_spark.server.pd.handler import PdHandler
+from sbp_spark.server.range_server.requests import RangeServerHandler
+from tests.flatc_classes import CreateStreamsRequest as GenCreateStreamsRequest
+from tests.flatc_classes import HeartbeatRequest as GenHeartbeatRequest
+from tests.flatc_classes import RangeServer as GenRangeServer
+from tests.flatc_classes import Stream as GenStream
+from tests.flatc_classes import SyncRangesResponse as GenSyncRangesResponse
 from tests.protocol.test_messages import append_request_with_table_entries
 
 from .wire import RawPeer
 
-ROLES = {"pd": ("placement driver", _PdHandler), "rs": ("range server", RangeServerHandler)}
+ROLES = {"pd": ("placement driver", PdHandler), "rs": ("range server", RangeServerHandler)}
 
 
 @pytest.fixture(scope="module")

@@ -37,10 +37,10 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, iter_batches, parse_header
-from sbp_spark.server import segment
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
+from sbp_spark.server.storage.disk import Disk
 from tests.polling import wait_until
 
 from .wire import RawPeer
@@ -387,9 +387,9 @@ def test_retention_deletes_expired_data_and_reports_the_trim(tmp_path):
         for _ in range(3):
             _append(peer, [(1, b"o" * 3000)])
         trims = []
-        srv.on_trim = lambda sid, start: trims.append((sid, start))
-        srv.retention[1] = 60_000
-        assert srv.apply_retention(now_ms=int(time.time() * 1000) + 120_000) == [(1, 3)]
+        srv.retention.on_trim = lambda sid, start: trims.append((sid, start))
+        srv.retention.set_period(1, 60_000)
+        assert srv.retention.apply(now_ms=int(time.time() * 1000) + 120_000) == [(1, 3)]
         assert trims == [(1, 3)]
         _, statuses, _ = _fetch(peer, [_entry(1, offset=0)])
         assert statuses[0][0].code == ErrorCode.OFFSET_OUT_OF_RANGE
@@ -459,21 +459,31 @@ def test_primary_replicates_to_secondaries_and_seals_when_one_fails(tmp_path):
         secondary.stop()
 
 
-def test_disk_full_fails_the_entries_with_storage_full(peer, monkeypatch):
-    _sync(peer, _range(1))
-    assert _codes(_append(peer, [(1, b"kept")]).append_responses) == [0]
+class FullDisk(Disk):
+    """Segment writes fail with ENOSPC while ``full`` is set."""
 
-    def enospc(fd, buffers, offset):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    full = False
 
-    monkeypatch.setattr(segment.os, "pwritev", enospc)
-    resp = _append(peer, [(1, b"lost")])
-    monkeypatch.undo()
-    assert _codes(resp.append_responses) == [ErrorCode.STORAGE_FULL]
-    assert "disk full" in resp.append_responses[0].status.message
-    _, _, batches = _fetch(peer, [_entry(1)])
-    assert [b[ENVELOPE_SIZE:] for b in batches[0]] == [b"kept"]
-    assert [r.base_offset for r in _append(peer, [(1, b"next")]).append_responses] == [1]
+    def write(self, fd: int, buffers, offset: int) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, buffers, offset)
+
+
+def test_disk_full_fails_the_entries_with_storage_full(tmp_path):
+    disk = FullDisk()
+    config = _config(tmp_path, fetch_frame_bytes=64 * 1024)  # as the `server` fixture's
+    with Server(config, disk=disk).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        assert _codes(_append(peer, [(1, b"kept")]).append_responses) == [0]
+        disk.full = True
+        resp = _append(peer, [(1, b"lost")])
+        disk.full = False
+        assert _codes(resp.append_responses) == [ErrorCode.STORAGE_FULL]
+        assert "disk full" in resp.append_responses[0].status.message
+        _, _, batches = _fetch(peer, [_entry(1)])
+        assert [b[ENVELOPE_SIZE:] for b in batches[0]] == [b"kept"]
+        assert [r.base_offset for r in _append(peer, [(1, b"next")]).append_responses] == [1]
 
 
 def test_fetch_of_corrupt_stored_data_fails_that_entry_cleanly(tmp_path):

@@ -15,7 +15,6 @@ import time
 import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient, SbpClient
-from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import (
     AppendRequest,
@@ -28,9 +27,10 @@ from sbp_spark.protocol.records import batch_bytes, parse_header
 from sbp_spark.server import EmbeddedCluster
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
+from sbp_spark.server.range_server.replication import Replicator
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
-from tests.server.secondary import forward_of, send_append, sync_range
+from tests.server.secondary import HeldAnswers, forward_of, send_append, sync_range
 
 STREAM = 4
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
@@ -39,9 +39,9 @@ NEVER = StorageConfig(fsync="never")
 
 
 
-def start(path, server_id: int) -> Server:
-    return Server(RangeServerConfig(data_dir=str(path), server_id=server_id,
-                                    storage=NEVER)).start()
+def start(path, server_id: int, replicator: Replicator | None = None) -> Server:
+    return Server(RangeServerConfig(data_dir=str(path), server_id=server_id, storage=NEVER),
+                  replicator=replicator).start()
 
 
 def sync(server: Server, replicas: list[RangeReplica], end_offset: int = -1) -> None:
@@ -331,9 +331,14 @@ class Trio:
 
     def __init__(self, root) -> None:
         self.root = root
-        self.servers = {sid: start(root / str(sid), sid) for sid in (1, 2, 3)}
+        # Held secondaries: what the primary hears from them waits for their event.
         self.gates: dict[int, threading.Event] = {}
+        self.servers = {sid: self.start(sid) for sid in (1, 2, 3)}
         self.sync_all()
+
+    def start(self, sid: int) -> Server:
+        replicator = HeldAnswers(self.gates) if sid == 1 else None
+        return start(self.root / str(sid), sid, replicator)
 
     def replicas(self) -> list[RangeReplica]:
         return [RangeReplica(RangeServer(sid, s.advertise_addr), sid == 1)
@@ -345,20 +350,13 @@ class Trio:
 
     def restart(self, sid: int) -> None:
         self.servers[sid].stop()
-        self.servers[sid] = start(self.root / str(sid), sid)
+        self.servers[sid] = self.start(sid)
         self.sync_all()  # its address changed
 
     def hold(self, sid: int) -> threading.Event:
-        """Hold server ``sid``'s APPEND handling until the returned event is set."""
+        """The primary hears nothing from secondary ``sid`` (no answer to a forward or a cap
+        notice) until the returned event is set."""
         gate = self.gates[sid] = threading.Event()
-        handler = self.servers[sid].handler
-        cls, append = handler._dispatch[Opcode.APPEND]
-
-        def held(ctx, req):
-            gate.wait(30)
-            append(ctx, req)
-
-        handler._dispatch[Opcode.APPEND] = (cls, held)
         return gate
 
     def client(self, sid: int, pool: ConnectionPool) -> RangeServerClient:
@@ -388,8 +386,8 @@ def _append(rs: RangeServerClient, *bodies: bytes) -> list[int]:
 def test_restarted_primary_serves_its_tail_once_every_secondary_said_it_holds_it(trio):
     with ConnectionPool(CONFIG) as pool:
         assert _append(trio.client(1, pool), b"a", b"b", b"c") == [0, 1, 2]
-        # Secondary 3 answers nothing (neither the restarted primary's cap probe nor its next
-        # forward) until the gate opens.
+        # Nothing of secondary 3 reaches the restarted primary (neither its answer to the cap
+        # probe nor to the next forward) until the gate opens.
         gate = trio.hold(3)
         trio.restart(1)
         primary = trio.client(1, pool)

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbp_spark.server.read_cap import TRANSITIONS, CapEvent, CapState, ReadCap
+from sbp_spark.server.storage.read_cap import TRANSITIONS, CapEvent, CapState, ReadCap
 
 
 def test_the_table_names_every_state_and_event():

@@ -17,6 +17,7 @@ from sbp_spark.protocol.messages import (
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from sbp_spark.server.range_server import RangeServer, RangeServerConfig
+from sbp_spark.server.range_server.registration import LinkedServer, LoadSample, PdLink
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until
 
@@ -87,7 +88,18 @@ def test_ranges_from_the_pd_take_appends_and_retention_trims_reach_the_pd(tmp_pa
         assert frame.is_end
 
 
-def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path, monkeypatch):
+def _unregistered(tmp_path) -> LinkedServer:
+    """A range server as its PD link sees it, before the PD gave it an id."""
+    return LinkedServer(
+        data_dir=str(tmp_path), server_file=str(tmp_path / "server.json"),
+        heartbeat_interval_s=1.0, metrics_interval_s=5.0, streams_interval_s=30.0,
+        server_id=lambda: -1, set_server_id=lambda server_id: None,
+        advertise_addr=lambda: "127.0.0.1:1", stream_ids=list,
+        stream_settings=lambda stream_id, retention_ms, deleted: None,
+        load=lambda: LoadSample(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0))
+
+
+def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path):
     # A range server started before its PD tried (and logged a warning) every 0.2 s, for as
     # long as the PD stayed down: 18,000 lines an hour.
     import socket
@@ -109,17 +121,10 @@ def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path, monkeypatc
                 return False
             return super().wait(timeout)
 
-    from sbp_spark.server.registration import PdLink
-
-    start = PdLink.start
-
-    def counted_start(link: PdLink) -> None:
-        link._stop = CountedStop()  # before its thread first waits
-        start(link)
-
-    monkeypatch.setattr(PdLink, "start", counted_start)
-    config = RangeServerConfig(data_dir=str(tmp_path / "rs"), pd_addresses=[nowhere],
-                               storage=StorageConfig(fsync="never"))
-    with RangeServer(config):
+    link = PdLink(_unregistered(tmp_path), [nowhere], stop=CountedStop())
+    link.start()
+    try:
         assert done.wait(60)
+    finally:
+        link.stop()
     assert waits == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]

@@ -1,10 +1,10 @@
 """Reads of a replicated range see only what every replica stored.
 
-A primary stores a batch and commits it locally at once (fsync "never"), but its secondary is
-held back: until the secondary stores the batch, the append is not acknowledged and readers of
-the primary (FETCH, DESCRIBE_RANGES) must not see it, since a failover would seal the range
-below it. Once the secondary stores it, the append is acknowledged and readers see it (a
-waiting long poll wakes up).
+A primary stores a batch and commits it locally at once (fsync "never"), but does not hear
+from its secondary: until the secondary's answer says it stored the batch, the append is not
+acknowledged and readers of the primary (FETCH, DESCRIBE_RANGES) must not see it, since a
+failover would seal the range below it. Once the answer comes, the append is acknowledged
+and readers see it (a waiting long poll wakes up).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient
 from sbp_spark.client.connection import Connection
-from sbp_spark.protocol.constants import Opcode
 from sbp_spark.protocol.messages import (
     Range,
     RangeReplica,
@@ -28,6 +27,7 @@ from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
 from tests.polling import wait_until as poll
+from tests.server.secondary import HeldAnswers
 
 STREAM = 9
 CONFIG = ClientConfig(request_timeout_s=20, retries=0)
@@ -38,8 +38,11 @@ CONFIG = ClientConfig(request_timeout_s=20, retries=0)
 @pytest.fixture
 def pair(tmp_path):
     never = StorageConfig(fsync="never")
+    # The primary hears nothing from its secondary until the test lets it.
+    gate = threading.Event()
     primary = Server(RangeServerConfig(data_dir=str(tmp_path / "p"), server_id=1,
-                                       storage=never)).start()
+                                       storage=never),
+                     replicator=HeldAnswers({2: gate})).start()
     secondary = Server(RangeServerConfig(data_dir=str(tmp_path / "s"), server_id=2,
                                          storage=never)).start()
     replicas = [RangeReplica(RangeServer(1, primary.advertise_addr), True),
@@ -50,15 +53,6 @@ def pair(tmp_path):
         with Connection(server.advertise_addr) as conn:
             response, _ = conn.call(request)
             assert response.sync_responses[0].status.ok
-    # Hold the secondary's APPEND handling until the test lets it go.
-    gate = threading.Event()
-    cls, append = secondary.handler._dispatch[Opcode.APPEND]
-
-    def held(ctx, req):
-        gate.wait(30)
-        append(ctx, req)
-
-    secondary.handler._dispatch[Opcode.APPEND] = (cls, held)
     try:
         yield primary, secondary, gate
     finally:

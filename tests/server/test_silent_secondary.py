@@ -13,7 +13,7 @@ from sbp_spark.protocol.messages import RangeReplica, RangeServer
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
-from sbp_spark.server.replication import DEFAULT_REPLICATION_TIMEOUT_S
+from sbp_spark.server.range_server.replication import DEFAULT_REPLICATION_TIMEOUT_S
 from sbp_spark.server.storage import StorageConfig
 from tests.client.fakes import FakeServer, Peer
 from tests.server.secondary import sync_range

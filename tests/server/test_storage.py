@@ -18,13 +18,13 @@ from sbp_spark.protocol.errors import (
     StorageFullError,
     StreamNotFoundError,
 )
+from sbp_spark.protocol.messages import RangeReplica, RangeServer
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, parse_header
-from sbp_spark.server import range_log as range_log_mod
-from sbp_spark.server import segment as segment_mod
-from sbp_spark.server.durability import FsyncPolicy
-from sbp_spark.server.range_log import Replica
-from sbp_spark.server.segment import CorruptDataError
-from sbp_spark.server.storage import Storage, StorageConfig
+from sbp_spark.server.storage import FsyncPolicy, StorageConfig
+from sbp_spark.server.storage import segment as segment_mod
+from sbp_spark.server.storage.disk import Disk
+from sbp_spark.server.storage.segment import CorruptDataError, verify_batches
+from sbp_spark.server.storage.store import Storage
 
 # No background fsync during a test unless the test asks for it.
 _MANUAL = StorageConfig(fsync="interval", fsync_interval_ms=3_600_000)
@@ -44,7 +44,7 @@ def _read_all(rlog, offset: int = None, max_bytes: int = 1 << 30) -> list[bytes]
             if not chunk.batches:
                 return out
             data = b"".join(os.pread(b.fd, b.length, b.position) for b in chunk.batches)
-            assert chunk.crc == chunk.verify() == zlib.crc32(data)
+            assert chunk.crc == verify_batches(chunk.batches) == zlib.crc32(data)
             assert chunk.nbytes == len(data)
             for b in chunk.batches:
                 out.append(os.pread(b.fd, b.length, b.position))
@@ -64,7 +64,8 @@ def store(tmp_path):
 
 
 def test_append_assigns_offsets_and_reads_back_patched_batches(store):
-    rlog = store.create_range(7, 0, start_offset=100, replicas=[Replica(1, "h:1", True)])
+    rlog = store.create_range(7, 0, start_offset=100,
+                              replicas=[RangeReplica(RangeServer(1, "h:1"), True)])
     bases, target = rlog.append([_batch(b"one"), _batch(b"two")])
     assert bases == [100, 101] and target == 102
     bases, target = rlog.append([_batch(b"three")])
@@ -118,7 +119,7 @@ def test_uncommitted_batches_are_invisible_until_synced(store):
     with rlog.read(0, 1 << 20) as chunk:
         assert chunk.batches == []
     called = []
-    store.when_durable(rlog, target, called.append)
+    store.durability.when_durable(rlog, target, called.append)
     assert called == []
     rlog.sync()
     store.durability.release_waiters()
@@ -146,14 +147,16 @@ def test_read_limits_max_bytes_first_batch_and_end_offset(store):
 
 def test_restart_recovers_offsets_data_and_metadata(tmp_path):
     with Storage(str(tmp_path), _MANUAL) as s:
-        rlog = s.create_range(3, 2, 50, replicas=[Replica(4, "a:1", True), Replica(5, "b:2")])
+        rlog = s.create_range(3, 2, 50, replicas=[RangeReplica(RangeServer(4, "a:1"), True),
+                                                  RangeReplica(RangeServer(5, "b:2"))])
         rlog.append([_batch(b"x" * 10), _batch(b"y" * 20)])
         rlog.sync()
         before = _read_all(rlog)
     with Storage(str(tmp_path), _MANUAL) as s:
         rlog = s.get_range(3, 2)
         assert rlog.next_offset == 52 and rlog.start_offset == 50 and not rlog.sealed
-        assert rlog.replicas == (Replica(4, "a:1", True), Replica(5, "b:2", False))
+        assert rlog.replicas == (RangeReplica(RangeServer(4, "a:1"), True),
+                                 RangeReplica(RangeServer(5, "b:2"), False))
         assert _read_all(rlog) == before
         assert rlog.append([_batch(b"z")])[0] == [52]
 
@@ -278,7 +281,7 @@ def test_corrupt_byte_in_a_full_segment_is_detected_on_read(tmp_path, lose_index
         rlog = s.get_range(1, 0)
         assert rlog.next_offset == 6  # a damaged full segment does not cost later data
         with rlog.read(0, 1 << 20) as chunk, pytest.raises(CorruptDataError, match="checksum"):
-            chunk.verify()
+            verify_batches(chunk.batches)
         with rlog.read(2, 1 << 20) as chunk:  # other segments still serve
             assert chunk.batches[0].base_offset == 2
 
@@ -303,34 +306,33 @@ def test_segments_roll_and_indexes_survive_restart(tmp_path):
                 assert chunk.batches[0].base_offset == offset
 
 
-@pytest.fixture
-def disk_calls(monkeypatch):
-    """Every directory fsync and segment fdatasync, with the thread that made it, in order."""
-    calls: list[tuple[str, str]] = []
-    real_dir, real_data = range_log_mod.fsync_dir, segment_mod._datasync
+class SyncCalls(Disk):
+    """Records every directory sync and segment data sync, with the thread that made it, in
+    order (``calls``)."""
 
-    def fsync_dir(path):
-        calls.append(("dir", threading.current_thread().name))
-        real_dir(path)
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
 
-    def datasync(fd):
-        calls.append(("data", threading.current_thread().name))
-        real_data(fd)
+    def sync_dir(self, path: str) -> None:
+        self.calls.append(("dir", threading.current_thread().name))
+        super().sync_dir(path)
 
-    monkeypatch.setattr(range_log_mod, "fsync_dir", fsync_dir)
-    monkeypatch.setattr(segment_mod, "_datasync", datasync)
-    return calls
+    def datasync(self, fd: int) -> None:
+        self.calls.append(("data", threading.current_thread().name))
+        super().datasync(fd)
 
 
 def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_answered(
-        tmp_path, disk_calls):
+        tmp_path):
     """Rolling to a new segment costs the append no directory fsync: the flush that makes
     the new segment's bytes durable syncs the directory first, so nothing in a segment whose
     entry could vanish in a crash is ever acknowledged."""
     cfg = StorageConfig(fsync="always", segment_bytes=8192)
-    with Storage(str(tmp_path), cfg) as s:
+    disk = SyncCalls()
+    disk_calls = disk.calls
+    with Storage(str(tmp_path), cfg, disk) as s:
         rlog = s.create_range(1, 0, 0)
-        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
         disk_calls.clear()
         answered = []
         _, target = rlog.append([_batch(b"b" * 5000)])  # does not fit: a new segment
@@ -339,33 +341,41 @@ def test_a_segment_rolled_by_an_append_has_its_entry_synced_before_its_data_is_a
         assert all(thread != appender for _, thread in disk_calls)  # it synced nothing
         s.durability.when_durable(rlog, target, lambda exc: answered.append(
             (exc, list(disk_calls))))
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         [(exc, before_answer)] = answered
         assert exc is None
         assert ("dir", "sbp-fsync") in before_answer
         assert before_answer.index(("dir", "sbp-fsync")) < before_answer.index(
             ("data", "sbp-fsync"))
         disk_calls.clear()
-        s.wait_durable(rlog, rlog.append([_batch(b"c" * 100)])[1], timeout=10)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"c" * 100)])[1], timeout=10)
         assert ("dir", "sbp-fsync") not in disk_calls  # once per new segment, not per flush
     with Storage(str(tmp_path), cfg) as s:
         assert [b[ENVELOPE_SIZE:] for b in _read_all(s.get_range(1, 0))] == [
             b"a" * 5000, b"b" * 5000, b"c" * 100]
 
 
-def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path, monkeypatch):
-    cfg = StorageConfig(fsync="always", segment_bytes=8192)
-    with Storage(str(tmp_path), cfg) as s:
-        rlog = s.create_range(1, 0, 0)
-        s.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+class FailingDirSyncs(Disk):
+    """Directory syncs fail with EIO once ``failing`` is set."""
 
-        def failing(path):
+    failing = False
+
+    def sync_dir(self, path: str) -> None:
+        if self.failing:
             raise OSError(errno.EIO, "Input/output error")
+        super().sync_dir(path)
 
-        monkeypatch.setattr(range_log_mod, "fsync_dir", failing)
+
+def test_a_failed_directory_sync_fails_the_appends_waiting_for_it(tmp_path):
+    cfg = StorageConfig(fsync="always", segment_bytes=8192)
+    disk = FailingDirSyncs()
+    with Storage(str(tmp_path), cfg, disk) as s:
+        rlog = s.create_range(1, 0, 0)
+        s.durability.wait_durable(rlog, rlog.append([_batch(b"a" * 5000)])[1], timeout=10)
+        disk.failing = True
         _, target = rlog.append([_batch(b"b" * 5000)])
         with pytest.raises(StorageFullError, match="Input/output error"):
-            s.wait_durable(rlog, target, timeout=10)
+            s.durability.wait_durable(rlog, target, timeout=10)
         assert rlog.next_offset == 1  # the batch in the new segment was never acknowledged
         with pytest.raises(StorageFullError, match="not writable"):
             rlog.append([_batch(b"c")])
@@ -379,7 +389,7 @@ def test_full_segments_get_their_index_after_the_flush_answers(tmp_path):
     with Storage(str(tmp_path), cfg) as s:
         rlog = s.create_range(3, 0, 0)
         for body in bodies:
-            s.wait_durable(rlog, rlog.append([_batch(body)])[1], timeout=10)
+            s.durability.wait_durable(rlog, rlog.append([_batch(body)])[1], timeout=10)
         full = rlog.segments[:-1]
         assert len(full) >= 2
     assert all(os.path.exists(seg.index_path) for seg in full)
@@ -406,7 +416,7 @@ def test_fsync_always_acknowledges_after_fsync(tmp_path):
     with Storage(str(tmp_path), StorageConfig(fsync="always")) as s:
         rlog = s.create_range(1, 0, 0)
         _, target = rlog.append([_batch(b"a")])
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         assert rlog.next_offset == 1
         assert s.stats.fsyncs >= 1
 
@@ -419,7 +429,7 @@ def test_fsync_interval_group_commits_concurrent_appends(tmp_path):
         def writer(rlog):
             for _ in range(10):
                 _, target = rlog.append([_batch(b"v" * 100)])
-                s.wait_durable(rlog, target, timeout=10)
+                s.durability.wait_durable(rlog, target, timeout=10)
             done.append(rlog.stream_id)
 
         threads = [threading.Thread(target=writer, args=(r,)) for r in ranges]
@@ -446,7 +456,7 @@ def test_fsync_interval_starts_rounds_at_most_one_interval_apart(tmp_path):
 
         rlog.sync = slow_sync
         _, target = rlog.append([_batch(b"first")])
-        s.wait_durable(rlog, target, timeout=10)
+        s.durability.wait_durable(rlog, target, timeout=10)
         rounds_before = s.stats.fsyncs
         stop = threading.Event()
 
@@ -544,27 +554,32 @@ def test_seal_stops_appends_and_survives_restart(tmp_path):
             rlog.append([_batch(b"c")])
 
 
+class HeldWrites(Disk):
+    """Segment writes that stop after their bytes are in, until ``release`` is set;
+    ``entered`` is set once one has written."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        written = super().write(fd, buffers, offset)
+        self.entered.set()
+        assert self.release.wait(10)
+        return written
+
+
 @pytest.fixture
-def held_write(monkeypatch):
-    """Segment writes that stop after their bytes are in, until ``release`` is set."""
-    entered, release = threading.Event(), threading.Event()
-    real = segment_mod.Segment.write
-
-    def write(self, pieces, records, max_time):
-        real(self, pieces, records, max_time)
-        entered.set()
-        assert release.wait(10)
-
-    monkeypatch.setattr(segment_mod.Segment, "write", write)
-    yield entered, release
-    release.set()
+def held_write():
+    disk = HeldWrites()
+    yield disk
+    disk.release.set()
 
 
 def test_reads_and_fsyncs_go_on_while_an_append_writes(tmp_path, held_write):
     """An append holds only the range's append lock while its bytes go in: a reader and the
     flush need not wait for it, and they see none of it before it ends."""
-    entered, release = held_write
-    with Storage(str(tmp_path), _MANUAL) as s:
+    entered, release = held_write.entered, held_write.release
+    with Storage(str(tmp_path), _MANUAL, held_write) as s:
         rlog = s.create_range(1, 0, 0)
         release.set()
         rlog.append([_batch(b"first")])
@@ -593,8 +608,8 @@ def test_reads_and_fsyncs_go_on_while_an_append_writes(tmp_path, held_write):
 def test_a_seal_waits_for_the_append_being_written_and_ends_after_it(tmp_path, held_write):
     """A seal never falls in the middle of an append: the one being written is in the
     range (and acknowledged once durable); the next is refused."""
-    entered, release = held_write
-    with Storage(str(tmp_path), _MANUAL) as s:
+    entered, release = held_write.entered, held_write.release
+    with Storage(str(tmp_path), _MANUAL, held_write) as s:
         rlog = s.create_range(1, 0, 0)
         writer = threading.Thread(target=rlog.append, args=([_batch(b"a"), _batch(b"b")],))
         writer.start()
@@ -620,52 +635,61 @@ def test_deleted_stream_rejects_writes(store):
     assert not store.delete_stream(6)
 
 
-def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path, monkeypatch):
-    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+class FillingDisk(Disk):
+    """Once ``full`` is set, a write puts part of its first buffer in, as a filling disk
+    does, then fails with ENOSPC."""
+
+    full = False
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        if not self.full:
+            return super().write(fd, buffers, offset)
+        super().write(fd, [memoryview(buffers[0])[:10]], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_disk_full_stores_nothing_and_reports_storage_full(tmp_path):
+    disk = FillingDisk()
+    with Storage(str(tmp_path), StorageConfig(fsync="never"), disk) as s:
         rlog = s.create_range(1, 0, 0)
         rlog.append([_batch(b"ok")])
         [path] = _segment_files(rlog)
         size = os.path.getsize(path)
-        real = os.pwritev
-
-        def half_then_enospc(fd, buffers, offset):
-            # Write part of the first buffer, as a filling disk does, then fail.
-            first = memoryview(buffers[0])[:10]
-            real(fd, [first], offset)
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(segment_mod.os, "pwritev", half_then_enospc)
+        disk.full = True
         with pytest.raises(StorageFullError, match="disk full"):
             rlog.append([_batch(b"too much")])
-        monkeypatch.setattr(segment_mod.os, "pwritev", real)
+        disk.full = False
         assert os.path.getsize(path) == size
         assert rlog.next_offset == 1
         assert rlog.append([_batch(b"after")])[0] == [1]
         assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == [b"ok", b"after"]
 
 
-def test_large_batches_are_written_in_bounded_calls_and_survive_short_writes(tmp_path,
-                                                                            monkeypatch):
+class ShortWrites(Disk):
+    """Records the size of every write call (``calls``); every other one writes only part of
+    what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def write(self, fd: int, buffers, offset: int) -> int:
+        self.calls.append(sum(memoryview(b).nbytes for b in buffers))
+        if len(self.calls) % 2:
+            first = memoryview(buffers[0])
+            return super().write(fd, [first[:max(1, first.nbytes // 3)]], offset)
+        return super().write(fd, buffers, offset)
+
+
+def test_large_batches_are_written_in_bounded_calls_and_survive_short_writes(tmp_path):
     """A batch larger than ``WRITE_CALL_BYTES`` goes to the file in calls of at most that
     size (one large call is slow on some kernels), and a call the kernel cuts short is
     carried on from where it stopped: the batches read back byte for byte."""
-    real = os.pwritev
-    calls: list[int] = []
-
-    def short_writes(fd, buffers, offset):
-        size = sum(memoryview(b).nbytes for b in buffers)
-        calls.append(size)
-        if len(calls) % 2:  # every other call writes only part of what it was given
-            first = memoryview(buffers[0])
-            return real(fd, [first[:max(1, first.nbytes // 3)]], offset)
-        return real(fd, buffers, offset)
-
+    disk = ShortWrites()
+    calls = disk.calls
     bodies = [os.urandom(5 * 1024 * 1024 + 17), b"small", os.urandom(3 * 1024 * 1024)]
-    with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
+    with Storage(str(tmp_path), StorageConfig(fsync="never"), disk) as s:
         rlog = s.create_range(1, 0, 0)
-        monkeypatch.setattr(segment_mod.os, "pwritev", short_writes)
         rlog.append([_batch(b) for b in bodies])
-        monkeypatch.setattr(segment_mod.os, "pwritev", real)
         assert calls and max(calls) <= segment_mod.WRITE_CALL_BYTES
         assert [b[ENVELOPE_SIZE:] for b in _read_all(rlog)] == bodies
     with Storage(str(tmp_path), StorageConfig(fsync="never")) as s:
@@ -715,4 +739,4 @@ def test_reads_check_each_stored_byte_once_per_process(tmp_path):
         with rlog.read(0, 1 << 20) as chunk:
             assert chunk.checked_crc() == crc
             with pytest.raises(CorruptDataError):
-                chunk.verify()
+                verify_batches(chunk.batches)

@@ -323,7 +323,7 @@ def test_an_expired_client_certificate_is_named_with_its_end(mtls_server, certs)
 def test_a_plain_range_server_is_told_its_pd_may_require_tls(mtls_server, tmp_path, caplog):
     """A range server started without the TLS options against a TLS PD logs, on every retry of
     its registration, the options that would fix it, not only the client settings."""
-    caplog.set_level("WARNING", logger="sbp_spark.server.registration")
+    caplog.set_level("WARNING", logger="sbp_spark.server.range_server.registration")
     config = RangeServerConfig(data_dir=str(tmp_path / "rs"),
                                pd_addresses=[mtls_server.address_str])
     with RangeServer(config):

@@ -122,7 +122,7 @@ def test_imports_work_without_pyspark_and_using_it_says_what_to_install():
         "False",
         "PysparkUnsupportedError format sbp needs pyspark 4.x, and this Python has none (No "
         f"module named 'pyspark'): {INSTALL_HINT}",
-        "PysparkUnsupportedError"]
+        "PysparkNotFoundError"]
 
 
 def test_pyspark_sbp_offers_the_source_on_this_pyspark():

@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .limits import TriggerLimits
-from .reader import RefusedStreamReader, SbpStreamReaderBase
+from .reader_base import RefusedStreamReader, SbpStreamReaderBase
 
 
 def default_read_limit(limits: TriggerLimits) -> ReadLimit:

@@ -1,0 +1,172 @@
+"""The PD's requests to its range servers: seals, range pushes, deletions, trims, range ends.
+
+``RangeServerCalls`` holds the PD's connection pool to its range servers. Every call is one
+request with one retry on a fresh connection (a pooled connection may have died with a server
+restart); a server that does not answer fails the call with the retriable REQUEST_TIMEOUT
+naming it. What to send when is for the other parts: ``pushes.py`` (which ranges each server
+is told about), ``ranges.py`` and ``failover.py`` (which replicas a seal asks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sbp_spark.client.config import ClientConfig
+from sbp_spark.client.pool import ConnectionPool
+from sbp_spark.client.tls import TlsConfig
+from sbp_spark.protocol import messages as m
+from sbp_spark.protocol.errors import RequestTimeoutError, SbpError, ServerError, UnknownError
+
+from .meta import RangeMeta
+
+log = logging.getLogger(__package__)
+
+
+class RangeServerCalls:
+    """Requests from the PD to range servers, found by ``address_of``; ``range_msg`` is the
+    wire form of a range for its servers, ``timeout_s`` the bound of a call that names none."""
+
+    def __init__(self, address_of: Callable[[int], str],
+                 range_msg: Callable[[RangeMeta], m.Range], timeout_s: float,
+                 tls: TlsConfig | None) -> None:
+        self._address_of = address_of
+        self._range_msg = range_msg
+        self._timeout_s = timeout_s
+        # Calls to range servers speak TLS like this PD's port, presenting its certificate.
+        self._pool = ConnectionPool(ClientConfig(
+            connect_timeout_s=min(5.0, timeout_s), request_timeout_s=timeout_s,
+            retries=1).with_tls(tls))
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _timeout_ms(self, timeout_s: float | None) -> int:
+        """The timeout_ms a request carries: the server's share of the call's bound."""
+        return int((timeout_s or self._timeout_s) * 1000)
+
+    def call(self, server_id: int, msg: Any, timeout_s: float | None = None) -> Any:
+        """One request to a range server: its response.
+
+        A SYSTEM_ERROR answer raises its ``ServerError``; a server that cannot be reached or
+        does not answer in time raises ``RequestTimeoutError`` (retriable) naming it.
+        """
+        addr = self._address_of(server_id)
+        if not addr:
+            raise RequestTimeoutError(
+                f"range server {server_id} has never announced an address")
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        failure: SbpError | None = None
+        # Two tries: a pooled connection may have died with a server restart.
+        for _ in range(2):
+            conn = None
+            try:
+                conn = self._pool.get(addr)
+                response, _ = conn.call(msg, timeout=timeout)
+                return response
+            except ServerError:
+                raise
+            except SbpError as exc:
+                failure = exc
+                if conn is not None:
+                    self._pool.discard(conn)
+        raise RequestTimeoutError(
+            f"range server {server_id} at {addr} did not answer: {failure}") from failure
+
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int:
+        """Seal ``rng`` on its primary, which must answer, then on its secondaries; the range
+        ends at the smallest end the replicas that answered report.
+
+        Every acknowledged record, and every record a reader may have seen, is on every
+        replica, so that end keeps them all. Records past it reached some replicas only
+        (their appends failed), so no reader saw them and their writers retry them.
+        """
+        primary = rng.primary
+        if primary is None:
+            raise UnknownError(f"range {rng.range_index} of stream {rng.stream_id} "
+                               "has no primary in the metadata")
+        ends = {primary: self.seal(primary, rng, timeout_s)}
+        for sid in rng.server_ids:
+            if sid == primary:
+                continue
+            try:
+                ends[sid] = self.seal(sid, rng, timeout_s)
+            except SbpError as exc:
+                log.warning("secondary %d of range %d of stream %d did not seal: %s", sid,
+                            rng.range_index, rng.stream_id, exc)
+        if len(set(ends.values())) > 1:
+            log.info("range %d of stream %d: replicas stopped at %s; it ends at the smallest",
+                     rng.range_index, rng.stream_id, ends)
+        return min(ends.values())
+
+    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int:
+        """Seal ``rng`` on one of its replicas: where that replica ended it."""
+        request = m.SealRangesRequest(timeout_ms=self._timeout_ms(timeout_s),
+                                      ranges=[m.RangeId(rng.stream_id, rng.range_index)])
+        response = self.call(server_id, request, timeout_s)
+        response.status.raise_for_status()
+        results = response.seal_responses
+        if len(results) != 1 or results[0].range is None:
+            if results:
+                results[0].status.raise_for_status()
+            raise UnknownError(f"range server {server_id} answered SEAL_RANGES for range "
+                               f"{rng.range_index} of stream {rng.stream_id} without the range")
+        results[0].status.raise_for_status()
+        end = results[0].range.end_offset
+        if end < rng.start_offset:
+            raise UnknownError(f"range server {server_id} sealed range {rng.range_index} of "
+                               f"stream {rng.stream_id} at {end}, below its start "
+                               f"{rng.start_offset}")
+        return end
+
+    def next_offset(self, rng: RangeMeta, timeout_s: float | None = None) -> int | None:
+        """The open range's next_offset from its primary; None if the primary cannot say."""
+        primary = rng.primary
+        if primary is None:
+            return None
+        try:
+            response = self.call(primary, m.DescribeRangesRequest(
+                ranges=[m.RangeId(rng.stream_id, rng.range_index)]), timeout_s)
+            response.status.raise_for_status()
+            result = response.describe_responses[0]
+            result.status.raise_for_status()
+        except (SbpError, IndexError) as exc:
+            log.warning("could not read the end of range %d of stream %d from server %d; "
+                        "using the PD's snapshot: %s", rng.range_index, rng.stream_id, primary,
+                        exc)
+            return None
+        if result.range is None:
+            return None
+        return result.range.next_offset
+
+    def sync(self, server_id: int, ranges: Sequence[RangeMeta],
+             timeout_s: float | None = None) -> None:
+        """One SYNC_RANGES of ``ranges`` to a server. Raises when the server could not be
+        reached or refused the whole request; a refused stream is logged (sending it again
+        would be refused again)."""
+        by_stream: dict[int, list[m.Range]] = defaultdict(list)
+        for rng in ranges:
+            by_stream[rng.stream_id].append(self._range_msg(rng))
+        request = m.SyncRangesRequest(
+            timeout_ms=self._timeout_ms(timeout_s),
+            stream_ranges=[m.StreamRanges(sid, rs) for sid, rs in by_stream.items()])
+        response = self.call(server_id, request, timeout_s)
+        response.status.raise_for_status()
+        for result in response.sync_responses:
+            if not result.status.ok:
+                log.warning("range server %d refused the ranges of stream %d: %s",
+                            server_id, result.stream_id, result.status.message)
+
+    def delete_streams(self, server_id: int, streams: Sequence[m.Stream],
+                       timeout_s: float | None = None) -> None:
+        """DELETE_STREAMS ``streams`` on a server (raises when it could not be told)."""
+        self.call(server_id, m.DeleteStreamsRequest(streams=list(streams)), timeout_s)
+
+    def trim(self, server_id: int, stream_id: int, start_offset: int,
+             timeout_s: float | None = None) -> None:
+        """Tell a server that ``stream_id`` now starts at ``start_offset`` (raises when it
+        could not be told)."""
+        self.call(server_id, m.TrimStreamsRequest(trimmed_streams=[
+            m.TrimmedStream(stream_id, start_offset)]), timeout_s)

@@ -1,0 +1,193 @@
+"""The PD node as one owner: builds its parts, wires them, starts and stops them.
+
+Each part gets only what it uses (see the package doc for the parts); the owner holds them and
+their life cycle: the metadata store (SQLite in the data directory, or etcd), the frame server
+that serves the handler, the election while in a PD cluster, the liveness sweep, and the pool
+of connections to range servers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..advertise import advertised
+from ..dirlock import DataDirLock
+from ..etcd_client import EtcdClient
+from ..net import FrameServer, NetConfig
+from .calls import RangeServerCalls
+from .config import PdConfig
+from .etcd_store import EtcdStore
+from .failover import Failover, RangeFailover
+from .handler import Office, PdHandler
+from .leader import Leadership, LoneOffice
+from .meta import MetadataStore
+from .placement import Liveness, Placement
+from .pushes import RangePushes
+from .ranges import RangeOperations
+from .servers import RangeServerRegistry
+from .sqlite_store import PdStore
+from .streams import StreamOperations
+from .succession import StreamLocks, Succession
+from .wire import Addresses
+
+log = logging.getLogger(__package__)
+
+# File name of the metadata database inside the PD's data directory.
+PD_DB_NAME = "pd.sqlite"
+
+
+class PlacementDriver:
+    """A running PD node: ``start()``, then ``address``; ``stop()`` shuts it down gracefully.
+
+    In-process users (tests, the embedded cluster) reach its parts as attributes: ``streams``
+    and ``ranges`` (the operations, raising ``ServerError`` subclasses for requests they
+    refuse), ``servers`` (the range servers it knows), ``store``, ``liveness``, ``office``,
+    ``pushes``, ``succession`` with ``locks``, and ``failover``.
+    """
+
+    def __init__(self, config: PdConfig) -> None:
+        self.config = config
+        net = config.net or NetConfig()
+        net.host, net.port, net.name = config.host, config.port, config.name
+        self.liveness = Liveness(config.heartbeat_timeout_s)
+        self.leadership: Leadership | None = None
+        self._etcd: EtcdClient | None = None
+        self._dir_lock: DataDirLock | None = None
+        self.data_dir: Path | None = None
+        self.store: MetadataStore
+        self.office: Office
+        if config.etcd:
+            self._etcd = EtcdClient(config.etcd)
+            # The address is asked once the node campaigns, after start() bound the port.
+            self.leadership = Leadership(
+                self._etcd, config.etcd_prefix, config.name, self._advertised,
+                config.lease_ttl_s, on_elected=self._took_office, on_deposed=self._left_office)
+            self.store = EtcdStore(self._etcd, config.etcd_prefix, fence=self.leadership)
+            self.office = self.leadership
+        else:
+            assert config.data_dir is not None
+            self.data_dir = Path(config.data_dir)
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            # Two lone PDs on one database would each allocate the same ids.
+            lock = self._dir_lock = DataDirLock(self.data_dir, "PD")
+            try:
+                self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            except BaseException:
+                lock.release()
+                raise
+            self.office = LoneOffice(config.name, self._advertised)
+
+        try:
+            self._server = self._wire(net)
+        except BaseException:  # a PD that could not be built leaves its data directory free
+            self._close_store()
+            raise
+        self._started = False
+
+    def _wire(self, net: NetConfig) -> FrameServer:
+        """Build the parts on the store and the office, each given what it uses; the frame
+        server that serves their handler."""
+        addresses = Addresses(self.liveness.address, self.store.get_server)
+        self._calls = RangeServerCalls(
+            addresses.of, functools.partial(addresses.range_msg, for_servers=True),
+            self.config.range_server_timeout_s, net.tls)
+        self.pushes = RangePushes(self._calls, self.store)
+        placement = Placement(self.liveness, self.store)
+        self.locks = StreamLocks()
+        self.succession = Succession(self.store, placement, self.pushes)
+        self.streams = StreamOperations(self.store, placement, self.pushes, self._calls,
+                                        self.locks)
+        self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks)
+        self.failover = Failover(
+            self.liveness, self.store.list_servers,
+            RangeFailover(self.store, self.liveness.is_live, self._calls, self.succession,
+                          self.locks).fail_over_server,
+            self.office.is_leader, self.config.heartbeat_timeout_s, self.config.name)
+        self.servers = RangeServerRegistry(
+            self.store, self.liveness, self.pushes, self._run_soon,
+            functools.partial(self.failover.owe, stopped=True), addresses.of)
+        return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
+                                     self.office, addresses), net)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> PlacementDriver:
+        """Listen and start serving."""
+        try:
+            self._server.start()
+        except BaseException:
+            self._calls.close()
+            self._close_store()
+            raise
+        self._started = True
+        if self.leadership is not None:
+            self.leadership.start()
+        else:
+            self.failover.took_office()  # a lone PD leads from its start
+        self.failover.start()
+        where = self.data_dir if self._etcd is None else f"etcd {','.join(self.config.etcd)}"
+        log.info("PD %s serving on %s (metadata in %s)", self.config.name, self.address, where)
+        return self
+
+    def stop(self) -> None:
+        """GOAWAY to every peer, let in-flight requests finish, close the metadata store."""
+        self.failover.stop()
+        if self.leadership is not None:
+            self.leadership.stop()
+        if self._started:
+            self._server.stop()
+        self._calls.close()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        if self._etcd is not None:
+            self._etcd.close()
+        else:
+            self.store.close()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+
+    def __enter__(self) -> PlacementDriver:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    def _took_office(self) -> None:
+        # Heartbeats went to the old leader until now: start liveness afresh, and give every
+        # server one liveness timeout (from when the first reaches this node) to find it
+        # before failing it over.
+        self.liveness.clear()
+        self.pushes.forget_owed()
+        self.failover.took_office()
+
+    def _left_office(self) -> None:
+        self.liveness.clear()
+        self.pushes.forget_owed()
+        self.failover.left_office()
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def _run_soon(self, fn: Callable[[int], None], server_id: int) -> None:
+        """Run ``fn(server_id)`` on the frame server's worker pool."""
+        self._server.submit(fn, server_id)
+
+    def _advertised(self) -> str:
+        return self.address
+
+    @property
+    def address(self) -> str:
+        """``host:port`` that clients use (the advertised address, else the bound one)."""
+        return advertised(self._server.address, self.config.advertise_addr,
+                          self.config.advertise_host)
+
+    @property
+    def bound_address(self) -> str:
+        return self._server.address_str

@@ -1,0 +1,257 @@
+"""The PD's failover duty: notice range servers that went silent and fail their ranges over.
+
+``Failover`` runs the liveness sweep on its own thread, while this PD leads: servers whose
+heartbeats stopped (and registered servers that never heartbeated to this PD, once it has
+heard the others for one liveness timeout since it took office) are owed a failover; every
+sweep fails over the open ranges of the servers owed one that are still not live
+(``RangeFailover``). A lone PD takes office when it starts; a node of a PD cluster when it is
+elected, so range servers whose heartbeats went to the old leader get one liveness timeout,
+counted from when the first of them reached this node, to find it before they count as gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from sbp_spark.protocol.errors import ErrorCode, SbpError, ServerError
+
+from .meta import RangeMeta, ServerMeta
+from .placement import Liveness
+from .succession import StreamLocks, Succeeded, Succession
+
+log = logging.getLogger(__package__)
+
+# Ranges a failover's log line names, at most (it counts the rest).
+STRANDED_SHOWN = 10
+
+
+class Failover:
+    """The liveness sweep: which servers are owed a failover, and when it is tried.
+
+    ``registered()`` lists the servers this PD issued ids to, ``fail_over(server_id,
+    stopped)`` fails over one server's open ranges (True when nothing is left to do;
+    ``stopped``: it said it stops, rather than going silent), and ``leads()`` says whether
+    this node leads now.
+    """
+
+    def __init__(self, liveness: Liveness, registered: Callable[[], Iterable[ServerMeta]],
+                 fail_over: Callable[[int, bool], bool], leads: Callable[[], bool],
+                 timeout_s: float, name: str) -> None:
+        self._liveness = liveness
+        self._registered = registered
+        self._fail_over = fail_over
+        self._leads = leads
+        self._timeout_s = timeout_s
+        self._name = name
+        self._owed: set[int] = set()  # gone servers whose open ranges await a failover
+        self._stopped: set[int] = set()  # those of them that said they stop (a planned stop)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._in_office = False  # this PD leads (it took office and has not left)
+        self._checked_absent = False
+
+    def took_office(self) -> None:
+        """This PD leads from now on: start the grace period, forget older debts."""
+        with self._lock:
+            self._owed.clear()
+            self._stopped.clear()
+            self._in_office, self._checked_absent = True, False
+
+    def left_office(self) -> None:
+        """This PD no longer leads: sweep nothing until it leads again."""
+        with self._lock:
+            self._owed.clear()
+            self._stopped.clear()
+            self._in_office = False
+
+    def start(self) -> None:
+        """Start the sweep thread."""
+        self._thread = threading.Thread(target=self._sweep, daemon=True,
+                                        name=f"{self._name}-liveness")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sweep (a failover under way ends at its next server)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def _sweep(self) -> None:
+        """Every third of a liveness timeout: notice servers that went silent, fail them over."""
+        interval = max(0.05, self._timeout_s / 3)
+        while not self._stop.wait(interval):
+            if self._in_office and self._leads():
+                self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """One sweep: servers whose heartbeats stopped are owed a failover, and so are, once
+        this PD has heard other servers for one liveness timeout since it took office,
+        registered servers that never heartbeated to it; then every failover owed is tried."""
+        timeout = self._timeout_s
+        for gone in self._liveness.expire():
+            log.warning("range server %d (%s) missed heartbeats for %.1f s: not live",
+                        gone.server_id, gone.advertise_addr, timeout)
+            self.owe(gone.server_id)
+        # Servers that heartbeated to the old leader find the new one at their own pace (a
+        # call to the old leader, cut off, may hang for its whole timeout first), so an absent
+        # server counts as gone only once the PD has heard others for a full timeout.
+        if not self._checked_absent and self._in_office and \
+                self._liveness.in_contact_for() > timeout:
+            self._checked_absent = True
+            for server in self._registered():
+                if server.registered and not self._liveness.is_live(server.server_id):
+                    log.warning("range server %d (%s) has not heartbeated since this PD took "
+                                "office: not live", server.server_id, server.advertise_addr)
+                    self.owe(server.server_id)
+        self.run_failovers()
+
+    def owe(self, server_id: int, stopped: bool = False) -> None:
+        """``server_id`` is gone: fail its open ranges over. ``stopped``: it said it stops (an
+        operator's stop or restart), not a crash or a silence."""
+        with self._lock:
+            self._owed.add(server_id)
+            if stopped:
+                self._stopped.add(server_id)
+            else:
+                self._stopped.discard(server_id)
+
+    def run_failovers(self) -> None:
+        """Fail over the open ranges of every server owed a failover that is still not live.
+
+        Runs on the liveness thread; a failover that could not finish (a surviving replica did
+        not answer) is tried again on the next sweep.
+        """
+        with self._lock:
+            owed = sorted(self._owed)
+        for server_id in owed:
+            if self._stop.is_set():
+                return
+            done = True
+            if not self._liveness.is_live(server_id):
+                with self._lock:
+                    stopped = server_id in self._stopped
+                try:
+                    done = self._fail_over(server_id, stopped)
+                except SbpError as exc:
+                    log.warning("failover of range server %d not finished (retried): %s",
+                                server_id, exc)
+                    done = False
+            if done:
+                with self._lock:
+                    self._owed.discard(server_id)
+                    self._stopped.discard(server_id)
+
+
+class FailoverRecords(Protocol):
+    """What a failover reads of the metadata."""
+
+    def ranges_on_server(self, server_id: int) -> list[RangeMeta]: ...
+
+    def get_range(self, stream_id: int, range_index: int) -> RangeMeta: ...
+
+
+class SurvivorCalls(Protocol):
+    """How a failover seals a range on one surviving replica (``calls.RangeServerCalls``): where
+    that replica ended it."""
+
+    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int: ...
+
+
+class RangeFailover:
+    """The failover of a dead server's open ranges: each is sealed on its live replicas and
+    its successor opened (``Succession``). ``is_live`` says which servers are live now."""
+
+    def __init__(self, records: FailoverRecords, is_live: Callable[[int], bool],
+                 calls: SurvivorCalls, succession: Succession, locks: StreamLocks) -> None:
+        self._records = records
+        self._is_live = is_live
+        self._calls = calls
+        self._succession = succession
+        self._locks = locks
+
+    def fail_over_server(self, server_id: int, stopped: bool = False) -> bool:
+        """Seal every open range that has a replica on the dead ``server_id`` and open its
+        successor on live servers. True when nothing is left to do for this server.
+        ``stopped``: it said it stops (an operator's stop or rolling restart, or the whole
+        cluster's), so this is information rather than a warning in the log.
+
+        Where a range survives on other live replicas, those are sealed first (so a primary
+        that is only cut off from the PD can no longer get appends acknowledged: its forwards
+        are refused), and the range ends at the smallest end they report. Every acknowledged
+        record is on every replica (the primary acknowledges only what all secondaries
+        stored), so that end keeps all of them; records past it were never acknowledged.
+
+        A range whose every replica is down is left open: for R = 1 the acknowledged records
+        exist only on the dead server, and sealing it anywhere else would either lose them or
+        let new records take their offsets. Its writers wait (retriable errors) until the
+        server returns and carries on where it stopped.
+        """
+        level = logging.INFO if stopped else logging.WARNING
+        finished = True
+        stranded: list[tuple[int, int]] = []  # (stream, range) with no live replica left
+        try:
+            for rng in self._records.ranges_on_server(server_id):
+                if not rng.is_open:
+                    continue
+                try:
+                    finished &= self._fail_over_range(rng.stream_id, rng.range_index,
+                                                      server_id, level, stranded)
+                except ServerError as exc:
+                    if exc.code == ErrorCode.STREAM_NOT_FOUND:
+                        continue  # deleted meanwhile
+                    raise
+        finally:
+            if stranded:
+                self._log_stranded(server_id, level, stranded)
+        return finished
+
+    @staticmethod
+    def _log_stranded(server_id: int, level: int, stranded: list[tuple[int, int]]) -> None:
+        """One line for the open ranges ``server_id`` leaves with no live replica: a warning
+        when it went silent, information when it said it stops (every R = 1 range of a server
+        stopped on purpose, as in a rolling restart or a whole cluster's stop, is one)."""
+        shown = ", ".join(f"{sid}/{index}" for sid, index in stranded[:STRANDED_SHOWN])
+        more = len(stranded) - STRANDED_SHOWN
+        log.log(level,
+                "range server %d %s: %d open range(s) on it have no other live replica and "
+                "stay open until it returns, their writers waiting (stream/range: %s%s)",
+                server_id, "stopped" if level == logging.INFO else "is not live",
+                len(stranded), shown, f" and {more} more" if more > 0 else "")
+
+    def _fail_over_range(self, stream_id: int, range_index: int, dead: int, level: int,
+                         stranded: list[tuple[int, int]]) -> bool:
+        """One range of ``fail_over_server``: True when handled (or left for the server to
+        return, then added to ``stranded``), False when it should be tried again."""
+        with self._locks.hold(stream_id):
+            rng = self._records.get_range(stream_id, range_index)
+            if not rng.is_open or dead not in rng.server_ids or self._is_live(dead):
+                return True
+            survivors = [sid for sid in rng.server_ids if sid != dead and self._is_live(sid)]
+            if not survivors:
+                stranded.append((stream_id, range_index))
+                return True
+            ends = {sid: self._calls.seal(sid, rng) for sid in survivors}
+            end = min(ends.values())
+
+            def announce(done: Succeeded) -> None:
+                if done.unplaced is not None:
+                    # Not enough live servers for a new range: sealed anyway (no write could
+                    # be acknowledged on this one); writers open the next range when they can.
+                    log.warning("range %d of stream %d: no successor yet (%s)", range_index,
+                                stream_id, done.unplaced.message)
+                log.log(level, "failover: range %d of stream %d (server %d %s) sealed at %d "
+                        "from replicas %s%s", range_index, stream_id, dead,
+                        "stopped" if level == logging.INFO else "gone", end, ends,
+                        "" if done.opened is None else f"; range {done.opened.range_index} "
+                        f"open on {done.opened.server_ids}")
+
+            # Among the servers live now, with no wait for others: this runs on the sweep
+            # thread, which a wait would hold up for every other failover owed. Writers that
+            # find no successor open it through SEAL_RANGES, which waits.
+            self._succession.seal_and_open_next(rng, end, skip={dead}, wait_for_servers=False,
+                                                announce=announce)
+        return True

@@ -1,0 +1,116 @@
+"""A stream moving on to its next range: seal the open one, open the next, tell their servers.
+
+``Succession.seal_and_open_next`` is the one place where that happens, for a client's
+SEAL_RANGES (``ranges.py``) and for a failover (``failover.py``) alike, once the range's
+replicas said where it ends: the range is sealed in the metadata at that end and, in the same
+change, the next range opens on the servers placement chose (under its lock, so that choices
+see each other's load); then both ranges are pushed to their servers. With too few live servers
+the range is sealed all the same (no write can be acknowledged on it any more) and the next one
+opens later (``open_next``: a seal repeated, or CREATE_RANGE).
+
+The caller holds the stream's lock (``StreamLocks``) from before it asked the replicas until
+this returns, so the push is done before anyone else may change the stream: a seal right
+behind this one (a script sealing in a loop, racing writers) would otherwise reach the new
+range's primary before the range did, and fail with RANGE_NOT_FOUND. The sealed range's
+replicas are fenced until they hear its end (read_cap.py), which the same push tells them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+from sbp_spark.protocol.errors import ServerError
+
+from .meta import RangeMeta, StreamMeta
+from .placement import Placement
+
+
+class StreamLocks:
+    """One lock per stream: changes of its ranges, and the pushes telling its servers about
+    them, happen one at a time."""
+
+    def __init__(self) -> None:
+        self._locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def hold(self, stream_id: int) -> Iterator[None]:
+        """Hold the lock of ``stream_id`` for the ``with`` block."""
+        with self._guard:
+            lock = self._locks[stream_id]
+        with lock:
+            yield
+
+
+class SuccessionStore(Protocol):
+    """What a succession reads and changes in the metadata."""
+
+    def get_stream(self, stream_id: int) -> StreamMeta: ...
+
+    def seal_range(self, stream_id: int, range_index: int, end_offset: int,
+                   next_servers: Sequence[int] | None = None
+                   ) -> tuple[RangeMeta, RangeMeta | None]: ...
+
+    def open_next_range(self, stream_id: int, servers: Sequence[int]) -> RangeMeta: ...
+
+
+class Pusher(Protocol):
+    """How a succession tells range servers about their ranges (``pushes.RangePushes``)."""
+
+    def push(self, ranges: Iterable[RangeMeta], timeout_s: float | None = None,
+             skip: Iterable[int] = ()) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Succeeded:
+    """What ``seal_and_open_next`` did: the range sealed and the one opened after it, or None
+    and why none (too few live servers)."""
+
+    sealed: RangeMeta
+    opened: RangeMeta | None
+    unplaced: ServerError | None = None
+
+
+class Succession:
+    """Seals a stream's open range and opens the next one (see the module doc)."""
+
+    def __init__(self, store: SuccessionStore, placement: Placement, pushes: Pusher) -> None:
+        self._store = store
+        self._placement = placement
+        self._pushes = pushes
+
+    def seal_and_open_next(self, rng: RangeMeta, end_offset: int, *,
+                           timeout_s: float | None = None, skip: Iterable[int] = (),
+                           wait_for_servers: bool = True,
+                           announce: Callable[[Succeeded], None] | None = None) -> Succeeded:
+        """Seal ``rng`` at ``end_offset`` (what its replicas reported), open its successor,
+        push both; the caller holds the stream's lock. ``skip``: servers known to be down
+        (owed a resync instead of a push). ``wait_for_servers``: give the servers this PD has
+        not heard from yet their chance before counting them out (``Placement.place``).
+        ``announce`` is told what was decided as soon as the metadata holds it, before the
+        push (which may take a server's timeout): the caller's log line."""
+        stream = self._store.get_stream(rng.stream_id)
+        (sealed, opened), unplaced = self._placement.place_if_possible(
+            stream.replica_nums,
+            lambda servers: self._store.seal_range(rng.stream_id, rng.range_index, end_offset,
+                                                   servers),
+            wait=wait_for_servers)
+        done = Succeeded(sealed, opened, unplaced)
+        if announce is not None:
+            announce(done)
+        self._pushes.push([sealed] if opened is None else [sealed, opened], timeout_s, skip)
+        return done
+
+    def open_next(self, stream_id: int, timeout_s: float | None = None) -> RangeMeta:
+        """Open the range after the stream's last one, which is sealed, and push it; the caller
+        holds the stream's lock. Too few live servers raise ``NotEnoughServersError``."""
+        stream = self._store.get_stream(stream_id)
+        opened = self._placement.place(
+            stream.replica_nums, lambda servers: self._store.open_next_range(stream_id, servers))
+        self._pushes.push([opened], timeout_s)
+        return opened

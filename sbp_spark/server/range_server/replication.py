@@ -1,0 +1,285 @@
+"""Primary-to-secondary replication of appended batches.
+
+The primary of a range stores a client's batches, then forwards them, exactly as stored (base
+offsets already assigned), to every secondary as an ordinary APPEND frame. Every forward names
+its range (``AppendRequest.range_index``); a secondary accepts one only for a range it is a
+secondary of, and only if the batches' offsets continue its log exactly. An APPEND that names
+no range is a client's, and a secondary refuses it with NOT_PRIMARY whatever base offsets its
+batches carry. A secondary takes a forward into no range but the one it names: a primary cut
+off from the PD may go on forwarding batches of a range the PD has already ended, at offsets
+where the next range begins.
+
+Order: the local append and the forward are done under one lock per range, and each secondary
+gets its frames over one connection, which it reads and applies in order, so a secondary's log
+is always a prefix of the primary's.
+
+An entry is acknowledged when it is durable locally and every secondary stored it. When a
+secondary fails, the entries fail with REPLICATION_FAILED and the primary seals the range: the
+writer then asks the PD, which seals the range where the replicas ended and opens a new one.
+A primary's seal (its own, or the PD's SEAL_RANGES) ends the range before the first append
+still waiting for the secondaries (``ReadCap.fence``): when the PD counts the primary alone
+(its secondary died), the range must not keep an append its writer is told failed and sends
+again. Such an append fails (RANGE_SEALED) even if a secondary's answer comes later, and a
+late answer is not waited for once the range is sealed (a stopped secondary answers nothing
+until the forward's timeout; the PD's failover seals the range within seconds).
+
+Readers of an open range see only records every replica stored (the range's read cap, see
+``RangeLog.read_cap``): a record that not every replica holds is not acknowledged yet and
+would not survive a failover (the PD seals a range at the smallest end its live replicas
+hold), so no reader may see it first. On the primary, ``ReadCap.hold``/``release`` move
+the cap as the secondaries store appends. Every forward carries the primary's cap (no higher
+than what is durable on the primary itself) as ``committed_offset``, and a secondary that
+stored the forward raises its own cap to it.
+
+Cap notices close the two gaps forwards leave. A notice is an APPEND whose ``cap_notice``
+names the range, with no entries and no payload, and whose ``committed_offset`` is the
+primary's cap, or -1 to only ask. A secondary raises its cap as for a forward and answers
+with its stored end of the range as the one result's ``base_offset``.
+* When the last pending append of a range settles (the range went quiet), the primary sends
+  its new cap in a notice, so the secondaries' readers see the end of a burst without waiting
+  for the next append. Under load the next forward carries the cap instead.
+* After a restart every open replicated range starts capped at its start, on the primary as
+  on the secondaries: a restarted primary cannot tell whether its tail reached the
+  secondaries. The primary asks them (a notice with -1); when every one answered, everything
+  below the smallest stored end (and below its own durable end) is on every replica, so its
+  cap rises there, and a second notice passes the cap on. Without that probe, the first append
+  after the restart does the same: it settles only if every secondary continued its log
+  exactly where the primary's ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...client.config import ClientConfig
+from ...client.connection import ResponseStream
+from ...client.pool import ConnectionPool
+from ...protocol.constants import Opcode
+from ...protocol.errors import ReplicationFailedError, SbpError
+from ...protocol.frame import Frame
+from ...protocol.messages import (
+    AppendEntry,
+    AppendRequest,
+    AppendResponse,
+    RangeId,
+    RangeReplica,
+    decode_response,
+    request_frame,
+)
+from ...transport.tls import TlsConfig
+from ..storage.range_log import RangeLog
+
+log = logging.getLogger(__name__)
+
+# A secondary must store a forwarded frame within this time, or the entries fail.
+DEFAULT_REPLICATION_TIMEOUT_S = 30.0
+# A client's append that asks for less (its timeout_ms) waits at most that long for the
+# secondaries, but never less than this: a forward that fails seals the range for every
+# writer, so one impatient client must not seal ranges over a busy moment.
+MIN_FORWARD_TIMEOUT_S = 1.0
+
+
+# While a forward's answer is late, the primary looks this often whether the range was sealed
+# meanwhile (by the PD's failover, say), which ends the wait.
+SEALED_CHECK_S = 0.25
+
+# How long a secondary may take to answer a cap notice.
+NOTICE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class NoticeAnswer:
+    """One secondary's answer to a cap notice: its stored end of the range, or the problem."""
+
+    replica: RangeReplica
+    stored_end: int | None
+    problem: str | None = None
+
+
+@dataclass
+class Forward:
+    """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
+
+    replica: RangeReplica
+    stream: ResponseStream | None
+    error: SbpError | None = None
+
+
+class Replicator:
+    """A primary's calls to the secondaries of its ranges: forwards of stored batches, and cap
+    notices. Which replicas are the secondaries is the caller's to say (``roles.py``)."""
+
+    def __init__(self, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
+                 tls: TlsConfig | None = None) -> None:
+        # With TLS, secondaries are called with this server's own certificate.
+        self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0
+                                                ).with_tls(tls))
+        self._locks: dict[tuple[int, int], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def order_lock(self, rlog: RangeLog) -> threading.Lock:
+        """Held across a local append and its forwards, so secondaries see the same order."""
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
+
+    def notify(self, rlog: RangeLog, secondaries: Sequence[RangeReplica], committed: int,
+               timeout_s: float = NOTICE_TIMEOUT_S) -> list[NoticeAnswer]:
+        """Send a cap notice for ``rlog`` carrying ``committed`` (-1: only ask) to its
+        ``secondaries`` and wait for their answers: each one's stored end of the range, or
+        why there is none. Sent over the same connections as the forwards, after them."""
+        request = AppendRequest(timeout_ms=int(timeout_s * 1000), committed_offset=committed,
+                                cap_notice=RangeId(rlog.stream_id, rlog.range_index))
+        if committed >= 0:
+            rlog.cap.note_sent(committed)
+        sent: list[tuple[RangeReplica, ResponseStream | None, str | None]] = []
+        for replica in secondaries:
+            if not replica.server.advertise_addr:
+                sent.append((replica, None, "no known address"))
+                continue
+            try:
+                conn = self.pool.get(replica.server.advertise_addr)
+                stream = conn.start(Opcode.APPEND, lambda sid: request_frame(sid, request),
+                                    timeout_s)
+                sent.append((replica, stream, None))
+            except SbpError as exc:
+                sent.append((replica, None, repr(exc)))
+        out = []
+        for replica, answers, problem in sent:
+            stored = None
+            if answers is not None:
+                answer = _answer_of(answers)
+                if isinstance(answer, str):
+                    problem = answer
+                elif len(answer.append_responses) != 1:
+                    problem = f"{len(answer.append_responses)} results for one notice"
+                elif not answer.append_responses[0].status.ok:
+                    problem = answer.append_responses[0].status.message
+                else:
+                    stored = answer.append_responses[0].base_offset
+            out.append(NoticeAnswer(replica, stored, problem))
+        return out
+
+    def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
+             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]:
+        """Send the stored batches (``[envelope, body]`` each) to the ``secondaries`` of
+        ``rlog``; call under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local
+        append.
+
+        Each forward carries the range's current read cap as ``committed_offset`` (at most
+        where these batches start), bounded by what is durable here too: the secondaries may
+        let their readers see that far. A secondary has the append's ``timeout_ms`` to answer
+        (within ``MIN_FORWARD_TIMEOUT_S`` and the replication timeout): past it the writer
+        has stopped waiting anyway, and a secondary that went silent (a link that drops
+        everything) fails the append then, so the range is sealed and writers move on,
+        instead of all of them waiting the whole replication timeout."""
+        entries = []
+        payload: list = []
+        for i, pieces in enumerate(stored):
+            entries.append(AppendEntry(rlog.stream_id, i,
+                                       sum(memoryview(p).nbytes for p in pieces)))
+            payload.extend(pieces)
+        committed = rlog.cap.committed(rlog.next_offset)
+        if committed >= 0:
+            rlog.cap.note_sent(committed)
+        request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
+                                committed_offset=committed, range_index=rlog.range_index)
+        wait_s = None  # the pool's: the replication timeout
+        if timeout_ms > 0:
+            wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
+                         self.pool.config.request_timeout_s)
+        out = []
+        for replica in secondaries:
+            if not replica.server.advertise_addr:
+                out.append(Forward(replica, None, ReplicationFailedError(
+                    f"secondary {replica.server.server_id} has no known address")))
+                continue
+            try:
+                conn = self.pool.get(replica.server.advertise_addr)
+                stream = conn.start(Opcode.APPEND,
+                                    lambda sid: request_frame(sid, request, payload), wait_s)
+                out.append(Forward(replica, stream))
+            except SbpError as exc:
+                out.append(Forward(replica, None, exc))
+        return out
+
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+        """Wait for every secondary's answer; None when all stored everything, else why not.
+
+        A late answer stops being waited for once ``rlog`` is sealed here (see
+        ``_settled_answer_of``)."""
+        problems = []
+        for fw in forwards:
+            where = f"secondary {fw.replica.server.server_id} ({fw.replica.server.advertise_addr})"
+            if fw.stream is None:
+                problems.append(f"{where}: {fw.error}")
+                continue
+            answer = _settled_answer_of(fw.stream, rlog)
+            if isinstance(answer, str):
+                problems.append(f"{where}: {answer}")
+                continue
+            failed = [r.status for r in answer.append_responses if not r.status.ok]
+            if failed:
+                problems.append(f"{where}: {failed[0].message}")
+        return "; ".join(problems) if problems else None
+
+
+def _settled_answer_of(answers: ResponseStream, rlog: RangeLog) -> AppendResponse | str:
+    """A secondary's answer to a forward (as ``_answer_of``), waited for ``SEALED_CHECK_S``
+    at a time: once the range is sealed here, an append still waiting for a secondary can
+    no longer settle (the seal ended the range before it, ``ReadCap.fence``), so waiting on
+    is pointless. That is how a primary whose secondary stopped (its process frozen: its
+    kernel still takes the forwards, so no error comes) answers once the PD failed the
+    range over, instead of after the whole replication timeout. An answer that comes in
+    time costs what it did: one wait for the frame."""
+    first = min(SEALED_CHECK_S, answers.timeout)
+    try:
+        with answers:
+            frame = answers.poll(first)
+            if frame is None:  # late: from here on, the slow path
+                give_up = time.monotonic() - first + answers.timeout
+            while frame is None:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise answers.give_up(f"within {answers.timeout:g}s")
+                if rlog.sealed:
+                    return (f"no answer yet, and range {rlog.stream_id}/{rlog.range_index} "
+                            f"was sealed here at {rlog.end_offset} meanwhile")
+                frame = answers.poll(min(SEALED_CHECK_S, left))
+    except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    return _decoded(frame)
+
+
+def _answer_of(answers: ResponseStream) -> AppendResponse | str:
+    """A secondary's answer to one APPEND (forward or notice), or why there is none: no
+    frame, an error frame, or a refusal of the whole request."""
+    try:
+        with answers as frames:
+            frame = next(frames)
+    except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    return _decoded(frame)
+
+
+def _decoded(frame: Frame) -> AppendResponse | str:
+    """A secondary's answer frame, or why it refused the whole request."""
+    try:
+        msg = decode_response(frame)
+    except SbpError as exc:
+        return repr(exc)
+    if not isinstance(msg, AppendResponse):
+        return str(msg)  # a SYSTEM_ERROR says what went wrong
+    if not msg.status.ok:
+        return msg.status.message
+    return msg
