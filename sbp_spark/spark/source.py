@@ -148,7 +148,7 @@ class SbpDataSource(DataSource):
             return refused_stream_reader(exc)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from .streaming.writer import stream_writer
+        from .streaming.sink import stream_writer
 
         return stream_writer(tables.stream_write_options(self.options), schema, overwrite)
 

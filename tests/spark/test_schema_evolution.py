@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as spark_types
 
-from sbp_spark.spark.streaming.writer import stream_writer
+from sbp_spark.spark.streaming.sink import stream_writer
 
 from .streaming.helpers import append_arrow, arrow_read
 

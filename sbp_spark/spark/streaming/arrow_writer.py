@@ -1,6 +1,6 @@
 """The Arrow stream writer, for a pyspark that has one (4.1 and later; ``pyspark_api``).
 
-A module of its own because its base class exists only there: ``writer.stream_writer`` imports
+A module of its own because its base class exists only there: ``sink.stream_writer`` imports
 it only when ``pyspark_api.found().stream_arrow_writer`` says so.
 """
 

@@ -17,7 +17,8 @@ Delivery:
 How the rows arrive depends on the pyspark (``pyspark_api``): as Arrow batches where it has
 the Arrow stream writer (``arrow_writer.SbpStreamWriter``, pyspark 4.1 and later), else as
 ``Row`` objects (``SbpStreamRowWriter``), which are packed back into Arrow batches first
-(``rows.RowBatches``). Everything after that is the same code.
+(``rows.RowBatches``). Everything after that is the same code. ``sink.stream_writer`` picks
+the class and checks the options.
 """
 
 from __future__ import annotations
@@ -37,11 +38,8 @@ from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
 
 from .. import cluster_access
 from ..encode import EncodedBatch, RowEncoder, encode_batches
-from ..evolution import check_backward
-from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
-from ..pyspark_api import found
+from ..options import StreamWriteOptions, WriteOptions
 from ..rows import RowBatches
-from ..schemas import to_arrow
 from ..writer import SbpBatchWriter, SbpCommitMessage, _StreamSink, _TaskAppends, summarize
 from .idempotent import (
     DEFAULT_LOOKBACK_RECORDS,
@@ -57,35 +55,6 @@ log = logging.getLogger(__name__)
 # Local properties Spark sets on every task of a micro-batch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
-
-
-def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
-                  ) -> MicroBatchWriter:
-    """The writer of one micro-batch (``DataSource.streamWriter``): the Arrow stream writer
-    where pyspark has one, else the row writer."""
-    if overwrite:
-        raise OptionError(
-            "format sbp cannot truncate: SBP streams are append-only, so output mode "
-            "'complete' cannot replace their records; use outputMode('append') (pyspark's "
-            "Python sinks cannot take 'update'), or foreachBatch with df.write.format('sbp')")
-    parsed = parse_stream_write_options(options)
-    write = parsed.write
-    if write.create_if_missing:
-        raise OptionError(
-            "option 'createIfMissing' is for batch writes: a streaming query would create a new "
-            "stream for every micro-batch; create the stream first (`sbp streams create`) and "
-            "name it with option 'stream'")
-    encoder = RowEncoder.for_schema(schema, write.payload, write.stream, routes=write.routes)
-    if write.stream is not None:
-        client = cluster_access.get_client(write.client)
-        cluster_access.check_streams_exist(client, [write.stream], write.client.pd)
-        if write.schema_compatibility == "backward":
-            check_backward(client, write.stream, write.client.pd, to_arrow(schema))
-    if found().stream_arrow_writer:
-        from .arrow_writer import SbpStreamWriter
-
-        return SbpStreamWriter(parsed, encoder, write.stream, schema)
-    return SbpStreamRowWriter(parsed, encoder, write.stream, schema)
 
 
 @dataclass
