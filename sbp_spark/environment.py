@@ -100,11 +100,15 @@ def use_this_python_for_workers() -> None:
 def local_spark_session(app_name: str = "sbp-spark", master: str = "local[2]", **conf: str):
     """A local SparkSession with the sbp source registered (``sbp_spark.register``: no filter
     pushdown; call ``register(spark, filter_pushdown=True)`` on it for pushdown), after
-    checking Java.
+    checking pyspark (``PysparkNotFoundError`` without one, ``PysparkUnsupportedError`` for one
+    without Python data sources) and Java.
 
     ``conf`` entries are Spark settings (e.g. ``**{"spark.sql.shuffle.partitions": "2"}``).
     """
     check_pyspark("a Spark session")
+    from sbp_spark.spark.pyspark_api import found
+
+    found().require_data_sources()  # a pyspark without Python data sources (before 4.0)
     check_java()
     use_this_python_for_workers()
     # Everything runs on this machine: Spark listens on loopback only (and does not warn that

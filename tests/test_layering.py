@@ -236,7 +236,7 @@ def test_the_cycle_finder_finds_cycles():
 def test_the_checks_see_what_they_look_for():
     # The rules above are only as good as the import finder: it must see relative imports,
     # "from x import module", and skip type-only imports when asked.
-    spark = PACKAGE / "spark" / "cluster.py"
+    spark = PACKAGE / "spark" / "cluster_access.py"
     assert "sbp_spark.protocol.messages" in _imports(spark)
     assert "sbp_spark.protocol.messages" not in _imports(spark, runtime_only=True)
     assert "sbp_spark.spark.planning" in _imports(spark)
@@ -246,4 +246,4 @@ def test_the_checks_see_what_they_look_for():
     graph = _import_graph()
     assert "sbp_spark.server.storage.range_log" in graph["sbp_spark.server.range_server.metrics"]
     assert "sbp_spark.server.storage.store" in graph["sbp_spark.server.range_server.server"]
-    assert "sbp_spark.protocol.messages" in graph["sbp_spark.spark.cluster"]
+    assert "sbp_spark.protocol.messages" in graph["sbp_spark.spark.cluster_access"]

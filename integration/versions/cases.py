@@ -145,14 +145,54 @@ def register(spark) -> None:
     sbp_spark.register(spark)
 
 
+# Another Python data source installed beside ours (``neighbour_source``): pyspark's discovery
+# imports every pyspark_* module in one loop, so one that fails to import hides the others.
+NEIGHBOUR = '''
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+
+class NeighbourReader(DataSourceReader):
+    def read(self, partition):
+        yield (1, "neighbour")
+
+
+class DefaultSource(DataSource):
+    @classmethod
+    def name(cls):
+        return "neighbour"
+
+    def schema(self):
+        return "id INT, who STRING"
+
+    def reader(self, schema):
+        return NeighbourReader()
+'''
+
+
+def neighbour_source(work: Path) -> None:
+    """Write ``pyspark_neighbour`` (a data source of someone else's) where this process and the
+    Python workers Spark starts (through PYTHONPATH) import it; before the session starts, so
+    pyspark's one discovery pass sees it."""
+    directory = work / "neighbour"
+    (directory / "pyspark_neighbour").mkdir(parents=True, exist_ok=True)
+    (directory / "pyspark_neighbour" / "__init__.py").write_text(NEIGHBOUR)
+    sys.path.insert(0, str(directory))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(directory), os.environ.get("PYTHONPATH")) if p)
+
+
 def case_discovery(spark, pd: str, work: Path) -> str:
-    """format("sbp") with nothing registered: pyspark finds the wheel's pyspark_sbp."""
+    """format("sbp") with nothing registered: pyspark finds the wheel's pyspark_sbp, and the
+    pyspark_neighbour source beside it."""
     [stream] = new_streams(pd, 1)
     (spark.range(10).selectExpr("CAST(id AS STRING) AS value").write.format("sbp")
      .option("pd", pd).option("stream", str(stream)).mode("append").save())
     count = reader(spark, pd, stream).count()
     check(count == 10, f"read {count} records back, wrote 10")
-    return "10 records written and read through the discovered source"
+    neighbour = [tuple(r) for r in spark.read.format("neighbour").load().collect()]
+    check(neighbour == [(1, "neighbour")],
+          f"the pyspark_neighbour source beside ours read {neighbour}, not [(1, 'neighbour')]")
+    return "10 records written and read through the discovered source; pyspark_neighbour found too"
 
 
 def case_batch_round_trip(spark, pd: str, work: Path) -> str:
@@ -323,6 +363,7 @@ CLASSIC_CASES = [
 
 
 def classic(pd: str, work: Path) -> None:
+    neighbour_source(work)
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("sbp-versions")

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 # case -> its row in the table.
 CASES = {
-    "discovery": 'format("sbp") found without register()',
+    "discovery": 'format("sbp") found without register(), beside another pyspark_* source',
     "batch_round_trip": "batch write and read (records, arrow)",
     "sql_table": "CREATE TABLE ... USING sbp, INSERT, SELECT",
     "streaming_restart": "maxRecordsPerTrigger, availableNow, restart",

@@ -30,7 +30,6 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -39,6 +38,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from sbp_spark.spark.schemas import to_arrow
 
 NAME = "sbp_bench_arrow"
 # The connector's default read schema (docs: payload=records).
@@ -108,7 +109,7 @@ def template(schema_json: str, batch_rows: int, record_size: int) -> pa.RecordBa
     key = (schema_json, batch_rows, record_size)
     batch = _TEMPLATES.get(key)
     if batch is None:
-        schema = to_arrow_schema(StructType.fromJson(json.loads(schema_json)), timezone="UTC")
+        schema = to_arrow(StructType.fromJson(json.loads(schema_json)))
         batch = _TEMPLATES[key] = build_batch(schema, batch_rows, record_size)
     return batch
 

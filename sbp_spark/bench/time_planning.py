@@ -78,7 +78,7 @@ def run(ctx: BenchContext) -> list[Figure]:
     build_s = time.perf_counter() - start
     ctx.progress(SECTION, f"built in {build_s:.1f} s")
 
-    from sbp_spark.spark import cluster
+    from sbp_spark.spark import cluster_access
     from sbp_spark.spark.options import parse_read_options
     from sbp_spark.spark.times import resolve_time_positions
 
@@ -86,8 +86,8 @@ def run(ctx: BenchContext) -> list[Figure]:
     start_ms, end_ms = T0_MS + batches // 4, T0_MS + batches * 3 // 4
     by_time = {**base, "startingTimestamp": str(start_ms), "endingTimestamp": str(end_ms)}
     options = parse_read_options(by_time)
-    client = cluster.get_client(options.client)
-    layouts = cluster.stream_layouts(client, options.streams, options.client.pd)
+    client = cluster_access.get_client(options.client)
+    layouts = cluster_access.stream_layouts(client, options.streams, options.client.pd)
     resolved = resolve_time_positions(client, layouts, options)
     lo, hi = resolved.starting.for_stream(stream_id), resolved.ending.for_stream(stream_id)
     by_offsets = {**base, "startingOffsets": f'{{"{stream_id}": {lo}}}',

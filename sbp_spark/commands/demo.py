@@ -224,6 +224,20 @@ def _verify_batch_read(spark: SparkSession, pd: str, stream_ids: list[int],
 
 def _run_stream(spark: SparkSession, pd: str, stream_ids: list[int], output: Path,
                 checkpoint: Path, max_records: int) -> int:
+    """availableNow up to what the streams hold; the number of micro-batches that read rows.
+    One run where pyspark has admission control (4.2+); before, each run is one micro-batch
+    within maxRecordsPerTrigger (docs/streaming.md), so it runs until one finds nothing."""
+    from sbp_spark.spark.pyspark_api import found
+
+    batches = _run_stream_once(spark, pd, stream_ids, output, checkpoint, max_records)
+    if not found().admission_control:
+        while ran := _run_stream_once(spark, pd, stream_ids, output, checkpoint, max_records):
+            batches += ran
+    return batches
+
+
+def _run_stream_once(spark: SparkSession, pd: str, stream_ids: list[int], output: Path,
+                     checkpoint: Path, max_records: int) -> int:
     """One availableNow run; the number of micro-batches that read rows."""
     query = (
         spark.readStream.format("sbp").option("pd", pd)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -41,7 +40,7 @@ from sbp_spark.protocol.records import (
     with_payload_kind,
 )
 
-from .schemas import METADATA_TYPES
+from .schemas import METADATA_TYPES, to_arrow_type
 from .tables import definition_of, without_definition
 from .zones import arrow_zone, wall_clock_to_instants
 
@@ -70,7 +69,7 @@ def _check_arrow_types(types: dict[str, DataType]) -> None:
     pyarrow cannot build, so every read of the stream would fail."""
     for name, dtype in types.items():
         try:
-            to_arrow_type(dtype, timezone="UTC")
+            to_arrow_type(dtype)
         except ValueError:
             raise ValueError(
                 f"payload=arrow cannot write this DataFrame: column '{name}' is "

@@ -1,6 +1,7 @@
 """payload=arrow schemas as streams evolve: what a read infers, and what a guarded write checks.
 
-Both look at a few stored batches only, each fetched with one small FETCH (``cluster.batch_at``):
+Both look at a few stored batches only, each fetched with one small FETCH
+(``cluster_access.batch_at``):
 
 - inference takes the schema of the newest batch (the last one of the last range holding
   records; across several streams, the one with the latest envelope timestamp), or with
@@ -27,7 +28,7 @@ from sbp_spark.protocol.records import (
     payload_kind,
 )
 
-from . import cluster
+from . import cluster_access
 from .planning import StreamLayout
 from .resolve import case_duplicates, merge_fields, plan_schema
 from .schemas import METADATA_TYPES
@@ -99,7 +100,7 @@ def infer_arrow_schema(client: SbpClient, layouts: Sequence[StreamLayout],
     else:
         newest: FetchedBatch | None = None
         for layout in layouts:
-            last = cluster.last_batch(client, layout)
+            last = cluster_access.last_batch(client, layout)
             if last is not None and (newest is None or last.header.base_timestamp_ms
                                      > newest.header.base_timestamp_ms):
                 newest = last
@@ -115,13 +116,13 @@ def _range_samples(client: SbpClient, layout: StreamLayout) -> list[FetchedBatch
     """The first and last stored batch of every range of ``layout`` that holds records (one
     when a single batch covers the range)."""
     out = []
-    for first, end in cluster.filled_ranges(layout):
-        head = cluster.batch_at(client, layout, first)
+    for first, end in cluster_access.filled_ranges(layout):
+        head = cluster_access.batch_at(client, layout, first)
         if head is not None:
             out.append(head)
             if head.header.base_offset + head.header.record_count >= end:
                 continue
-        tail = cluster.batch_at(client, layout, end - 1)
+        tail = cluster_access.batch_at(client, layout, end - 1)
         if tail is not None:
             out.append(tail)
     return out
@@ -134,8 +135,8 @@ def check_backward(client: SbpClient, stream_id: int, pd: Sequence[str],
 
     Columns and nested fields are judged nullable, as every inferred read schema has them.
     """
-    (layout,) = cluster.stream_layouts(client, [stream_id], pd)
-    fetched = cluster.last_batch(client, layout)
+    (layout,) = cluster_access.stream_layouts(client, [stream_id], pd)
+    fetched = cluster_access.last_batch(client, layout)
     if fetched is None:
         return
     where = f"stream {stream_id} offset {fetched.header.base_offset}"

@@ -6,39 +6,63 @@ fetched, and reading cuts batches at the interval ends. Comparisons on ``timesta
 row by row on the Arrow batches, which is exact; planning also narrows each stream's offsets to
 where their interval's ends fall (``times.timestamp_bounds``). Anything else is returned to
 Spark unhandled.
+
+Spark's filter classes come with pushdown itself (pyspark 4.1); this module reaches for them
+only when Spark pushes filters, so it also loads on a pyspark without them (the predicates and
+intervals serve every read).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import (
-    EqualNullSafe,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    LessThan,
-    LessThanOrEqual,
-)
 
 from .schemas import ARROW_TIMESTAMP
 
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import (
+        EqualNullSafe,
+        EqualTo,
+        Filter,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        LessThan,
+        LessThanOrEqual,
+    )
+
+    # The filter classes the source applies: each has one column (``attribute``) and a
+    # ``value``.
+    _Comparison = (EqualTo | EqualNullSafe | LessThan | LessThanOrEqual | GreaterThan
+                   | GreaterThanOrEqual | In)
+
 INTEGER_COLUMNS = ("stream_id", "range_index", "offset")
 PUSHABLE_COLUMNS = (*INTEGER_COLUMNS, "timestamp")
+OPERATORS = ("=", "<", "<=", ">", ">=", "in")
 
-_OPS: dict[type[Filter], str] = {
-    EqualTo: "=", EqualNullSafe: "=", LessThan: "<", LessThanOrEqual: "<=",
-    GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in",
-}
-# The filter classes of _OPS: each has one column (``attribute``) and a ``value``.
-_Comparison = (EqualTo | EqualNullSafe | LessThan | LessThanOrEqual | GreaterThan
-               | GreaterThanOrEqual | In)
+
+@functools.cache
+def _operators() -> dict[type, str]:
+    """The operator of each of Spark's filter classes the source applies (imported when Spark
+    first pushes filters: only a pyspark with pushdown has them)."""
+    from pyspark.sql.datasource import (
+        EqualNullSafe,
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        LessThan,
+        LessThanOrEqual,
+    )
+
+    return {EqualTo: "=", EqualNullSafe: "=", LessThan: "<", LessThanOrEqual: "<=",
+            GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in"}
 
 UNBOUNDED = (-(1 << 63), 1 << 63)
 
@@ -54,9 +78,9 @@ class Predicate:
     value: int | tuple[int, ...]  # the tuple for "in", one value for the other operators
 
     def __post_init__(self) -> None:
-        if self.op not in _OPS.values():
+        if self.op not in OPERATORS:
             raise ValueError(f"predicate on {self.column}: operator {self.op!r} is not one of "
-                             f"{sorted(set(_OPS.values()))}")
+                             f"{sorted(OPERATORS)}")
         if (self.op == "in") != isinstance(self.value, tuple):
             raise ValueError(f"predicate {self.column} {self.op} {self.value!r}: IN takes a "
                              f"tuple of values, the other operators one value")
@@ -88,10 +112,11 @@ def _literal(column: str, value: object) -> int | None:
 
 def to_predicate(flt: Filter, columns: Iterable[str]) -> Predicate | None:
     """The predicate for ``flt`` if the source can apply it exactly, else None."""
-    op = _OPS.get(type(flt))
-    if op is None or not isinstance(flt, _Comparison):
+    op = _operators().get(type(flt))
+    if op is None:
         return None
-    attribute = flt.attribute
+    comparison = cast("_Comparison", flt)
+    attribute = comparison.attribute
     if len(attribute) != 1 or attribute[0] not in columns:
         return None
     column = attribute[0]
@@ -99,7 +124,7 @@ def to_predicate(flt: Filter, columns: Iterable[str]) -> Predicate | None:
         return None
     if op == "in":
         values = []
-        for item in flt.value:
+        for item in comparison.value:
             if item is None:  # x IN (.., NULL) never selects more rows than without the NULL
                 continue
             literal = _literal(column, item)
@@ -107,7 +132,7 @@ def to_predicate(flt: Filter, columns: Iterable[str]) -> Predicate | None:
                 return None
             values.append(literal)
         return Predicate(column, "in", tuple(sorted(set(values))))
-    literal = _literal(column, flt.value)
+    literal = _literal(column, comparison.value)
     if literal is None:
         return None
     return Predicate(column, op, literal)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sbp_spark.protocol.errors import (
@@ -21,7 +22,7 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 
-from . import cluster
+from . import cluster_access
 from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
@@ -29,6 +30,9 @@ from .planning import SbpPartition, named_ends, plan_partitions
 from .schemas import METADATA_TYPES
 from .settings import case_sensitive
 from .times import resolve_time_positions, stored_time_warning, timestamp_bounds
+
+if TYPE_CHECKING:  # Spark's filter classes come with pushdown (pyspark 4.1)
+    from pyspark.sql.datasource import Filter
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
             "sets spark.sql.caseSensitive=true: give the schema with .schema(...) (for a "
             "table created with mergeSchema: a temporary view with a column list, CREATE "
             "TEMPORARY VIEW v (...) USING sbp OPTIONS (...)), or unset spark.sql.caseSensitive")
-    client = cluster.get_client(options.client)
+    client = cluster_access.get_client(options.client)
     decoder = PartitionDecoder(schema, options.payload, partition.stream_id,
                                partition.range_index, partition.start_offset,
                                partition.end_offset, partition.row_predicates,
@@ -65,8 +69,9 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
     position = partition.start_offset
     while position < partition.end_offset:
         try:
-            for fetched in cluster.fetch(client, partition, position, options.fetch_max_bytes,
-                                         options.fetch_max_wait_ms):
+            for fetched in cluster_access.fetch(client, partition, position,
+                                                options.fetch_max_bytes,
+                                                options.fetch_max_wait_ms):
                 yield from decoder.add(fetched.header, fetched.data)
         except OffsetOutOfRangeError as exc:
             position = _after_trim(client, options, partition, position, exc)
@@ -94,7 +99,7 @@ def read_partition(options: ReadOptions, schema: StructType, partition: SbpParti
 def _unreadable(partition: SbpPartition, offset: int, exc: SbpError) -> ReadFailedError:
     return ReadFailedError(
         f"reading {partition.describe()} failed at offset {offset}; no replica could serve it "
-        f"({cluster.describe_replicas(partition.replicas)}): {type(exc).__name__}: {exc}")
+        f"({cluster_access.describe_replicas(partition.replicas)}): {type(exc).__name__}: {exc}")
 
 
 def _deleted(client, stream_id: int) -> bool:
@@ -133,7 +138,7 @@ def _after_trim(client, options: ReadOptions, partition: SbpPartition, position:
         ) from exc
     # The PD's start, or a replica's: retention deletes records on the range servers, which
     # tell the PD only a moment later (or once it is reachable again).
-    starts = [cluster.replica_start(client, partition)]
+    starts = [cluster_access.replica_start(client, partition)]
     try:
         starts.append(client.describe_streams([partition.stream_id])[0].start_offset)
     except SbpError as pd_error:
@@ -203,9 +208,9 @@ class SbpBatchReader(DataSourceReader):
         self.pushed = PushedFilters()
 
     def partitions(self) -> list[SbpPartition]:
-        client = cluster.get_client(self.options.client)
-        layouts = cluster.stream_layouts(client, self.options.streams, self.options.client.pd,
-                                         named_ends(self.options))
+        client = cluster_access.get_client(self.options.client)
+        layouts = cluster_access.stream_layouts(client, self.options.streams,
+                                                self.options.client.pd, named_ends(self.options))
         warning = stored_time_warning(self.options, self.schema, self.metadata_columns)
         if warning:
             log.warning("%s", warning)

@@ -5,13 +5,19 @@ payload=records rows look like Kafka's: metadata columns plus ``key``/``value`` 
 whose names the data does not already use.
 
 Schemas here are built as ``StructType`` objects, never parsed from DDL: parsing DDL needs a JVM,
-and these functions also run in Spark's Python workers.
+and these functions also run in Spark's Python workers. Spark's own mapping to Arrow is reached
+through ``to_arrow_type`` and ``to_arrow_schema`` here, which take what each pyspark 4.x
+accepts, and a StructField's metadata through ``spark_metadata_of``/``with_spark_metadata``.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema, to_arrow_type
+from pyspark.sql.pandas import types as spark_arrow
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -23,6 +29,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from . import pyspark_api
 
 # Columns the source fills from where a record is stored, not from the record's body.
 METADATA_TYPES: dict[str, DataType] = {
@@ -49,6 +57,41 @@ RECORDS_TYPES: dict[str, DataType] = {
 # The Arrow type Spark expects for its TimestampType in a Python data source's batches.
 ARROW_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
+# Where pyspark (4.2 and later) keeps a StructField's metadata in the metadata of the Arrow
+# field it hands a data source: this key, with the metadata as JSON.
+SPARK_METADATA_KEY = b"SPARK::metadata::json"
+
+
+def _in_utc() -> dict[str, Any]:
+    """The keyword that makes pyspark's Arrow mapping give timestamps in UTC: ``timezone``
+    since pyspark 4.2, ``timestamp_utc`` before."""
+    if pyspark_api.found().arrow_timezone_keyword:
+        return {"timezone": "UTC"}
+    return {"timestamp_utc": True}
+
+
+def to_arrow_type(dtype: DataType) -> pa.DataType:
+    """The Arrow type Spark uses for ``dtype`` in a data source's batches (timestamps in
+    UTC); raises as pyspark does for types Arrow cannot hold."""
+    return spark_arrow.to_arrow_type(dtype, **_in_utc())
+
+
+def spark_metadata_of(arrow_metadata: Mapping[bytes, bytes] | None) -> dict[str, Any] | None:
+    """The StructField metadata an Arrow field's metadata carries (None: none)."""
+    if not arrow_metadata or SPARK_METADATA_KEY not in arrow_metadata:
+        return None
+    return json.loads(arrow_metadata[SPARK_METADATA_KEY].decode("utf-8"))
+
+
+def with_spark_metadata(arrow_metadata: Mapping[bytes, bytes] | None,
+                        spark_metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
+    """``arrow_metadata`` with its StructField metadata replaced by ``spark_metadata`` (left
+    out when that is empty); other keys are kept."""
+    out = {k: v for k, v in (arrow_metadata or {}).items() if k != SPARK_METADATA_KEY}
+    if spark_metadata:
+        out[SPARK_METADATA_KEY] = json.dumps(dict(spark_metadata)).encode("utf-8")
+    return out
+
 
 def records_schema(include_headers: bool = False) -> StructType:
     """The payload=records schema (``headers`` last, when asked for)."""
@@ -66,13 +109,15 @@ def arrow_payload_schema(data: pa.Schema) -> StructType:
     ``spark.sql.caseSensitive=false`` would take the two for one column).
     """
     try:
-        data_struct = from_arrow_schema(data)
+        # A timestamp without a zone is TIMESTAMP_NTZ (pyspark 4.2+ by default, 4.0 and 4.1
+        # only when asked).
+        data_struct = spark_arrow.from_arrow_schema(data, prefer_timestamp_ntz=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the stream holds Arrow data Spark cannot represent: {exc}") from exc
     fields = list(data_struct.fields)
     for field in fields:
         try:
-            to_arrow_type(field.dataType, timezone="UTC")
+            to_arrow_type(field.dataType)
         except (TypeError, ValueError) as exc:  # void elements that are never null
             raise ValueError(
                 f"the stream holds Arrow data Spark cannot read: column '{field.name}' is "
@@ -86,7 +131,7 @@ def arrow_payload_schema(data: pa.Schema) -> StructType:
 
 def to_arrow(schema: StructType) -> pa.Schema:
     """The exact Arrow schema Spark requires of batches read with ``schema``."""
-    return to_arrow_schema(schema, timezone="UTC")
+    return spark_arrow.to_arrow_schema(schema, **_in_utc())
 
 
 def check_records_read_schema(schema: StructType) -> None:
@@ -102,7 +147,3 @@ def check_records_read_schema(schema: StructType) -> None:
             raise ValueError(
                 f"column '{field.name}' of the given schema is {field.dataType.simpleString()}, "
                 f"but payload=records reads it as {expected.simpleString()}")
-
-
-def is_string_or_binary(dtype: DataType) -> bool:
-    return isinstance(dtype, (StringType, BinaryType))

@@ -11,7 +11,7 @@ plan for other scans of the same relation (``sbp_spark.register`` says more).
 
 Streaming lives in ``sbp_spark.spark.streaming``; ``streamReader``/``streamWriter`` below only
 delegate to it; the batch parts here are what it builds on (options, schema,
-planning via ``cluster.stream_layouts``, ``reader.read_partition``).
+planning via ``cluster_access.stream_layouts``, ``reader.read_partition``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import cluster, tables
+from . import cluster_access, tables
 from .encode import RowEncoder
 from .evolution import NothingToInferError, check_backward, infer_arrow_schema
 from .options import (
@@ -74,9 +74,9 @@ class SbpDataSource(DataSource):
         if options.payload == "records":
             schema = records_schema(options.include_headers)
         else:
-            client = cluster.get_client(options.client)
-            layouts = cluster.stream_layouts(client, options.streams, options.client.pd,
-                                             named_ends(options))
+            client = cluster_access.get_client(options.client)
+            layouts = cluster_access.stream_layouts(client, options.streams, options.client.pd,
+                                                    named_ends(options))
             try:
                 folded: list[str] = []
                 data = infer_arrow_schema(client, layouts, options.merge_schema, folded)
@@ -119,7 +119,7 @@ class SbpDataSource(DataSource):
                 "mode('append')")
         options = parse_write_options(
             tables.write_options(self.options, tables.definition_of(schema)))
-        client = cluster.get_client(options.client)
+        client = cluster_access.get_client(options.client)
         stream = options.stream
         create = stream is None and options.create_if_missing and "stream_id" not in schema.names
         # The schema is checked before a stream is created for it: a write refused for its
@@ -127,7 +127,7 @@ class SbpDataSource(DataSource):
         encoder = RowEncoder.for_schema(schema, options.payload, stream, create=create,
                                         routes=options.routes)
         if stream is not None:
-            cluster.check_streams_exist(client, [stream], options.client.pd)
+            cluster_access.check_streams_exist(client, [stream], options.client.pd)
         elif create:
             stream = client.create_streams(count=1, replicas=options.replicas,
                                            retention_ms=options.retention_ms)[0].stream_id
@@ -138,17 +138,17 @@ class SbpDataSource(DataSource):
         return SbpBatchWriter(options, encoder, stream, create)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from .streaming.reader import RefusedStreamReader, stream_reader
+        from .streaming.reader import refused_stream_reader, stream_reader
 
         try:
             table = tables.definition_of(schema)
             return stream_reader(tables.read_options(self.options, table, streaming=True), schema,
                                  self._data_columns(table), self._case_folded(table))
         except Exception as exc:  # raised at the query's first call (see RefusedStreamReader)
-            return RefusedStreamReader(exc)
+            return refused_stream_reader(exc)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from .streaming.writer import stream_writer
+        from .streaming.sink import stream_writer
 
         return stream_writer(tables.stream_write_options(self.options), schema, overwrite)
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_metadata, metadata_key, to_arrow_metadata
 from pyspark.sql.types import StructField, StructType
 
 from .options import (
@@ -36,6 +35,7 @@ from .options import (
     OptionSpec,
     parse_stream_ids,
 )
+from .schemas import spark_metadata_of, with_spark_metadata
 
 DEFINITION_KEY = "sbp.table"
 _PREFIX = "option."
@@ -139,11 +139,10 @@ def without_definition(batch: pa.RecordBatch) -> pa.RecordBatch:
     stored in a stream never carry a table's options. Other metadata is kept."""
     fields = []
     for field in batch.schema:
-        spark_metadata = from_arrow_metadata(field.metadata)
+        spark_metadata = spark_metadata_of(field.metadata)
         if spark_metadata is not None and DEFINITION_KEY in spark_metadata:
             rest = {k: v for k, v in spark_metadata.items() if k != DEFINITION_KEY}
-            kept = {k: v for k, v in field.metadata.items() if k != metadata_key}
-            metadata = {**kept, **(to_arrow_metadata(rest) or {})}
+            metadata = with_spark_metadata(field.metadata, rest)
             field = field.with_metadata(metadata) if metadata else field.remove_metadata()
         fields.append(field)
     schema = pa.schema(fields, metadata=batch.schema.metadata)

@@ -31,7 +31,7 @@ from pyspark.sql.types import StructType
 from sbp_spark.client import SbpClient
 from sbp_spark.client.timesearch import TimeSearch
 
-from .cluster import layout_ranges
+from .cluster_access import layout_ranges
 from .filters import UNBOUNDED, Interval, PushedFilters
 from .options import (
     EARLIEST,

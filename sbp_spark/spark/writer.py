@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from sbp_spark.client import Appended, ResendCheck, SbpClient, StreamWriter
 from sbp_spark.protocol.errors import SbpError
 
-from . import cluster
+from . import cluster_access
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
 from .evolution import check_backward
 from .options import WriteOptions
@@ -201,7 +201,7 @@ class SbpBatchWriter(DataSourceArrowWriter):
                     "default, and this session's) they name one column, so no read could tell "
                     "them apart; "
                     "rename one of them, or set spark.sql.caseSensitive=true")
-        client = cluster.get_client(self.options.client)
+        client = cluster_access.get_client(self.options.client)
         if encoder.wall_clock_timestamp:
             encoder = encoder.with_time_zone(self.options.time_zone or session_time_zone())
         appends = _TaskAppends(client)

@@ -1,8 +1,8 @@
 """Spark test fixtures: one local[2] SparkSession and one embedded SBP cluster per test session.
 
-``spark`` has the source registered with ``sbp_spark.register(filter_pushdown=True)``, so the
-pushdown path, which has the most logic, is what most tests run (``test_pushdown_default.py``
-runs the default registration);
+``spark`` has the source registered with ``sbp_spark.register(filter_pushdown=True)`` (on a
+pyspark with pushdown, 4.1+), so the pushdown path, which has the most logic, is what most
+tests run (``test_pushdown_default.py`` runs the default registration);
 ``plain_spark`` is a second session on the same SparkContext where nothing was registered, so
 ``format("sbp")`` resolves to the automatically discovered ``pyspark_sbp.DefaultSource``.
 ``spark`` stays the active session: Spark plans some calls (``df.rdd``) with the active
@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    """The session, with ``sbp_spark.register(filter_pushdown=True)`` applied; tables made with
-    CREATE TABLE live in a temporary warehouse and an in-memory catalog."""
+    """The session, with ``sbp_spark.register(filter_pushdown=True)`` applied (where pyspark
+    has pushdown); tables made with CREATE TABLE live in a temporary warehouse and an
+    in-memory catalog."""
     # pyspark discovers pyspark_sbp by listing top-level modules on the workers' sys.path. A
     # wheel install puts it in site-packages; an editable install only adds an import hook,
     # which such a listing does not see, so the checkout goes on the workers' path.
@@ -40,8 +41,10 @@ def spark(tmp_path_factory):
     })
     session.sparkContext.setLogLevel("ERROR")
     import sbp_spark
+    from sbp_spark.spark.pyspark_api import found
 
-    sbp_spark.register(session, filter_pushdown=True)
+    # Pushdown where the pyspark under test has it (4.1+).
+    sbp_spark.register(session, filter_pushdown=found().filter_pushdown)
     yield session
     session.stop()
 

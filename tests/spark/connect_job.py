@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 import sbp_spark
 from sbp_spark.client import SbpClient
+from sbp_spark.spark.pyspark_api import found
 
 
 def main(pd: str, workdir: str) -> dict:
@@ -28,9 +29,10 @@ def main(pd: str, workdir: str) -> dict:
              .getOrCreate())
     out: dict = {"session": type(spark).__module__}
     try:
-        # Sets a conf and registers the source: both work remotely.
-        sbp_spark.register(spark, filter_pushdown=True)
-        out["pushdown_conf"] = spark.conf.get("spark.sql.python.filterPushdown.enabled")
+        # Sets a conf and registers the source: both work remotely (pushdown where this
+        # pyspark has it, 4.1+).
+        sbp_spark.register(spark, filter_pushdown=found().filter_pushdown)
+        out["pushdown_conf"] = spark.conf.get("spark.sql.python.filterPushdown.enabled", None)
         client = SbpClient(pd)
         source, relay, tabled = (s.stream_id for s in client.create_streams(3))
 
@@ -48,7 +50,9 @@ def main(pd: str, workdir: str) -> dict:
 
         table = f"connect_{tabled}"
         spark.sql(f"CREATE TABLE {table} USING sbp OPTIONS (pd '{pd}', stream '{tabled}')")
-        spark.sql(f"INSERT INTO {table} (value) SELECT BINARY(CONCAT('t', id)) FROM range(5)")
+        # Every column named: pyspark 4.0 fills none an INSERT leaves out.
+        spark.sql(f"INSERT INTO {table} SELECT NULL, NULL, NULL, NULL, NULL, "
+                  "BINARY(CONCAT('t', id)) FROM range(5)")
         out["table_rows"] = spark.sql(f"SELECT count(*) FROM {table}").first()[0]
         spark.sql(f"DROP TABLE {table}")
 

@@ -24,6 +24,8 @@ from sbp_spark.protocol.records import (
     with_payload_kind,
 )
 
+from .pyspark_features import requires
+
 UTC = dt.timezone.utc
 
 
@@ -219,6 +221,7 @@ def test_records_expired_before_the_pd_heard_of_it(spark, pd, sbp_cluster, sbp_c
     sbp_client.trim_stream(sid, 300)  # the report arrives
 
 
+@requires("filter_pushdown")
 def test_filter_pushdown_prunes_and_stays_correct(spark, plain_spark, pd, sbp_client,
                                                   three_ranges):
     sid = three_ranges

@@ -6,18 +6,6 @@ import datetime as dt
 import pickle
 
 import pytest
-from pyspark.sql.datasource import (
-    EqualNullSafe,
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
-    Not,
-    StringStartsWith,
-)
 
 from sbp_spark.spark.filters import (
     Predicate,
@@ -35,6 +23,23 @@ from sbp_spark.spark.planning import (
     plan_partitions,
     split_evenly,
 )
+from sbp_spark.spark.pyspark_api import found
+
+from .pyspark_features import requires
+
+if found().filter_pushdown:  # Spark's filter classes came with pushdown (pyspark 4.1)
+    from pyspark.sql.datasource import (
+        EqualNullSafe,
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        LessThan,
+        LessThanOrEqual,
+        Not,
+        StringStartsWith,
+    )
 
 A = (ReplicaLocation(1, "127.0.0.1:1001", True),
      ReplicaLocation(2, "127.0.0.1:1002", False))
@@ -110,6 +115,7 @@ def test_split_by_max_records_and_min_partitions():
     assert split_evenly(0, 3, 5) == [(0, 1), (1, 2), (2, 3)]
 
 
+@requires("filter_pushdown")
 def test_filter_split_and_intervals():
     filters = [EqualTo(("stream_id",), 7), GreaterThanOrEqual(("offset",), 950),
                LessThan(("offset",), 1100), GreaterThan(("timestamp",), dt.datetime(2024, 1, 1)),
@@ -131,6 +137,7 @@ def test_filter_split_and_intervals():
     assert split_filters([EqualTo(("offset",), 1)], ["value"]) == ([], [EqualTo(("offset",), 1)])
 
 
+@requires("filter_pushdown")
 def test_a_predicate_holds_a_tuple_for_in_alone():
     with pytest.raises(ValueError, match="IN takes a tuple"):
         Predicate("offset", "in", 3)
@@ -141,6 +148,7 @@ def test_a_predicate_holds_a_tuple_for_in_alone():
     assert Predicate("offset", "in", (1, 3)).describe() == "offset IN (1, 3)"
 
 
+@requires("filter_pushdown")
 def test_stream_and_offset_filters_choose_streams_and_pieces():
     other = StreamLayout(8, 0, (RangeLayout(0, 0, 50, B, is_open=True),))
     options = parse_read_options({"pd": "h:1", "streams": "7,8"})
@@ -155,6 +163,7 @@ def test_stream_and_offset_filters_choose_streams_and_pieces():
     assert all(p.row_predicates == () for p in parts)
 
 
+@requires("filter_pushdown")
 def test_many_in_values_become_one_partition_with_a_row_filter():
     values = list(range(0, 2 * (MAX_PIECES_PER_RANGE + 1), 2))
     handled, _ = split_filters([In(("offset",), values)], ["offset"])

@@ -51,8 +51,10 @@ def test_the_readme_examples_run_as_written(spark, tmp_path, capsys):
             for query in spark.streams.active:
                 query.stop()
             import sbp_spark
+            from sbp_spark.spark.pyspark_api import found
 
-            sbp_spark.register(spark, filter_pushdown=True)  # as the session fixture has it
+            # as the session fixture has it
+            sbp_spark.register(spark, filter_pushdown=found().filter_pushdown)
 
         assert spark.read.parquet(str(tmp_path / "out")).count() == 110_000
         assert _records(spark, pd, 4) == 110_000  # the relay

@@ -8,8 +8,9 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import types as spark_types
 
-from sbp_spark.spark.streaming.writer import stream_writer
+from sbp_spark.spark.streaming.sink import stream_writer
 
 from .streaming.helpers import append_arrow, arrow_read
 
@@ -350,14 +351,18 @@ def test_another_writers_encodings_read_with_the_schema_inferred_from_them(spark
         "pair": pa.array([[1, 2], None, [3, None]], pa.list_(pa.int32(), 2)),
         "at": pa.array([1, None, 86_399_999_999], pa.time64("us")),
     }
+    fields = [("label", "string", True), ("digest", "binary", True),
+              ("pair", "array<int>", True), ("at", "time(6)", True)]
+    expected = [("a", bytearray(b"ab"), [1, 2], dt.time(0, 0, 0, 1)),
+                (None, None, None, None),
+                ("a", bytearray(b"cd"), [3, None], dt.time(23, 59, 59, 999_999))]
+    if not hasattr(spark_types, "TimeType"):  # Spark's TIME type came with pyspark 4.1
+        del columns["at"]
+        fields, expected = fields[:3], [row[:3] for row in expected]
     append_arrow(sbp_client, sid, pa.record_batch(columns))
     df = arrow_read(spark, pd, sid)
-    assert data_fields(df) == [("label", "string", True), ("digest", "binary", True),
-                               ("pair", "array<int>", True), ("at", "time(6)", True)]
-    assert rows(df, *columns) == [
-        ("a", bytearray(b"ab"), [1, 2], dt.time(0, 0, 0, 1)),
-        (None, None, None, None),
-        ("a", bytearray(b"cd"), [3, None], dt.time(23, 59, 59, 999_999))]
+    assert data_fields(df) == fields
+    assert rows(df, *columns) == expected
     # mergeSchema unions the encoded column with a plain one
     append_arrow(sbp_client, sid, pa.record_batch({"label": pa.array(["b"], pa.large_string())}))
     merged = arrow_read(spark, pd, sid, mergeSchema="true")

@@ -6,11 +6,12 @@ import logging
 import pickle
 
 import pytest
-from pyspark.sql.datasource import DataSourceReader, EqualTo, GreaterThan
+from pyspark.sql.datasource import DataSourceReader
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 from sbp_spark.client import Appended
 from sbp_spark.spark.options import parse_read_options, parse_write_options
+from sbp_spark.spark.pyspark_api import found
 from sbp_spark.spark.reader import SbpBatchReader, SbpPushdownBatchReader
 from sbp_spark.spark.schemas import records_schema
 from sbp_spark.spark.source import SbpDataSource, SbpDataSourceNoPushdown
@@ -20,6 +21,11 @@ from sbp_spark.spark.writer import (
     _TaskAppends,
     summarize,
 )
+
+from .pyspark_features import requires
+
+if found().filter_pushdown:  # Spark's filter classes came with pushdown (pyspark 4.1)
+    from pyspark.sql.datasource import EqualTo, GreaterThan
 
 OPTIONS = {"pd": "127.0.0.1:1", "streams": "3"}
 
@@ -38,6 +44,7 @@ def test_data_source_names_and_option_checks():
         source.reader(StructType([StructField("other", BinaryType())]))
 
 
+@requires("filter_pushdown")
 def test_only_the_pushdown_reader_overrides_push_filters():
     # pyspark fails every read of a reader overriding pushFilters while pushdown is off
     plain = SbpDataSourceNoPushdown(dict(OPTIONS)).reader(records_schema())
@@ -82,14 +89,14 @@ def test_read_options_are_picklable_and_hashable():
 
 
 def test_one_client_per_process_and_options():
-    from sbp_spark.spark import cluster
+    from sbp_spark.spark import cluster_access
 
     first = parse_read_options(OPTIONS).client
     again = parse_read_options({**OPTIONS, "startingOffsets": '{"3": 4}'}).client
     other = parse_read_options({**OPTIONS, "retries": "2"}).client
     try:
-        assert cluster.get_client(first) is cluster.get_client(again)
-        assert cluster.get_client(other) is not cluster.get_client(first)
-        assert cluster.get_client(other).config.retries == 2
+        assert cluster_access.get_client(first) is cluster_access.get_client(again)
+        assert cluster_access.get_client(other) is not cluster_access.get_client(first)
+        assert cluster_access.get_client(other).config.retries == 2
     finally:
-        cluster.close_clients()
+        cluster_access.close_clients()

@@ -22,6 +22,25 @@ from .streaming.helpers import (
 from .test_batch import new_stream, read
 
 
+@pytest.fixture(scope="module")
+def column_lists(spark, pd, sbp_client) -> None:
+    """Skip where Spark refuses an INSERT whose column list leaves columns of the table out.
+    Spark 4.1+ fills them with nulls; pyspark 4.0's analysis fails such an INSERT into a
+    Python source's table with INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_FIND_DATA (the README's
+    SQL section says to name every column there). Found out by planning one (EXPLAIN, which
+    writes nothing; pyspark 4.0 answers "Error occurred during query planning")."""
+    sid = new_stream(sbp_client)
+    with table(spark, f"probe_{sid}", f"USING sbp OPTIONS (pd '{pd}', stream '{sid}')"):
+        try:
+            plan = spark.sql(f"EXPLAIN INSERT INTO probe_{sid} (value) VALUES (X'00')"
+                             ).first()[0]
+        except Exception as exc:  # how an analysis error may come out
+            plan = str(exc)
+    if "CANNOT_FIND_DATA" in plan or "Error occurred during query planning" in plan:
+        pytest.skip("this Spark refuses an INSERT that leaves a Python source table's "
+                    "columns out (pyspark 4.0)")
+
+
 @contextmanager
 def table(spark, name: str, definition: str):
     """``CREATE TABLE name <definition>``, dropped afterwards (the session outlives the test)."""
@@ -32,6 +51,7 @@ def table(spark, name: str, definition: str):
         spark.sql(f"DROP TABLE IF EXISTS {name}")
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp_path):
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["a", "b", "c"])
@@ -70,6 +90,24 @@ def test_table_select_insert_describe_stream_and_drop(spark, pd, sbp_client, tmp
     assert sorted(stored[3:7]) == ["v0", "v1", "v2", "v3"]
 
 
+def test_an_insert_naming_every_column_works_on_every_pyspark(spark, pd, sbp_client):
+    # The form the README gives for pyspark 4.0, whose SQL fills no column an INSERT leaves
+    # out: the metadata columns as NULL (a records table), or left to the stream (arrow).
+    sid, arrow_sid = new_stream(sbp_client), new_stream(sbp_client)
+    append_arrow(sbp_client, arrow_sid, pa.record_batch({"id": pa.array([1], pa.int64())}))
+    with table(spark, f"full_{sid}", f"USING sbp OPTIONS (pd '{pd}', stream '{sid}')") as name, \
+            table(spark, f"full_{arrow_sid}", f"USING sbp OPTIONS (pd '{pd}', "
+                  f"stream '{arrow_sid}', payload 'arrow')") as arrow:
+        spark.sql(f"INSERT INTO {name} SELECT NULL, NULL, NULL, NULL, BINARY('k'), "
+                  "BINARY(CONCAT('v', id)) FROM range(3)")
+        spark.sql(f"INSERT INTO {arrow} SELECT 2, NULL, NULL, NULL")
+        assert sorted(r.v for r in spark.sql(
+            f"SELECT CAST(value AS STRING) AS v FROM {name}").collect()) == ["v0", "v1", "v2"]
+        assert [(r.id, r.offset) for r in spark.sql(
+            f"SELECT id, offset FROM {arrow} ORDER BY offset").collect()] == [(1, 0), (2, 1)]
+
+
+@pytest.mark.usefixtures("column_lists")
 def test_table_over_several_streams_routes_inserts_by_stream_id(spark, pd, sbp_client):
     s1, s2 = new_stream(sbp_client), new_stream(sbp_client)
     name = f"pair_{s1}_{s2}"
@@ -86,6 +124,7 @@ def test_table_over_several_streams_routes_inserts_by_stream_id(spark, pd, sbp_c
             spark.sql(f"INSERT INTO {name} (value) VALUES (BINARY('lost'))")
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_arrow_table_stores_only_its_data_columns(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     first = pa.record_batch({"id": pa.array([1], pa.int64()), "name": pa.array(["x"])})
@@ -101,6 +140,7 @@ def test_arrow_table_stores_only_its_data_columns(spark, pd, sbp_client):
     assert {tuple(s.names) for s in stored_schemas(sbp_client, sid)} == {("id", "name")}
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_a_tables_definition_is_not_stored_in_the_records_it_writes(spark, pd, sbp_client):
     """The table keeps its OPTIONS in its schema's column metadata; the rows INSERT INTO
     stores must not carry them (every stored batch would repeat the table's settings, and a
@@ -158,6 +198,7 @@ def test_an_arrow_table_on_an_empty_stream_says_what_sql_can_do(spark, pd, sbp_c
         assert [(r.id, r.name) for r in spark.table(name).collect()] == [(1, "a")]
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_temporary_view_select_and_insert(spark, pd, sbp_client):
     sid = new_stream(sbp_client)
     view = f"view_{sid}"
@@ -172,6 +213,7 @@ def test_temporary_view_select_and_insert(spark, pd, sbp_client):
     assert read(spark, pd, sid).count() == 2
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_insert_with_per_query_options_keeps_the_tables(spark, pd, sbp_client):
     # Like SELECT ... WITH (...), an INSERT's own options override the table's; they must not
     # replace them (the write then had no 'pd' and failed with "option 'pd' is required").
@@ -253,6 +295,7 @@ def test_write_stream_to_table_is_refused_and_never_writes_the_source(spark, pd,
     assert stored_values(sbp_client, target) == []
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_temporary_view_on_streams_only_writes_like_a_table(spark, pd, sbp_client):
     # A view hands the write its OPTIONS as they are, so a view given only 'streams' refused
     # every INSERT ("option 'streams' is for reading"). Like a table, a view on one stream
@@ -296,6 +339,7 @@ def test_a_batch_write_of_table_rows_without_pd_writes_as_an_insert_would(spark,
     assert stored_values(sbp_client, other) == ["a", "b"]
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_a_query_may_not_change_the_options_that_fixed_a_tables_columns(spark, pd, sbp_client):
     # The columns come from CREATE TABLE: includeHeaders, payload or mergeSchema given per
     # query used to change nothing (SELECT) or store batches of another payload (INSERT).
@@ -334,6 +378,7 @@ def test_a_table_made_by_save_as_table_says_what_it_is_and_what_to_do(spark, pd,
     assert stored_values(sbp_client, sid) == ["a"]
 
 
+@pytest.mark.usefixtures("column_lists")
 def test_alter_table_adds_a_column_a_writer_added_but_changes_no_option(spark, pd, sbp_client):
     # What the README says about ALTER TABLE: the columns of a payload=arrow table are fixed at
     # CREATE TABLE until ADD COLUMNS names one a writer added; TBLPROPERTIES are no options.

@@ -1,8 +1,9 @@
 """Admission control: how far one micro-batch may read in each stream.
 
-Spark hands ``latestOffset(start, limit)`` one ``ReadLimit``; pyspark has no composite limit, so
-the source keeps the whole configuration itself (``TriggerLimits``) and applies every configured
-bound, as Spark's Kafka source does:
+Spark (pyspark 4.2+) hands ``latestOffset(start, limit)`` one ``ReadLimit``; pyspark has no
+composite limit, so the source keeps the whole configuration itself (``TriggerLimits``) and
+applies every configured bound, as Spark's Kafka source does (``admission`` maps Spark's read
+limits to these; before pyspark 4.2 Spark passes none, and the configured bounds apply alone):
 
 - ``maxRecordsPerTrigger``: the records one micro-batch may read, shared by all streams in
   proportion to their backlog (``apportion``).
@@ -23,16 +24,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
-
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    ReadMinRows,
-)
 
 from sbp_spark.spark.options import StreamReadOptions
 
@@ -66,42 +59,6 @@ class TriggerLimits:
     @property
     def unbounded(self) -> bool:
         return self.max_records is None and self.max_bytes is None and self.min_records is None
-
-    def default_read_limit(self) -> ReadLimit:
-        """The one ``ReadLimit`` Spark can carry for these limits.
-
-        With several bounds configured, the maximum ones win the slot (they are what Spark
-        shows); ``for_limit`` restores the others when Spark passes it back.
-        """
-        if self.max_records is not None:
-            return ReadMaxRows(self.max_records)
-        if self.max_bytes is not None:
-            return ReadMaxBytes(self.max_bytes)
-        if self.min_records is not None:
-            return ReadMinRows(self.min_records)
-        return ReadAllAvailable()
-
-    def for_limit(self, limit: ReadLimit) -> TriggerLimits:
-        """The bounds to apply when Spark passes ``limit`` to ``latestOffset``.
-
-        ``ReadAllAvailable`` (a one-time trigger) ignores the configured bounds; any other limit
-        is applied on top of the configured ones (the tighter value wins).
-        """
-        if isinstance(limit, ReadAllAvailable):
-            return TriggerLimits(max_trigger_delay_ms=self.max_trigger_delay_ms)
-        if isinstance(limit, ReadMaxRows):
-            return replace(self, max_records=_tighter(self.max_records, int(limit.max_rows)))
-        if isinstance(limit, ReadMaxBytes):
-            return replace(self, max_bytes=_tighter(self.max_bytes, int(limit.max_bytes)))
-        if isinstance(limit, ReadMinRows):
-            return replace(self, min_records=max(self.min_records or 0, int(limit.min_rows)))
-        raise ValueError(
-            f"read limit {limit!r} is not supported by format sbp: it understands "
-            "ReadAllAvailable, ReadMaxRows, ReadMaxBytes and ReadMinRows")
-
-
-def _tighter(configured: int | None, given: int) -> int:
-    return given if configured is None else min(configured, given)
 
 
 def apportion(budget: int, weights: Mapping[int, int]) -> dict[int, int]:

@@ -13,6 +13,12 @@ Delivery:
   id, sequence) and a retried task skips the batches an earlier attempt landed (see
   ``idempotent``), so a replayed micro-batch adds nothing twice. docs/streaming.md says exactly
   what is guaranteed.
+
+How the rows arrive depends on the pyspark (``pyspark_api``): as Arrow batches where it has
+the Arrow stream writer (``arrow_writer.SbpStreamWriter``, pyspark 4.1 and later), else as
+``Row`` objects (``SbpStreamRowWriter``), which are packed back into Arrow batches first
+(``rows.RowBatches``). Everything after that is the same code. ``sink.stream_writer`` picks
+the class and checks the options.
 """
 
 from __future__ import annotations
@@ -20,20 +26,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from sbp_spark.client import Appended, ResendCheck, SbpClient
 from sbp_spark.protocol.errors import BatchFormatError
 from sbp_spark.protocol.records import ENVELOPE_SIZE, BodyFormat
 
-from .. import cluster
+from .. import cluster_access
 from ..encode import EncodedBatch, RowEncoder, encode_batches
-from ..evolution import check_backward
-from ..options import OptionError, StreamWriteOptions, WriteOptions, parse_stream_write_options
-from ..schemas import to_arrow
+from ..options import StreamWriteOptions, WriteOptions
+from ..rows import RowBatches
 from ..writer import SbpBatchWriter, SbpCommitMessage, _StreamSink, _TaskAppends, summarize
 from .idempotent import (
     DEFAULT_LOOKBACK_RECORDS,
@@ -51,30 +57,6 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
-def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
-                  ) -> SbpStreamWriter:
-    """The writer of one micro-batch (``DataSource.streamWriter``)."""
-    if overwrite:
-        raise OptionError(
-            "format sbp cannot truncate: SBP streams are append-only, so output mode "
-            "'complete' cannot replace their records; use outputMode('append') (pyspark's "
-            "Python sinks cannot take 'update'), or foreachBatch with df.write.format('sbp')")
-    parsed = parse_stream_write_options(options)
-    write = parsed.write
-    if write.create_if_missing:
-        raise OptionError(
-            "option 'createIfMissing' is for batch writes: a streaming query would create a new "
-            "stream for every micro-batch; create the stream first (`sbp streams create`) and "
-            "name it with option 'stream'")
-    encoder = RowEncoder.for_schema(schema, write.payload, write.stream, routes=write.routes)
-    if write.stream is not None:
-        client = cluster.get_client(write.client)
-        cluster.check_streams_exist(client, [write.stream], write.client.pd)
-        if write.schema_compatibility == "backward":
-            check_backward(client, write.stream, write.client.pd, to_arrow(schema))
-    return SbpStreamWriter(parsed, encoder, write.stream)
-
-
 @dataclass
 class IdempotentCommitMessage(SbpCommitMessage):
     """A task's appends plus, per stream, what it skipped as already written."""
@@ -88,16 +70,20 @@ class IdempotentCommitMessage(SbpCommitMessage):
     bounded: list[int] = field(default_factory=list)
 
 
-class SbpStreamWriter(DataSourceStreamArrowWriter):
-    """Appends each micro-batch; with ``idempotent`` set, at most once per record batch."""
+class MicroBatchWriter(DataSourceStreamWriter):
+    """What both stream writers do: append each micro-batch (Arrow batches, ``write_batches``);
+    with ``idempotent`` set, at most once per record batch. The two subclasses add ``write``
+    for the form in which their pyspark hands the rows over."""
 
     def __init__(self, options: StreamWriteOptions, encoder: RowEncoder,
-                 stream: int | None) -> None:
+                 stream: int | None, schema: StructType) -> None:
         self.options = options
         self.encoder = encoder
         self.stream = stream
+        self.schema = schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+    def write_batches(self, iterator: Iterator[pa.RecordBatch]) -> SbpCommitMessage:
+        """Append one task's share of a micro-batch."""
         if not self.options.idempotent:
             return SbpBatchWriter(self.options.write, self.encoder, self.stream).write(iterator)
         query_id, batch_id, partition_id = _task_identity()
@@ -127,6 +113,13 @@ class SbpStreamWriter(DataSourceStreamArrowWriter):
                     ": %s", batchId, failed, len(messages),
                     "; idempotent mode skips them then" if self.options.idempotent else "",
                     "; ".join(lines) or "nothing")
+
+
+class SbpStreamRowWriter(MicroBatchWriter):
+    """The stream writer for a pyspark that hands a sink ``Row`` objects (4.0)."""
+
+    def write(self, iterator: Iterator[Any]) -> SbpCommitMessage:
+        return self.write_batches(RowBatches(self.schema).batches(iterator))
 
 
 def _task_identity() -> tuple[str, int, int]:
@@ -241,7 +234,7 @@ def _landed(client: SbpClient, stream_id: int, owner: _IdempotentBatchWriter,
     """What attempts of the owner's (query, batch, partition) left in the stream; ``located``
     (when given) receives where each of its batches is, by sequence number."""
     pd = owner.options.client.pd
-    (layout,) = cluster.stream_layouts(client, [stream_id], pd)
+    (layout,) = cluster_access.stream_layouts(client, [stream_id], pd)
 
     def read_window(low: int, high: int) -> Iterator[tuple[int, WriteTag | None]]:
         for fetched in client.read(stream_id, low, high):

@@ -7,13 +7,6 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadMaxBytes,
-    ReadMaxFiles,
-    ReadMaxRows,
-    ReadMinRows,
-)
 
 from sbp_spark.spark.options import EARLIEST, LATEST, OffsetSpec
 from sbp_spark.spark.streaming.limits import TriggerDelay, TriggerLimits, admit, apportion
@@ -120,23 +113,6 @@ def test_admit_applies_both_maximums():
 
 def test_admit_ignores_streams_behind_their_start():
     assert admit({1: 10}, {1: 5}, TriggerLimits(max_records=3)) == {1: 10}
-
-
-# -- limits from Spark -----------------------------------------------------------------------
-
-
-def test_default_read_limit_and_restoring_the_composite():
-    limits = TriggerLimits(max_records=100, max_bytes=4096, min_records=10,
-                           max_trigger_delay_ms=500)
-    assert limits.default_read_limit() == ReadMaxRows(100)
-    assert limits.for_limit(ReadMaxRows(100)) == limits
-    assert limits.for_limit(ReadMaxRows(20)).max_records == 20
-    assert limits.for_limit(ReadAllAvailable()).unbounded
-    assert TriggerLimits(max_bytes=7).default_read_limit() == ReadMaxBytes(7)
-    assert TriggerLimits(min_records=3).default_read_limit() == ReadMinRows(3)
-    assert TriggerLimits().default_read_limit() == ReadAllAvailable()
-    with pytest.raises(ValueError, match="ReadMaxFiles"):
-        limits.for_limit(ReadMaxFiles(3))
 
 
 def test_trigger_delay_waits_for_min_records_or_the_delay():

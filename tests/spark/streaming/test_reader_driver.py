@@ -9,14 +9,15 @@ import threading
 import time
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from sbp_spark.spark.pyspark_api import found
 from sbp_spark.spark.reader import ReadFailedError
 from sbp_spark.spark.schemas import records_schema
 from sbp_spark.spark.streaming.offsets import from_spark
 from sbp_spark.spark.streaming.reader import DataLossError, stream_reader
 from tests.rewrite import rewrite_history
 
+from ..pyspark_features import requires
 from .helpers import append_values, new_stream
 
 
@@ -26,6 +27,25 @@ def make_reader(pd, streams, **options):
     return stream_reader(opts, records_schema())
 
 
+def latest(reader, start):
+    """The end of the micro-batch after ``start``, asked as Spark asks this pyspark: with the
+    start and "all available" where it has admission control; else right after planning the
+    micro-batch that ends at ``start``, as Spark does (also on a restart)."""
+    if found().admission_control:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+        return reader.latestOffset(start, ReadAllAvailable())
+    reader.partitions(start, start)
+    return reader.latestOffset()
+
+
+def report(reader):
+    """The lag report: in the query progress where pyspark carries it (4.2+), else logged."""
+    if found().progress_lag:
+        return reader.reportLatestOffset()
+    return reader.state.report
+
+
 def test_a_stream_added_on_restart_joins_at_its_first_offset(pd, sbp_client):
     old, added = new_stream(sbp_client), new_stream(sbp_client)
     append_values(sbp_client, old, ["a"] * 5)
@@ -33,16 +53,16 @@ def test_a_stream_added_on_restart_joins_at_its_first_offset(pd, sbp_client):
     sbp_client.trim_stream(added, 2)
     reader = make_reader(pd, [old, added])
     checkpointed = {str(old): 3}  # offsets of a query that only read 'old'
-    end = reader.latestOffset(checkpointed, ReadAllAvailable())
+    end = latest(reader, checkpointed)
     assert from_spark(end) == {old: 5, added: 2}
     assert [(p.stream_id, p.start_offset, p.end_offset)
             for p in reader.partitions(checkpointed, end)] == [(old, 3, 5)]
-    following = reader.latestOffset(end, ReadAllAvailable())
+    following = latest(reader, end)
     assert from_spark(following) == {old: 5, added: 7}
     assert [(p.stream_id, p.start_offset, p.end_offset)
             for p in reader.partitions(end, following)] == [(added, 2, 7)]
     # a stream no longer named in 'streams' leaves the offsets
-    assert from_spark(make_reader(pd, [added]).latestOffset(following, ReadAllAvailable())) == {
+    assert from_spark(latest(make_reader(pd, [added]), following)) == {
         added: 7}
 
 
@@ -59,7 +79,10 @@ def test_a_planned_span_trimmed_away(pd, sbp_client):
             for p in tolerant.partitions(start, {str(sid): 25})] == [(20, 25)]
 
 
+@requires("admission_control")
 def test_available_now_stops_at_its_target(pd, sbp_client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 10)
     reader = make_reader(pd, [sid], startingOffsets="earliest", maxRecordsPerTrigger=4,
@@ -88,7 +111,7 @@ def test_an_idle_reader_wakes_when_a_record_arrives(pd, sbp_client):
     began = time.monotonic()
     timer.start()
     try:
-        end = reader.latestOffset(start, ReadAllAvailable())
+        end = latest(reader, start)
     finally:
         timer.join()
     assert from_spark(end) == {sid: 2}
@@ -99,8 +122,8 @@ def test_the_reader_spark_pickles_carries_no_driver_state(pd, sbp_client):
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 3)
     reader = make_reader(pd, [sid], startingOffsets="earliest")
-    reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
-    assert reader.reportLatestOffset() is not None
+    latest(reader, reader.initialOffset())
+    assert report(reader) is not None
     copy = pickle.loads(pickle.dumps(reader))
     assert copy._state is None and copy.options == reader.options
     (partition,) = reader.partitions({str(sid): 0}, {str(sid): 3})
@@ -112,7 +135,7 @@ def test_a_range_sealed_after_planning_is_still_read(pd, sbp_client):
     append_values(sbp_client, sid, [f"v{i}" for i in range(6)])
     reader = make_reader(pd, [sid], startingOffsets="earliest")
     start = reader.initialOffset()
-    end = reader.latestOffset(start, ReadAllAvailable())
+    end = latest(reader, start)
     (partition,) = reader.partitions(start, end)
     assert partition.range_is_open
     sbp_client.seal_range(sid)  # during the micro-batch: tasks have not read yet
@@ -120,7 +143,7 @@ def test_a_range_sealed_after_planning_is_still_read(pd, sbp_client):
     (batch,) = list(reader.read(partition))
     assert [v.decode() for v in batch.column("value").to_pylist()] == [
         f"v{i}" for i in range(6)]
-    following = reader.latestOffset(end, ReadAllAvailable())
+    following = latest(reader, end)
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in reader.partitions(end, following)] == [(1, 6, 7)]
 
@@ -132,26 +155,26 @@ def test_a_checkpoint_past_a_later_seal_is_noticed(pd, sbp_cluster, sbp_client):
     for i in range(10):  # a range ends between batches
         append_values(sbp_client, sid, [f"old-{i}"])
     reader = make_reader(pd, [sid], startingOffsets="earliest")
-    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    read_to = latest(reader, reader.initialOffset())
     assert read_to == {str(sid): 10, "ranges": {str(sid): 0}}
     rewrite_history(sbp_cluster, sid, 6)
     append_values(sbp_client, sid, [f"new-{i}" for i in range(6, 12)])
     message = (rf"stream {sid}: range 0 was sealed at offset 6, but this query had already "
                rf"read it up to offset 10; the records \[6, 10\)")
     with pytest.raises(DataLossError, match=message):
-        reader.latestOffset(read_to, ReadAllAvailable())
+        latest(reader, read_to)
     with pytest.raises(DataLossError, match=message):
         reader.partitions(read_to, {str(sid): 12})
     # failOnDataLoss=false: go on from the seal, reading what stands there now, and say so.
     tolerant = make_reader(pd, [sid], failOnDataLoss="false")
-    following = tolerant.latestOffset(read_to, ReadAllAvailable())
+    following = latest(tolerant, read_to)
     assert following == {str(sid): 12, "ranges": {str(sid): 1}}
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in tolerant.partitions(read_to, following)] == [(1, 6, 12)]
-    assert tolerant.reportLatestOffset()[str(sid)]["historyRewritten"] == {
+    assert report(tolerant)[str(sid)]["historyRewritten"] == {
         "range": 0, "sealedAt": 6, "hadReadTo": 10}
     # Offsets checkpointed before they named ranges still load (without this check).
-    assert from_spark(tolerant.latestOffset({str(sid): 12}, ReadAllAvailable())) == {sid: 12}
+    assert from_spark(latest(tolerant, {str(sid): 12})) == {sid: 12}
 
 
 def test_a_rewritten_history_refilled_to_the_same_offset_is_read(pd, sbp_cluster, sbp_client):
@@ -162,11 +185,11 @@ def test_a_rewritten_history_refilled_to_the_same_offset_is_read(pd, sbp_cluster
     for i in range(10):
         append_values(sbp_client, sid, [f"old-{i}"])
     reader = make_reader(pd, [sid], startingOffsets="earliest", failOnDataLoss="false")
-    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    read_to = latest(reader, reader.initialOffset())
     assert read_to == {str(sid): 10, "ranges": {str(sid): 0}}
     rewrite_history(sbp_cluster, sid, 6)
     append_values(sbp_client, sid, [f"new-{i}" for i in range(6, 10)])
-    following = reader.latestOffset(read_to, ReadAllAvailable())
+    following = latest(reader, read_to)
     assert following == {str(sid): 10, "ranges": {str(sid): 1}}
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in reader.partitions(read_to, following)] == [(1, 6, 10)]
@@ -181,7 +204,7 @@ def planned_past_a_later_seal(pd, sbp_cluster, sbp_client):
     start = reader.initialOffset()
     for i in range(7):
         append_values(sbp_client, sid, [f"b{i}"])
-    end = reader.latestOffset(start, ReadAllAvailable())
+    end = latest(reader, start)
     assert end == {str(sid): 12, "ranges": {str(sid): 0}}
     rewrite_history(sbp_cluster, sid, 10)
     return sid, reader, start, end
@@ -202,7 +225,7 @@ def test_a_planned_end_above_a_later_seal_is_data_loss(pd, sbp_cluster, sbp_clie
     tolerant = make_reader(pd, [sid], failOnDataLoss="false")
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in tolerant.partitions(start, end)] == [(0, 5, 10)]
-    following = tolerant.latestOffset(end, ReadAllAvailable())
+    following = latest(tolerant, end)
     assert following == {str(sid): 14, "ranges": {str(sid): 1}}
     assert [(p.range_index, p.start_offset, p.end_offset)
             for p in tolerant.partitions(end, following)] == [(1, 10, 14)]
@@ -230,7 +253,7 @@ def test_a_stream_deleted_after_planning(pd, sbp_client):
         reader = make_reader(pd, [sid], startingOffsets="earliest",
                              failOnDataLoss=fail_on_data_loss)
         start = reader.initialOffset()
-        (partition,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+        (partition,) = reader.partitions(start, latest(reader, start))
         sbp_client.delete_streams([sid])
         return sid, reader, partition
 
@@ -248,21 +271,21 @@ def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
     # word may make that data loss; here it still holds every record.
     from dataclasses import replace
 
-    from sbp_spark.spark import cluster
+    from sbp_spark.spark import cluster_access
 
     sid = new_stream(sbp_client)
     append_values(sbp_client, sid, ["x"] * 10)
     reader = make_reader(pd, [sid], startingOffsets="earliest")
-    read_to = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    read_to = latest(reader, reader.initialOffset())
     assert from_spark(read_to) == {sid: 10}
-    real = cluster.stream_layouts
+    real = cluster_access.stream_layouts
 
     def lagging(*args):
         return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=6),))
                 for lay in real(*args)]
 
-    monkeypatch.setattr(cluster, "stream_layouts", lagging)
-    assert from_spark(reader.latestOffset(read_to, ReadAllAvailable())) == {sid: 10}
+    monkeypatch.setattr(cluster_access, "stream_layouts", lagging)
+    assert from_spark(latest(reader, read_to)) == {sid: 10}
 
 
 def test_a_planned_end_past_the_end_of_an_open_stream_is_data_loss(pd, sbp_client):

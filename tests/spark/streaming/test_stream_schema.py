@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from ..pyspark_features import requires
 from .helpers import append_arrow, drain_to_memory, new_stream, wait_for
 
 
@@ -55,6 +56,7 @@ def test_a_running_query_resolves_newer_batches_and_fails_on_one_that_cannot(
             in str(info.value))
 
 
+@requires("progress_lag")
 def test_skip_incompatible_batches_counts_them_in_the_progress(spark, pd, sbp_client,
                                                                tmp_path):
     sid = new_stream(sbp_client)

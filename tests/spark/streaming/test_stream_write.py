@@ -12,7 +12,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from sbp_spark.spark.options import OptionError
 from sbp_spark.spark.streaming.idempotent import WriteTag
-from sbp_spark.spark.streaming.writer import stream_writer
+from sbp_spark.spark.streaming.sink import stream_writer
 
 from .helpers import append_values, new_stream, stored_schemas, stored_values, wait_for
 
