@@ -20,6 +20,13 @@ from .cluster_access import StreamMissingError
 from .options import ReadOptions, StreamSelection, WriteOptions, check_positions
 
 log = logging.getLogger(__name__)
+# Stream ids a log line lists before it only counts the rest.
+_LOGGED_IDS = 20
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    shown = ",".join(map(str, ids[:_LOGGED_IDS])) or "(none)"
+    return shown if len(ids) <= _LOGGED_IDS else f"{shown},... ({len(ids)} streams)"
 
 
 class Stream(Protocol):
@@ -98,8 +105,7 @@ def resolve_read(directory: StreamDirectory, options: ReadOptions) -> ReadOption
                                                        options.client.pd)))
     if not selection.dynamic:
         check_positions(resolved)
-    log.info("sbp: %s are streams %s", selection.describe(),
-             ",".join(map(str, resolved.streams)) or "(none)")
+    log.info("sbp: %s are streams %s", selection.describe(), _ids_text(resolved.streams))
     return resolved
 
 
@@ -125,7 +131,7 @@ class Discovery:
                 new = sorted(set(found) - set(self._found))
                 if new:
                     log.info("sbp: %s now also matches streams %s", self.selection.describe(),
-                             ",".join(map(str, new)))
+                             _ids_text(new))
             self._found, self._at = found, now
         return list(self._found)
 
