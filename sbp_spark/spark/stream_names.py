@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from sbp_spark.protocol.errors import StreamAlreadyExistsError, StreamNotFoundError
+from sbp_spark.protocol.errors import SbpError, StreamAlreadyExistsError, StreamNotFoundError
 
 from .cluster_access import StreamMissingError
 from .options import ReadOptions, StreamSelection, WriteOptions, check_positions
@@ -112,7 +112,8 @@ def resolve_read(directory: StreamDirectory, options: ReadOptions) -> ReadOption
 class Discovery:
     """The streams of a dynamic selection while a streaming query runs: listed again when
     asked at least ``interval_ms`` after the last listing (``clock``: seconds), else the last
-    answer."""
+    answer. A listing that fails after one succeeded keeps the last answer (new streams are
+    found at the next listing that works): the streams already read go on meanwhile."""
 
     def __init__(self, selection: StreamSelection, interval_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -126,7 +127,16 @@ class Discovery:
         """The matching streams' ids, in id order."""
         now = self._clock()
         if self._found is None or now - self._at >= self.interval_s:
-            found = matching(directory, self.selection, pd)
+            try:
+                found = matching(directory, self.selection, pd)
+            except SbpError as exc:
+                if self._found is None:
+                    raise
+                log.warning("sbp: could not look for new streams matching %s (%s); going on "
+                            "with the %d found before", self.selection.describe(), exc,
+                            len(self._found))
+                self._at = now
+                return list(self._found)
             if self._found is not None:
                 new = sorted(set(found) - set(self._found))
                 if new:

@@ -10,7 +10,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from sbp_spark.client import SbpClient
+from sbp_spark.protocol.errors import SbpTimeoutError
+from sbp_spark.protocol.messages import Stream
 from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.spark.options import StreamSelection
+from sbp_spark.spark.stream_names import Discovery
 
 from .streaming.helpers import append_values, stored_values
 from .test_tables import column_lists, table  # noqa: F401 (column_lists: a fixture)
@@ -138,3 +142,43 @@ def test_sql_tables_by_name_and_pattern(spark, pd, sbp_client, prefix):
                f"USING sbp OPTIONS (pd '{pd}', streamPattern '{prefix}-orders.*')"):
         assert [r.v for r in spark.sql(f"SELECT CAST(value AS STRING) v FROM {all_orders} "
                                        "ORDER BY v").collect()] == ["o1", "o2", "x1"]
+
+
+class _Directory:
+    """Live streams as the PD would list them; ``down`` makes the listing fail."""
+
+    def __init__(self, streams: dict[int, str]) -> None:
+        self.streams = streams
+        self.listings = 0
+        self.down = False
+
+    def list_streams(self):
+        self.listings += 1
+        if self.down:
+            raise SbpTimeoutError("the PD did not answer")
+        return [Stream(stream_id=sid, name=name) for sid, name in sorted(self.streams.items())]
+
+    def describe_streams(self, ids):
+        raise AssertionError("a pattern lists the streams, it looks none up")
+
+
+def test_discovery_lists_at_most_every_interval_and_rides_out_a_failed_listing():
+    now = [0.0]
+    directory = _Directory({1: "orders-eu", 2: "clicks", 3: ""})
+    discovery = Discovery(StreamSelection(pattern="orders-.*"), 1_000, clock=lambda: now[0])
+    assert discovery.streams(directory, ["pd"]) == [1]
+    directory.streams[4] = "orders-us"
+    now[0] = 0.5
+    assert discovery.streams(directory, ["pd"]) == [1] and directory.listings == 1
+    now[0] = 1.0
+    assert discovery.streams(directory, ["pd"]) == [1, 4] and directory.listings == 2
+    directory.down, now[0] = True, 2.5
+    assert discovery.streams(directory, ["pd"]) == [1, 4]  # the last answer, with a warning
+    directory.down, now[0] = False, 3.5
+    del directory.streams[1]
+    assert discovery.streams(directory, ["pd"]) == [4]
+    every = Discovery(StreamSelection(every=True), 0)
+    assert every.streams(directory, ["pd"]) == [2, 3, 4]
+    with pytest.raises(SbpTimeoutError):  # no answer yet to fall back on
+        directory.down = True
+        Discovery(StreamSelection(every=True), 0).streams(directory, ["pd"])
