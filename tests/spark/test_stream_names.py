@@ -182,3 +182,27 @@ def test_discovery_lists_at_most_every_interval_and_rides_out_a_failed_listing()
     with pytest.raises(SbpTimeoutError):  # no answer yet to fall back on
         directory.down = True
         Discovery(StreamSelection(every=True), 0).streams(directory, ["pd"])
+
+
+def test_a_streaming_write_creates_its_named_stream_once(spark, pd, sbp_client, prefix,
+                                                         tmp_path):
+    source = sbp_client.create_stream(f"{prefix}-in").stream_id
+    append_values(sbp_client, source, ["s1", "s2"])
+
+    def relay(checkpoint):
+        query = (spark.readStream.format("sbp").option("pd", pd)
+                 .option("streams", f"{prefix}-in").option("startingOffsets", "earliest").load()
+                 .selectExpr("value").writeStream.format("sbp").option("pd", pd)
+                 .option("stream", f"{prefix}-out").option("createIfMissing", "true")
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    relay(tmp_path / "ck")
+    out = sbp_client.describe_stream(f"{prefix}-out").stream_id
+    assert sorted(stored_values(sbp_client, out)) == ["s1", "s2"]
+    append_values(sbp_client, source, ["s3"])
+    relay(tmp_path / "ck")  # the stream exists now: found by its name, not made again
+    assert sorted(stored_values(sbp_client, out)) == ["s1", "s2", "s3"]
+    assert [s.stream_id for s in sbp_client.list_streams() if s.name == f"{prefix}-out"] == [out]
