@@ -172,6 +172,16 @@ def test_planning_section_times_a_read_by_time_next_to_one_by_offsets(tmp_path):
     assert figure["extra"]["planned_records"] == 100_000 and figure["extra"]["batches"] == 200
 
 
+def test_names_section_times_a_read_by_pattern_next_to_one_by_ids(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--sections", "names", "--pattern-streams", "150",
+                 "--json", str(out)]) == 0
+    (figure,) = json.loads(out.read_text())["figures"]
+    assert figure["name"] == "plan a read of 150 streams by pattern"
+    assert figure["value"] > 0 and figure["ceiling_name"] == "planning by ids"
+    assert figure["ceiling"] > 0 and figure["extra"]["streams"] == 150
+
+
 def test_client_bench_script_adds_the_per_batch_figures(tmp_path, capsys):
     from integration.bench import client_bench
 

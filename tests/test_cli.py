@@ -386,7 +386,7 @@ def test_unreachable_pd_is_named(capsys):
 
 def test_bad_arguments_are_usage_errors(capsys):
     for argv in (["tail", "1", "--from", "soon"], ["tail", "-3"], ["streams", "trim", "1", "-4"],
-                 ["produce", "x"], ["streams", "list", "--pd", "nohost"]):
+                 ["produce", "x/y"], ["streams", "list", "--pd", "nohost"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2, argv
@@ -718,7 +718,7 @@ def test_files_and_stream_ids_may_follow_options(sbp, tmp_path):
     assert status == 0 and len(out.splitlines()) == 2, err
     # What is not a positional is still refused, as before.
     for argv in (["produce", str(stream), "--key", "k", "--bogus"],
-                 ["streams", "describe", str(stream), "--json", "x"],
+                 ["streams", "describe", str(stream), "--json", "x/y"],
                  ["streams", "trim", str(stream), "--pd", "127.0.0.1:1", "3", "4"]):
         with pytest.raises(SystemExit) as exit_info:
             sbp(*argv)
@@ -800,3 +800,68 @@ def test_pd_may_come_before_the_command(sbp, cluster, capsys):
         main(["--pd", pd, "demo"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --pd" in capsys.readouterr().err
+
+
+# -- streams by name -----------------------------------------------------------------------------
+
+
+def test_every_command_takes_a_stream_name(sbp, tmp_path):
+    status, out, err = sbp("streams", "create", "--name", "cli-orders", "--name", "cli-clicks")
+    assert status == 0, err
+    orders, clicks = (int(line) for line in out.split())
+
+    _, out, _ = sbp("streams", "list")
+    header, *rows = out.splitlines()
+    assert header.split()[:2] == ["STREAM", "NAME"]
+    assert [str(orders), "cli-orders"] in [row.split()[:2] for row in rows]
+    _, out, _ = sbp("streams", "describe", "cli-clicks", str(orders), "--json")
+    assert [(f["stream_id"], f["name"]) for f in map(json.loads, out.splitlines())] == [
+        (clicks, "cli-clicks"), (orders, "cli-orders")]
+
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(6)))
+    status, out, _ = sbp("produce", "cli-orders", str(source))
+    assert status == 0
+    assert out.strip() == "produced 6 records to stream 'cli-orders', offsets 0 .. 5"
+    assert sbp("tail", "cli-orders", "--from", "4")[1].splitlines() == ["line 4", "line 5"]
+    assert "retention_ms" in sbp("streams", "update", "cli-orders", "--retention-ms", "60000",
+                                 "--json")[1]
+    status, out, _ = sbp("ranges", "seal", "cli-orders")
+    assert status == 0 and "sealed range 0 of stream 'cli-orders' at offset 6" in out
+    _, out, _ = sbp("ranges", "list", "cli-orders", "--json")
+    assert [(r["stream_id"], r["range_index"]) for r in map(json.loads, out.splitlines())] == [
+        (orders, 0), (orders, 1)]
+    status, out, _ = sbp("streams", "trim", "cli-orders", "2")
+    assert status == 0 and "stream 'cli-orders' now starts at offset 2" in out
+
+    status, out, err = sbp("streams", "delete", "cli-orders", "cli-nothing", str(clicks))
+    assert out.splitlines() == [f"deleted stream {orders} (cli-orders)",
+                                f"deleted stream {clicks}"]
+    _assert_one_line_error(status, err, "streams delete", "cli-nothing", "no stream is named")
+    # A deleted name is gone for every command (produce reads no input before it says so).
+    for command, extra in ((["streams", "describe"], []), (["ranges", "list"], []),
+                           (["tail"], []), (["produce"], [str(source)]),
+                           (["ranges", "seal"], []), (["streams", "trim"], ["0"]),
+                           (["streams", "update"], ["--replicas", "1"])):
+        status, _, err = sbp(*command, "cli-orders", *extra)
+        _assert_one_line_error(status, err, " ".join(command), "cli-orders")
+
+
+def test_names_are_checked_before_anything_is_asked(capsys):
+    for argv, words in ((["streams", "create", "--name", "123"], "digits only"),
+                        (["streams", "create", "--name", "a/b"], "not a valid stream name"),
+                        (["streams", "create", "--name", "x", "--name", "x"], "given twice"),
+                        (["streams", "create", "--name", "x", "--count", "2"], "differs"),
+                        (["tail", "a b"], "neither a stream id")):
+        try:
+            status = main([*argv, "--pd", "127.0.0.1:1"])
+        except SystemExit as exit_info:
+            status = exit_info.code
+        assert status == 2, argv
+        assert words in capsys.readouterr().err, argv
+
+
+def test_a_taken_name_is_one_error_line(sbp):
+    assert sbp("streams", "create", "--name", "cli-taken")[0] == 0
+    status, _, err = sbp("streams", "create", "--name", "cli-taken")
+    _assert_one_line_error(status, err, "streams create", "'cli-taken' is taken")

@@ -58,6 +58,8 @@ class BenchConfig:
     planning_records: int = 10_000_000
     planning_ranges: int = 1_000
     planning_runs: int = 5
+    # Planning a read by a pattern over names: how many streams it matches (--quick too).
+    pattern_streams: int = 1_000
     # Latency: seconds one writer appends under each fsync policy, in this many rounds.
     latency_seconds: float = 6.0
     latency_rounds: int = 3

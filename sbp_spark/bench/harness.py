@@ -29,13 +29,14 @@ SECTIONS: dict[str, str] = {
     "latency": "sbp_spark.bench.latency",
     "memory": "sbp_spark.bench.concurrency",
     "planning": "sbp_spark.bench.time_planning",
+    "names": "sbp_spark.bench.name_planning",
     "spark": "sbp_spark.bench.spark_batch",
     "scaling": "sbp_spark.bench.scaling",
     "streaming": "sbp_spark.bench.streaming",
 }
 # The sections that run the connector's Spark code (planning calls its reader directly); the
 # others measure the codec, client and servers, which need no pyspark.
-NEEDS_PYSPARK = ("planning", "spark", "scaling", "streaming")
+NEEDS_PYSPARK = ("planning", "names", "spark", "scaling", "streaming")
 
 
 def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:
@@ -84,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--quick 1M)")
     parser.add_argument("--planning-ranges", type=int,
                         help="ranges of that stream (default 1000, --quick 100)")
+    parser.add_argument("--pattern-streams", type=int,
+                        help="streams a read by name pattern plans (default 1000, --quick too)")
     parser.add_argument("--latency-seconds", type=float,
                         help="seconds one writer appends under each fsync policy (default 6, "
                              "--quick 3)")
@@ -106,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"choose from {', '.join(SECTIONS)}")
     args.sections = sections
     for name in ("rows", "runs", "client_mib", "clients", "planning_records",
-                 "planning_ranges", "scaling_rows"):
+                 "planning_ranges", "pattern_streams", "scaling_rows"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} {value}: must be >= 1")
@@ -123,7 +126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # Options that set a BenchConfig field as given: option -> field.
 _SETTINGS = {"rows": "spark_rows", "runs": "spark_runs", "clients": "concurrent_clients",
              "stream_seconds": "stream_seconds", "planning_records": "planning_records",
-             "planning_ranges": "planning_ranges", "latency_seconds": "latency_seconds",
+             "planning_ranges": "planning_ranges", "pattern_streams": "pattern_streams",
+             "latency_seconds": "latency_seconds",
              "scaling_seconds": "scaling_seconds", "scaling_rows": "scaling_read_rows"}
 
 

@@ -222,12 +222,16 @@ class PdClient:
         return item_results(response.update_responses, len(streams),
                             lambda a: a.updated_stream, "UPDATE_STREAMS")
 
-    def describe_streams(self, stream_ids: Sequence[int]) -> list[ItemResult[Stream]]:
-        """The current metadata of streams."""
+    def describe_streams(self, stream_ids: Sequence[int], names: Sequence[str] = ()
+                         ) -> list[ItemResult[Stream]]:
+        """The current metadata of streams: those of ``stream_ids``, then those of ``names``
+        (live streams looked up by name; STREAM_NOT_FOUND for a name none has)."""
         ids = [int(s) for s in stream_ids]
-        response = self.call(DescribeStreamsRequest(self.config.server_timeout_ms, ids))
-        return item_results(response.describe_responses, len(ids), lambda a: a.stream,
-                            "DESCRIBE_STREAMS")
+        by_name = [Stream(name=n) for n in names]
+        response = self.call(DescribeStreamsRequest(self.config.server_timeout_ms, ids,
+                                                    by_name))
+        return item_results(response.describe_responses, len(ids) + len(by_name),
+                            lambda a: a.stream, "DESCRIBE_STREAMS")
 
     def list_streams(self) -> list[Stream]:
         """Every stream that is not deleted, in id order (DESCRIBE_STREAMS naming no stream,

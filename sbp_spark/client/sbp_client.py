@@ -18,6 +18,7 @@ from sbp_spark.protocol.errors import (
     SbpError,
 )
 from sbp_spark.protocol.messages import Range, Stream
+from sbp_spark.protocol.names import check_name, parse_stream_ref
 
 from ._calls import unwrap
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
@@ -27,7 +28,7 @@ from .range_server import BatchLike, RangeServerClient
 from .reading import RangeEnd, RangeRead
 from .replicas import known_range
 from .timesearch import TimeSearch, range_end
-from .types import Appended, FetchedBatch, ReplicaLocation
+from .types import Appended, FetchedBatch, ItemResult, ReplicaLocation
 from .writer import StreamWriter
 
 _log = logging.getLogger(__name__)
@@ -71,48 +72,89 @@ class SbpClient:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def create_streams(self, count: int = 1, replicas: int = 1, retention_ms: int = -1
-                       ) -> list[Stream]:
-        """Create ``count`` streams; raises the first failure."""
+    def create_streams(self, count: int = 1, replicas: int = 1, retention_ms: int = -1,
+                       names: Sequence[str] | None = None) -> list[Stream]:
+        """Create ``count`` streams, or one per name of ``names`` (each unique in the cluster:
+        ``StreamAlreadyExistsError`` when a live stream has it); raises the first failure."""
+        if names is not None:
+            names = [check_name(n) for n in names]
+            if not names:
+                raise ValueError("names=[]: give at least one name")
+            if len(set(names)) != len(names):
+                raise ValueError(f"names={names!r}: a name appears twice")
+            if count not in (1, len(names)):
+                raise ValueError(f"count={count!r} differs from the {len(names)} names given")
+            count = len(names)
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"count={count!r}: must be an integer >= 1")
         if not isinstance(replicas, int) or not 1 <= replicas <= 127:
             raise ValueError(f"replicas={replicas!r}: must be an integer in 1..127")
         if not isinstance(retention_ms, int) or (retention_ms < 1 and retention_ms != -1):
             raise ValueError(f"retention_ms={retention_ms!r}: must be > 0, or -1 (forever)")
-        streams = [Stream(replica_nums=replicas, retention_period_ms=retention_ms)
-                   for _ in range(count)]
+        streams = [Stream(replica_nums=replicas, retention_period_ms=retention_ms,
+                          name=names[i] if names is not None else "")
+                   for i in range(count)]
         return [r.unwrap() for r in self.pd.create_streams(streams)]
 
-    def describe_streams(self, ids: Sequence[int]) -> list[Stream]:
-        """Metadata of streams, in the order asked; raises ``StreamNotFoundError`` for a
-        missing one."""
-        results = self.pd.describe_streams(ids)
-        return [unwrap(r, f"stream {s}") for s, r in zip(ids, results, strict=True)]
+    def create_stream(self, name: str = "", replicas: int = 1, retention_ms: int = -1
+                      ) -> Stream:
+        """Create one stream, named ``name`` unless it is ""."""
+        return self.create_streams(1, replicas, retention_ms,
+                                   names=[name] if name else None)[0]
+
+    def describe_streams(self, ids: Sequence[int | str]) -> list[Stream]:
+        """Metadata of streams given by id or name (``protocol.names.parse_stream_ref``), in
+        the order asked, in one PD request; raises ``StreamNotFoundError`` for a missing
+        one."""
+        refs = [parse_stream_ref(s) for s in ids]
+        numbers = [r for r in refs if isinstance(r, int)]
+        names = [r for r in refs if isinstance(r, str)]
+        # Ids and names never collide: a name is never digits only.
+        found: dict[int | str, ItemResult[Stream]] = dict(zip(
+            [*numbers, *names], self.pd.describe_streams(numbers, names), strict=True))
+        return [unwrap(found[r], f"stream {r}" if isinstance(r, int) else f"stream {r!r}")
+                for r in refs]
+
+    def stream_ids(self, refs: Sequence[int | str]) -> list[int]:
+        """The ids of streams given by id or name, in order: ids are taken as they are (no
+        PD request), names looked up in one request (``StreamNotFoundError`` for a name no
+        live stream has)."""
+        parsed = [parse_stream_ref(r) for r in refs]
+        names = list(dict.fromkeys(r for r in parsed if isinstance(r, str)))
+        ids = dict(zip(names, (s.stream_id for s in self.describe_streams(names)),
+                       strict=True)) if names else {}
+        return [r if isinstance(r, int) else ids[r] for r in parsed]
+
+    def stream_id(self, ref: int | str) -> int:
+        """The id of one stream given by id or name (see ``stream_ids``)."""
+        return self.stream_ids([ref])[0]
 
     def list_streams(self) -> list[Stream]:
         """Every stream that is not deleted, in id order."""
         return self.pd.list_streams()
 
-    def describe_stream(self, stream_id: int) -> Stream:
-        """Metadata of one stream."""
+    def describe_stream(self, stream_id: int | str) -> Stream:
+        """Metadata of one stream, by id or name."""
         return self.describe_streams([stream_id])[0]
 
-    def delete_streams(self, ids: Sequence[int]) -> list[Stream]:
-        """Delete streams; returns them as deleted; raises the first failure."""
+    def delete_streams(self, ids: Sequence[int | str]) -> list[Stream]:
+        """Delete streams given by id or name; returns them as deleted; raises the first
+        failure."""
+        ids = self.stream_ids(ids)
         results = self.pd.delete_streams(ids)
         return [unwrap(r, f"stream {s}") for s, r in zip(ids, results, strict=True)]
 
-    def trim_stream(self, stream_id: int, offset: int) -> Stream:
-        """Drop the records of ``stream_id`` below ``offset``; returns the stream after the
-        trim (its ``start_offset`` is the new first offset)."""
+    def trim_stream(self, stream_id: int | str, offset: int) -> Stream:
+        """Drop the records of ``stream_id`` (an id or a name) below ``offset``; returns the
+        stream after the trim (its ``start_offset`` is the new first offset)."""
+        stream_id = self.stream_id(stream_id)
         (result,) = self.pd.trim_streams([(stream_id, offset)])
         trimmed = unwrap(result, f"stream {stream_id}")
         if trimmed.trimmed_stream is not None:
             return trimmed.trimmed_stream
         return self.describe_stream(stream_id)
 
-    def update_stream(self, stream_id: int, replicas: int | None = None,
+    def update_stream(self, stream_id: int | str, replicas: int | None = None,
                       retention_ms: int | None = None) -> Stream:
         """Change a stream's replica count and/or retention (None keeps the current value);
         returns the updated stream."""
@@ -122,6 +164,7 @@ class SbpClient:
                 not isinstance(retention_ms, int) or (retention_ms < 1 and retention_ms != -1)):
             raise ValueError(f"retention_ms={retention_ms!r}: must be > 0, or -1 (forever)")
         current = self.describe_stream(stream_id)
+        stream_id = current.stream_id
         wanted = Stream(
             stream_id=stream_id,
             replica_nums=current.replica_nums if replicas is None else replicas,
@@ -132,9 +175,10 @@ class SbpClient:
 
     # -- ranges ----------------------------------------------------------------------------
 
-    def seal_range(self, stream_id: int) -> Range:
+    def seal_range(self, stream_id: int | str) -> Range:
         """Seal the stream's open range (the PD seals it where its primary stopped) and
-        return the new open range."""
+        return the new open range; the stream by id or name."""
+        stream_id = self.stream_id(stream_id)
         ranges = self.list_ranges(stream_id)
         if not ranges:
             raise RangeNotFoundError(f"stream {stream_id} has no range to seal")
@@ -160,8 +204,9 @@ class SbpClient:
         except SbpError:
             return []
 
-    def list_ranges(self, stream_id: int) -> list[Range]:
-        """The ranges of a stream, in order (only the last may be open)."""
+    def list_ranges(self, stream_id: int | str) -> list[Range]:
+        """The ranges of a stream (by id or name), in order (only the last may be open)."""
+        stream_id = self.stream_id(stream_id)
         (result,) = self.pd.list_ranges([stream_id])
         return unwrap(result, f"stream {stream_id}")
 
@@ -269,9 +314,10 @@ class SbpClient:
         return self.fetch(rng, start_offset, end_offset, max_bytes=max_bytes,
                           max_wait_ms=max_wait_ms)
 
-    def read(self, stream_id: int, start: int = 0, end: int = -1) -> Iterator[FetchedBatch]:
-        """Every batch of ``stream_id`` holding offsets in ``[start, end)`` (``end`` -1: what
-        the stream holds now), walking its ranges in order.
+    def read(self, stream_id: int | str, start: int = 0, end: int = -1
+             ) -> Iterator[FetchedBatch]:
+        """Every batch of ``stream_id`` (an id or a name) holding offsets in ``[start, end)``
+        (``end`` -1: what the stream holds now), walking its ranges in order.
 
         A ``start`` below the stream's first stored offset (after a trim) reads from that
         first offset. Batches are whole, as in ``fetch``.
@@ -280,7 +326,7 @@ class SbpClient:
             raise ValueError(f"start={start}: must be >= 0")
         if end != -1 and end < start:
             raise ValueError(f"end={end} is below start={start}")
-        return self._read(stream_id, start, end)
+        return self._read(self.stream_id(stream_id), start, end)
 
     def _read(self, stream_id: int, start: int, end: int) -> Iterator[FetchedBatch]:
         for range in self.list_ranges(stream_id):
@@ -299,11 +345,12 @@ class SbpClient:
                     break  # nothing more is stored below high (the range ends earlier)
                 low = progressed
 
-    def offset_for_time(self, stream_id: int, timestamp_ms: int) -> int | None:
+    def offset_for_time(self, stream_id: int | str, timestamp_ms: int) -> int | None:
         """The first offset of ``stream_id`` whose record timestamp is at or after
         ``timestamp_ms`` (ms since the epoch), or None when no stored record is; a search of
         O(log n) one-batch FETCHes (see ``client.timesearch`` for what it returns when
-        timestamps run back in time)."""
+        timestamps run back in time); the stream by id or name."""
+        stream_id = self.stream_id(stream_id)
         ranges = [replace(r, next_offset=self.open_range_end(r)) if r.is_open else r
                   for r in self.list_ranges(stream_id)]
         start = self.describe_stream(stream_id).start_offset
@@ -312,10 +359,11 @@ class SbpClient:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def open_stream(self, stream_id: int) -> StreamWriter:
-        """A writer appending to ``stream_id``."""
-        return StreamWriter(self.pd, stream_id, self.range_server, self.config, self._reached)
+    def open_stream(self, stream_id: int | str) -> StreamWriter:
+        """A writer appending to ``stream_id`` (an id, or a name looked up once, now)."""
+        return StreamWriter(self.pd, self.stream_id(stream_id), self.range_server, self.config,
+                            self._reached)
 
-    def append(self, stream_id: int, batches: Sequence[BatchLike]) -> list[Appended]:
-        """Append batches to a stream (see ``StreamWriter.append``)."""
+    def append(self, stream_id: int | str, batches: Sequence[BatchLike]) -> list[Appended]:
+        """Append batches to a stream, by id or name (see ``StreamWriter.append``)."""
         return self.open_stream(stream_id).append(batches)

@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import (
@@ -26,6 +26,7 @@ from sbp_spark.protocol.errors import (
     ServerError,
     TransportError,
 )
+from sbp_spark.protocol.names import parse_stream_ref
 
 if TYPE_CHECKING:
     from sbp_spark.client import SbpClient
@@ -154,13 +155,43 @@ def pd_of(args: argparse.Namespace) -> str:
     return args.pd or default_pd()
 
 
-def stream_id_arg(text: str) -> int:
-    """argparse type: a stream id (an integer from 0 to 2**63-1)."""
+def stream_arg(text: str) -> int | str:
+    """argparse type: a stream, by id (digits: an integer from 0 to 2**63-1) or by name
+    (``protocol.names``)."""
     try:
-        return non_negative_int(text)
-    except argparse.ArgumentTypeError:
+        ref = parse_stream_ref(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if isinstance(ref, int) and ref > MAX_INT64:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a stream id (an integer from 0 to {MAX_INT64})") from None
+            f"{text!r} is not a stream id (an integer from 0 to {MAX_INT64})")
+    return ref
+
+
+def stream_text(ref: int | str) -> str:
+    """A stream as messages name it: ``stream 7`` or ``stream 'orders'``."""
+    return f"stream {ref}" if isinstance(ref, int) else f"stream {ref!r}"
+
+
+def resolve_streams(client: Any, refs: list[int | str], args: argparse.Namespace
+                    ) -> tuple[list[tuple[int | str, int]], list[str]]:
+    """(each stream found with its id, an error message per name no live stream has), each
+    stream once, in the order given; names are looked up in one PD request, ids taken as
+    they are."""
+    refs = list(dict.fromkeys(refs))
+    names = [r for r in refs if isinstance(r, str)]
+    ids: dict[str, int] = {}
+    failures = []
+    if names:
+        for name, result in zip(names, client.pd.describe_streams([], names), strict=True):
+            error = result.exception()
+            if error is None:
+                ids[name] = result.unwrap().stream_id
+            else:
+                failures.append(item_failure(error, name, args))
+    found = [(r, r if isinstance(r, int) else ids[r]) for r in refs
+             if isinstance(r, int) or r in ids]
+    return found, failures
 
 
 def non_negative_int(text: str) -> int:
@@ -349,10 +380,10 @@ def json_flag(parser: argparse.ArgumentParser) -> None:
                         help="one JSON object per line instead of a table")
 
 
-def item_failure(error: Exception, stream_id: int, args: argparse.Namespace) -> str:
-    """The error line's message for one stream of a batch, naming the stream."""
+def item_failure(error: Exception, stream_id: int | str, args: argparse.Namespace) -> str:
+    """The error line's message for one stream of a batch (by id or name), naming it."""
     message = describe_error(error, args) or str(error)
-    return message if str(stream_id) in message else f"stream {stream_id}: {message}"
+    return message if str(stream_id) in message else f"{stream_text(stream_id)}: {message}"
 
 
 def report_failures(failures: list[str], args: argparse.Namespace) -> int:

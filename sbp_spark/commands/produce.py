@@ -22,7 +22,8 @@ from .common import (
     connect,
     more_positionals,
     positive_int,
-    stream_id_arg,
+    stream_arg,
+    stream_text,
 )
 from .progress import Progress
 
@@ -192,9 +193,9 @@ def produce_command(args: argparse.Namespace) -> int:
         produced = Produced()
         try:
             with connect(args) as client:
-                # An unknown stream fails here, before any input is read.
-                client.describe_streams([args.stream_id])
-                writer = client.open_stream(args.stream_id)
+                # An unknown stream (id or name) fails here, before any input is read.
+                (stream,) = client.describe_streams([args.stream_id])
+                writer = client.open_stream(stream.stream_id)
                 pending = []
                 chunks = read_lines(sources, args.batch_bytes, args.whole_files, counter)
                 for batch in record_batches(chunks, separator, fixed_key, args.batch_records):
@@ -216,9 +217,9 @@ def produce_command(args: argparse.Namespace) -> int:
             source.close()
 
     if produced.records == 0:
-        print(f"produced 0 records to stream {args.stream_id} (the input was empty)")
+        print(f"produced 0 records to {stream_text(args.stream_id)} (the input was empty)")
     else:
-        print(f"produced {produced.records:,} records to stream {args.stream_id}, offsets "
+        print(f"produced {produced.records:,} records to {stream_text(args.stream_id)}, offsets "
               f"{produced.first_offset:,} .. {produced.last_offset:,}")
     return 0
 
@@ -227,12 +228,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sbp produce``."""
     p = subparsers.add_parser(
         "produce", help="append lines or files to a stream",
-        description="Append each input line (without its newline) as one record to STREAM_ID, "
-                    "reading the FILEs in order, or stdin when none (or '-') is given. Records "
-                    "are sent in payload=records Arrow batches. A progress line is shown on "
-                    "stderr when it is a terminal.")
+        description="Append each input line (without its newline) as one record to STREAM "
+                    "(its id or name), reading the FILEs in order, or stdin when none (or '-') "
+                    "is given. Records are sent in payload=records Arrow batches. A progress "
+                    "line is shown on stderr when it is a terminal.")
     add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
+    p.add_argument("stream_id", type=stream_arg, metavar="STREAM",
+                   help="the stream's id or name")
     p.add_argument("files", nargs="*", metavar="FILE", help="input files ('-' = stdin)")
     more_positionals(p, "files")
     p.add_argument("--key", help="the same key for every record (default: no key)")

@@ -16,7 +16,9 @@ from .common import (
     named,
     print_table,
     report_failures,
-    stream_id_arg,
+    resolve_streams,
+    stream_arg,
+    stream_text,
 )
 from .streams import next_offset_of
 
@@ -58,17 +60,17 @@ def _print_ranges(facts: list[dict[str, Any]], as_json: bool) -> None:
 
 @cli_errors
 def list_command(args: argparse.Namespace) -> int:
-    # The ranges of every stream found; every id that was not is named, each id once.
-    stream_ids = list(dict.fromkeys(args.stream_ids))
+    # The ranges of every stream found; every id or name that was not is named, each once.
     with connect(args) as client:
-        results = client.pd.list_ranges(stream_ids)
-        facts, failures = [], []
-        for stream_id, result in zip(stream_ids, results, strict=True):
+        found, failures = resolve_streams(client, args.stream_ids, args)
+        results = client.pd.list_ranges([sid for _, sid in found]) if found else []
+        facts = []
+        for (ref, _), result in zip(found, results, strict=True):
             error = result.exception()
             if error is None:
                 facts += [_range_facts(client, r) for r in result.unwrap()]
             else:
-                failures.append(item_failure(error, stream_id, args))
+                failures.append(item_failure(error, ref, args))
         if facts or not failures:
             _print_ranges(facts, args.json)
     return report_failures(failures, args)
@@ -77,11 +79,13 @@ def list_command(args: argparse.Namespace) -> int:
 @cli_errors
 def seal_command(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        new_range = client.seal_range(args.stream_id)
-        ranges = client.list_ranges(args.stream_id)
+        stream_id = client.stream_id(args.stream_id)
+        new_range = client.seal_range(stream_id)
+        ranges = client.list_ranges(stream_id)
         sealed = [r for r in ranges if r.range_index == new_range.range_index - 1]
         if sealed:
-            print(f"sealed range {sealed[0].range_index} of stream {args.stream_id} at offset "
+            print(f"sealed range {sealed[0].range_index} of {stream_text(args.stream_id)} at "
+                  f"offset "
                   f"{sealed[0].end_offset:,}")
         print(f"open range is now {new_range.range_index}, starting at offset "
               f"{new_range.start_offset:,} on servers {_servers_text(new_range)}")
@@ -99,8 +103,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        description="List each range of the streams: offsets, state (open or "
                                    "sealed) and the range servers holding it.")
     add_pd_argument(p)
-    p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
-    more_positionals(p, "stream_ids", stream_id_arg)
+    p.add_argument("stream_ids", nargs="+", type=stream_arg, metavar="STREAM",
+                   help="stream ids or names")
+    more_positionals(p, "stream_ids", stream_arg)
     json_flag(p)
     named(p, "ranges list", list_command)
 
@@ -108,5 +113,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        description="Seal the stream's open range where it ends now and open a "
                                    "new range (possibly on other range servers) for appends.")
     add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
+    p.add_argument("stream_id", type=stream_arg, metavar="STREAM",
+                   help="the stream's id or name")
     named(p, "ranges seal", seal_command)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from sbp_spark.protocol.constants import MAX_REPLICAS
+from sbp_spark.protocol.names import NAME_RULE, check_name
 
 from .common import (
     MAX_INT64,
@@ -23,8 +24,10 @@ from .common import (
     print_table,
     replicas_arg,
     report_failures,
+    resolve_streams,
     retention_arg,
-    stream_id_arg,
+    stream_arg,
+    stream_text,
     usage,
 )
 
@@ -51,6 +54,7 @@ def _stream_facts(client: Any, stream: Any) -> dict[str, Any]:
     next_offset = next_offset_of(client, ranges[-1]) if ranges else stream.start_offset
     return {
         "stream_id": stream.stream_id,
+        "name": stream.name,
         "replicas": stream.replica_nums,
         "retention_ms": stream.retention_period_ms,
         "start_offset": stream.start_offset,
@@ -65,16 +69,31 @@ def _print_streams(facts: list[dict[str, Any]], as_json: bool) -> None:
         for item in facts:
             print(json.dumps(item))
         return
-    rows = [[str(f["stream_id"]), str(f["replicas"]), _retention_text(f["retention_ms"]),
-             f"{f['start_offset']:,}", f"{f['next_offset']:,}", str(f["ranges"]),
-             "deleted" if f["deleted"] else ""] for f in facts]
-    print_table(rows, ["STREAM", "REPLICAS", "RETENTION", "START", "NEXT", "RANGES", ""])
+    rows = [[str(f["stream_id"]), f["name"], str(f["replicas"]),
+             _retention_text(f["retention_ms"]), f"{f['start_offset']:,}",
+             f"{f['next_offset']:,}", str(f["ranges"]), "deleted" if f["deleted"] else ""]
+            for f in facts]
+    print_table(rows, ["STREAM", "NAME", "REPLICAS", "RETENTION", "START", "NEXT", "RANGES",
+                       ""])
 
 
 @cli_errors
 def create_command(args: argparse.Namespace) -> int:
+    names = args.names
+    if names:
+        if len(set(names)) != len(names):
+            raise UsageError("a --name is given twice: names are unique")
+        if args.count not in (None, len(names)):
+            raise UsageError(f"--count {args.count} differs from the {len(names)} --name "
+                             "given: leave --count out")
     with connect(args) as client:
-        left = args.count
+        if names:
+            for name in names:  # one at a time: the id of each is printed once it exists
+                print(client.create_stream(name, replicas=args.replicas,
+                                           retention_ms=args.retention_ms).stream_id,
+                      flush=True)
+            return 0
+        left = args.count or 1
         while left:
             streams = client.create_streams(count=min(left, CREATE_CHUNK),
                                             replicas=args.replicas,
@@ -95,12 +114,16 @@ def list_command(args: argparse.Namespace) -> int:
 
 @cli_errors
 def describe_command(args: argparse.Namespace) -> int:
-    # Show every stream found and name every id that was not, each id once.
-    stream_ids = list(dict.fromkeys(args.stream_ids))
+    # Show every stream found and name every id or name that was not, each once.
+    refs = list(dict.fromkeys(args.stream_ids))
+    ids = [r for r in refs if isinstance(r, int)]
+    names = [r for r in refs if isinstance(r, str)]
     with connect(args) as client:
-        results = client.pd.describe_streams(stream_ids)
+        answers = dict(zip([*ids, *names], client.pd.describe_streams(ids, names),
+                           strict=True))
         found, failures = [], []
-        for stream_id, result in zip(stream_ids, results, strict=True):
+        for stream_id in refs:
+            result = answers[stream_id]
             error = result.exception()
             if error is None:
                 found.append(result.unwrap())
@@ -126,25 +149,32 @@ def update_command(args: argparse.Namespace) -> int:
 def trim_command(args: argparse.Namespace) -> int:
     with connect(args) as client:
         stream = client.trim_stream(args.stream_id, args.offset)
-        print(f"stream {stream.stream_id} now starts at offset {stream.start_offset:,}")
+        print(f"{stream_text(args.stream_id)} now starts at offset {stream.start_offset:,}")
     return 0
 
 
 @cli_errors
 def delete_command(args: argparse.Namespace) -> int:
     # The PD deletes each stream it can, whatever happens to the others: say which ones it
-    # deleted and which it could not, each id once (a repeat would fail as "was deleted").
-    stream_ids = list(dict.fromkeys(args.stream_ids))
+    # deleted and which it could not, each once (a repeat would fail as "was deleted").
     with connect(args) as client:
-        results = client.pd.delete_streams(stream_ids)
-    failures = []
-    for stream_id, result in zip(stream_ids, results, strict=True):
+        found, failures = resolve_streams(client, args.stream_ids, args)
+        results = client.pd.delete_streams([sid for _, sid in found]) if found else []
+    for (ref, stream_id), result in zip(found, results, strict=True):
         error = result.exception()
         if error is None:
-            print(f"deleted stream {stream_id}")
+            named_as = "" if isinstance(ref, int) else f" ({ref})"
+            print(f"deleted stream {stream_id}{named_as}")
         else:
-            failures.append(item_failure(error, stream_id, args))
+            failures.append(item_failure(error, ref, args))
     return report_failures(failures, args)
+
+
+def _name_arg(text: str) -> str:
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _create_retention_ms(text: str) -> int:
@@ -163,13 +193,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = streams.add_parser(
         "create", help="create streams and print their ids",
-        description="Create streams; prints each new stream id on its own line.")
+        description="Create streams; prints each new stream id on its own line. A stream "
+                    "may have a name, unique among the streams of the cluster, that every "
+                    f"command takes in place of its id: a name is {NAME_RULE}.")
     add_pd_argument(p)
     p.add_argument("--replicas", type=int_in(1, MAX_REPLICAS), default=1, metavar="N",
                    help="range servers holding each range (default 1)")
     p.add_argument("--retention-ms", type=_create_retention_ms, default=-1,
                    metavar="MS", help="keep records this long (default -1: forever)")
-    p.add_argument("--count", type=int_in(1, MAX_CREATE_COUNT), default=1, metavar="K",
+    p.add_argument("--name", dest="names", action="append", type=_name_arg, metavar="NAME",
+                   help="the stream's name (repeat for several streams, one per name)")
+    p.add_argument("--count", type=int_in(1, MAX_CREATE_COUNT), default=None, metavar="K",
                    help=f"how many streams to create (default 1, at most "
                         f"{MAX_CREATE_COUNT:,}); asked of the PD {CREATE_CHUNK} at a "
                         "time, each id printed once its stream exists")
@@ -187,8 +221,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            description="Show settings, start and next offset and the number "
                                        "of ranges of the given streams.")
     add_pd_argument(p)
-    p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
-    more_positionals(p, "stream_ids", stream_id_arg)
+    p.add_argument("stream_ids", nargs="+", type=stream_arg, metavar="STREAM")
+    more_positionals(p, "stream_ids", stream_arg)
     json_flag(p)
     named(p, "streams describe", describe_command)
 
@@ -196,7 +230,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            description="Change the replica count (for ranges opened from now "
                                        "on) or the retention of a stream.")
     add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
+    p.add_argument("stream_id", type=stream_arg, metavar="STREAM",
+                   help="the stream's id or name")
     p.add_argument("--replicas", type=replicas_arg, metavar="N",
                    help="replicas of each range opened from now on (1-127)")
     p.add_argument("--retention-ms", type=retention_arg, metavar="MS",
@@ -208,7 +243,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            description="Drop every record of the stream below OFFSET; reads "
                                        "of those offsets then fail with 'offset out of range'.")
     add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
+    p.add_argument("stream_id", type=stream_arg, metavar="STREAM",
+                   help="the stream's id or name")
     p.add_argument("offset", type=non_negative_int, metavar="OFFSET",
                    help="the stream's new first offset")
     named(p, "streams trim", trim_command)
@@ -216,6 +252,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = streams.add_parser("delete", help="delete streams",
                            description="Delete streams and their data.")
     add_pd_argument(p)
-    p.add_argument("stream_ids", nargs="+", type=stream_id_arg, metavar="STREAM_ID")
-    more_positionals(p, "stream_ids", stream_id_arg)
+    p.add_argument("stream_ids", nargs="+", type=stream_arg, metavar="STREAM")
+    more_positionals(p, "stream_ids", stream_arg)
     named(p, "streams delete", delete_command)

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from sbp_spark.protocol.errors import SbpError, ServerError
 
-from .common import CommandError, add_pd_argument, cli_errors, connect, stream_id_arg
+from .common import CommandError, add_pd_argument, cli_errors, connect, stream_arg
 from .streams import next_offset_of
 
 DEFAULT_WAIT_MS = 1_000
@@ -222,9 +222,10 @@ def tail_command(args: argparse.Namespace) -> int:
         raise ValueError("--wait-ms must be >= 1")
     printer = _Printer(sys.stdout.buffer, args.print_offsets, args.print_keys, args.max)
     with connect(args) as client:
-        offset, end = resolve_start(client, args.stream_id, args.start)
+        stream_id = client.stream_id(args.stream_id)
+        offset, end = resolve_start(client, stream_id, args.start)
         try:
-            follow(client, args.stream_id, offset, None if args.follow else end, args.wait_ms,
+            follow(client, stream_id, offset, None if args.follow else end, args.wait_ms,
                    printer)
         finally:
             sys.stdout.buffer.flush()
@@ -239,7 +240,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the stream's current end; with -f keep waiting for new records, like "
                     "tail -f. payload=arrow records are printed as JSON objects.")
     add_pd_argument(p)
-    p.add_argument("stream_id", type=stream_id_arg, metavar="STREAM_ID")
+    p.add_argument("stream_id", type=stream_arg, metavar="STREAM",
+                   help="the stream's id or name")
     p.add_argument("--from", dest="start", type=from_arg, default="earliest",
                    metavar="earliest|latest|N|-N",
                    help="first record: the stream's first (default), its end, offset N, or "

@@ -187,6 +187,7 @@ class Stream(Message):
     retention_period_ms: int = -1  # -1 keeps records forever
     start_offset: int = 0  # first offset still stored, after trims
     deleted: bool = False
+    name: str = ""  # ours: unique among live streams; "" = none (protocol/names.py)
 
 
 @dataclass(slots=True)
@@ -664,6 +665,7 @@ class DescribeStreamsRequest(Message):
 
     timeout_ms: int = 0
     stream_ids: list[int] = field(default_factory=list)
+    by_name: list[Stream] = field(default_factory=list)  # ours: looked up by their name
 
 
 @dataclass(slots=True)

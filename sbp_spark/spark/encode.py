@@ -3,9 +3,9 @@
 ``RowEncoder`` checks a DataFrame's schema against the payload when the write is planned, then
 turns each Arrow batch Spark hands a task into body batches (the records convention, or the
 DataFrame's own columns for payload=arrow), split by target stream when rows carry a
-``stream_id``. ``Batcher`` cuts and combines them into record batches of bounded rows and bytes,
-and ``encode_batches`` turns those into envelope + Arrow IPC body, each small enough for one
-APPEND frame.
+``stream_id`` (or its twin ``stream_name``, a name the writing task looks up). ``Batcher``
+cuts and combines them into record batches of bounded rows and bytes, and ``encode_batches``
+turns those into envelope + Arrow IPC body, each small enough for one APPEND frame.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from .zones import arrow_zone, wall_clock_to_instants
 MAX_ENCODED_BATCH = MAX_FRAME_LENGTH - 64 * 1024
 
 _STREAM_ID_TYPES = (LongType, IntegerType, ShortType, ByteType)
+# The columns a row may name its stream in: by id, or by name (one of them per DataFrame).
+ROUTE_COLUMNS = frozenset({"stream_id", "stream_name"})
 
 
 def _is_text(dtype: DataType) -> bool:
@@ -83,12 +85,34 @@ def _check_arrow_types(types: dict[str, DataType]) -> None:
                 "data; cast it (to a string or a number, say) first") from None
 
 
+def _route_column(types: dict[str, DataType]) -> str:
+    """The column rows name their stream in: stream_id (an integer) or stream_name (a
+    string), exactly one of them."""
+    given = sorted(ROUTE_COLUMNS & set(types))
+    if not given:
+        raise ValueError(
+            "writing to sbp needs a target stream: set option 'stream', give the rows a "
+            "stream_id (or stream_name) column, or set createIfMissing=true to create a new "
+            "stream")
+    if len(given) > 1:
+        raise ValueError("the rows have both a stream_id and a stream_name column: route them "
+                         "by one (drop the other), or set option 'stream'")
+    column = given[0]
+    if column == "stream_name" and not isinstance(types[column], StringType):
+        raise ValueError(f"column 'stream_name' is {types[column].simpleString()}; it must be "
+                         "a string (the stream's name)")
+    if column == "stream_id" and not isinstance(types[column], _STREAM_ID_TYPES):
+        raise ValueError(f"column 'stream_id' is {types[column].simpleString()}; it must be an "
+                         "integer type (bigint)")
+    return column
+
+
 @dataclass(frozen=True)
 class RowEncoder:
     """How one DataFrame schema becomes record-batch bodies (built on the driver, pickled)."""
 
     payload: str
-    route_by_column: bool  # rows name their stream in a stream_id column
+    route_by_column: bool  # rows name their stream in a stream_id or stream_name column
     names: tuple[str, ...]
     # payload=arrow: metadata columns of an sbp table's schema that are not data (INSERT INTO
     # fills them with nulls); never stored.
@@ -101,23 +125,17 @@ class RowEncoder:
     time_zone: str | None = None
     # payload=arrow rows of an sbp table: their Arrow fields carry the table's definition.
     tagged: bool = False
+    # The column rows route by: stream_id, or stream_name (its values are stream names).
+    route_column: str = "stream_id"
 
     @classmethod
-    def for_schema(cls, schema: StructType, payload: str, stream: int | None,
+    def for_schema(cls, schema: StructType, payload: str, stream: int | str | None,
                    create: bool = False, routes: tuple[int, ...] | None = None) -> RowEncoder:
         """Check ``schema`` for a write; ``stream`` is the stream option (None: per row, to
         one of ``routes`` when given)."""
         types = {f.name: f.dataType for f in schema.fields}
         route = stream is None and not create
-        if route:
-            if "stream_id" not in types:
-                raise ValueError(
-                    "writing to sbp needs a target stream: set option 'stream', give the rows "
-                    "a stream_id column, or set createIfMissing=true to create a new stream")
-            if not isinstance(types["stream_id"], _STREAM_ID_TYPES):
-                raise ValueError(
-                    f"column 'stream_id' is {types['stream_id'].simpleString()}; it must be an "
-                    "integer type (bigint)")
+        route_column = _route_column(types) if route else "stream_id"
         if payload == "records":
             problems = []
             if "value" not in types:
@@ -139,8 +157,9 @@ class RowEncoder:
                 raise ValueError("payload=records cannot write this DataFrame: "
                                  + "; ".join(problems) + " (use payload=arrow to store any "
                                  "columns)")
-        elif not [n for n in types if n != "stream_id"]:
-            raise ValueError("payload=arrow needs at least one column besides stream_id")
+        elif not [n for n in types if n != "stream_id" and not (route and n == route_column)]:
+            raise ValueError(f"payload=arrow needs at least one column besides "
+                             f"{route_column if route else 'stream_id'}")
         else:
             _check_arrow_types(types)
         table = definition_of(schema)
@@ -152,7 +171,8 @@ class RowEncoder:
                                                          TimestampNTZType)
         return cls(payload, route, tuple(schema.fieldNames()), dropped,
                    routes if route else None, wall_clock_timestamp=wall_clock,
-                   tagged=payload == "arrow" and table is not None)
+                   tagged=payload == "arrow" and table is not None,
+                   route_column=route_column)
 
     def with_time_zone(self, zone: str) -> RowEncoder:
         """This encoder, taking wall-clock ``timestamp`` values in ``zone`` (a Spark time zone
@@ -160,9 +180,10 @@ class RowEncoder:
         return replace(self, time_zone=arrow_zone(zone))
 
     def bodies(self, batch: pa.RecordBatch, stream: int | None
-               ) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """(stream_id, body batch) pairs for one of Spark's batches; stream_id is ``stream``
-        unless rows route themselves."""
+               ) -> Iterator[tuple[int | str, pa.RecordBatch]]:
+        """(stream, body batch) pairs for one of Spark's batches; the stream is ``stream``
+        unless rows route themselves: their stream_id, or the name in their stream_name (for
+        the task to look up, then ``check_route``)."""
         if batch.num_rows == 0:
             return
         if not self.route_by_column:
@@ -170,6 +191,9 @@ class RowEncoder:
                 raise ValueError("writing to sbp needs a target stream: set option 'stream' "
                                  "or give the rows a stream_id column")
             yield stream, self._body(batch)
+            return
+        if self.route_column == "stream_name":
+            yield from self._bodies_by_name(batch)
             return
         column = batch.column(batch.schema.get_field_index("stream_id"))
         if column.null_count:
@@ -188,6 +212,27 @@ class RowEncoder:
         for sid in sorted(stream_ids):
             yield sid, self._body(batch.filter(pc.equal(column, sid)))
 
+    def _bodies_by_name(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+        column = batch.column(batch.schema.get_field_index("stream_name"))
+        if column.null_count:
+            raise ValueError(f"{column.null_count} rows have a null stream_name; every row "
+                             "needs a target stream (or set option 'stream')")
+        names = pc.unique(column).to_pylist()
+        if len(names) == 1:
+            yield names[0], self._body(batch)
+            return
+        for name in sorted(names):
+            yield name, self._body(batch.filter(pc.equal(column, name)))
+
+    def check_route(self, stream_id: int, name: str) -> None:
+        """Refuse a row's stream named ``name`` (its id ``stream_id``) outside option
+        'streams'."""
+        if self.routes is not None and stream_id not in self.routes:
+            raise ValueError(
+                f"rows have stream_name {name!r} (stream {stream_id}), which is not one of the "
+                f"streams {','.join(map(str, self.routes))} of option 'streams'; a write on "
+                "several streams routes each row to one of them")
+
     def _check_routes(self, stream_ids: list[int]) -> None:
         """Refuse rows naming a stream outside option 'streams' before any row is written."""
         if self.routes is None:
@@ -201,7 +246,8 @@ class RowEncoder:
 
     def _body(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if self.payload == "arrow":
-            unstored = [n for n in dict.fromkeys(("stream_id", *self.dropped))
+            routing = (self.route_column,) if self.route_by_column else ()
+            unstored = [n for n in dict.fromkeys(("stream_id", *routing, *self.dropped))
                         if n in batch.schema.names]
             if unstored:
                 batch = batch.drop_columns(unstored)

@@ -23,6 +23,7 @@ from sbp_spark.client.config import (
     ClientConfig,
 )
 from sbp_spark.protocol.constants import MAX_BATCH_BYTES, MAX_REPLICAS
+from sbp_spark.protocol.names import parse_stream_ref
 
 from .zones import arrow_zone
 
@@ -154,25 +155,92 @@ def parse_pd(name: str, value: str) -> tuple[str, ...]:
 MAX_STREAM_ID = (1 << 63) - 1
 
 
-def parse_stream_id(name: str, value: str) -> int:
-    return parse_int(name, value, 0, MAX_STREAM_ID,
-                     allowed=f"a stream id (an integer from 0 to {MAX_STREAM_ID})")
+# Option 'streams' = '*': every live stream, those created while a streaming query runs too.
+EVERY_STREAM = "*"
 
 
-def parse_stream_ids(name: str, value: str) -> tuple[int, ...]:
-    """A comma list of stream ids, duplicates dropped, order kept."""
-    ids: list[int] = []
+def _stream_ref(name: str, value: str, part: str, allowed: str) -> int | str:
+    """One stream of an option's value: an id (digits) or a name (``protocol.names``)."""
+    try:
+        ref = parse_stream_ref(part)
+    except ValueError as exc:
+        raise OptionError(f"option '{name}' = {value!r}: {exc}") from None
+    if isinstance(ref, int) and ref > MAX_STREAM_ID:
+        raise OptionError(f"option '{name}' = {value!r} is not valid: {part} is no stream id "
+                          f"(ids are 0 to {MAX_STREAM_ID})")
+    return ref
+
+
+def parse_stream(name: str, value: str) -> int | str:
+    """The stream of a write: its id or its name."""
+    return _stream_ref(name, value, value,
+                       f"a stream id (an integer from 0 to {MAX_STREAM_ID}) or a stream name")
+
+
+def parse_stream_refs(name: str, value: str) -> tuple[int | str, ...]:
+    """A comma list of streams by id or name (``1,orders,7``), duplicates dropped, order kept;
+    ``*`` alone: every stream (``(EVERY_STREAM,)``)."""
+    allowed = ("a comma-separated list of stream ids and names such as 1,orders,7, or '*' for "
+               "every stream")
     parts = [p.strip() for p in value.split(",")]
-    allowed = f"a comma-separated list of stream ids (0 to {MAX_STREAM_ID}) such as 1,2,7"
     if not value.strip() or any(not p for p in parts):
         raise _fail(name, value, allowed)
+    if EVERY_STREAM in parts:
+        if len(parts) > 1:
+            raise OptionError(f"option '{name}' = {value!r}: '*' (every stream) stands alone")
+        return (EVERY_STREAM,)
+    refs: list[int | str] = []
     for part in parts:
-        if not re.fullmatch(r"\d+", part) or int(part) > MAX_STREAM_ID:
-            raise _fail(name, value, allowed)
-        sid = int(part)
-        if sid not in ids:
-            ids.append(sid)
-    return tuple(ids)
+        ref = _stream_ref(name, value, part, allowed)
+        if ref not in refs:
+            refs.append(ref)
+    return tuple(refs)
+
+
+def parse_pattern(name: str, value: str) -> str:
+    """A regular expression (Python's ``re``), matched against whole stream names."""
+    if not value or any(c.isspace() for c in value):
+        # Names hold no whitespace: a pattern with some would match nothing, silently.
+        raise _fail(name, value, "a regular expression over stream names such as orders-.*, "
+                    "without whitespace (no stream name has any)")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise OptionError(f"option '{name}' = {value!r} is not a regular expression: "
+                          f"{exc}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class StreamSelection:
+    """The streams a read names when they are not all ids: ids and names (``refs``), every
+    live stream (``every``: ``streams '*'``), or the named streams whose whole name matches
+    ``pattern`` (``streamPattern``). Names are looked up when the read is planned; a pattern
+    or ``*`` is matched again while a streaming query runs (``dynamic``)."""
+
+    refs: tuple[int | str, ...] = ()
+    pattern: str | None = None
+    every: bool = False
+
+    @property
+    def dynamic(self) -> bool:
+        return self.every or self.pattern is not None
+
+    def matches(self, name: str) -> bool:
+        """Whether a live stream named ``name`` ("" for none) is one of a dynamic
+        selection's."""
+        if self.every:
+            return True
+        return (self.pattern is not None and bool(name)
+                and re.fullmatch(self.pattern, name) is not None)
+
+    def describe(self) -> str:
+        """The selection as options give it, for messages."""
+        if self.every:
+            return "streams '*'"
+        if self.pattern is not None:
+            return f"streamPattern {self.pattern!r}"
+        return "streams " + ",".join(str(r) for r in self.refs)
 
 
 def _check_named_once(name: str, value: str, keys: Iterable[object]) -> None:
@@ -296,7 +364,7 @@ def parse_out_of_orderness(name: str, value: str) -> int | None:
 
 
 def _time_spec(opts: _Options, one: OptionSpec, by_stream: OptionSpec, offsets: OptionSpec,
-               streams: tuple[int, ...]) -> TimeSpec | None:
+               streams: tuple[int, ...] | None) -> TimeSpec | None:
     """The time positions of one end of a read (None: positioned by offsets)."""
     given = [spec.name for spec in (one, by_stream, offsets) if opts.has(spec.name)]
     if len(given) > 1:
@@ -347,14 +415,26 @@ PD = OptionSpec(
     "placement driver address(es), host:port[,host:port...]",
     parse_pd, None)
 STREAMS = OptionSpec(
-    "streams", "(required to read)", "read (write)",
-    "comma-separated stream ids to read; a write without `stream` goes to the one stream, "
-    "or routes rows by stream_id among several (another stream_id fails it)",
-    parse_stream_ids, None)
+    "streams", "(this or streamPattern to read)", "read (write)",
+    "comma-separated stream ids and names to read (names and ids mixed; digits are ids), or "
+    "'*' for every stream; a write without `stream` goes to the one stream, or routes rows "
+    "by stream_id (or stream_name) among several (another stream fails it)",
+    parse_stream_refs, None)
+STREAM_PATTERN = OptionSpec(
+    "streamPattern", "(not set)", "read",
+    "read every stream whose whole name matches this regular expression (as Kafka's "
+    "subscribePattern); a streaming query also reads those created while it runs",
+    parse_pattern, None)
+DISCOVERY_INTERVAL_MS = OptionSpec(
+    "discoveryIntervalMs", "10000", "stream read",
+    "with streamPattern or streams '*': how often, at most, a micro-batch looks for new "
+    "matching streams",
+    lambda n, v: parse_int(n, v, 0, None), 10_000)
 STREAM = OptionSpec(
     "stream", "(none)", "write",
-    "stream id every row goes to; without it each row's stream_id column decides",
-    parse_stream_id, None)
+    "stream id or name every row goes to; without it each row's stream_id (or stream_name) "
+    "column decides",
+    parse_stream, None)
 STARTING_OFFSETS = OptionSpec(
     "startingOffsets", "earliest (batch), latest (streaming)", "read",
     'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest); latest '
@@ -454,7 +534,8 @@ RETRIES = OptionSpec(
     lambda n, v: parse_int(n, v, 0, 1_000_000), None)
 CREATE_IF_MISSING = OptionSpec(
     "createIfMissing", "false", "write",
-    "without a stream option or stream_id column, create a new stream for the rows",
+    "create the stream of option 'stream' when no stream has that name (by id: refused); "
+    "without a stream option or stream_id/stream_name column, create a new stream",
     parse_bool, False)
 REPLICAS = OptionSpec(
     "replicas", "1", "write", "replicas of a stream created by createIfMissing",
@@ -520,6 +601,7 @@ TLS_KEY_FILE = OptionSpec(
 OPTIONS: tuple[OptionSpec, ...] = (
     PD,
     STREAMS,
+    STREAM_PATTERN,
     STREAM,
     STARTING_OFFSETS,
     ENDING_OFFSETS,
@@ -553,6 +635,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     MIN_RECORDS_PER_TRIGGER,
     MAX_TRIGGER_DELAY,
     SKIP_INCOMPATIBLE_BATCHES,
+    DISCOVERY_INTERVAL_MS,
     IDEMPOTENT,
     TLS_ENABLED,
     TLS_CA_FILE,
@@ -663,6 +746,8 @@ class ReadOptions:
     """A batch read (and the shared part of a streaming read)."""
 
     client: ClientOptions
+    # The streams' ids; () until ``selection`` (names, a pattern, '*') is resolved
+    # (``stream_names.resolve_read``).
     streams: tuple[int, ...]
     starting: OffsetSpec = OffsetSpec(EARLIEST)
     ending: OffsetSpec = OffsetSpec(LATEST)
@@ -678,6 +763,8 @@ class ReadOptions:
     time_strategy: str = TIME_STRATEGY.value
     max_out_of_orderness_ms: int | None = MAX_OUT_OF_ORDERNESS.value
     merge_schema: bool = MERGE_SCHEMA.value
+    # None: option 'streams' gave ids only, which ``streams`` holds.
+    selection: StreamSelection | None = None
 
 
 @dataclass(frozen=True)
@@ -690,6 +777,7 @@ class StreamReadOptions:
     min_records_per_trigger: int | None = MIN_RECORDS_PER_TRIGGER.value
     max_trigger_delay_ms: int = MAX_TRIGGER_DELAY.value
     skip_incompatible_batches: bool = SKIP_INCOMPATIBLE_BATCHES.value
+    discovery_interval_ms: int = DISCOVERY_INTERVAL_MS.value
 
 
 @dataclass(frozen=True)
@@ -697,9 +785,11 @@ class WriteOptions:
     """A batch write (and the shared part of a streaming write)."""
 
     client: ClientOptions
-    stream: int | None = STREAM.value
-    # Without 'stream': the streams rows may route to by stream_id (None: any).
-    routes: tuple[int, ...] | None = None
+    # An id, or a name looked up (``stream_names.resolve_write``) before tasks run.
+    stream: int | str | None = STREAM.value
+    # Without 'stream': the streams rows may route to by stream_id (None: any); names are
+    # looked up before tasks run.
+    routes: tuple[int | str, ...] | None = None
     payload: str = PAYLOAD.value
     batch_max_records: int = BATCH_MAX_RECORDS.value
     batch_max_bytes: int = BATCH_MAX_BYTES.value
@@ -735,15 +825,29 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
             "option 'stream' is for writing; to read, name the streams with option 'streams' "
             "(for example streams=7 or streams=1,2)")
     _check_all_values(opts)
-    streams = opts.require(STREAMS.name, STREAMS.check,
-                           "to read (comma-separated stream ids such as 1,2)")
+    pattern = opts.value(STREAM_PATTERN)
+    if pattern is not None and opts.has(STREAMS.name):
+        raise OptionError("options 'streams' and 'streamPattern' exclude each other: name the "
+                          "streams, or give the pattern their names match")
+    refs = (() if pattern is not None else opts.require(
+        STREAMS.name, STREAMS.check,
+        "to read (comma-separated stream ids or names such as 1,orders; '*' for every stream; "
+        "or option streamPattern)"))
+    selection = None
+    if pattern is not None or any(not isinstance(r, int) for r in refs):
+        selection = StreamSelection(() if refs == (EVERY_STREAM,) else refs, pattern,
+                                    refs == (EVERY_STREAM,))
+    # The ids, when options gave ids only; otherwise known once looked up, and positions per
+    # stream are checked then (``stream_names.resolve_read``).
+    streams: tuple[int, ...] = tuple(int(r) for r in refs) if selection is None else ()
+    known = streams if selection is None else None
     starting = opts.parse(
         STARTING_OFFSETS.name,
         lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
-                                   allow_latest=streaming is not False, streams=streams),
+                                   allow_latest=streaming is not False, streams=known),
         OffsetSpec(LATEST if streaming else EARLIEST))
     starting_time = _time_spec(opts, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
-                               STARTING_OFFSETS, streams)
+                               STARTING_OFFSETS, known)
     if opts.has("startingOffsetsByTimestampStrategy") and starting_time is None:
         raise OptionError("option 'startingOffsetsByTimestampStrategy' needs "
                           "'startingTimestamp' or 'startingOffsetsByTimestamp'")
@@ -757,10 +861,10 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
     else:
         ending = opts.parse(
             ENDING_OFFSETS.name,
-            lambda n, v: parse_offsets(n, v, LATEST, allow_earliest=False, streams=streams),
+            lambda n, v: parse_offsets(n, v, LATEST, allow_earliest=False, streams=known),
             OffsetSpec(LATEST))
         ending_time = _time_spec(opts, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP,
-                                 ENDING_OFFSETS, streams)
+                                 ENDING_OFFSETS, known)
         if starting_time and ending_time:
             _check_time_order(starting_time, ending_time, streams)
     payload = opts.value(PAYLOAD)
@@ -785,6 +889,7 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
         time_strategy=opts.value(TIME_STRATEGY),
         max_out_of_orderness_ms=opts.value(MAX_OUT_OF_ORDERNESS),
         merge_schema=_arrow_only(opts, MERGE_SCHEMA, payload),
+        selection=selection,
     )
 
 
@@ -807,6 +912,26 @@ def _check_time_order(starting: TimeSpec, ending: TimeSpec, streams: tuple[int, 
             f"option '{end_name}' ends stream {sid} at {describe_time(end)}, before option "
             f"'{start_name}' starts it at {describe_time(start)}: the read would hold none of "
             "its records; give it an end time at or after its start time")
+
+
+def check_positions(options: ReadOptions) -> None:
+    """Refuse positions per stream (startingOffsets, endingOffsets and their timestamp forms)
+    naming a stream the read does not read, and an end time before a start time: the checks
+    parsing makes when option 'streams' gives ids, made once names are looked up."""
+    named = [("startingOffsets", options.starting.per_stream),
+             ("endingOffsets", options.ending.per_stream)]
+    for key, spec in (("startingOffsetsByTimestamp", options.starting_time),
+                      ("endingOffsetsByTimestamp", options.ending_time)):
+        if spec is not None:
+            named.append((key, spec.per_stream))
+    for key, entries in named:
+        for sid, _ in entries:
+            if sid not in options.streams:
+                raise OptionError(
+                    f"option '{key}' names stream {sid}, which is not one of the streams "
+                    f"read ({','.join(map(str, options.streams)) or 'none'})")
+    if options.starting_time and options.ending_time:
+        _check_time_order(options.starting_time, options.ending_time, options.streams)
 
 
 def describe_time(ms: int) -> str:
@@ -847,6 +972,7 @@ def parse_stream_read_options(options: Mapping[str, Any]) -> StreamReadOptions:
         min_records_per_trigger=opts.value(MIN_RECORDS_PER_TRIGGER),
         max_trigger_delay_ms=opts.value(MAX_TRIGGER_DELAY),
         skip_incompatible_batches=_arrow_only(opts, SKIP_INCOMPATIBLE_BATCHES, read.payload),
+        discovery_interval_ms=opts.value(DISCOVERY_INTERVAL_MS),
     )
 
 
@@ -856,6 +982,10 @@ def _parse_common_write(opts: _Options) -> WriteOptions:
     # 'streams' without 'stream' (a view or table that reads what it writes): one stream is
     # the target; among several, each row's stream_id picks one.
     streams = opts.value(STREAMS) if stream is None else None
+    if streams == (EVERY_STREAM,):
+        raise OptionError("option 'streams' = '*' is for reading; a write names its stream "
+                          "with option 'stream' (or rows name theirs in stream_id or "
+                          "stream_name)")
     if streams is not None and len(streams) == 1:
         stream, streams = streams[0], None
     if streams is not None and opts.value(CREATE_IF_MISSING):

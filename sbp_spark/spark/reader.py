@@ -22,7 +22,7 @@ from sbp_spark.protocol.errors import (
     StreamNotFoundError,
 )
 
-from . import cluster_access
+from . import cluster_access, stream_names
 from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
@@ -209,16 +209,18 @@ class SbpBatchReader(DataSourceReader):
 
     def partitions(self) -> list[SbpPartition]:
         client = cluster_access.get_client(self.options.client)
-        layouts = cluster_access.stream_layouts(client, self.options.streams,
-                                                self.options.client.pd, named_ends(self.options))
-        warning = stored_time_warning(self.options, self.schema, self.metadata_columns)
+        # Names, a pattern or '*' name the streams that match now, as the read is planned.
+        resolved = stream_names.resolve_read(client, self.options)
+        layouts = cluster_access.stream_layouts(client, resolved.streams,
+                                                resolved.client.pd, named_ends(resolved))
+        warning = stored_time_warning(resolved, self.schema, self.metadata_columns)
         if warning:
             log.warning("%s", warning)
-        options = resolve_time_positions(client, layouts, self.options)
+        options = resolve_time_positions(client, layouts, resolved)
         bounds = timestamp_bounds(client, layouts, options, self.pushed)
         partitions = plan_partitions(layouts, options, self.pushed, bounds)
         log.info("sbp read of streams %s: %d partitions, %d records, pushed filters: %s%s",
-                 ",".join(map(str, self.options.streams)), len(partitions),
+                 ",".join(map(str, resolved.streams)), len(partitions),
                  sum(p.record_count for p in partitions), self.pushed.describe(),
                  f" (offsets by timestamp: {bounds})" if bounds else "")
         return partitions

@@ -27,8 +27,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import cluster_access, tables
-from .encode import RowEncoder
+from . import cluster_access, stream_names, tables
+from .encode import ROUTE_COLUMNS, RowEncoder
 from .evolution import NothingToInferError, check_backward, infer_arrow_schema
 from .options import (
     check_option_names,
@@ -75,6 +75,7 @@ class SbpDataSource(DataSource):
             schema = records_schema(options.include_headers)
         else:
             client = cluster_access.get_client(options.client)
+            options = stream_names.resolve_read(client, options)
             layouts = cluster_access.stream_layouts(client, options.streams, options.client.pd,
                                                     named_ends(options))
             try:
@@ -120,14 +121,15 @@ class SbpDataSource(DataSource):
         options = parse_write_options(
             tables.write_options(self.options, tables.definition_of(schema)))
         client = cluster_access.get_client(options.client)
-        stream = options.stream
-        create = stream is None and options.create_if_missing and "stream_id" not in schema.names
+        create = (options.stream is None and options.create_if_missing
+                  and not ROUTE_COLUMNS & set(schema.names))
         # The schema is checked before a stream is created for it: a write refused for its
         # columns must not leave an empty stream behind (one per attempt).
-        encoder = RowEncoder.for_schema(schema, options.payload, stream, create=create,
-                                        routes=options.routes)
-        if stream is not None:
-            cluster_access.check_streams_exist(client, [stream], options.client.pd)
+        encoder = RowEncoder.for_schema(schema, options.payload, options.stream, create=create,
+                                        routes=stream_names.route_ids(client, options))
+        stream: int | None = None
+        if options.stream is not None:
+            stream, create = stream_names.write_target(client, options)
         elif create:
             stream = client.create_streams(count=1, replicas=options.replicas,
                                            retention_ms=options.retention_ms)[0].stream_id

@@ -33,7 +33,7 @@ from .options import (
     PAYLOAD,
     OptionError,
     OptionSpec,
-    parse_stream_ids,
+    parse_stream_refs,
 )
 from .schemas import spark_metadata_of, with_spark_metadata
 
@@ -236,9 +236,11 @@ def _keep_positions_of(inherited: dict[str, str], streams_text: str) -> None:
     read with "names stream N, which is not in option 'streams'", an option the query never
     gave). A position the query gives itself is checked as in ``spark.read``."""
     try:
-        read = set(parse_stream_ids("streams", streams_text))
+        read = set(parse_stream_refs("streams", streams_text))
     except OptionError:
         return  # the read's own parsing reports it, naming the option
+    if any(not isinstance(ref, int) for ref in read):
+        return  # names or '*': which ids they are is known once they are looked up
     for name in _PER_STREAM_POSITIONS:
         text = inherited.get(name)
         if text is None:

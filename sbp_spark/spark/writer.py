@@ -20,8 +20,9 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from sbp_spark.client import Appended, ResendCheck, SbpClient, StreamWriter
 from sbp_spark.protocol.errors import SbpError
+from sbp_spark.protocol.names import check_name
 
-from . import cluster_access
+from . import cluster_access, stream_names
 from .encode import Batcher, EncodedBatch, RowEncoder, encode_batches
 from .evolution import check_backward
 from .options import WriteOptions
@@ -206,9 +207,12 @@ class SbpBatchWriter(DataSourceArrowWriter):
             encoder = encoder.with_time_zone(self.options.time_zone or session_time_zone())
         appends = _TaskAppends(client)
         sinks: dict[int, _StreamSink] = {}
+        named: dict[str, int] = {}  # stream_name values looked up by this task
         try:
             for batch in iterator:
-                for stream_id, body in encoder.bodies(batch, self.stream):
+                for target, body in encoder.bodies(batch, self.stream):
+                    stream_id = (target if isinstance(target, int)
+                                 else self._named(client, target, named))
                     sink = sinks.get(stream_id)
                     if sink is None:
                         if self.stream is None and self.options.schema_compatibility != "none":
@@ -229,6 +233,26 @@ class SbpBatchWriter(DataSourceArrowWriter):
         finally:
             appends.close()
         return appends.message()
+
+    def _named(self, client: SbpClient, name: str, named: dict[str, int]) -> int:
+        """The id of the stream a row names in its stream_name (created under createIfMissing
+        when none has the name), looked up once per task."""
+        stream_id = named.get(name)
+        if stream_id is None:
+            def missing() -> Exception:
+                return ValueError(
+                    f"rows have stream_name {name!r}, which no stream has at pd "
+                    f"{','.join(self.options.client.pd)}: create it (`sbp streams create "
+                    f"--name {name}`), or set createIfMissing=true")
+
+            try:
+                check_name(name)
+            except ValueError as exc:
+                raise ValueError(f"rows have stream_name {name!r}: {exc}") from None
+            stream_id, _ = stream_names.named_stream(client, name, self.options, missing)
+            self.encoder.check_route(stream_id, name)
+            named[name] = stream_id
+        return stream_id
 
     # What happens to the records a failed attempt appended when Spark runs the task again.
     ON_RETRY = "a retry of the task appends them again (delivery is at least once)"

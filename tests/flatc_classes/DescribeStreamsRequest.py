@@ -58,8 +58,33 @@ class DescribeStreamsRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # DescribeStreamsRequest
+    def ByName(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from .Stream import Stream
+            obj = Stream()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # DescribeStreamsRequest
+    def ByNameLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # DescribeStreamsRequest
+    def ByNameIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
 def DescribeStreamsRequestStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder):
     DescribeStreamsRequestStart(builder)
@@ -81,6 +106,18 @@ def DescribeStreamsRequestStartStreamIdsVector(builder, numElems):
 
 def StartStreamIdsVector(builder, numElems):
     return DescribeStreamsRequestStartStreamIdsVector(builder, numElems)
+
+def DescribeStreamsRequestAddByName(builder, byName):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(byName), 0)
+
+def AddByName(builder, byName):
+    DescribeStreamsRequestAddByName(builder, byName)
+
+def DescribeStreamsRequestStartByNameVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartByNameVector(builder, numElems):
+    return DescribeStreamsRequestStartByNameVector(builder, numElems)
 
 def DescribeStreamsRequestEnd(builder):
     return builder.EndObject()

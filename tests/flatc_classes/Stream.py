@@ -59,8 +59,15 @@ class Stream(object):
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return False
 
+    # Stream
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def StreamStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def Start(builder):
     StreamStart(builder)
@@ -94,6 +101,12 @@ def StreamAddDeleted(builder, deleted):
 
 def AddDeleted(builder, deleted):
     StreamAddDeleted(builder, deleted)
+
+def StreamAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def AddName(builder, name):
+    StreamAddName(builder, name)
 
 def StreamEnd(builder):
     return builder.EndObject()

@@ -59,7 +59,7 @@ def test_read_all_values():
     ({**PD, "stream": "1"}, "option 'stream' is for writing"),
     ({**PD, "pd": "localhost"}, "option 'pd' = 'localhost'.*host:port"),
     ({**PD, "pd": "h:99999"}, "ports 1-65535"),
-    ({**PD, "streams": "1,x"}, "option 'streams' = '1,x'.*comma-separated"),
+    ({**PD, "streams": "1,x y"}, "option 'streams' = '1,x y'.*neither a stream id"),
     ({**PD, "streams": "1,,2"}, "option 'streams'"),
     ({**PD, "streams": "-1"}, "option 'streams'"),
     ({**PD, "streams": "1,9223372036854775808"},
@@ -138,7 +138,7 @@ def test_a_write_given_streams_goes_to_the_one_or_routes_among_several():
 @pytest.mark.parametrize(("options", "message"), [
     ({**PD, "streams": "1,2", "createIfMissing": "true"},
      "option 'createIfMissing' cannot go with option 'streams'"),
-    ({**PD, "stream": "a"}, "option 'stream' = 'a'.*stream id"),
+    ({**PD, "stream": "a b"}, "option 'stream' = 'a b'.*neither a stream id"),
     ({**PD, "stream": "9223372036854775808"},
      "option 'stream' = '9223372036854775808'.*0 to 9223372036854775807"),
     ({**PD, "batchMaxRecords": "0"}, "option 'batchMaxRecords'"),
@@ -189,7 +189,8 @@ def test_every_option_is_documented_and_parsed():
             "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
             "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
-            "skipIncompatibleBatches", "timeZone"} == names
+            "skipIncompatibleBatches", "timeZone", "streamPattern",
+            "discoveryIntervalMs"} == names
     for name in names:
         assert f"| {name} |" in table
 
@@ -277,3 +278,42 @@ def test_schema_evolution_options_need_payload_arrow():
         parse_write_options({**PD, "stream": "1", "schemaCompatibility": "forward"})
     with pytest.raises(OptionError, match="'mergeSchema' = 'yes' is not valid"):
         parse_write_options({**PD, "stream": "1", "mergeSchema": "yes"})
+
+
+def test_streams_by_name_pattern_or_every_stream():
+    by_id = parse_read_options({**PD, "streams": "7,3"})
+    assert by_id.streams == (7, 3) and by_id.selection is None
+    mixed = parse_read_options({**PD, "streams": "orders, 7,orders,clicks"})
+    assert mixed.streams == () and not mixed.selection.dynamic
+    assert mixed.selection.refs == ("orders", 7, "clicks")
+    every = parse_read_options({**PD, "streams": "*"})
+    assert every.selection.every and every.selection.matches("")
+    pattern = parse_stream_read_options({**PD, "streamPattern": "orders-.*",
+                                         "discoveryIntervalMs": "250"})
+    selection = pattern.read.selection
+    assert selection.pattern == "orders-.*" and pattern.discovery_interval_ms == 250
+    assert selection.matches("orders-eu") and not selection.matches("my-orders-eu")
+    assert not selection.matches("") and not selection.matches("orders")
+    assert parse_stream_read_options({**PD, "streams": "1"}).discovery_interval_ms == 10_000
+    # Positions per stream are checked once names are known (stream_names.resolve_read).
+    later = parse_read_options({**PD, "streams": "orders", "startingOffsets": '{"9": 3}'})
+    assert later.starting.per_stream == ((9, 3),)
+    assert parse_write_options({**PD, "stream": "orders"}).stream == "orders"
+    assert parse_write_options({**PD, "streams": "orders,7"}).routes == ("orders", 7)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({**PD, "streams": "1", "streamPattern": "a.*"}, "exclude each other"),
+    ({**PD, "streamPattern": "("}, "'streamPattern' = '\\(' is not a regular expression"),
+    ({**PD, "streams": "*,1"}, "'\\*' \\(every stream\\) stands alone"),
+    ({**PD, "streams": "123abc,9x/"}, "neither a stream id"),
+    ({**PD, "streams": "1", "discoveryIntervalMs": "-5"}, "option 'discoveryIntervalMs'"),
+])
+def test_bad_stream_selections(options, message):
+    with pytest.raises(ValueError, match=message):
+        parse_stream_read_options(options)
+
+
+def test_a_write_cannot_go_to_every_stream():
+    with pytest.raises(ValueError, match="'\\*' is for reading"):
+        parse_write_options({**PD, "streams": "*"})

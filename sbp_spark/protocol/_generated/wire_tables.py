@@ -104,6 +104,7 @@ TABLES = {
     'DescribeStreamsRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('stream_ids', 1, '[long]', None, False),
+        ('by_name', 2, '[Stream]', None, False),
     ),
     'DescribeStreamsResponse': (
         ('throttle_time_ms', 0, 'int', 0, False),
@@ -261,6 +262,7 @@ TABLES = {
         ('retention_period_ms', 2, 'long', -1, False),
         ('start_offset', 3, 'long', 0, False),
         ('deleted', 4, 'bool', False, False),
+        ('name', 5, 'string', None, False),
     ),
     'StreamRanges': (
         ('stream_id', 0, 'long', -1, False),

@@ -5,13 +5,17 @@ so that key order is numeric order::
 
     ids/stream                       the highest stream id ever used
     ids/server                       the highest server id ever issued
-    streams/<stream_id>              replica_nums, retention, start (trim point), deleted
+    streams/<stream_id>              replica_nums, retention, start (trim point), deleted, name
+    names/<name>                     the id of the live stream of that name
     ranges/<stream_id>/<range_index> offsets and replicas of one range
     servers/<server_id>              host, address, last heartbeat, last metrics
 
 Every change is one etcd transaction, built like a software transaction: the change reads what
 it needs at one revision, then commits its writes only if none of the keys it read changed
-since (``Compare.unchanged`` on each), and tries again from the start if one did. Every change
+since (``Compare.unchanged`` on each), and tries again from the start if one did. A create that
+names its stream reads the name's key, absent, so its commit carries the compare that the key
+still does not exist: of two PDs creating one name at once, one commit fails, and its retry
+finds the name taken. Every change
 to a stream's ranges also rewrites the stream's key, so a reader of the ranges compares that
 one key and still notices a range added or removed meanwhile. A ``Fence`` (the PD leader's
 lease, see ``leader.py``) adds its own compare to every commit: a node that is no longer the
@@ -38,7 +42,10 @@ from .meta import (
     StreamMeta,
     check_asked_stream_id,
     check_new_stream,
+    check_stream_name,
     check_trim,
+    name_missing,
+    name_taken,
     new_range,
     next_range,
     not_registered,
@@ -162,15 +169,22 @@ class EtcdStore:
     def _server_key(self, server_id: int) -> bytes:
         return self._key("servers", f"{server_id:020d}")
 
+    def _name_key(self, name: str) -> bytes:
+        return self._key("names", name)  # names have no '/' (protocol/names.py)
+
     @staticmethod
     def _stream(stream_id: int, v: dict[str, Any]) -> StreamMeta:
         return StreamMeta(stream_id, v["replica_nums"], v["retention_period_ms"],
-                          v["start_offset"], v["deleted"])
+                          v["start_offset"], v["deleted"], v.get("name", ""))
 
     @staticmethod
     def _stream_value(s: StreamMeta, created_ms: int) -> dict[str, Any]:
-        return {"replica_nums": s.replica_nums, "retention_period_ms": s.retention_period_ms,
-                "start_offset": s.start_offset, "deleted": s.deleted, "created_ms": created_ms}
+        value: dict[str, Any] = {
+            "replica_nums": s.replica_nums, "retention_period_ms": s.retention_period_ms,
+            "start_offset": s.start_offset, "deleted": s.deleted, "created_ms": created_ms}
+        if s.name:
+            value["name"] = s.name
+        return value
 
     @staticmethod
     def _range(kv: KeyValue) -> RangeMeta:
@@ -227,10 +241,10 @@ class EtcdStore:
     # -- streams ---------------------------------------------------------------------------
 
     def create_stream(self, replica_nums: int, retention_period_ms: int,
-                      servers: Sequence[int],
-                      stream_id: int | None = None) -> tuple[StreamMeta, RangeMeta]:
+                      servers: Sequence[int], stream_id: int | None = None,
+                      name: str = "") -> tuple[StreamMeta, RangeMeta]:
         """As ``PdStore.create_stream``: the stream and its open range 0 on ``servers``."""
-        check_new_stream(replica_nums, servers, stream_id)
+        check_new_stream(replica_nums, servers, stream_id, name)
 
         def change(tx: _Tx) -> tuple[StreamMeta, RangeMeta]:
             counter = self._key("ids", "stream")
@@ -239,7 +253,12 @@ class EtcdStore:
             existing = tx.get(self._stream_key(sid))
             if existing is not None:
                 raise stream_taken(sid, existing["deleted"])
-            stream = StreamMeta(sid, replica_nums, retention_period_ms)
+            if name:
+                holder = tx.get(self._name_key(name))
+                if holder is not None:
+                    raise name_taken(name, holder)
+                tx.put(self._name_key(name), sid)
+            stream = StreamMeta(sid, replica_nums, retention_period_ms, name=name)
             rng = new_range(sid, 0, 0, servers)
             tx.put(counter, max(highest, sid))
             tx.put(self._stream_key(sid), self._stream_value(stream, _now_ms()))
@@ -255,8 +274,28 @@ class EtcdStore:
         if existing is not None:
             raise stream_taken(stream_id, existing["deleted"])
 
+    def check_name_free(self, name: str) -> None:
+        """As ``PdStore.check_name_free``."""
+        check_stream_name(name)
+        holder = self._read(lambda tx: tx.get(self._name_key(name)))
+        if holder is not None:
+            raise name_taken(name, holder)
+
     def get_stream(self, stream_id: int) -> StreamMeta:
         return self._read(lambda tx: self._live_stream(tx, stream_id))
+
+    def stream_named(self, name: str) -> StreamMeta:
+        """The live stream named ``name``, or StreamNotFoundError."""
+        def read(tx: _Tx) -> StreamMeta:
+            holder = tx.get(self._name_key(name))
+            if holder is None:
+                raise name_missing(name)
+            stream = self._live_stream(tx, holder)
+            if stream.name != name:  # not written by this store: a damaged key
+                raise name_missing(name)
+            return stream
+
+        return self._read(read)
 
     def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]:
         """All streams in id order."""
@@ -284,6 +323,8 @@ class EtcdStore:
             ranges = self._stream_ranges(tx, stream_id)
             self._save_stream(tx, stream)
             tx.ops[self._ranges_key(stream_id)] = Delete(self._ranges_key(stream_id), True)
+            if stream.name:  # a deleted stream gives its name up
+                tx.delete(self._name_key(stream.name))
             return stream, ranges
 
         return self._change(change)

@@ -55,6 +55,8 @@ class Records(Protocol):
 
     def get_stream(self, stream_id: int) -> StreamMeta: ...
 
+    def stream_named(self, name: str) -> StreamMeta: ...
+
     def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
 
     def list_ranges(self, stream_id: int) -> list[RangeMeta]: ...
@@ -66,7 +68,7 @@ class StreamChanges(Protocol):
     """Changes of streams (``streams.StreamOperations``); refusals raise ``ServerError``s."""
 
     def create(self, replica_nums: int = 1, retention_period_ms: int = -1,
-               stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]: ...
+               stream_id: int = -1, name: str = "") -> tuple[StreamMeta, RangeMeta]: ...
 
     def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta: ...
 
@@ -377,10 +379,10 @@ class PdHandler(RequestHandler):
         for item in req.streams:
             created, status = _batch_item(_any_done(results), self._streams.create,
                                           item.replica_nums, item.retention_period_ms,
-                                          item.stream_id)
+                                          item.stream_id, item.name)
             stream = stream_msg(created[0]) if created else m.Stream(
                 stream_id=item.stream_id, replica_nums=item.replica_nums,
-                retention_period_ms=item.retention_period_ms)
+                retention_period_ms=item.retention_period_ms, name=item.name)
             results.append(m.CreateStreamsResult(stream=stream, status=status))
         return m.CreateStreamsResponse(create_responses=results)
 
@@ -405,7 +407,7 @@ class PdHandler(RequestHandler):
         return m.UpdateStreamsResponse(update_responses=results)
 
     def _describe_streams(self, req: m.DescribeStreamsRequest) -> m.DescribeStreamsResponse:
-        if not req.stream_ids:
+        if not req.stream_ids and not req.by_name:
             # Ours: a request naming no stream asks for every stream that is not deleted
             # (`sbp streams list`); the seed leaves an empty list undefined.
             return m.DescribeStreamsResponse(describe_responses=[
@@ -415,6 +417,11 @@ class PdHandler(RequestHandler):
         for stream_id in req.stream_ids:
             found, status = _ok_or_error(self._records.get_stream, stream_id)
             stream = stream_msg(found) if found else m.Stream(stream_id=stream_id)
+            results.append(m.DescribeStreamsResult(stream=stream, status=status))
+        for item in req.by_name:
+            # Ours: streams looked up by name, answered after the ids in the order asked.
+            found, status = _ok_or_error(self._records.stream_named, item.name)
+            stream = stream_msg(found) if found else m.Stream(name=item.name)
             results.append(m.DescribeStreamsResult(stream=stream, status=status))
         return m.DescribeStreamsResponse(describe_responses=results)
 

@@ -23,6 +23,7 @@ from sbp_spark.protocol.errors import (
     StreamAlreadyExistsError,
     StreamNotFoundError,
 )
+from sbp_spark.protocol.names import name_problem
 
 # Status detail of a HEARTBEAT refused because this PD never issued the server id (the range
 # server's PD link tells it apart from other refusals by it).
@@ -35,13 +36,15 @@ def now_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class StreamMeta:
-    """A stream as the PD records it. ``start_offset`` is the trim point."""
+    """A stream as the PD records it. ``start_offset`` is the trim point; ``name`` is "" for
+    a stream without one."""
 
     stream_id: int
     replica_nums: int
     retention_period_ms: int
     start_offset: int = 0
     deleted: bool = False
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +119,34 @@ MAX_ASKED_STREAM_ID = (1 << 62) - 1
 # -- the rules ----------------------------------------------------------------------------
 
 
-def check_new_stream(replica_nums: int, servers: Sequence[int], stream_id: int | None) -> None:
+def check_new_stream(replica_nums: int, servers: Sequence[int], stream_id: int | None,
+                     name: str = "") -> None:
     """A new stream needs one server per replica; an asked-for id must be >= 0 and at most
-    ``MAX_ASKED_STREAM_ID``."""
+    ``MAX_ASKED_STREAM_ID``; a name must be valid (``protocol.names``)."""
     if len(servers) != replica_nums:
         raise InvalidRequestError(
             f"range 0 needs {replica_nums} servers, {len(servers)} given")
     if stream_id is not None:
         check_asked_stream_id(stream_id)
+    check_stream_name(name)
+
+
+def check_stream_name(name: str) -> None:
+    """Refuse a name that is not valid; "" (no name) is accepted."""
+    if name:
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidRequestError(problem)
+
+
+def name_taken(name: str, stream_id: int) -> StreamAlreadyExistsError:
+    """The error for creating a stream under a name a live stream has."""
+    return StreamAlreadyExistsError(f"stream name {name!r} is taken by stream {stream_id}")
+
+
+def name_missing(name: str) -> StreamNotFoundError:
+    """The error for a name no live stream has."""
+    return StreamNotFoundError(f"no stream is named {name!r}")
 
 
 def check_asked_stream_id(stream_id: int) -> None:
@@ -240,12 +263,16 @@ class MetadataStore(Protocol):
     def close(self) -> None: ...
 
     def create_stream(self, replica_nums: int, retention_period_ms: int,
-                      servers: Sequence[int],
-                      stream_id: int | None = None) -> tuple[StreamMeta, RangeMeta]: ...
+                      servers: Sequence[int], stream_id: int | None = None,
+                      name: str = "") -> tuple[StreamMeta, RangeMeta]: ...
 
     def check_stream_id_free(self, stream_id: int) -> None: ...
 
+    def check_name_free(self, name: str) -> None: ...
+
     def get_stream(self, stream_id: int) -> StreamMeta: ...
+
+    def stream_named(self, name: str) -> StreamMeta: ...
 
     def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
 

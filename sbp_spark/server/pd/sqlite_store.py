@@ -16,6 +16,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from sbp_spark.protocol.errors import InvalidRequestError
@@ -27,7 +28,10 @@ from .meta import (
     StreamMeta,
     check_asked_stream_id,
     check_new_stream,
+    check_stream_name,
     check_trim,
+    name_missing,
+    name_taken,
     new_range,
     next_range,
     not_registered,
@@ -54,7 +58,8 @@ CREATE TABLE IF NOT EXISTS streams (
     retention_period_ms INTEGER NOT NULL,
     start_offset INTEGER NOT NULL DEFAULT 0,
     deleted INTEGER NOT NULL DEFAULT 0,
-    created_ms INTEGER NOT NULL
+    created_ms INTEGER NOT NULL,
+    name TEXT
 );
 CREATE TABLE IF NOT EXISTS ranges (
     stream_id INTEGER NOT NULL REFERENCES streams (stream_id),
@@ -86,6 +91,15 @@ CREATE TABLE IF NOT EXISTS range_servers (
     metrics_ms INTEGER NOT NULL DEFAULT -1
 );
 """
+
+# Columns added after the first release of the layout, each with its type: a database made
+# before gets them on open (NULL in the rows it has), so it needs no new schema version.
+_ADDED_COLUMNS = {"streams": {"name": "TEXT"}}
+
+# A name belongs to one live stream at a time; a deleted stream gives its name up. The index
+# makes SQLite refuse a second live stream of one name whatever the caller checked before.
+_NAME_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS streams_by_name ON streams (name) "
+               "WHERE deleted=0 AND name IS NOT NULL")
 
 
 class PdStore:
@@ -121,6 +135,12 @@ class PdStore:
         # executescript commits on its own, so the schema is applied outside _tx.
         with self._lock:
             self._db.executescript(_SCHEMA)
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for column, kind in columns.items():
+                    if column not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            self._db.execute(_NAME_INDEX)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
@@ -168,7 +188,8 @@ class PdStore:
     def _stream(row: sqlite3.Row) -> StreamMeta:
         return StreamMeta(stream_id=row["stream_id"], replica_nums=row["replica_nums"],
                           retention_period_ms=row["retention_period_ms"],
-                          start_offset=row["start_offset"], deleted=bool(row["deleted"]))
+                          start_offset=row["start_offset"], deleted=bool(row["deleted"]),
+                          name=row["name"] or "")
 
     def _live_stream(self, db: sqlite3.Connection, stream_id: int) -> StreamMeta:
         row = db.execute("SELECT * FROM streams WHERE stream_id=?", (stream_id,)).fetchone()
@@ -177,24 +198,27 @@ class PdStore:
         return self._stream(row)
 
     def create_stream(self, replica_nums: int, retention_period_ms: int,
-                      servers: Sequence[int],
-                      stream_id: int | None = None) -> tuple[StreamMeta, RangeMeta]:
+                      servers: Sequence[int], stream_id: int | None = None,
+                      name: str = "") -> tuple[StreamMeta, RangeMeta]:
         """Create a stream and its open range 0 on ``servers`` (the first is the primary).
 
         The id is the next free one unless ``stream_id`` asks for a particular id (importing
         metadata from elsewhere); an id in use, or once used by a deleted stream, fails with
-        StreamAlreadyExistsError.
+        StreamAlreadyExistsError. So does a ``name`` a live stream has.
         """
-        check_new_stream(replica_nums, servers, stream_id)
+        check_new_stream(replica_nums, servers, stream_id, name)
         with self._tx() as db:
             if stream_id is not None:
                 row = db.execute("SELECT deleted FROM streams WHERE stream_id=?",
                                  (stream_id,)).fetchone()
                 if row is not None:
                     raise stream_taken(stream_id, bool(row["deleted"]))
+            if name:
+                self._check_name_free(db, name)
             cur = db.execute(
-                "INSERT INTO streams (stream_id, replica_nums, retention_period_ms, created_ms) "
-                "VALUES (?, ?, ?, ?)", (stream_id, replica_nums, retention_period_ms, _now_ms()))
+                "INSERT INTO streams (stream_id, replica_nums, retention_period_ms, created_ms, "
+                "name) VALUES (?, ?, ?, ?, ?)",
+                (stream_id, replica_nums, retention_period_ms, _now_ms(), name or None))
             stream_id = cur.lastrowid
             assert stream_id is not None
             rng = self._insert_range(db, new_range(stream_id, 0, 0, servers))
@@ -210,10 +234,33 @@ class PdStore:
         if row is not None:
             raise stream_taken(stream_id, bool(row["deleted"]))
 
+    @staticmethod
+    def _check_name_free(db: sqlite3.Connection, name: str) -> None:
+        row = db.execute("SELECT stream_id FROM streams WHERE name=? AND deleted=0",
+                         (name,)).fetchone()
+        if row is not None:
+            raise name_taken(name, row["stream_id"])
+
+    def check_name_free(self, name: str) -> None:
+        """Refuse, as ``create_stream`` would, a name that is not valid or that a live stream
+        has (a create still checks again)."""
+        check_stream_name(name)
+        with self._lock:
+            self._check_name_free(self._db, name)
+
     def get_stream(self, stream_id: int) -> StreamMeta:
         """The stream, or StreamNotFoundError if it never existed or was deleted."""
         with self._lock:
             return self._live_stream(self._db, stream_id)
+
+    def stream_named(self, name: str) -> StreamMeta:
+        """The live stream named ``name``, or StreamNotFoundError."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM streams WHERE name=? AND deleted=0",
+                                   (name,)).fetchone()
+        if row is None:
+            raise name_missing(name)
+        return self._stream(row)
 
     def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]:
         """All streams in id order."""
@@ -239,8 +286,7 @@ class PdStore:
             ranges = self._ranges(db, "r.stream_id=?", (stream_id,))
             db.execute("DELETE FROM ranges WHERE stream_id=?", (stream_id,))
             db.execute("UPDATE streams SET deleted=1 WHERE stream_id=?", (stream_id,))
-            return StreamMeta(stream.stream_id, stream.replica_nums, stream.retention_period_ms,
-                              stream.start_offset, True), ranges
+            return replace(stream, deleted=True), ranges
 
     def trim_stream(self, stream_id: int, trim_offset: int,
                     end_offset: int | None = None) -> tuple[StreamMeta, RangeMeta]:

@@ -59,17 +59,20 @@ class StreamOperations:
         self._locks = locks
 
     def create(self, replica_nums: int = 1, retention_period_ms: int = -1,
-               stream_id: int = -1) -> tuple[StreamMeta, RangeMeta]:
+               stream_id: int = -1, name: str = "") -> tuple[StreamMeta, RangeMeta]:
         """Create a stream with range 0 open on the least loaded live servers; ``stream_id``
-        other than -1 asks for that id."""
+        other than -1 asks for that id, ``name`` other than "" gives it that name."""
         _check_stream_settings(replica_nums, retention_period_ms)
         if stream_id != -1:
             # An asked-for id the store would refuse is refused now: no wait for servers,
             # and no NOT_ENOUGH_SERVERS hiding that the id is taken.
             self._store.check_stream_id_free(stream_id)
+        if name:
+            self._store.check_name_free(name)  # likewise; the store's create decides races
         stream, rng = self._placement.place(replica_nums, lambda servers: (
             self._store.create_stream(replica_nums, retention_period_ms, servers,
-                                      stream_id=None if stream_id == -1 else stream_id)))
+                                      stream_id=None if stream_id == -1 else stream_id,
+                                      name=name)))
         self._pushes.push([rng])
         return stream, rng
 

@@ -43,4 +43,5 @@ def stream_msg(stream: StreamMeta) -> m.Stream:
     """The wire form of a stream."""
     return m.Stream(stream_id=stream.stream_id, replica_nums=stream.replica_nums,
                     retention_period_ms=stream.retention_period_ms,
-                    start_offset=stream.start_offset, deleted=stream.deleted)
+                    start_offset=stream.start_offset, deleted=stream.deleted,
+                    name=stream.name)

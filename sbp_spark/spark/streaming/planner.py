@@ -10,6 +10,12 @@ offsets into partitions as a batch read does (``planning.plan_partitions``).
 It lives in the one long-lived driver-side Python process of a query; only things that never
 change what a micro-batch reads stay in it between calls (the availableNow target, the
 ``minRecordsPerTrigger`` clock, the lag report, warn-once sets, caches).
+
+Streams named by name are looked up once; a ``streamPattern`` or ``streams '*'`` is matched
+again at a micro-batch at most every ``discoveryIntervalMs`` (``stream_names.Discovery``). The
+offsets stay keyed by stream id, so a stream that starts matching enters them at its first
+offset (as one named in 'streams' on a restart does), and one that was deleted is data loss
+under ``failOnDataLoss`` as for a stream named by id; a checkpoint stays valid either way.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from pyspark.sql.types import StructType
 from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
 
-from .. import cluster_access
+from .. import cluster_access, stream_names
 from ..decode import SkipTally
-from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions
+from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, check_positions
 from ..planning import SbpPartition, StreamLayout, plan_partitions
 from ..reader import ReadFailedError, read_partition
 from ..times import resolve_time_positions, stored_time_warning
@@ -75,6 +81,11 @@ class MicroBatchPlanner:
         self.skipped: tuple[tuple, dict[int, SkipTally]] | None = None
         self._warned: set[tuple] = set()
         self._poller = LongPoller(self._wait_at_tails)
+        # The ids of streams named by name (looked up once), or the discovery of a pattern's.
+        self._named: list[int] | None = None
+        selection = options.read.selection
+        self._discovery = (stream_names.Discovery(selection, options.discovery_interval_ms)
+                           if selection is not None and selection.dynamic else None)
 
     @property
     def client(self) -> SbpClient:
@@ -89,8 +100,21 @@ class MicroBatchPlanner:
             self._initial = self._first_offsets()
         return self._initial
 
-    def _first_offsets(self) -> dict:
+    def read_streams(self) -> list[int]:
+        """The ids of the streams the query reads now: those of option 'streams', its names
+        looked up at the first call, or the streams a pattern matched at the last discovery."""
         read = self.options.read
+        if read.selection is None:
+            return list(read.streams)
+        if self._discovery is not None:
+            return self._discovery.streams(self.client, read.client.pd)
+        if self._named is None:
+            self._named = stream_names.matching(self.client, read.selection, read.client.pd)
+            check_positions(replace(read, streams=tuple(self._named)))
+        return list(self._named)
+
+    def _first_offsets(self) -> dict:
+        read = replace(self.options.read, streams=tuple(self.read_streams()))
         layouts = cluster_access.stream_layouts(self.client, read.streams, read.client.pd)
         warning = stored_time_warning(read, self.schema, self.metadata_columns)
         if warning:
@@ -103,7 +127,7 @@ class MicroBatchPlanner:
 
     def fix_target(self) -> None:
         """Fix the end of an availableNow run: what the streams hold now."""
-        layouts = self._layouts(self.options.read.streams)
+        layouts = self._layouts(self.read_streams())
         self.target = _end_offsets(layouts, layouts)
         log.info("sbp availableNow: reading up to %s", self.target)
 
@@ -112,7 +136,7 @@ class MicroBatchPlanner:
         availableNow target) allow; ``start`` itself while ``minRecordsPerTrigger`` holds it
         back."""
         begin_given, ranges_given = parse_spark(start, "start offset")
-        layouts = self._layouts(self.options.read.streams)
+        layouts = self._layouts_to_read(begin_given)
         begin, entering = self._effective_starts(begin_given, ranges_given, layouts)
         latest = _end_offsets(layouts, begin)  # every stream in begin exists
         if self.target is None and not entering and all(
@@ -214,6 +238,17 @@ class MicroBatchPlanner:
             except (StreamNotFoundError, cluster_access.StreamMissingError):
                 out[sid] = None
         return out
+
+    def _layouts_to_read(self, given: Mapping[int, int]) -> dict[int, StreamLayout | None]:
+        """The layouts of the streams the query reads now, and, when streams are named by name
+        or pattern, None for each stream of the offsets ``given`` that is deleted: it is data
+        loss (failOnDataLoss), not a stream that left the options."""
+        layouts = self._layouts(self.read_streams())
+        if self.options.read.selection is not None:
+            gone = [sid for sid in given if sid not in layouts]
+            layouts.update((sid, None) for sid, layout in self._layouts(gone).items()
+                           if layout is None)
+        return layouts
 
     def _effective_starts(
         self, given: Mapping[int, int], ranges: Mapping[int, int],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from .. import cluster_access
+from .. import cluster_access, stream_names
 from ..encode import RowEncoder
 from ..evolution import check_backward
 from ..options import OptionError, parse_stream_write_options
@@ -31,22 +31,26 @@ def stream_writer(options: dict[str, str], schema: StructType, overwrite: bool
             "Python sinks cannot take 'update'), or foreachBatch with df.write.format('sbp')")
     parsed = parse_stream_write_options(options)
     write = parsed.write
-    if write.create_if_missing:
+    if write.create_if_missing and not isinstance(write.stream, str):
+        # By name it is safe: the first micro-batch creates the stream, the others find it.
         raise OptionError(
-            "option 'createIfMissing' is for batch writes: a streaming query would create a new "
-            "stream for every micro-batch; create the stream first (`sbp streams create`) and "
-            "name it with option 'stream'")
-    encoder = RowEncoder.for_schema(schema, write.payload, write.stream, routes=write.routes)
+            "option 'createIfMissing' of a streaming write needs option 'stream' to name the "
+            "stream: without a name a streaming query would create a new stream for every "
+            "micro-batch; create the stream first (`sbp streams create --name ...`), or give "
+            "option 'stream' its name")
+    client = cluster_access.get_client(write.client)
+    encoder = RowEncoder.for_schema(schema, write.payload, write.stream,
+                                    routes=stream_names.route_ids(client, write))
+    stream: int | None = None
     if write.stream is not None:
-        client = cluster_access.get_client(write.client)
-        cluster_access.check_streams_exist(client, [write.stream], write.client.pd)
+        stream, _ = stream_names.write_target(client, write)
         if write.schema_compatibility == "backward":
-            check_backward(client, write.stream, write.client.pd, to_arrow(schema))
+            check_backward(client, stream, write.client.pd, to_arrow(schema))
     if found().stream_arrow_writer:
         from .arrow_writer import SbpStreamWriter
 
-        return SbpStreamWriter(parsed, encoder, write.stream, schema)
-    return SbpStreamRowWriter(parsed, encoder, write.stream, schema)
+        return SbpStreamWriter(parsed, encoder, stream, schema)
+    return SbpStreamRowWriter(parsed, encoder, stream, schema)
 
 
 __all__ = ["stream_writer"]
