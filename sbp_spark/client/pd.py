@@ -274,11 +274,14 @@ class PdClient:
                             "DESCRIBE_RANGES")
 
     def seal_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]],
-                    deadline: float | None = None) -> list[ItemResult[Range]]:
+                    deadline: float | None = None, timeout_ms: int | None = None
+                    ) -> list[ItemResult[Range]]:
         """Seal each stream's open range and open the next; each value is the new open
-        range. ``deadline``: as in ``call``."""
+        range. ``deadline``: as in ``call``. ``timeout_ms``: the bound of the PD's calls to
+        the range's replicas (default ``server_timeout_ms``)."""
         ids = [_range_id(r) for r in ranges]
-        response = self.call(SealRangesRequest(self.config.server_timeout_ms, ids), deadline)
+        bound = self.config.server_timeout_ms if timeout_ms is None else timeout_ms
+        response = self.call(SealRangesRequest(bound, ids), deadline)
         return item_results(response.seal_responses, len(ids), lambda a: a.range,
                             "SEAL_RANGES")
 

@@ -22,6 +22,7 @@ from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, 
 from ._calls import unwrap
 from .config import ClientConfig
 from .pd import PdClient
+from .primary_reach import PrimaryReach, is_unreached
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, is_retriable
 from .types import Appended, ItemResult, Outcome
@@ -58,6 +59,8 @@ class StreamWriter:
         self._range: Range | None = None
         # The range a range server last answered RANGE_SEALED for.
         self._sealed_index: int | None = None
+        # Since when each primary went unreached: when to seal its range and move on.
+        self._reach = PrimaryReach(self.config.unreachable_primary_s)
 
     def __repr__(self) -> str:
         return f"StreamWriter(stream_id={self.stream_id})"
@@ -175,7 +178,15 @@ class StreamWriter:
         slow disk holds the requests queued before the PING) look alike from here, and the
         batches in flight, sent again, could be stored twice. Sending them elsewhere helps
         only once the PD has moved the range (after the server's heartbeats stopped), so until
-        then the writer keeps waiting; a PD that cannot be asked counts as a yes."""
+        then the writer keeps waiting; a PD that cannot be asked counts as a yes. Not past
+        ``unreachable_primary_s`` (``PrimaryReach``): the writer then seals the range and
+        moves on (``_note_reach``), which is no longer waiting for the PD."""
+        unreached_s = self._reach.unreached(address)
+        if unreached_s >= self._reach.after_s:
+            _log.info("stream %d: %s, the primary of range %d, has not answered for %.1f s: "
+                      "giving up on it", self.stream_id, address, target.range_index,
+                      unreached_s)
+            return False
         try:
             ranges = self._list_ranges(time.monotonic() + self.config.probe_interval_s)
         except SbpError as exc:
@@ -188,6 +199,57 @@ class StreamWriter:
                 return rng.is_open and primary is not None and \
                     primary.advertise_addr == address
         return False
+
+    def _note_reach(self, target: Range, address: str, outcomes: Sequence[ItemResult],
+                    deadline: float) -> None:
+        """After an APPEND to ``target``'s primary at ``address``: any answer shows the
+        server reachable; none at all (every outcome a connection failure or a timeout) counts
+        towards giving up on it, and once it went unreached for ``unreachable_primary_s`` the
+        range is sealed (``_seal_unreached``)."""
+        errors = [o.exception() for o in outcomes]
+        if any(error is None or not is_unreached(error) for error in errors):
+            self._reach.reached(address)
+            return
+        self._reach.unreached(address)
+        if self._reach.overdue(address):
+            self._seal_unreached(target, address, deadline)
+
+    def _seal_unreached(self, target: Range, address: str, deadline: float) -> None:
+        """Ask the PD to seal ``target``, whose primary at ``address`` this writer has not
+        reached for ``unreachable_primary_s``, and take the range it opens next.
+
+        The PD's seal is its ordinary seal-and-new: it ends the range at the smallest end
+        its replicas report, which holds every acknowledged record, and places the next range
+        away from ``address`` (``placement.choose_servers``). A range the PD has already
+        sealed (a failover, another writer) is not sealed again: the answer is the open range
+        after it. The seal's calls to the replicas get a short timeout: a server that is
+        really down is the PD's failover's to deal with, which a seal waiting on that server
+        would hold up (both take the stream's lock)."""
+        config = self.config
+        timeout_ms = min(config.server_timeout_ms,
+                         max(1000, int(2000 * config.probe_interval_s)))
+        try:
+            (result,) = self.pd.seal_ranges([RangeId(self.stream_id, target.range_index)],
+                                            deadline, timeout_ms=timeout_ms)
+            opened = unwrap(result, f"sealing range {target.range_index} of stream "
+                                    f"{self.stream_id}, whose primary {address} is unreached")
+        except SbpError as exc:
+            _log.info("stream %d: sealing range %d, whose primary %s is unreached, failed "
+                      "(tried again on the next failure): %s", self.stream_id,
+                      target.range_index, address, exc)
+            return
+        # A fresh count: the next range's primary has not failed this writer yet.
+        self._reach.reached(address)
+        if opened.range_index != target.range_index + 1:
+            return  # someone moved the stream on before: nothing sealed on our account
+        primary = opened.primary
+        _log.warning("stream %d: no answer from %s, the primary of range %d, for %.1f s or "
+                     "more while the PD still lists it there; sealed the range, writes go on "
+                     "in range %d on %s", self.stream_id, address, target.range_index,
+                     self._reach.after_s, opened.range_index,
+                     primary.advertise_addr if primary is not None else "no primary yet")
+        with self._lock:
+            self._range = opened
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have
@@ -242,6 +304,7 @@ class _AppendCall:
                 f"open range {self.stream_id}/{target.range_index} lists no primary")
         outcomes = writer._send(target, primary.advertise_addr,
                                 [(self.stream_id, self.items[i][0]) for i in self.pending])
+        writer._note_reach(target, primary.advertise_addr, outcomes, self.deadline)
         # Every outcome is taken in before a failure is raised: what the others did counts.
         retry_error: SbpError | None = None
         final_error: SbpError | None = None
