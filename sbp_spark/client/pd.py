@@ -308,14 +308,15 @@ class PdClient:
             DescribePdClusterRequest(range_server, self.config.server_timeout_ms))
         return response.cluster if response.cluster is not None else PlacementDriverCluster()
 
-    def range_servers(self) -> list[RangeServerState]:
+    def range_servers(self, deadline: float | None = None) -> list[RangeServerState]:
         """Every range server the PD knows: address, liveness, open ranges, last metrics.
 
         Any PD node answers DESCRIBE_PD_CLUSTER, but only the leader knows the range servers:
         a follower's answer (which lists none) is refused like its PD_NOT_LEADER, and the
-        call goes on to the leader it names, or waits for one to be elected."""
+        call goes on to the leader it names, or waits for one to be elected. ``deadline``:
+        as in ``call``."""
         request = DescribePdClusterRequest(None, self.config.server_timeout_ms)
-        response, _ = self._call(request, check=_from_the_leader)
+        response, _ = self._call(request, deadline, check=_from_the_leader)
         return list(response.range_servers)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:

@@ -224,7 +224,22 @@ class StreamWriter:
         sealed (a failover, another writer) is not sealed again: the answer is the open range
         after it. The seal's calls to the replicas get a short timeout: a server that is
         really down is the PD's failover's to deal with, which a seal waiting on that server
-        would hold up (both take the stream's lock)."""
+        would hold up (both take the stream's lock). For the same reason a server the PD no
+        longer counts live (silent for its liveness timeout: stopped, dead or cut off from
+        the PD too) is left to the failover, and nothing is sealed here."""
+        try:
+            heard = any(state.live and state.server.advertise_addr == address
+                        for state in self.pd.range_servers(deadline))
+        except SbpError as exc:
+            _log.info("stream %d: could not ask the PD whether it hears %s, the unreached "
+                      "primary of range %d: %s", self.stream_id, address, target.range_index,
+                      exc)
+            return
+        if not heard:
+            _log.info("stream %d: the PD does not hear %s, the unreached primary of range %d, "
+                      "either: its failover moves the range", self.stream_id, address,
+                      target.range_index)
+            return
         config = self.config
         timeout_ms = min(config.server_timeout_ms,
                          max(1000, int(2000 * config.probe_interval_s)))
