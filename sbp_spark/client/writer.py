@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from sbp_spark.protocol.errors import (
     AppendOutcomeUnknownError,
     BatchFormatError,
+    RangeNotFoundError,
     RangeSealedError,
     ReplicationFailedError,
     SbpError,
@@ -90,7 +91,7 @@ class StreamWriter:
         ranges = self._list_ranges(deadline)
         if ranges and ranges[-1].is_open:
             last = ranges[-1]
-            if last.range_index != self._sealed_index:
+            if last.range_index != self._sealed_index or self._not_pushed_yet(last):
                 return last
             # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
             # has not heard of it: ask the PD to seal it where the primary ended and to open
@@ -198,6 +199,31 @@ class StreamWriter:
                 primary = rng.primary
                 return rng.is_open and primary is not None and \
                     primary.advertise_addr == address
+        return False
+
+    def _not_pushed_yet(self, rng: Range) -> bool:
+        """Whether ``rng``'s primary does not hold ``rng`` yet, so that its RANGE_SEALED was
+        about the range before (which it holds, sealed), not about ``rng``.
+
+        The PD records a new range before it has told the range's servers (secondaries
+        first, the primary last: about 0.1 s), so a writer that learns of the range from the
+        PD meanwhile meets a primary that refuses its batch with RANGE_SEALED for the range
+        before. Taking that for this range sealed by its primary would have the PD seal the
+        new range at once, empty, and open yet another (where a writer seals a range it cannot
+        reach, the next one may then land on that server again). Anything but "no such range"
+        (the primary holds it, or cannot be asked) is taken as sealed, as it always was."""
+        primary = rng.primary
+        if primary is None or not primary.advertise_addr:
+            return False
+        try:
+            (described,) = self._range_server(primary.advertise_addr).describe_ranges(
+                [RangeId(self.stream_id, rng.range_index)])
+            described.unwrap()
+        except RangeNotFoundError:
+            self._sealed_index = None
+            return True
+        except SbpError:
+            return False
         return False
 
     def _note_reach(self, target: Range, address: str, outcomes: Sequence[ItemResult],
