@@ -179,27 +179,41 @@ class StreamWriter:
         slow disk holds the requests queued before the PING) look alike from here, and the
         batches in flight, sent again, could be stored twice. Sending them elsewhere helps
         only once the PD has moved the range (after the server's heartbeats stopped), so until
-        then the writer keeps waiting; a PD that cannot be asked counts as a yes. Not past
-        ``unreachable_primary_s`` (``PrimaryReach``): the writer then seals the range and
-        moves on (``_note_reach``), which is no longer waiting for the PD."""
+        then the writer keeps waiting; a PD that cannot be asked counts as a yes. Except past
+        ``unreachable_primary_s`` (``PrimaryReach``) while the PD still hears the server (it
+        counts it live): only the link between the two is broken, nothing will fail the range
+        over, and the writer seals it and moves on (``_note_reach``). The PD's seal settles
+        what the frames in flight became, so sending them again elsewhere is as safe as after
+        a failover."""
         unreached_s = self._reach.unreached(address)
-        if unreached_s >= self._reach.after_s:
-            _log.info("stream %d: %s, the primary of range %d, has not answered for %.1f s: "
-                      "giving up on it", self.stream_id, address, target.range_index,
-                      unreached_s)
-            return False
+        deadline = time.monotonic() + self.config.probe_interval_s
         try:
-            ranges = self._list_ranges(time.monotonic() + self.config.probe_interval_s)
+            ranges = self._list_ranges(deadline)
         except SbpError as exc:
             _log.debug("stream %d: asking the PD whether %s is still the primary failed: %s",
                       self.stream_id, address, exc)
             return True
-        for rng in ranges:
-            if rng.range_index == target.range_index:
-                primary = rng.primary
-                return rng.is_open and primary is not None and \
-                    primary.advertise_addr == address
-        return False
+        listed = next((rng for rng in ranges if rng.range_index == target.range_index), None)
+        if listed is None or not listed.is_open or listed.primary is None or \
+                listed.primary.advertise_addr != address:
+            return False
+        if unreached_s >= self._reach.after_s and self._pd_hears(address, deadline):
+            _log.info("stream %d: %s, the primary of range %d, has not answered for %.1f s "
+                      "while the PD hears it: giving up on it", self.stream_id, address,
+                      target.range_index, unreached_s)
+            return False
+        return True
+
+    def _pd_hears(self, address: str, deadline: float) -> bool:
+        """Whether the PD counts the range server at ``address`` live (heard within its
+        liveness timeout); False when the PD cannot say."""
+        try:
+            return any(state.live and state.server.advertise_addr == address
+                       for state in self.pd.range_servers(deadline))
+        except SbpError as exc:
+            _log.info("stream %d: could not ask the PD whether it hears %s: %s",
+                      self.stream_id, address, exc)
+            return False
 
     def _not_pushed_yet(self, rng: Range) -> bool:
         """Whether ``rng``'s primary does not hold ``rng`` yet, so that its RANGE_SEALED was
@@ -253,15 +267,7 @@ class StreamWriter:
         would hold up (both take the stream's lock). For the same reason a server the PD no
         longer counts live (silent for its liveness timeout: stopped, dead or cut off from
         the PD too) is left to the failover, and nothing is sealed here."""
-        try:
-            heard = any(state.live and state.server.advertise_addr == address
-                        for state in self.pd.range_servers(deadline))
-        except SbpError as exc:
-            _log.info("stream %d: could not ask the PD whether it hears %s, the unreached "
-                      "primary of range %d: %s", self.stream_id, address, target.range_index,
-                      exc)
-            return
-        if not heard:
+        if not self._pd_hears(address, deadline):
             _log.info("stream %d: the PD does not hear %s, the unreached primary of range %d, "
                       "either: its failover moves the range", self.stream_id, address,
                       target.range_index)
