@@ -25,8 +25,8 @@ from sbp_spark.protocol.errors import OffsetOutOfRangeError, RangeNotFoundError,
 from sbp_spark.protocol.messages import Range
 from sbp_spark.protocol.records import ENVELOPE_SIZE
 from sbp_spark.server.cluster import ProcessCluster
+from sbp_spark.server.etcd_process import LocalEtcd
 
-from .etcd_nodes import EtcdOnNodes
 from .helpers import wait_until
 from .history import History, Verdict, digest
 
@@ -162,7 +162,7 @@ class Lab:
     ``pd_nodes`` > 0: a PD cluster instead, node ``i`` on node ``pd<i>``, over a local etcd
     that runs on ``host`` (this process's node), so a PD node can be cut off from etcd alone;
     or with ``etcd_members`` > 0, over an etcd of that many members, member ``i`` on node
-    ``etcd<i>`` (``self.etcd``, an ``EtcdOnNodes``).
+    ``etcd<i>`` (``self.etcd``, a ``LocalEtcd`` with a member on each node).
     ``replication_rtt_ms``: the links between range servers add this round trip."""
 
     def __init__(self, data_dir: Path, range_servers: int, clients: list[str],
@@ -180,11 +180,12 @@ class Lab:
         pds = [f"pd{i}" for i in range(pd_nodes)] if pd_nodes else ["pd"]
         members = [f"etcd{i}" for i in range(etcd_members)]
         self.net = Network([*pds, *servers, *members, *clients], log_dir=self.data_dir)
-        self.etcd: EtcdOnNodes | None = None
+        self.etcd: LocalEtcd | None = None
         try:
             if members:
-                self.etcd = EtcdOnNodes(self.data_dir / "etcd",
-                                        [self.net[m].placement() for m in members]).start()
+                self.etcd = LocalEtcd(self.data_dir / "etcd", start_timeout_s=60.0,
+                                      placements=[self.net[m].placement() for m in members]
+                                      ).start()
             if replication_rtt_ms is not None:
                 # Slow links between range servers (forwards, cap notices), before any opens.
                 for server in servers:

@@ -37,7 +37,7 @@ CASES = {
     "discovery": 'format("sbp") found without register(), beside another pyspark_* source',
     "batch_round_trip": "batch write and read (records, arrow)",
     "sql_table": "CREATE TABLE ... USING sbp, INSERT, SELECT",
-    "streaming_restart": "maxRecordsPerTrigger, availableNow, restart",
+    "streaming_restart": "maxRecordsPerTrigger, availableNow (4.0, 4.1: a batch a run), restart",
     "idempotent_sink": "idempotent sink, micro-batch re-run",
     "filter_pushdown": "filter pushdown (4.0: refused)",
     "connect": "Spark Connect round trip",

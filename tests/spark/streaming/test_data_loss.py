@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sbp_spark.client import Replica
+from sbp_spark.client import ReplicaLocation
 from sbp_spark.spark.planning import RangeLayout, StreamLayout
 from sbp_spark.spark.streaming import data_loss
 from sbp_spark.spark.streaming.data_loss import DataLossError, judge
 
-REPLICA = (Replica(1, "127.0.0.1:1", True),)
+REPLICA = (ReplicaLocation(1, "127.0.0.1:1", True),)
 
 
 def layout(*ranges: tuple[int, int, bool], start: int = 0) -> StreamLayout:

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from sbp_spark.client import Replica
+from sbp_spark.client import ReplicaLocation
 from sbp_spark.protocol.errors import SbpTimeoutError
 from sbp_spark.spark.planning import RangeLayout, StreamLayout
 from sbp_spark.spark.streaming.long_poll import LongPoller, Tail, poll_targets
 
 
 def stream(sid: int, address: str, end: int, is_open: bool = True) -> StreamLayout:
-    replicas = (Replica(1, address, True), Replica(2, "127.0.0.1:9", False))
+    replicas = (ReplicaLocation(1, address, True), ReplicaLocation(2, "127.0.0.1:9", False))
     return StreamLayout(sid, 0, (RangeLayout(0, 0, 4, replicas, False),
                                  RangeLayout(1, 4, end, replicas, is_open)))
 
