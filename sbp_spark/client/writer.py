@@ -96,7 +96,8 @@ class StreamWriter:
             # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
             # has not heard of it: ask the PD to seal it where the primary ended and to open
             # the next range (seal-and-new).
-            (result,) = self.pd.seal_ranges([last], deadline)
+            (result,) = self.pd.seal_ranges([last], deadline,
+                                            timeout_ms=self._seal_timeout_ms())
             return unwrap(result, f"sealing range {last.range_index} of stream "
                                    f"{self.stream_id} after its primary sealed it")
         # No open range (sealed without a successor): open the next.
@@ -215,6 +216,14 @@ class StreamWriter:
                       self.stream_id, address, exc)
             return False
 
+    def _seal_timeout_ms(self) -> int:
+        """The bound of the PD's calls to a range's replicas when this writer asks for a
+        seal: short (two probe intervals, at least 1 s), so that a replica that is stopped
+        holds the seal, and the stream's lock a failover also needs, for seconds, not the
+        30 s of ``server_timeout_ms`` (twice: the PD tries each replica twice)."""
+        config = self.config
+        return min(config.server_timeout_ms, max(1000, int(2000 * config.probe_interval_s)))
+
     def _not_pushed_yet(self, rng: Range) -> bool:
         """Whether ``rng``'s primary does not hold ``rng`` yet, so that its RANGE_SEALED was
         about the range before (which it holds, sealed), not about ``rng``.
@@ -272,12 +281,9 @@ class StreamWriter:
                       "either: its failover moves the range", self.stream_id, address,
                       target.range_index)
             return
-        config = self.config
-        timeout_ms = min(config.server_timeout_ms,
-                         max(1000, int(2000 * config.probe_interval_s)))
         try:
             (result,) = self.pd.seal_ranges([RangeId(self.stream_id, target.range_index)],
-                                            deadline, timeout_ms=timeout_ms)
+                                            deadline, timeout_ms=self._seal_timeout_ms())
             opened = unwrap(result, f"sealing range {target.range_index} of stream "
                                     f"{self.stream_id}, whose primary {address} is unreached")
         except SbpError as exc:

@@ -90,6 +90,13 @@ SEALED_CHECK_S = 0.25
 # How long a secondary may take to answer a cap notice.
 NOTICE_TIMEOUT_S = 10.0
 
+# A forward's answer this late, from a secondary that then lets a PING go unanswered too,
+# fails the forward (``_settled_answer_of``). Past the PD's liveness timeout (3 s) and its
+# sweep: a secondary that is stopped or dead is failed over by the PD first, whose seal ends
+# the wait as above, and no writer asks for a seal that would wait on that secondary. One the
+# PD still hears then is cut off from this primary only.
+SECONDARY_GIVE_UP_S = 5.0
+
 
 @dataclass
 class NoticeAnswer:
@@ -248,14 +255,14 @@ def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
     range over, instead of after the whole replication timeout. An answer that comes in
     time costs what it did: one wait for the frame.
 
-    An answer ``probe_s`` late PINGs the secondary over ``conn`` (``Connection.answers_ping``),
-    and again each ``probe_s`` while it stays late: a secondary that shows nothing within
-    ``probe_s`` either (no PING answer, no other answer) cannot be reached from here (a
-    broken link, which the PD does not see: it hears both servers) or is stopped, and the
-    forward fails then, not at its timeout (the writer's ``timeout_ms``, 30 s by default,
-    during which every writer of the range stalled). The primary then seals the range and
-    its writers move on. A secondary that is only slow (an fsync, a busy disk) answers the
-    PING from its network core and is waited for."""
+    From ``SECONDARY_GIVE_UP_S`` late on, each ``probe_s`` the secondary is PINGed over
+    ``conn`` (``Connection.answers_ping``): one that shows nothing within ``probe_s`` either
+    (no PING answer, no other answer) cannot be reached from here (a broken link, which the
+    PD does not see: it hears both servers), and the forward fails then, not at its timeout
+    (the writer's ``timeout_ms``, 30 s by default, during which every writer of the range
+    stalled). The primary then seals the range and its writers move on. A secondary that is
+    only slow (an fsync, a busy disk) answers the PING from its network core and is waited
+    for."""
     first = min(SEALED_CHECK_S, answers.timeout)
     try:
         with answers:
@@ -263,7 +270,7 @@ def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
             if frame is None:  # late: from here on, the slow path
                 began = time.monotonic() - first
                 give_up = began + answers.timeout
-                next_probe = began + probe_s if probe_s is not None else None
+                next_probe = began + SECONDARY_GIVE_UP_S if probe_s is not None else None
             while frame is None:
                 now = time.monotonic()
                 left = give_up - now
