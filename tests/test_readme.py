@@ -195,8 +195,36 @@ def test_the_readme_python_snippets_define_every_name_they_use():
                 defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 defined.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.arg):  # a parameter, inside its function
+                defined.add(node.arg)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                defined.add(node.name)
         loads = sorted((n.lineno, n.id) for n in ast.walk(tree)
                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
         undefined += [f"{name} (in {block.splitlines()[0]!r})" for _, name in loads
                       if name not in defined]
     assert not undefined, undefined
+
+
+def test_the_python_client_section_runs_as_written(tmp_path):
+    """The blocks of "Python client", in order, against a cluster of their own: they hold
+    their own checks (appends, reads, the tail, the errors); the stream ends as they left it."""
+    from sbp_spark.protocol.records import batch_body
+    from sbp_spark.server.cluster import EmbeddedCluster
+
+    section = README.split("\n## Python client\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) >= 4
+    with EmbeddedCluster(tmp_path, range_servers=3) as cluster:
+        namespace: dict = {}
+        for block in blocks:
+            code = block.replace("127.0.0.1:2378", cluster.pd_address)
+            exec(compile(code, "README.md", "exec"), namespace)
+        client, log = namespace["client"], namespace["log"]
+        bodies = [bytes(batch_body(b.data)) for b in client.read(log)]
+        # first, second, third, the Arrow batch of three records, news, important
+        assert bodies[:3] == [b"first", b"second", b"third"]
+        assert bodies[4:] == [b"news", b"important"]
+        assert [s.stream_id for s in client.list_streams()] == [log]

@@ -36,6 +36,10 @@ DEFAULT_MAX_INFLIGHT_FRAMES = 32
 # APPEND waits for its fsync or its secondaries, so one that lets a PING go unanswered for
 # this long is taken as stopped.
 DEFAULT_PROBE_INTERVAL_S = 1.0
+# Two probe intervals: with the first late answer and its unanswered PING before it, a writer
+# cut off from a healthy primary moves on about 4 s after its append (the bound is 8 s),
+# and usually after the PD's own failover (3 s of silence) when the server is down instead.
+DEFAULT_UNREACHABLE_PRIMARY_S = 2.0
 # How long a call retries by default (see ClientConfig.retry_deadline_s).
 DEFAULT_RETRY_DEADLINE_S = 60.0
 
@@ -78,6 +82,12 @@ class ClientConfig:
     # ReadTimeoutError (a writer then asks the PD where the stream went) instead of after
     # request_timeout_s. A server that answers PINGs is waited for up to request_timeout_s.
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
+    # A writer that has had no answer from the primary of its stream's open range (nor to a
+    # PING, nor a connection) for this long, while the PD still lists that server as the
+    # primary (the PD hears it: only the link between the two is broken), asks the PD to
+    # seal the range and goes on in the next one, placed away from that server
+    # (docs/reliability.md, "Partitions"), instead of waiting for the network to heal.
+    unreachable_primary_s: float = DEFAULT_UNREACHABLE_PRIMARY_S
     # TLS (see transport/tls.py): verify servers against tls_ca_file (else the system's trust
     # store) and, for servers that require client certificates, present tls_cert_file and
     # tls_key_file (PEM).
@@ -88,7 +98,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "request_timeout_s", "idle_timeout_s",
-                     "retry_deadline_s", "probe_interval_s"):
+                     "retry_deadline_s", "probe_interval_s", "unreachable_primary_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ClientConfig.{name}={value!r}: must be a number > 0")

@@ -486,6 +486,12 @@ class Connection:
             if frame is not None:
                 return frame
 
+    def answers_ping(self, timeout: float) -> bool:
+        """Whether the server shows it is there within ``timeout`` seconds: the check
+        ``late_answer`` makes, for a caller that waits for an answer its own way (a primary
+        waiting for a secondary). See ``_answers_ping``."""
+        return self._answers_ping(timeout)
+
     def _answers_ping(self, timeout: float) -> bool:
         """False when the server let a PING go unanswered for ``timeout`` seconds and sent
         nothing else meanwhile either, or another request on this connection went unanswered

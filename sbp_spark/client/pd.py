@@ -278,11 +278,14 @@ class PdClient:
                             "DESCRIBE_RANGES")
 
     def seal_ranges(self, ranges: Sequence[RangeId | Range | tuple[int, int]],
-                    deadline: float | None = None) -> list[ItemResult[Range]]:
+                    deadline: float | None = None, timeout_ms: int | None = None
+                    ) -> list[ItemResult[Range]]:
         """Seal each stream's open range and open the next; each value is the new open
-        range. ``deadline``: as in ``call``."""
+        range. ``deadline``: as in ``call``. ``timeout_ms``: the bound of the PD's calls to
+        the range's replicas (default ``server_timeout_ms``)."""
         ids = [_range_id(r) for r in ranges]
-        response = self.call(SealRangesRequest(self.config.server_timeout_ms, ids), deadline)
+        bound = self.config.server_timeout_ms if timeout_ms is None else timeout_ms
+        response = self.call(SealRangesRequest(bound, ids), deadline)
         return item_results(response.seal_responses, len(ids), lambda a: a.range,
                             "SEAL_RANGES")
 
@@ -309,14 +312,15 @@ class PdClient:
             DescribePdClusterRequest(range_server, self.config.server_timeout_ms))
         return response.cluster if response.cluster is not None else PlacementDriverCluster()
 
-    def range_servers(self) -> list[RangeServerState]:
+    def range_servers(self, deadline: float | None = None) -> list[RangeServerState]:
         """Every range server the PD knows: address, liveness, open ranges, last metrics.
 
         Any PD node answers DESCRIBE_PD_CLUSTER, but only the leader knows the range servers:
         a follower's answer (which lists none) is refused like its PD_NOT_LEADER, and the
-        call goes on to the leader it names, or waits for one to be elected."""
+        call goes on to the leader it names, or waits for one to be elected. ``deadline``:
+        as in ``call``."""
         request = DescribePdClusterRequest(None, self.config.server_timeout_ms)
-        response, _ = self._call(request, check=_from_the_leader)
+        response, _ = self._call(request, deadline, check=_from_the_leader)
         return list(response.range_servers)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from sbp_spark.protocol.errors import (
     AppendOutcomeUnknownError,
     BatchFormatError,
+    RangeNotFoundError,
     RangeSealedError,
     ReplicationFailedError,
     SbpError,
@@ -22,6 +23,7 @@ from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, 
 from ._calls import unwrap
 from .config import ClientConfig
 from .pd import PdClient
+from .primary_reach import PrimaryReach, is_unreached
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, is_retriable
 from .types import Appended, ItemResult, Outcome
@@ -58,6 +60,8 @@ class StreamWriter:
         self._range: Range | None = None
         # The range a range server last answered RANGE_SEALED for.
         self._sealed_index: int | None = None
+        # Since when each primary went unreached: when to seal its range and move on.
+        self._reach = PrimaryReach(self.config.unreachable_primary_s)
 
     def __repr__(self) -> str:
         return f"StreamWriter(stream_id={self.stream_id})"
@@ -87,12 +91,13 @@ class StreamWriter:
         ranges = self._list_ranges(deadline)
         if ranges and ranges[-1].is_open:
             last = ranges[-1]
-            if last.range_index != self._sealed_index:
+            if last.range_index != self._sealed_index or self._not_pushed_yet(last):
                 return last
             # Its primary sealed it on its own (a secondary failed to store a batch) and the PD
             # has not heard of it: ask the PD to seal it where the primary ended and to open
             # the next range (seal-and-new).
-            (result,) = self.pd.seal_ranges([last], deadline)
+            (result,) = self.pd.seal_ranges([last], deadline,
+                                            timeout_ms=self._seal_timeout_ms())
             return unwrap(result, f"sealing range {last.range_index} of stream "
                                    f"{self.stream_id} after its primary sealed it")
         # No open range (sealed without a successor): open the next.
@@ -175,19 +180,129 @@ class StreamWriter:
         slow disk holds the requests queued before the PING) look alike from here, and the
         batches in flight, sent again, could be stored twice. Sending them elsewhere helps
         only once the PD has moved the range (after the server's heartbeats stopped), so until
-        then the writer keeps waiting; a PD that cannot be asked counts as a yes."""
+        then the writer keeps waiting; a PD that cannot be asked counts as a yes. Except past
+        ``unreachable_primary_s`` (``PrimaryReach``) while the PD still hears the server (it
+        counts it live): only the link between the two is broken, nothing will fail the range
+        over, and the writer seals it and moves on (``_note_reach``). The PD's seal settles
+        what the frames in flight became, so sending them again elsewhere is as safe as after
+        a failover."""
+        unreached_s = self._reach.unreached(address)
+        deadline = time.monotonic() + self.config.probe_interval_s
         try:
-            ranges = self._list_ranges(time.monotonic() + self.config.probe_interval_s)
+            ranges = self._list_ranges(deadline)
         except SbpError as exc:
             _log.debug("stream %d: asking the PD whether %s is still the primary failed: %s",
                       self.stream_id, address, exc)
             return True
-        for rng in ranges:
-            if rng.range_index == target.range_index:
-                primary = rng.primary
-                return rng.is_open and primary is not None and \
-                    primary.advertise_addr == address
+        listed = next((rng for rng in ranges if rng.range_index == target.range_index), None)
+        if listed is None or not listed.is_open or listed.primary is None or \
+                listed.primary.advertise_addr != address:
+            return False
+        if unreached_s >= self._reach.after_s and self._pd_hears(address, deadline):
+            _log.info("stream %d: %s, the primary of range %d, has not answered for %.1f s "
+                      "while the PD hears it: giving up on it", self.stream_id, address,
+                      target.range_index, unreached_s)
+            return False
+        return True
+
+    def _pd_hears(self, address: str, deadline: float) -> bool:
+        """Whether the PD counts the range server at ``address`` live (heard within its
+        liveness timeout); False when the PD cannot say."""
+        try:
+            return any(state.live and state.server.advertise_addr == address
+                       for state in self.pd.range_servers(deadline))
+        except SbpError as exc:
+            _log.info("stream %d: could not ask the PD whether it hears %s: %s",
+                      self.stream_id, address, exc)
+            return False
+
+    def _seal_timeout_ms(self) -> int:
+        """The bound of the PD's calls to a range's replicas when this writer asks for a
+        seal: short (two probe intervals, at least 1 s), so that a replica that is stopped
+        holds the seal, and the stream's lock a failover also needs, for seconds, not the
+        30 s of ``server_timeout_ms`` (twice: the PD tries each replica twice)."""
+        config = self.config
+        return min(config.server_timeout_ms, max(1000, int(2000 * config.probe_interval_s)))
+
+    def _not_pushed_yet(self, rng: Range) -> bool:
+        """Whether ``rng``'s primary does not hold ``rng`` yet, so that its RANGE_SEALED was
+        about the range before (which it holds, sealed), not about ``rng``.
+
+        The PD records a new range before it has told the range's servers (secondaries
+        first, the primary last: about 0.1 s), so a writer that learns of the range from the
+        PD meanwhile meets a primary that refuses its batch with RANGE_SEALED for the range
+        before. Taking that for this range sealed by its primary would have the PD seal the
+        new range at once, empty, and open yet another (where a writer seals a range it cannot
+        reach, the next one may then land on that server again). Anything but "no such range"
+        (the primary holds it, or cannot be asked) is taken as sealed, as it always was."""
+        primary = rng.primary
+        if primary is None or not primary.advertise_addr:
+            return False
+        try:
+            (described,) = self._range_server(primary.advertise_addr).describe_ranges(
+                [RangeId(self.stream_id, rng.range_index)])
+            described.unwrap()
+        except RangeNotFoundError:
+            self._sealed_index = None
+            return True
+        except SbpError:
+            return False
         return False
+
+    def _note_reach(self, target: Range, address: str, outcomes: Sequence[ItemResult],
+                    deadline: float) -> None:
+        """After an APPEND to ``target``'s primary at ``address``: any answer shows the
+        server reachable; none at all (every outcome a connection failure or a timeout) counts
+        towards giving up on it, and once it went unreached for ``unreachable_primary_s`` the
+        range is sealed (``_seal_unreached``)."""
+        errors = [o.exception() for o in outcomes]
+        if any(error is None or not is_unreached(error) for error in errors):
+            self._reach.reached(address)
+            return
+        self._reach.unreached(address)
+        if self._reach.overdue(address):
+            self._seal_unreached(target, address, deadline)
+
+    def _seal_unreached(self, target: Range, address: str, deadline: float) -> None:
+        """Ask the PD to seal ``target``, whose primary at ``address`` this writer has not
+        reached for ``unreachable_primary_s``, and take the range it opens next.
+
+        The PD's seal is its ordinary seal-and-new: it ends the range at the smallest end
+        its replicas report, which holds every acknowledged record, and places the next range
+        away from ``address`` (``placement.choose_servers``). A range the PD has already
+        sealed (a failover, another writer) is not sealed again: the answer is the open range
+        after it. The seal's calls to the replicas get a short timeout: a server that is
+        really down is the PD's failover's to deal with, which a seal waiting on that server
+        would hold up (both take the stream's lock). For the same reason a server the PD no
+        longer counts live (silent for its liveness timeout: stopped, dead or cut off from
+        the PD too) is left to the failover, and nothing is sealed here."""
+        if not self._pd_hears(address, deadline):
+            _log.info("stream %d: the PD does not hear %s, the unreached primary of range %d, "
+                      "either: its failover moves the range", self.stream_id, address,
+                      target.range_index)
+            return
+        try:
+            (result,) = self.pd.seal_ranges([RangeId(self.stream_id, target.range_index)],
+                                            deadline, timeout_ms=self._seal_timeout_ms())
+            opened = unwrap(result, f"sealing range {target.range_index} of stream "
+                                    f"{self.stream_id}, whose primary {address} is unreached")
+        except SbpError as exc:
+            _log.info("stream %d: sealing range %d, whose primary %s is unreached, failed "
+                      "(tried again on the next failure): %s", self.stream_id,
+                      target.range_index, address, exc)
+            return
+        # A fresh count: the next range's primary has not failed this writer yet.
+        self._reach.reached(address)
+        if opened.range_index != target.range_index + 1:
+            return  # someone moved the stream on before: nothing sealed on our account
+        primary = opened.primary
+        _log.warning("stream %d: no answer from %s, the primary of range %d, for %.1f s or "
+                     "more while the PD still lists it there; sealed the range, writes go on "
+                     "in range %d on %s", self.stream_id, address, target.range_index,
+                     self._reach.after_s, opened.range_index,
+                     primary.advertise_addr if primary is not None else "no primary yet")
+        with self._lock:
+            self._range = opened
 
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have
@@ -242,6 +357,7 @@ class _AppendCall:
                 f"open range {self.stream_id}/{target.range_index} lists no primary")
         outcomes = writer._send(target, primary.advertise_addr,
                                 [(self.stream_id, self.items[i][0]) for i in self.pending])
+        writer._note_reach(target, primary.advertise_addr, outcomes, self.deadline)
         # Every outcome is taken in before a failure is raised: what the others did counts.
         retry_error: SbpError | None = None
         final_error: SbpError | None = None

@@ -108,3 +108,19 @@ class ProxiedClient(SbpClient):
     def range_server(self, address: str):
         return super().range_server(self.proxy.address if address == self.proxy_for
                                     else address)
+
+
+class DeafeningProxy(ForwardingProxy):
+    """``deafen()`` makes every connection, open or opened later, drop what the server sends
+    while passing on what the client sends: a link broken in one direction, as when only the
+    server's answers to this client are lost. The server stores what it is sent."""
+
+    def __init__(self, target: str) -> None:
+        self.deaf = threading.Event()
+        super().__init__(target)
+
+    def deafen(self) -> None:
+        self.deaf.set()
+
+    def forward(self, pair: int, answers: bool, data: bytes) -> bytes | None:
+        return b"" if answers and self.deaf.is_set() else data

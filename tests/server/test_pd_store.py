@@ -246,6 +246,20 @@ def test_choose_servers_least_loaded_first():
         choose_servers([1], {}, 0)
 
 
+def test_the_range_after_a_seal_moves_away_from_the_sealed_ranges_primary():
+    # Spare servers: the old primary (least loaded, lowest id) is left out altogether.
+    assert choose_servers([1, 2, 3, 4], {}, 3, succeeding=1) == [2, 3, 4]
+    assert choose_servers([1, 2, 3], {}, 1, succeeding=1) == [2]
+    # Every live server is needed: the old primary only as a secondary.
+    assert choose_servers([1, 2, 3], {}, 3, succeeding=1) == [2, 3, 1]
+    assert choose_servers([1, 2, 3], {2: 4}, 3, succeeding=3) == [1, 2, 3]
+    # Alone, it stays; dead (not live), it changes nothing.
+    assert choose_servers([1], {}, 1, succeeding=1) == [1]
+    assert choose_servers([2, 3], {}, 2, succeeding=1) == [2, 3]
+    with pytest.raises(NotEnoughServersError):
+        choose_servers([1, 2], {}, 3, succeeding=1)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0

@@ -1,19 +1,27 @@
 """A primary whose secondary goes silent (a link that drops everything: no reset, no answer)
 fails the append within the time the writer asked for, not the whole replication timeout, and
 seals the range so writers move on (found by the partition case "primary cut off from its
-secondaries", where every writer waited 30 s)."""
+secondaries", where every writer waited 30 s). One that answers no PING either is given up
+on a few seconds late (``SECONDARY_GIVE_UP_S``), whatever the writer asked for; one that is
+only slow, and answers PINGs, is waited for."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient
+from sbp_spark.client.config import DEFAULT_PROBE_INTERVAL_S
+from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.messages import RangeReplica, RangeServer
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
-from sbp_spark.server.range_server.replication import DEFAULT_REPLICATION_TIMEOUT_S
+from sbp_spark.server.range_server.replication import (
+    DEFAULT_REPLICATION_TIMEOUT_S,
+    SECONDARY_GIVE_UP_S,
+)
 from sbp_spark.server.storage import StorageConfig
 from tests.client.fakes import FakeServer, Peer
 from tests.server.secondary import sync_range
@@ -47,3 +55,60 @@ def test_a_silent_secondary_fails_the_append_within_the_writer_s_timeout(tmp_pat
             assert primary.storage.get_range(STREAM, 0).sealed
         finally:
             primary.stop()
+
+
+def deaf(peer: Peer) -> None:
+    """Reads every frame, PINGs included, and answers none: a secondary the primary cannot
+    reach (a link that drops what the secondary sends), or one that is stopped."""
+    while peer.read_frame(timeout=60, pings=True) is not None:
+        pass
+
+
+# Past the time from which a primary PINGs a late secondary, and a probe interval more.
+SLOW_S = SECONDARY_GIVE_UP_S + 1.5
+
+
+def slow_but_there(peer: Peer) -> None:
+    """Answers PINGs at once (its network core reads on meanwhile) and each forward only
+    after ``SLOW_S`` (a slow disk): every entry stored at the offset it came with."""
+    while (frame := peer.read_frame(timeout=60)) is not None:
+        answer = m.AppendResponse(append_responses=[
+            m.AppendResult(e.stream_id, e.request_index, 0)
+            for e in m.decode_request(frame).append_requests]).to_flatbuffers()
+        threading.Timer(SLOW_S, peer.reply, (frame, answer)).start()
+
+
+def _append_through(tmp_path, secondary_handler, timeout_ms: int):
+    """One append to a primary whose secondary is ``secondary_handler``: (its result, the
+    seconds it took, whether the primary sealed the range)."""
+    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
+    with FakeServer(secondary_handler) as secondary, ConnectionPool(config) as pool:
+        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
+                                           storage=StorageConfig(fsync="never"))).start()
+        try:
+            sync_range(primary, STREAM, [
+                RangeReplica(RangeServer(1, primary.advertise_addr), True),
+                RangeReplica(RangeServer(2, secondary.address), False)])
+            client = RangeServerClient(primary.advertise_addr, config, pool)
+            began = time.monotonic()
+            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=timeout_ms)
+            return result, time.monotonic() - began, primary.storage.get_range(STREAM, 0).sealed
+        finally:
+            primary.stop()
+
+
+def test_a_secondary_that_answers_no_ping_fails_the_append_within_seconds(tmp_path):
+    # The writer allows 30 s (the default timeout_ms): a primary cut off from its secondary
+    # used to hold every writer of the range that long before it sealed the range.
+    result, waited, sealed = _append_through(tmp_path, deaf, timeout_ms=30_000)
+    assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
+    assert "nor to a PING" in result.status.message
+    # Late past the PD's failover of a stopped secondary, then one unanswered PING.
+    assert waited < SECONDARY_GIVE_UP_S + 2 * DEFAULT_PROBE_INTERVAL_S + 2.0
+    assert sealed
+
+
+def test_a_slow_secondary_that_answers_pings_is_waited_for(tmp_path):
+    result, waited, sealed = _append_through(tmp_path, slow_but_there, timeout_ms=30_000)
+    assert result.ok, result.status
+    assert waited >= SLOW_S and not sealed

@@ -164,11 +164,19 @@ class Liveness:
             return sorted(gone, key=lambda s: s.server_id)
 
 
-def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int) -> list[int]:
+def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int,
+                   succeeding: int | None = None) -> list[int]:
     """Pick ``count`` distinct servers for a new range, least loaded first.
 
     ``load`` maps server id to its number of open ranges (absent = 0); ties go to the lower id
     so placement is deterministic. The first server returned is the primary.
+
+    ``succeeding``: the primary of the range this one follows. It is left out when enough
+    other servers are live, and otherwise never made the primary again when another server
+    can be. A range is mostly sealed because its primary could not be used: a writer could
+    not reach it, or it could not reach its secondaries (``docs/reliability.md``,
+    "Partitions"); the PD hears it all the same, and choosing by load alone would hand the
+    next range to it again, every time.
     """
     if count < 1:
         raise InvalidRequestError(f"a range needs at least 1 replica, got {count}")
@@ -177,6 +185,12 @@ def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int) -> 
         raise NotEnoughServersError(
             f"{count} replicas requested but only {len(candidates)} range "
             f"server{'s are' if len(candidates) != 1 else ' is'} live")
+    if succeeding in candidates:
+        others = [sid for sid in candidates if sid != succeeding]
+        if len(others) >= count:
+            return others[:count]
+        if others:  # every live server is needed: the old primary as a secondary
+            return others + [succeeding]
     return candidates[:count]
 
 
@@ -209,14 +223,16 @@ class Placement:
             return record(self._choose(count))
 
     def place_if_possible(self, count: int, record: Callable[[list[int] | None], T], *,
-                          wait: bool = True) -> tuple[T, ServerError | None]:
+                          wait: bool = True, succeeding: int | None = None
+                          ) -> tuple[T, ServerError | None]:
         """As ``place``, but too few live servers are no failure: ``record(None)`` runs then,
-        and the refusal comes back beside its result. ``wait``: first wait as ``place`` does."""
+        and the refusal comes back beside its result. ``wait``: first wait as ``place`` does.
+        ``succeeding``: the primary of the range the new one follows (``choose_servers``)."""
         if wait:
             self._await_live(count)
         with self._lock:
             try:
-                servers: list[int] | None = self._choose(count)
+                servers: list[int] | None = self._choose(count, succeeding)
                 refusal = None
             except ServerError as exc:
                 servers, refusal = None, exc
@@ -232,6 +248,6 @@ class Placement:
         known = [s.server_id for s in self._load.list_servers() if s.registered]
         self._liveness.wait_for_live(count, known)
 
-    def _choose(self, count: int) -> list[int]:
+    def _choose(self, count: int, succeeding: int | None = None) -> list[int]:
         live = [s.server_id for s in self._liveness.live()]
-        return choose_servers(live, self._load.open_range_counts(), count)
+        return choose_servers(live, self._load.open_range_counts(), count, succeeding)

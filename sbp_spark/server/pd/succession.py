@@ -4,9 +4,10 @@
 SEAL_RANGES (``ranges.py``) and for a failover (``failover.py``) alike, once the range's
 replicas said where it ends: the range is sealed in the metadata at that end and, in the same
 change, the next range opens on the servers placement chose (under its lock, so that choices
-see each other's load); then both ranges are pushed to their servers. With too few live servers
-the range is sealed all the same (no write can be acknowledged on it any more) and the next one
-opens later (``open_next``: a seal repeated, or CREATE_RANGE).
+see each other's load; away from the sealed range's primary where it can, see
+``placement.choose_servers``); then both ranges are pushed to their servers. With too few
+live servers the range is sealed all the same (no write can be acknowledged on it any more)
+and the next one opens later (``open_next``: a seal repeated, or CREATE_RANGE).
 
 The caller holds the stream's lock (``StreamLocks``) from before it asked the replicas until
 this returns, so the push is done before anyone else may change the stream: a seal right
@@ -99,7 +100,7 @@ class Succession:
             stream.replica_nums,
             lambda servers: self._store.seal_range(rng.stream_id, rng.range_index, end_offset,
                                                    servers),
-            wait=wait_for_servers)
+            wait=wait_for_servers, succeeding=rng.primary)
         done = Succeeded(sealed, opened, unplaced)
         if announce is not None:
             announce(done)

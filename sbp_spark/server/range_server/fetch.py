@@ -34,7 +34,7 @@ from ...protocol.errors import (
 )
 from ...protocol.frame import crc32
 from ...protocol.messages import FetchEntry, FetchRequest, FetchResponse, FetchResult, Status
-from ..net import FileRegion, RequestContext
+from ..net import ConnectionClosed, FileRegion, RequestContext
 from ..storage.range_log import RangeLog, ReadChunk
 from ..storage.segment import CorruptDataError, StoredBatch, crc32_combine
 from .metrics import Metrics
@@ -208,12 +208,18 @@ class FetchServer:
     # -- serving ---------------------------------------------------------------------------
 
     def serve(self, ctx: RequestContext, req: FetchRequest) -> None:
-        """Answer one FETCH request on ``ctx`` (one or more frames, the last with END)."""
+        """Answer one FETCH request on ``ctx`` (one or more frames, the last with END).
+
+        Raises ``ConnectionClosed`` when the reader's connection is gone, which the network
+        core takes as the request given up: a reader that left is no failure (nor a failed
+        fetch in the metrics)."""
         metrics = self.metrics
         started = time.monotonic()
         metrics.fetches += 1
         try:
             self._serve(ctx, req)
+        except ConnectionClosed:
+            raise
         except BaseException:
             metrics.failed_fetches += 1
             raise
@@ -245,7 +251,12 @@ class FetchServer:
             self._long_poll(ctx, entries, min(req.max_wait_ms, MAX_FETCH_WAIT_MS),
                             req.min_bytes)
         if ctx.conn.closed:
-            return
+            # The reader left during the long poll (or while this server was paused, so the
+            # poll's end and the closed connection are found together): there is nobody to
+            # answer. Said as the send would say it, so the request is given up quietly
+            # rather than taken for one the handler forgot to answer.
+            raise ConnectionClosed(f"the reader at {ctx.conn.peer_str} left during the "
+                                   f"long poll")
         for e in entries:
             e.rlog = None  # streaming snapshots the committed end afresh
         self._stream(ctx, entries)

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...client.config import ClientConfig
-from ...client.connection import ResponseStream
+from ...client.connection import Connection, ResponseStream
 from ...client.pool import ConnectionPool
 from ...protocol.constants import Opcode
 from ...protocol.errors import ReplicationFailedError, SbpError
@@ -90,6 +90,13 @@ SEALED_CHECK_S = 0.25
 # How long a secondary may take to answer a cap notice.
 NOTICE_TIMEOUT_S = 10.0
 
+# A forward's answer this late, from a secondary that then lets a PING go unanswered too,
+# fails the forward (``_settled_answer_of``). Past the PD's liveness timeout (3 s) and its
+# sweep: a secondary that is stopped or dead is failed over by the PD first, whose seal ends
+# the wait as above, and no writer asks for a seal that would wait on that secondary. One the
+# PD still hears then is cut off from this primary only.
+SECONDARY_GIVE_UP_S = 5.0
+
 
 @dataclass
 class NoticeAnswer:
@@ -102,11 +109,13 @@ class NoticeAnswer:
 
 @dataclass
 class Forward:
-    """One forwarded frame to one secondary: its answer stream, or why it was not sent."""
+    """One forwarded frame to one secondary: its answer stream and the connection it went
+    over, or why it was not sent."""
 
     replica: RangeReplica
     stream: ResponseStream | None
     error: SbpError | None = None
+    conn: Connection | None = None
 
 
 class Replicator:
@@ -208,7 +217,7 @@ class Replicator:
                 conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
                                     lambda sid: request_frame(sid, request, payload), wait_s)
-                out.append(Forward(replica, stream))
+                out.append(Forward(replica, stream, conn=conn))
             except SbpError as exc:
                 out.append(Forward(replica, None, exc))
         return out
@@ -224,7 +233,8 @@ class Replicator:
             if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
                 continue
-            answer = _settled_answer_of(fw.stream, rlog)
+            answer = _settled_answer_of(fw.stream, rlog, fw.conn,
+                                        self.pool.config.probe_interval_s)
             if isinstance(answer, str):
                 problems.append(f"{where}: {answer}")
                 continue
@@ -234,27 +244,50 @@ class Replicator:
         return "; ".join(problems) if problems else None
 
 
-def _settled_answer_of(answers: ResponseStream, rlog: RangeLog) -> AppendResponse | str:
+def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
+                       conn: Connection | None = None, probe_s: float | None = None
+                       ) -> AppendResponse | str:
     """A secondary's answer to a forward (as ``_answer_of``), waited for ``SEALED_CHECK_S``
     at a time: once the range is sealed here, an append still waiting for a secondary can
     no longer settle (the seal ended the range before it, ``ReadCap.fence``), so waiting on
     is pointless. That is how a primary whose secondary stopped (its process frozen: its
     kernel still takes the forwards, so no error comes) answers once the PD failed the
     range over, instead of after the whole replication timeout. An answer that comes in
-    time costs what it did: one wait for the frame."""
+    time costs what it did: one wait for the frame.
+
+    From ``SECONDARY_GIVE_UP_S`` late on, each ``probe_s`` the secondary is PINGed over
+    ``conn`` (``Connection.answers_ping``): one that shows nothing within ``probe_s`` either
+    (no PING answer, no other answer) cannot be reached from here (a broken link, which the
+    PD does not see: it hears both servers), and the forward fails then, not at its timeout
+    (the writer's ``timeout_ms``, 30 s by default, during which every writer of the range
+    stalled). The primary then seals the range and its writers move on. A secondary that is
+    only slow (an fsync, a busy disk) answers the PING from its network core and is waited
+    for."""
     first = min(SEALED_CHECK_S, answers.timeout)
     try:
         with answers:
             frame = answers.poll(first)
             if frame is None:  # late: from here on, the slow path
-                give_up = time.monotonic() - first + answers.timeout
+                began = time.monotonic() - first
+                give_up = began + answers.timeout
+                next_probe = began + SECONDARY_GIVE_UP_S if probe_s is not None else None
             while frame is None:
-                left = give_up - time.monotonic()
+                now = time.monotonic()
+                left = give_up - now
                 if left <= 0:
                     raise answers.give_up(f"within {answers.timeout:g}s")
                 if rlog.sealed:
                     return (f"no answer yet, and range {rlog.stream_id}/{rlog.range_index} "
                             f"was sealed here at {rlog.end_offset} meanwhile")
+                if conn is not None and next_probe is not None and now >= next_probe:
+                    assert probe_s is not None
+                    if not conn.answers_ping(probe_s):
+                        return (f"no answer within {time.monotonic() - began:.1f}s, nor to a "
+                                f"PING within {probe_s:g}s: the secondary cannot be reached "
+                                f"from here, or is stopped")
+                    next_probe = time.monotonic() + probe_s
+                    frame = answers.poll(0.0)
+                    continue
                 frame = answers.poll(min(SEALED_CHECK_S, left))
     except (SbpError, StopIteration) as exc:
         return repr(exc)

@@ -1,0 +1,67 @@
+"""A writer that cannot reach the primary of its stream's open range while the PD still hears
+that server (only the link between the two is broken) does not wait for the network to heal:
+after ``unreachable_primary_s`` without an answer it asks the PD to seal the range and goes on
+in the next one, which the PD places away from that server. It used to wait on that primary
+(the PD said it was still there) until its retry deadline, and fail."""
+
+from __future__ import annotations
+
+import time
+
+from sbp_spark.client import ClientConfig, ConnectionPool
+from sbp_spark.protocol.records import batch_body, batch_bytes
+from sbp_spark.server.cluster import EmbeddedCluster
+
+from .proxies import DeafeningProxy, ProxiedClient
+
+PROBE_S = 0.2
+GIVE_UP_S = 0.4
+# Long timeouts, which a writer waiting for its answers would wait out: 10 s per frame, and a
+# deadline of 30 s, after which it would fail.
+CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=5, server_timeout_ms=5000,
+                      retry_backoff_ms=10, retry_backoff_max_ms=100, retry_deadline_s=30,
+                      probe_interval_s=PROBE_S, unreachable_primary_s=GIVE_UP_S)
+
+
+def test_config_refuses_a_give_up_time_that_is_not_positive():
+    import pytest
+
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="unreachable_primary_s"):
+            ClientConfig(unreachable_primary_s=bad)
+
+
+def test_a_writer_cut_off_from_a_healthy_primary_seals_and_moves_on(tmp_path):
+    # The default heartbeats: the PD hears every server throughout, and fails nothing over.
+    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=3) as cluster, \
+            ConnectionPool(CONFIG) as pool:
+        client = ProxiedClient(cluster.pd_address, CONFIG, pool)
+        (stream,) = client.create_streams(1, replicas=2)
+        sid = stream.stream_id
+        (first,) = client.list_ranges(sid)
+        cut_off = first.primary.advertise_addr
+        proxy = DeafeningProxy(cut_off)
+        client.proxy, client.proxy_for = proxy, cut_off
+        try:
+            writer = client.open_stream(sid)
+            before = [b"before-%d" % i for i in range(5)]
+            for body in before:
+                writer.append([batch_bytes(body)])
+            proxy.deafen()
+            began = time.monotonic()
+            (after,) = writer.append([batch_bytes(b"after")])
+            took = time.monotonic() - began
+        finally:
+            proxy.close()
+        ranges = client.list_ranges(sid)
+        got = [bytes(batch_body(b.data)) for b in client.read(sid)]
+    # Two probes for the first unanswered PING, the give-up time, a seal: not the 10 s
+    # timeout of the frame, nor the 30 s deadline.
+    assert took < 4.0, took
+    assert after.range_index >= 1
+    assert not ranges[0].is_open and ranges[-1].is_open
+    assert ranges[-1].primary.advertise_addr != cut_off
+    assert cut_off not in {r.server.advertise_addr for r in ranges[-1].servers}
+    # The batch whose answer was lost was stored in the sealed range, and sent again to the
+    # next one (at least once: an idempotent writer checks before it resends).
+    assert got[:5] == before and got[5:] in ([b"after"], [b"after", b"after"])
