@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from sbp_spark.commands import (
     bench,
+    consumers,
     demo,
     health,
     produce,
@@ -30,7 +31,7 @@ from sbp_spark.protocol.errors import SbpError
 log = logging.getLogger("sbp_spark.cli")
 
 # The command groups, in the order `sbp --help` lists them.
-GROUPS = (servers, streams, ranges, produce, tail, health, bench, demo)
+GROUPS = (servers, streams, ranges, consumers, produce, tail, health, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from sbp_spark.protocol.names import check_name, parse_stream_ref
 
 from ._calls import unwrap
 from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
+from .consumers import ConsumerClient
 from .pd import PdClient
 from .pool import ConnectionPool
 from .range_server import BatchLike, RangeServerClient
@@ -56,6 +57,11 @@ class SbpClient:
 
     def __repr__(self) -> str:
         return f"SbpClient(pd={','.join(self.pd.addresses)!r})"
+
+    @property
+    def consumers(self) -> ConsumerClient:
+        """The named consumers' requests (``client.consumers``)."""
+        return ConsumerClient(self.pd, self.config.server_timeout_ms)
 
     def range_server(self, address: str) -> RangeServerClient:
         """A client for the range server at ``address`` sharing this client's pool."""

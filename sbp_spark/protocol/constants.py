@@ -52,6 +52,11 @@ class Opcode(IntEnum):
     TRIM_STREAMS = 0x3005
     REPORT_METRICS = 0x4001
     DESCRIBE_PD_CLUSTER = 0x4002
+    # Ours: named consumers (schemas/consumers.fbs), served by the PD.
+    JOIN_CONSUMER = 0x6001
+    COMMIT_CONSUMER = 0x6002
+    DESCRIBE_CONSUMERS = 0x6003
+    DELETE_CONSUMERS = 0x6004
 
 
 KNOWN_OPCODES = frozenset(int(op) for op in Opcode)

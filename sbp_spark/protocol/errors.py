@@ -38,6 +38,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
     DATA_CORRUPT = 25
+    CONSUMER_FENCED = 28
 
     @property
     def retriable(self) -> bool:
@@ -412,6 +413,13 @@ class DataCorruptError(ServerError):
     # again returns the same bad bytes, so readers move to the next replica at once and give
     # up when every replica reported the same offset corrupt.
     retriable = True
+
+
+class ConsumerFencedError(ServerError):
+    """A newer generation of the consumer took over (or the consumer was deleted): this one
+    may no longer record positions under its name."""
+
+    code = ErrorCode.CONSUMER_FENCED
 
 
 _BY_CODE: dict[int, type[ServerError]] = {

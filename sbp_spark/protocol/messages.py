@@ -54,6 +54,10 @@ __all__ = [
     "TrimmedStream", "TrimStreamsRequest", "TrimStreamsResult", "TrimStreamsResponse",
     "ReportMetricsRequest", "ReportMetricsResponse",
     "DescribePdClusterRequest", "DescribePdClusterResponse", "RangeServerState",
+    "ConsumerPosition", "Consumer", "JoinConsumerRequest", "JoinConsumerResponse",
+    "CommitConsumerRequest", "CommitConsumerResponse", "DescribeConsumersRequest",
+    "ConsumerResult", "DescribeConsumersResponse", "DeleteConsumersRequest",
+    "DeleteConsumersResponse",
     "REQUESTS", "RESPONSES", "TABLES",
     "request_frame", "response_frame", "system_error_frame", "decode_request",
     "decode_response",
@@ -713,6 +717,112 @@ class TrimStreamsResponse(Message):
     throttle_time_ms: int = 0
     status: Status = OK
     streams: list[TrimStreamsResult] = field(default_factory=list)
+
+
+# ---- named consumers (ours, schemas/consumers.fbs) ---------------------------------------
+
+
+@dataclass(slots=True)
+class ConsumerPosition(Message):
+    """Every record of ``stream_id`` below ``committed_offset`` is read."""
+
+    stream_id: int = -1
+    committed_offset: int = -1
+    commit_time_ms: int = -1  # when the PD recorded it; -1 in requests
+
+
+@dataclass(slots=True)
+class Consumer(Message):
+    """A named consumer: its generation (0: never joined) and positions, per stream."""
+
+    name: str = ""
+    generation: int = 0
+    positions: list[ConsumerPosition] = field(default_factory=list)
+    created_ms: int = -1
+
+
+@dataclass(slots=True)
+class JoinConsumerRequest(Message):
+    """Start the consumer's next generation (creating the consumer if need be)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.JOIN_CONSUMER
+
+    timeout_ms: int = 0
+    name: str = ""
+
+
+@dataclass(slots=True)
+class JoinConsumerResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.JOIN_CONSUMER
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    consumer: Consumer | None = None
+
+
+@dataclass(slots=True)
+class CommitConsumerRequest(Message):
+    """Record positions under ``generation`` (CONSUMER_FENCED unless it is the current one)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.COMMIT_CONSUMER
+
+    timeout_ms: int = 0
+    name: str = ""
+    generation: int = 0
+    positions: list[ConsumerPosition] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CommitConsumerResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.COMMIT_CONSUMER
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    consumer: Consumer | None = None
+
+
+@dataclass(slots=True)
+class DescribeConsumersRequest(Message):
+    """The consumers named (only ``name`` is read); none named: every consumer."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_CONSUMERS
+
+    timeout_ms: int = 0
+    consumers: list[Consumer] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ConsumerResult(Message):
+    consumer: Consumer | None = None
+    status: Status = OK
+
+
+@dataclass(slots=True)
+class DescribeConsumersResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_CONSUMERS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    results: list[ConsumerResult] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class DeleteConsumersRequest(Message):
+    """Forget the consumers named (only ``name`` is read)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.DELETE_CONSUMERS
+
+    timeout_ms: int = 0
+    consumers: list[Consumer] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class DeleteConsumersResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DELETE_CONSUMERS
+
+    throttle_time_ms: int = 0
+    status: Status = OK
+    results: list[ConsumerResult] = field(default_factory=list)
 
 
 # ---- codecs and registries ---------------------------------------------------------------

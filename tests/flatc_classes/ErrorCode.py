@@ -24,3 +24,4 @@ class ErrorCode(object):
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
     DATA_CORRUPT = 25
+    CONSUMER_FENCED = 28

@@ -37,6 +37,32 @@ TABLES = {
         ('stream_append_time_ms', 3, 'long', 0, False),
         ('status', 4, 'Status', None, True),
     ),
+    'CommitConsumerRequest': (
+        ('timeout_ms', 0, 'int', 0, False),
+        ('name', 1, 'string', None, False),
+        ('generation', 2, 'long', 0, False),
+        ('positions', 3, '[ConsumerPosition]', None, False),
+    ),
+    'CommitConsumerResponse': (
+        ('throttle_time_ms', 0, 'int', 0, False),
+        ('status', 1, 'Status', None, True),
+        ('consumer', 2, 'Consumer', None, False),
+    ),
+    'Consumer': (
+        ('name', 0, 'string', None, False),
+        ('generation', 1, 'long', 0, False),
+        ('positions', 2, '[ConsumerPosition]', None, False),
+        ('created_ms', 3, 'long', -1, False),
+    ),
+    'ConsumerPosition': (
+        ('stream_id', 0, 'long', -1, False),
+        ('committed_offset', 1, 'long', -1, False),
+        ('commit_time_ms', 2, 'long', -1, False),
+    ),
+    'ConsumerResult': (
+        ('consumer', 0, 'Consumer', None, False),
+        ('status', 1, 'Status', None, True),
+    ),
     'CreateRangeRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('ranges', 1, '[RangeId]', None, False),
@@ -64,6 +90,15 @@ TABLES = {
         ('stream', 0, 'Stream', None, False),
         ('status', 1, 'Status', None, True),
     ),
+    'DeleteConsumersRequest': (
+        ('timeout_ms', 0, 'int', 0, False),
+        ('consumers', 1, '[Consumer]', None, False),
+    ),
+    'DeleteConsumersResponse': (
+        ('throttle_time_ms', 0, 'int', 0, False),
+        ('status', 1, 'Status', None, True),
+        ('results', 2, '[ConsumerResult]', None, False),
+    ),
     'DeleteStreamsRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('streams', 1, '[Stream]', None, False),
@@ -76,6 +111,15 @@ TABLES = {
     'DeleteStreamsResult': (
         ('deleted_stream', 0, 'Stream', None, False),
         ('status', 1, 'Status', None, True),
+    ),
+    'DescribeConsumersRequest': (
+        ('timeout_ms', 0, 'int', 0, False),
+        ('consumers', 1, '[Consumer]', None, False),
+    ),
+    'DescribeConsumersResponse': (
+        ('throttle_time_ms', 0, 'int', 0, False),
+        ('status', 1, 'Status', None, True),
+        ('results', 2, '[ConsumerResult]', None, False),
     ),
     'DescribePdClusterRequest': (
         ('range_server', 0, 'RangeServer', None, False),
@@ -153,6 +197,15 @@ TABLES = {
         ('client_role', 1, 'ClientRole', 0, False),
         ('range_server', 2, 'RangeServer', None, False),
         ('status', 3, 'Status', None, True),
+    ),
+    'JoinConsumerRequest': (
+        ('timeout_ms', 0, 'int', 0, False),
+        ('name', 1, 'string', None, False),
+    ),
+    'JoinConsumerResponse': (
+        ('throttle_time_ms', 0, 'int', 0, False),
+        ('status', 1, 'Status', None, True),
+        ('consumer', 2, 'Consumer', None, False),
     ),
     'ListRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),
@@ -328,5 +381,5 @@ STRUCTS = {
 
 ENUMS = {
     'ClientRole': ('byte', {'RANGE_SERVER': 0, 'CLIENT': 1}),
-    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25}),
+    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'CONSUMER_FENCED': 28}),
 }

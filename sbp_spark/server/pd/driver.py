@@ -19,6 +19,9 @@ from ..etcd_client import EtcdClient
 from ..net import FrameServer, NetConfig
 from .calls import RangeServerCalls
 from .config import PdConfig
+from .consumer_requests import ConsumerRequests
+from .consumers import ConsumerStore
+from .etcd_consumers import EtcdConsumers
 from .etcd_store import EtcdStore
 from .failover import Failover, RangeFailover
 from .handler import Office, PdHandler
@@ -28,6 +31,7 @@ from .placement import Liveness, Placement
 from .pushes import RangePushes
 from .ranges import RangeOperations
 from .servers import RangeServerRegistry
+from .sqlite_consumers import SqliteConsumers
 from .sqlite_store import PdStore
 from .streams import StreamOperations
 from .succession import StreamLocks, Succession
@@ -44,7 +48,8 @@ class PlacementDriver:
 
     In-process users (tests, the embedded cluster) reach its parts as attributes: ``streams``
     and ``ranges`` (the operations, raising ``ServerError`` subclasses for requests they
-    refuse), ``servers`` (the range servers it knows), ``store``, ``liveness``, ``office``,
+    refuse), ``servers`` (the range servers it knows), ``store``, ``consumers`` (the named
+    consumers' record, ``consumers.ConsumerStore``), ``liveness``, ``office``,
     ``pushes``, ``succession`` with ``locks``, and ``failover``.
     """
 
@@ -56,8 +61,10 @@ class PlacementDriver:
         self.leadership: Leadership | None = None
         self._etcd: EtcdClient | None = None
         self._dir_lock: DataDirLock | None = None
+        self._sqlite_consumers: SqliteConsumers | None = None
         self.data_dir: Path | None = None
         self.store: MetadataStore
+        self.consumers: ConsumerStore
         self.office: Office
         if config.etcd:
             self._etcd = EtcdClient(config.etcd)
@@ -65,7 +72,9 @@ class PlacementDriver:
             self.leadership = Leadership(
                 self._etcd, config.etcd_prefix, config.name, self._advertised,
                 config.lease_ttl_s, on_elected=self._took_office, on_deposed=self._left_office)
-            self.store = EtcdStore(self._etcd, config.etcd_prefix, fence=self.leadership)
+            etcd_store = EtcdStore(self._etcd, config.etcd_prefix, fence=self.leadership)
+            self.store = etcd_store
+            self.consumers = EtcdConsumers(etcd_store)
             self.office = self.leadership
         else:
             assert config.data_dir is not None
@@ -76,6 +85,13 @@ class PlacementDriver:
             try:
                 self.store = PdStore(self.data_dir / PD_DB_NAME, fsync=config.fsync)
             except BaseException:
+                lock.release()
+                raise
+            try:
+                self.consumers = self._sqlite_consumers = SqliteConsumers(
+                    self.data_dir / PD_DB_NAME, fsync=config.fsync)
+            except BaseException:
+                self.store.close()
                 lock.release()
                 raise
             self.office = LoneOffice(config.name, self._advertised)
@@ -110,7 +126,8 @@ class PlacementDriver:
             self.store, self.liveness, self.pushes, self._run_soon,
             functools.partial(self.failover.owe, stopped=True), addresses.of)
         return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
-                                     self.office, addresses), net)
+                                     self.office, addresses,
+                                     ConsumerRequests(self.consumers)), net)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -147,6 +164,8 @@ class PlacementDriver:
             self._etcd.close()
         else:
             self.store.close()
+            if self._sqlite_consumers is not None:
+                self._sqlite_consumers.close()
             if self._dir_lock is not None:
                 self._dir_lock.release()
 

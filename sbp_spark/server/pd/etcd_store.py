@@ -222,6 +222,20 @@ class EtcdStore:
     def _read(self, fn: Callable[[_Tx], T]) -> T:
         return fn(_Tx(self))
 
+    def transact(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn`` on a transaction (``get``, ``read``, ``put``, ``delete`` of keys under
+        ``key(...)``) until its commit, fenced, goes through: for records kept beside this
+        store's (``etcd_consumers.py``)."""
+        return self._change(fn)
+
+    def snapshot(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn`` on a transaction that only reads, at one revision."""
+        return self._read(fn)
+
+    def key(self, *parts: str) -> bytes:
+        """The etcd key of ``parts`` under this store's prefix."""
+        return self._key(*parts)
+
     def _live_stream(self, tx: _Tx, stream_id: int) -> StreamMeta:
         value = tx.get(self._stream_key(stream_id))
         if value is None or value["deleted"]:

@@ -125,6 +125,19 @@ class WireForms(Protocol):
     def range_msg(self, rng: RangeMeta, for_servers: bool = False) -> m.Range: ...
 
 
+class ConsumerAnswers(Protocol):
+    """The consumer requests, each turned into its response
+    (``consumer_requests.ConsumerRequests``)."""
+
+    def join(self, req: m.JoinConsumerRequest) -> m.JoinConsumerResponse: ...
+
+    def commit(self, req: m.CommitConsumerRequest) -> m.CommitConsumerResponse: ...
+
+    def describe(self, req: m.DescribeConsumersRequest) -> m.DescribeConsumersResponse: ...
+
+    def delete(self, req: m.DeleteConsumersRequest) -> m.DeleteConsumersResponse: ...
+
+
 def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
     """Run one item of a batch (``fn(*args)``): its value and OK, or None and the status of
     its failure."""
@@ -174,11 +187,18 @@ class PdHandler(RequestHandler):
         Opcode.TRIM_STREAMS: Route(m.TrimStreamsRequest, "_trim_streams", Runs.POOL),
         Opcode.REPORT_METRICS: Route(m.ReportMetricsRequest, "_report_metrics"),
         Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
+        # Ours: named consumers (consumer_requests.py).
+        Opcode.JOIN_CONSUMER: Route(m.JoinConsumerRequest, "_join_consumer"),
+        Opcode.COMMIT_CONSUMER: Route(m.CommitConsumerRequest, "_commit_consumer"),
+        Opcode.DESCRIBE_CONSUMERS: Route(m.DescribeConsumersRequest, "_describe_consumers"),
+        Opcode.DELETE_CONSUMERS: Route(m.DeleteConsumersRequest, "_delete_consumers"),
     }
 
     def __init__(self, records: Records, streams: StreamChanges, ranges: RangeChanges,
-                 servers: Servers, office: Office, wire: WireForms) -> None:
+                 servers: Servers, office: Office, wire: WireForms,
+                 consumers: ConsumerAnswers) -> None:
         self._records = records
+        self._consumers = consumers
         self._streams = streams
         self._ranges = ranges
         self._servers = servers
@@ -450,3 +470,18 @@ class PdHandler(RequestHandler):
         # A follower's view of the range servers is empty: they heartbeat to the leader.
         states = self._servers.states() if self._office.is_leader() else []
         return m.DescribePdClusterResponse(cluster=self._office.cluster(), range_servers=states)
+
+    # -- named consumers (ours) ---------------------------------------------------------------
+
+    def _join_consumer(self, req: m.JoinConsumerRequest) -> m.JoinConsumerResponse:
+        return self._consumers.join(req)
+
+    def _commit_consumer(self, req: m.CommitConsumerRequest) -> m.CommitConsumerResponse:
+        return self._consumers.commit(req)
+
+    def _describe_consumers(self, req: m.DescribeConsumersRequest
+                            ) -> m.DescribeConsumersResponse:
+        return self._consumers.describe(req)
+
+    def _delete_consumers(self, req: m.DeleteConsumersRequest) -> m.DeleteConsumersResponse:
+        return self._consumers.delete(req)
