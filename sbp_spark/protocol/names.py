@@ -63,3 +63,25 @@ def parse_stream_ref(text: str | int) -> int | str:
         raise ValueError(f"{text!r} is neither a stream id (digits) nor a stream name "
                          f"({NAME_RULE})")
     return ref
+
+
+# -- consumer names ---------------------------------------------------------------------------
+
+MAX_CONSUMER_NAME_LENGTH = 200
+CONSUMER_NAME_RULE = (f"1 to {MAX_CONSUMER_NAME_LENGTH} ASCII letters, digits, '.', '_' and "
+                      "'-', starting with a letter, a digit or '_'")
+
+
+def consumer_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid consumer name (a named consumer's, ours), or None. Unlike
+    a stream's, a consumer's name may be digits only: nothing else names a consumer."""
+    if not isinstance(name, str):
+        return f"a consumer name is text, got {type(name).__name__}"
+    if not name:
+        return "a consumer name cannot be empty"
+    if len(name) > MAX_CONSUMER_NAME_LENGTH:
+        return (f"consumer name {name[:40]!r}... is {len(name)} characters, above "
+                f"{MAX_CONSUMER_NAME_LENGTH}")
+    if not _NAME.fullmatch(name):
+        return f"{name!r} is not a valid consumer name: a name is {CONSUMER_NAME_RULE}"
+    return None

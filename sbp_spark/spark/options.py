@@ -23,13 +23,15 @@ from sbp_spark.client.config import (
     ClientConfig,
 )
 from sbp_spark.protocol.constants import MAX_BATCH_BYTES, MAX_REPLICAS
-from sbp_spark.protocol.names import parse_stream_ref
+from sbp_spark.protocol.names import CONSUMER_NAME_RULE, consumer_name_problem, parse_stream_ref
 
 from .zones import arrow_zone
 
 # Sentinels in offset specifications, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
+# Ours: startingOffsets=committed, the positions the consumer of option 'consumer' recorded.
+COMMITTED = -3
 
 # batch_max_bytes of a FETCH entry is an int32 on the wire.
 MAX_FETCH_BYTES = (1 << 31) - 1
@@ -197,6 +199,14 @@ def parse_stream_refs(name: str, value: str) -> tuple[int | str, ...]:
     return tuple(refs)
 
 
+def parse_consumer(name: str, value: str) -> str:
+    """A named consumer (``protocol.names.consumer_name_problem``)."""
+    problem = consumer_name_problem(value.strip())
+    if problem is not None:
+        raise _fail(name, value, f"a consumer name ({CONSUMER_NAME_RULE})")
+    return value.strip()
+
+
 def parse_pattern(name: str, value: str) -> str:
     """A regular expression (Python's ``re``), matched against whole stream names."""
     if not value or any(c.isspace() for c in value):
@@ -277,20 +287,23 @@ class OffsetSpec:
 
 
 def parse_offsets(name: str, value: str, default: int, *, allow_earliest: bool = True,
-                  allow_latest: bool = True,
+                  allow_latest: bool = True, allow_committed: bool = False,
                   streams: tuple[int, ...] | None = None) -> OffsetSpec:
-    """``earliest``, ``latest`` or a JSON object ``{"<stream_id>": offset}``.
+    """``earliest``, ``latest``, ``committed`` (where allowed) or a JSON object
+    ``{"<stream_id>": offset}``.
 
     Streams the JSON does not list get ``default``. ``allow_*`` forbid sentinels that make no
     sense at this end of a batch read; ``streams`` (when given) is what the JSON may name.
     """
     words = (["earliest"] if allow_earliest else []) + (["latest"] if allow_latest else [])
+    words += ["committed"] if allow_committed else []
     allowed = " or ".join(words + ['a JSON object such as {"7": 120}'])
     text = value.strip()
-    if text.lower() in ("earliest", "latest"):
+    if text.lower() in ("earliest", "latest", "committed"):
         if text.lower() not in words:
             raise _fail(name, value, allowed)
-        return OffsetSpec(EARLIEST if text.lower() == "earliest" else LATEST)
+        return OffsetSpec({"earliest": EARLIEST, "latest": LATEST,
+                           "committed": COMMITTED}[text.lower()])
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError:
@@ -437,9 +450,11 @@ STREAM = OptionSpec(
     parse_stream, None)
 STARTING_OFFSETS = OptionSpec(
     "startingOffsets", "earliest (batch), latest (streaming)", "read",
-    'earliest, latest, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = latest); latest '
-    "and -1 only in streaming (a batch read starting at the end would read nothing)",
-    lambda n, v: parse_offsets(n, v, EARLIEST), None)
+    'earliest, latest, committed, or JSON {"<stream_id>": offset} (-2 = earliest, -1 = '
+    "latest); latest and -1 only in streaming (a batch read starting at the end would read "
+    "nothing); committed: where option 'consumer' recorded it had read each stream (streams "
+    "without a record: committedFallback)",
+    lambda n, v: parse_offsets(n, v, EARLIEST, allow_committed=True), None)
 ENDING_OFFSETS = OptionSpec(
     "endingOffsets", "latest", "batch read",
     'latest, or JSON {"<stream_id>": offset} (-1 = latest): reading stops before it (an '
@@ -558,6 +573,18 @@ SCHEMA_COMPATIBILITY = OptionSpec(
     "none, or backward: a payload=arrow write first checks that readers of its "
     "schema can read the stream's newest stored batch",
     lambda n, v: parse_choice(n, v, SCHEMA_COMPATIBILITIES), "none")
+CONSUMER = OptionSpec(
+    "consumer", "(none)", "read",
+    "a name under which a streaming query records, in the cluster, the end offsets of each "
+    "micro-batch it committed (`sbp consumers list` shows them, with the lag); a second "
+    "query under the same name takes it over and the first fails; with startingOffsets="
+    "committed a read starts where the name's record stands",
+    parse_consumer, None)
+COMMITTED_FALLBACK = OptionSpec(
+    "committedFallback", "earliest", "read",
+    "with startingOffsets=committed: where a stream the consumer has no record of starts, "
+    "earliest or latest (streaming only)",
+    lambda n, v: parse_choice(n, v, ("earliest", "latest")), "earliest")
 MAX_RECORDS_PER_TRIGGER = OptionSpec(
     "maxRecordsPerTrigger", "(none)", "stream read",
     "most records one micro-batch reads",
@@ -636,6 +663,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     MAX_TRIGGER_DELAY,
     SKIP_INCOMPATIBLE_BATCHES,
     DISCOVERY_INTERVAL_MS,
+    CONSUMER,
+    COMMITTED_FALLBACK,
     IDEMPOTENT,
     TLS_ENABLED,
     TLS_CA_FILE,
@@ -765,6 +794,9 @@ class ReadOptions:
     merge_schema: bool = MERGE_SCHEMA.value
     # None: option 'streams' gave ids only, which ``streams`` holds.
     selection: StreamSelection | None = None
+    consumer: str | None = CONSUMER.value
+    # Where startingOffsets=committed starts a stream the consumer has no record of.
+    committed_fallback: int = EARLIEST
 
 
 @dataclass(frozen=True)
@@ -844,8 +876,10 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
     starting = opts.parse(
         STARTING_OFFSETS.name,
         lambda n, v: parse_offsets(n, v, LATEST if streaming else EARLIEST,
-                                   allow_latest=streaming is not False, streams=known),
+                                   allow_latest=streaming is not False, allow_committed=True,
+                                   streams=known),
         OffsetSpec(LATEST if streaming else EARLIEST))
+    consumer, fallback = _consumer_options(opts, starting, streaming)
     starting_time = _time_spec(opts, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
                                STARTING_OFFSETS, known)
     if opts.has("startingOffsetsByTimestampStrategy") and starting_time is None:
@@ -890,7 +924,32 @@ def _parse_common_read(opts: _Options, *, streaming: bool | None) -> ReadOptions
         max_out_of_orderness_ms=opts.value(MAX_OUT_OF_ORDERNESS),
         merge_schema=_arrow_only(opts, MERGE_SCHEMA, payload),
         selection=selection,
+        consumer=consumer,
+        committed_fallback=fallback,
     )
+
+
+def _consumer_options(opts: _Options, starting: OffsetSpec, streaming: bool | None
+                      ) -> tuple[str | None, int]:
+    """Options 'consumer' and 'committedFallback', checked against startingOffsets: (the
+    consumer, where committed starts a stream it has no record of)."""
+    consumer = opts.value(CONSUMER)
+    committed = starting.default == COMMITTED
+    if committed and consumer is None:
+        raise OptionError("option 'startingOffsets' = 'committed' needs option 'consumer': "
+                          "the name whose recorded positions the read starts at")
+    if opts.has(COMMITTED_FALLBACK.name) and not committed:
+        raise OptionError("option 'committedFallback' applies only with "
+                          "startingOffsets=committed")
+    if consumer is not None and streaming is False and not committed:
+        raise OptionError("option 'consumer' in a batch read only says where "
+                          "startingOffsets=committed starts (a batch read records no "
+                          "positions): add startingOffsets=committed, or leave it out")
+    fallback = opts.value(COMMITTED_FALLBACK)
+    if fallback == "latest" and streaming is False:
+        raise OptionError("option 'committedFallback' = 'latest' is for streaming reads: a "
+                          "batch read starting a stream at its end would read nothing of it")
+    return consumer, EARLIEST if fallback == "earliest" else LATEST
 
 
 def _check_time_order(starting: TimeSpec, ending: TimeSpec, streams: tuple[int, ...]) -> None:
@@ -1040,7 +1099,7 @@ def options_table_markdown() -> str:
 
 
 __all__ = [
-    "EARLIEST", "LATEST", "OPTIONS", "ClientOptions", "OffsetSpec", "OptionError",
+    "COMMITTED", "EARLIEST", "LATEST", "OPTIONS", "ClientOptions", "OffsetSpec", "OptionError",
     "OptionSpec", "ReadOptions", "StreamReadOptions", "StreamWriteOptions", "TimeSpec",
     "WriteOptions",
     "check_option_names", "options_table_markdown", "parse_read_options",

@@ -23,6 +23,7 @@ from sbp_spark.protocol.errors import (
 )
 
 from . import cluster_access, stream_names
+from .committed import resolve_committed
 from .decode import PartitionDecoder, SkipTally
 from .filters import PushedFilters, split_filters
 from .options import ReadOptions
@@ -216,6 +217,7 @@ class SbpBatchReader(DataSourceReader):
         warning = stored_time_warning(resolved, self.schema, self.metadata_columns)
         if warning:
             log.warning("%s", warning)
+        resolved = resolve_committed(client.consumers, resolved)
         options = resolve_time_positions(client, layouts, resolved)
         bounds = timestamp_bounds(client, layouts, options, self.pushed)
         partitions = plan_partitions(layouts, options, self.pushed, bounds)

@@ -190,9 +190,38 @@ def test_every_option_is_documented_and_parsed():
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
             "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
             "skipIncompatibleBatches", "timeZone", "streamPattern",
-            "discoveryIntervalMs"} == names
+            "discoveryIntervalMs", "consumer", "committedFallback"} == names
     for name in names:
         assert f"| {name} |" in table
+
+
+def test_consumer_and_starting_from_its_record():
+    from sbp_spark.spark.options import COMMITTED, EARLIEST, LATEST
+
+    read = parse_stream_read_options({**PD, "streams": "1", "consumer": "etl-1",
+                                      "startingOffsets": "Committed",
+                                      "committedFallback": "latest"}).read
+    assert (read.consumer, read.starting.default, read.committed_fallback) == (
+        "etl-1", COMMITTED, LATEST)
+    batch = parse_read_options({**PD, "streams": "1", "consumer": "etl-1",
+                                "startingOffsets": "committed"})
+    assert batch.committed_fallback == EARLIEST
+    for options, message in (
+            ({"startingOffsets": "committed"}, "needs option 'consumer'"),
+            ({"consumer": "a b"}, "not valid: expected a consumer name"),
+            ({"consumer": "x", "committedFallback": "earliest"}, "only with startingOffsets"),
+            ({"consumer": "x", "startingOffsets": "committed", "committedFallback": "nope"},
+             "one of earliest, latest")):
+        with pytest.raises(OptionError, match=message):
+            parse_stream_read_options({**PD, "streams": "1", **options})
+    with pytest.raises(OptionError, match="not valid"):
+        parse_read_options({**PD, "streams": "1", "endingOffsets": "committed"})
+    # A batch read records nothing: a consumer there only says where committed starts.
+    with pytest.raises(OptionError, match="records no positions"):
+        parse_read_options({**PD, "streams": "1", "consumer": "x"})
+    with pytest.raises(OptionError, match="for streaming reads"):
+        parse_read_options({**PD, "streams": "1", "consumer": "x",
+                            "startingOffsets": "committed", "committedFallback": "latest"})
 
 
 def test_time_positions():

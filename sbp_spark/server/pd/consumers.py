@@ -11,17 +11,12 @@ the same messages.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sbp_spark.protocol.errors import ConsumerFencedError, InvalidRequestError
-
-MAX_CONSUMER_NAME_LENGTH = 200
-CONSUMER_NAME_RULE = (f"1 to {MAX_CONSUMER_NAME_LENGTH} ASCII letters, digits, '.', '_' and "
-                      "'-', starting with a letter, a digit or '_'")
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+from sbp_spark.protocol.names import consumer_name_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +38,8 @@ class ConsumerMeta:
     positions: Mapping[int, ConsumerOffset] = field(default_factory=dict)
 
 
-def consumer_name_problem(name: str) -> str | None:
-    """Why ``name`` is not a valid consumer name, or None."""
-    if not name:
-        return "a consumer name cannot be empty"
-    if len(name) > MAX_CONSUMER_NAME_LENGTH:
-        return (f"consumer name {name[:40]!r}... is {len(name)} characters, above "
-                f"{MAX_CONSUMER_NAME_LENGTH}")
-    if not _NAME.fullmatch(name):
-        return f"{name!r} is not a valid consumer name: a name is {CONSUMER_NAME_RULE}"
-    return None
-
-
 def check_consumer_name(name: str) -> None:
-    """Refuse (INVALID_REQUEST) a name that is not valid."""
+    """Refuse (INVALID_REQUEST) a name that is not valid (``protocol.names``)."""
     problem = consumer_name_problem(name)
     if problem is not None:
         raise InvalidRequestError(problem)

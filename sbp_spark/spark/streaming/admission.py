@@ -79,6 +79,8 @@ class SbpStreamReader(SbpStreamReaderBase, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end of the next micro-batch: as far as ``limit`` (and the options) allow."""
+        # ``start`` is where the last committed micro-batch ended (or the first offsets).
+        self.state.committed(start)
         return self.state.next_end(start, limits_for(self.limits, limit))
 
     def reportLatestOffset(self) -> dict | None:

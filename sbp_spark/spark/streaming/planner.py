@@ -24,7 +24,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
@@ -32,17 +32,22 @@ from sbp_spark.client import SbpClient
 from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
 
 from .. import cluster_access, stream_names
+from ..committed import resolve_committed
 from ..decode import SkipTally
 from ..options import EARLIEST, LATEST, OffsetSpec, StreamReadOptions, check_positions
 from ..planning import SbpPartition, StreamLayout, plan_partitions
 from ..reader import ReadFailedError, read_partition
 from ..times import resolve_time_positions, stored_time_warning
 from . import data_loss
+from .consumer_record import ConsumerRecord
 from .data_loss import Loss
 from .limits import TriggerDelay, TriggerLimits, admit
 from .long_poll import LongPoller
 from .offsets import parse_spark, resolve_starting, to_spark
 from .progress import StampCache, StreamLag, StreamReport, lag_report, ms_between, skip_warning
+
+if TYPE_CHECKING:
+    from sbp_spark.protocol.messages import Consumer
 
 # What the stream reader reports goes to one logger, the one docs/streaming.md names.
 log = logging.getLogger("sbp_spark.spark.streaming.reader")
@@ -83,6 +88,9 @@ class MicroBatchPlanner:
         self._poller = LongPoller(self._wait_at_tails)
         # The ids of streams named by name (looked up once), or the discovery of a pattern's.
         self._named: list[int] | None = None
+        # The cluster's record of the committed offsets (option 'consumer'), or None.
+        self._consumer = (None if options.read.consumer is None else
+                          ConsumerRecord(options.read.consumer, _Consumers(self)))
         selection = options.read.selection
         self._discovery = (stream_names.Discovery(selection, options.discovery_interval_ms)
                            if selection is not None and selection.dynamic else None)
@@ -90,6 +98,12 @@ class MicroBatchPlanner:
     @property
     def client(self) -> SbpClient:
         return cluster_access.get_client(self.options.read.client)
+
+    def committed(self, offsets: dict | str | None) -> None:
+        """Spark committed the micro-batches up to ``offsets`` (its offset form): record them
+        under option 'consumer', if given (``consumer_record``)."""
+        if self._consumer is not None and offsets is not None:
+            self._consumer.record(parse_spark(offsets, "committed offset")[0])
 
     # -- offsets ---------------------------------------------------------------------------
 
@@ -119,6 +133,7 @@ class MicroBatchPlanner:
         warning = stored_time_warning(read, self.schema, self.metadata_columns)
         if warning:
             log.warning("%s", warning)
+        read = resolve_committed(self.client.consumers, read)
         read = resolve_time_positions(self.client, layouts, read)
         bounds = {lay.stream_id: (lay.start_offset, lay.end_offset) for lay in layouts}
         first = resolve_starting(read.starting, read.streams, bounds)
@@ -176,6 +191,8 @@ class MicroBatchPlanner:
     def partitions(self, start: dict, end: dict) -> list[SbpPartition]:
         """The partitions of the micro-batch ``start`` -> ``end``, after the data-loss rules
         (a stream trimmed, deleted or rewritten since the offsets were fixed)."""
+        # Spark plans a micro-batch from where the last committed one ended.
+        self.committed(start)
         self.next_start = end
         begin, begin_ranges = parse_spark(start, "start offset")
         finish, finish_ranges = parse_spark(end, "end offset")
@@ -455,3 +472,17 @@ def _ids(streams: Sequence[int]) -> str:
 
 
 __all__ = ["MicroBatchPlanner"]
+
+
+class _Consumers:
+    """``SbpClient.consumers`` of the planner's client, looked up at each call (the client is
+    cached per process and options)."""
+
+    def __init__(self, planner: MicroBatchPlanner) -> None:
+        self._planner = planner
+
+    def join(self, name: str) -> Consumer:
+        return self._planner.client.consumers.join(name)
+
+    def commit(self, name: str, generation: int, positions: Mapping[int, int]) -> Consumer:
+        return self._planner.client.consumers.commit(name, generation, positions)

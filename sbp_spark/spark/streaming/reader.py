@@ -89,6 +89,8 @@ class SbpSelfLimitingStreamReader(SbpStreamReaderBase):
             end = planner.next_end(start, self.limits)
             planner.ended_before_start = end
         else:
+            # Spark asks for the next end once the micro-batch that ended at start committed.
+            planner.committed(start)
             end = planner.next_end(start, self.limits)
         if end != start:  # a micro-batch (not one minRecordsPerTrigger holds back)
             self._report_cut(end)

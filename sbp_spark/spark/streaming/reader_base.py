@@ -77,6 +77,7 @@ class SbpStreamReaderBase(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         log.debug("sbp stream read committed through %s", end)
+        self.state.committed(end)
 
     def stop(self) -> None:
         if self._state is not None:
