@@ -262,7 +262,8 @@ def test_pd_nodes_refuses_the_options_it_cannot_pass_on(tmp_path, capsys, monkey
         raise AssertionError("the cluster was started despite an option it ignores")
 
     monkeypatch.setattr(ProcessCluster, "start", start)
-    for option in (["--fsync-interval-ms", "50"], ["--page-cache-mib", "1"]):
+    for option in (["--fsync-interval-ms", "50"], ["--page-cache-mib", "1"],
+                   ["--metrics-port", "0"]):
         assert main(["server", "--data-dir", str(tmp_path), "--pd-nodes", "2", "--port", "0",
                      *option]) == 2
         line = one_error_line(capsys)

@@ -49,7 +49,7 @@ def _name(requirement: str) -> str:
 
 # Import name -> the distribution that provides it.
 DISTRIBUTION = {"pyarrow": "pyarrow", "isal": "isal", "pyspark": "pyspark", "py4j": "pyspark",
-                "matplotlib": "matplotlib"}
+                "matplotlib": "matplotlib", "prometheus_client": "prometheus_client"}
 
 
 def _runtime_imports(path: Path) -> set[str]:

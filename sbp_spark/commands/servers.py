@@ -145,6 +145,12 @@ def _ready_file_writer(path: Path | None) -> Iterator[Callable[[dict], None]]:
             path.unlink(missing_ok=True)
 
 
+def _add_metrics_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--metrics-port", type=int_in(0, 65535), default=None, metavar="PORT",
+                        help=f"serve Prometheus metrics at http://HOST:PORT/metrics ({what}; "
+                             "0: a free port, which the ready file names); default: none")
+
+
 def _add_ready_file_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", metavar="FILE", type=_ready_file,
                         help="write the listening addresses to FILE as JSON once serving "
@@ -235,6 +241,7 @@ def _add_server(subparsers: argparse._SubParsersAction) -> None:
     _add_advertise_args(parser, whole_address=False)
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)
+    _add_metrics_arg(parser, "the PD's; range server i's on PORT + i + 1")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
     parser.set_defaults(handler=server_command, command="sbp server")
@@ -251,7 +258,8 @@ def server_command(args: argparse.Namespace) -> int:
                               pd_port=args.port, fsync=args.fsync,
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
                               page_cache_bytes=args.page_cache_mib << 20,
-                              advertise_host=args.advertise_host)
+                              advertise_host=args.advertise_host,
+                              metrics_port=args.metrics_port)
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
@@ -259,10 +267,14 @@ def server_command(args: argparse.Namespace) -> int:
             for i, addr in enumerate(cluster.range_server_addresses):
                 log.info("range server %d (id %d) serving clients at %s", i,
                          cluster.server_id(i), addr)
+            if cluster.metrics_addresses:
+                log.info("Prometheus metrics at %s", cluster.metrics_addresses)
             if args.ready_file is not None:
                 ready({
                     "pd": cluster.pd_address,
-                    "range_servers": cluster.range_server_addresses})
+                    "range_servers": cluster.range_server_addresses,
+                    **({"metrics": cluster.metrics_addresses}
+                       if cluster.metrics_addresses else {})})
             stop.wait()
         finally:
             cluster.stop()
@@ -279,6 +291,7 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
         raise ValueError("--advertise-host is not passed on to the processes --pd-nodes starts: "
                          "there every server listens on --host, which clients must reach")
     for option, value, default in (
+            ("--metrics-port", args.metrics_port, None),
             ("--page-cache-mib", args.page_cache_mib, DEFAULT_PAGE_CACHE_BYTES >> 20),
             ("--fsync-interval-ms", args.fsync_interval_ms, DEFAULT_FSYNC_INTERVAL_MS)):
         if value != default:
@@ -342,6 +355,7 @@ def _add_pd(subparsers: argparse._SubParsersAction) -> None:
     _add_advertise_args(parser)
     parser.add_argument("--fsync", choices=FSYNC_CHOICES, default="group",
                         help="'never' skips the disk sync of metadata commits (default: sync)")
+    _add_metrics_arg(parser, "on --host")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
     parser.set_defaults(handler=pd_command, command="sbp pd")
@@ -369,13 +383,16 @@ def pd_command(args: argparse.Namespace) -> int:
                                   advertise_host=args.advertise_host or "",
                                   name=args.name or "pd-1", fsync=args.fsync != "never",
                                   etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
-                                  net=NetConfig(tls=_tls_of(args))))
+                                  net=NetConfig(tls=_tls_of(args)),
+                                  metrics_port=args.metrics_port))
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             pd.start()
             log.info("PD %s listening on %s", pd.config.name, pd.address)
             if args.ready_file is not None:
                 info = {"pd": pd.address}
+                if pd.metrics_server is not None:
+                    info["metrics"] = pd.metrics_server.address
                 if args.etcd:
                     info["name"] = pd.config.name
                 ready(info)
@@ -407,6 +424,7 @@ def _add_range_server(subparsers: argparse._SubParsersAction) -> None:
     _add_advertise_args(parser)
     _add_fsync_arg(parser)
     _add_page_cache_arg(parser)
+    _add_metrics_arg(parser, "on --host")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
     parser.set_defaults(handler=range_server_command, command="sbp range-server")
@@ -425,7 +443,8 @@ def range_server_command(args: argparse.Namespace) -> int:
         pd_addresses=parse_pd_addresses(args.pd),
         storage=StorageConfig(fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                               page_cache_bytes=args.page_cache_mib << 20),
-        net=NetConfig(name="range-server", tls=_tls_of(args))))
+        net=NetConfig(name="range-server", tls=_tls_of(args)),
+        metrics_port=args.metrics_port))
     announced = False
     # A PD that refuses the server's id for good ends the command (no ready file), with the
     # refusal as its error: the server then does not log it too.
@@ -444,7 +463,9 @@ def range_server_command(args: argparse.Namespace) -> int:
         log.info("range server %d listening on %s, registered with the PD at %s",
                  rs.server_id, rs.advertise_addr, args.pd)
         if args.ready_file is not None:
-            ready({"range_server": rs.advertise_addr, "server_id": rs.server_id})
+            ready({"range_server": rs.advertise_addr, "server_id": rs.server_id,
+                   **({"metrics": rs.metrics_server.address}
+                      if rs.metrics_server is not None else {})})
 
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:

@@ -118,7 +118,9 @@ class EmbeddedCluster:
     ``page_cache_bytes`` bounds how much freshly written data each range server leaves in the
     OS page cache (``StorageConfig.page_cache_bytes``; 0: no bound). ``advertise_host`` is the
     host clients are told to use with each server's port (see advertise.py); it is required
-    when ``host`` is a wildcard such as ``0.0.0.0``.
+    when ``host`` is a wildcard such as ``0.0.0.0``. ``metrics_port`` serves Prometheus
+    metrics (``metrics_http.py``): the PD's on that port, range server ``i``'s on the port
+    ``i + 1`` above it (0: every one on a free port; None: none served).
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
@@ -128,7 +130,7 @@ class EmbeddedCluster:
                  tls: TlsConfig | None = None,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
                  fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, metrics_port: int | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         check_advertised(host, None, advertise_host, "embedded cluster", whole_address=False)
@@ -145,6 +147,10 @@ class EmbeddedCluster:
         self.tls = tls
         self.storage = StorageConfig(fsync=self.fsync, fsync_interval_ms=fsync_interval_ms,
                                      page_cache_bytes=page_cache_bytes)
+        if metrics_port is not None and not 0 <= metrics_port <= 65535 - range_servers:
+            raise ValueError(f"metrics_port={metrics_port!r} must be in 0..65535 with room "
+                             f"for the {range_servers} range servers' ports above it")
+        self._metrics_port = metrics_port
         self._pd_port = pd_port
         self._count = range_servers
         self._ports: list[int] = [0] * range_servers
@@ -167,7 +173,7 @@ class EmbeddedCluster:
                 advertise_host=self.advertise_host,
                 fsync=self.fsync is not FsyncPolicy.NEVER,
                 heartbeat_timeout_s=_MISSED_HEARTBEATS * self.heartbeat_interval_s,
-                net=NetConfig(tls=self.tls))).start()
+                net=NetConfig(tls=self.tls), metrics_port=self._metrics_port)).start()
             # A restart comes back on the same PD port, so addresses held by clients stay good.
             self._pd_port = int(self.pd.bound_address.rsplit(":", 1)[1])
             for i in range(self._count):
@@ -203,6 +209,16 @@ class EmbeddedCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def metrics_addresses(self) -> dict[str, object]:
+        """Where Prometheus metrics are served (``metrics_port``): ``{"pd": host:port,
+        "range_servers": [host:port of each running one]}``; empty when none are."""
+        if self._metrics_port is None or self.pd is None or self.pd.metrics_server is None:
+            return {}
+        return {"pd": self.pd.metrics_server.address,
+                "range_servers": [rs.metrics_server.address for rs in self.range_servers
+                                  if rs is not None and rs.metrics_server is not None]}
+
     # -- range servers ----------------------------------------------------------------------
 
     def stop_range_server(self, i: int) -> None:
@@ -236,7 +252,9 @@ class EmbeddedCluster:
             advertise_host=self.advertise_host or None,
             pd_addresses=[self.pd.address], storage=self.storage,
             heartbeat_interval_s=self.heartbeat_interval_s,
-            net=NetConfig(name="range-server", tls=self.tls))
+            net=NetConfig(name="range-server", tls=self.tls),
+            metrics_port=(None if self._metrics_port is None else
+                          self._metrics_port + i + 1 if self._metrics_port else 0))
 
     def _launch_range_server(self, i: int) -> None:
         port = self._ports[i]

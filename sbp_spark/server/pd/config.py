@@ -46,6 +46,10 @@ class PdConfig:
     # Keys of this cluster in etcd start with this (several clusters may share one etcd).
     etcd_prefix: str = DEFAULT_PREFIX
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    # Prometheus metrics over HTTP on this port (0: a free one; None: not served), on
+    # metrics_host (None: the host the PD listens on).
+    metrics_port: int | None = None
+    metrics_host: str | None = None
 
     def __post_init__(self) -> None:
         if not self.etcd and not self.data_dir:

@@ -13,9 +13,14 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from sbp_spark.client import ConnectionPool, SbpClient
+from sbp_spark.client.config import ClientConfig
+from sbp_spark.client.consumers import StreamLag, stream_lag
+
 from ..advertise import advertised
 from ..dirlock import DataDirLock
 from ..etcd_client import EtcdClient
+from ..metrics_http import MetricsServer
 from ..net import FrameServer, NetConfig
 from .calls import RangeServerCalls
 from .config import PdConfig
@@ -23,6 +28,7 @@ from .consumer_requests import ConsumerRequests
 from .consumers import ConsumerStore
 from .etcd_consumers import EtcdConsumers
 from .etcd_store import EtcdStore
+from .exported import PdCollector, PdCounters, PdSources
 from .failover import Failover, RangeFailover
 from .handler import Office, PdHandler
 from .leader import Leadership, LoneOffice
@@ -41,6 +47,10 @@ log = logging.getLogger(__package__)
 
 # File name of the metadata database inside the PD's data directory.
 PD_DB_NAME = "pd.sqlite"
+# How the metrics exporter reads consumers' lag from the cluster: a scrape waits for it, so
+# a range server that does not answer costs seconds, not the client's default minute.
+_LAG_CLIENT_CONFIG = ClientConfig(connect_timeout_s=1.0, request_timeout_s=2.0, retries=1,
+                                  retry_deadline_s=3.0)
 
 
 class PlacementDriver:
@@ -57,11 +67,16 @@ class PlacementDriver:
         self.config = config
         net = config.net or NetConfig()
         net.host, net.port, net.name = config.host, config.port, config.name
+        self._net = net
         self.liveness = Liveness(config.heartbeat_timeout_s)
         self.leadership: Leadership | None = None
         self._etcd: EtcdClient | None = None
         self._dir_lock: DataDirLock | None = None
         self._sqlite_consumers: SqliteConsumers | None = None
+        self.counters = PdCounters()
+        self.metrics_server: MetricsServer | None = None
+        self._lag_client: SbpClient | None = None
+        self._lag_pool: ConnectionPool | None = None
         self.data_dir: Path | None = None
         self.store: MetadataStore
         self.consumers: ConsumerStore
@@ -117,10 +132,17 @@ class PlacementDriver:
         self.streams = StreamOperations(self.store, placement, self.pushes, self._calls,
                                         self.locks)
         self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks)
+        range_failover = RangeFailover(self.store, self.liveness.is_live, self._calls,
+                                       self.succession, self.locks)
+
+        def fail_over_server(server_id: int, stopped: bool = False) -> bool:
+            done = range_failover.fail_over_server(server_id, stopped)
+            if done:  # counted once per server failed over, not per attempt
+                self.counters.range_server_failovers += 1
+            return done
+
         self.failover = Failover(
-            self.liveness, self.store.list_servers,
-            RangeFailover(self.store, self.liveness.is_live, self._calls, self.succession,
-                          self.locks).fail_over_server,
+            self.liveness, self.store.list_servers, fail_over_server,
             self.office.is_leader, self.config.heartbeat_timeout_s, self.config.name)
         self.servers = RangeServerRegistry(
             self.store, self.liveness, self.pushes, self._run_soon,
@@ -143,7 +165,14 @@ class PlacementDriver:
         if self.leadership is not None:
             self.leadership.start()
         else:
+            self.counters.took_office += 1
             self.failover.took_office()  # a lone PD leads from its start
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                [PdCollector(PdSources(self.office.is_leader, self.counters, self.store,
+                                       self.liveness.is_live, self.consumers.list_all,
+                                       self._stream_lag))],
+                self.config.metrics_host or self.config.host, self.config.metrics_port).start()
         self.failover.start()
         where = self.data_dir if self._etcd is None else f"etcd {','.join(self.config.etcd)}"
         log.info("PD %s serving on %s (metadata in %s)", self.config.name, self.address, where)
@@ -151,6 +180,10 @@ class PlacementDriver:
 
     def stop(self) -> None:
         """GOAWAY to every peer, let in-flight requests finish, close the metadata store."""
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self._lag_pool is not None:
+            self._lag_pool.close()
         self.failover.stop()
         if self.leadership is not None:
             self.leadership.stop()
@@ -180,6 +213,7 @@ class PlacementDriver:
     # -- leadership ---------------------------------------------------------------------------
 
     def _took_office(self) -> None:
+        self.counters.took_office += 1
         # Heartbeats went to the old leader until now: start liveness afresh, and give every
         # server one liveness timeout (from when the first reaches this node) to find it
         # before failing it over.
@@ -193,6 +227,15 @@ class PlacementDriver:
         self.failover.left_office()
 
     # -- wiring -------------------------------------------------------------------------------
+
+    def _stream_lag(self, stream_id: int, committed: int, commit_time_ms: int) -> StreamLag:
+        """A consumer's lag on a stream, read through this PD's own address as a client
+        reads it (the stream's live end from its primary, timestamps from its records)."""
+        if self._lag_client is None:
+            self._lag_pool = ConnectionPool(_LAG_CLIENT_CONFIG.with_tls(self._net.tls))
+            self._lag_client = SbpClient(self.address, pool=self._lag_pool,
+                                         config=_LAG_CLIENT_CONFIG.with_tls(self._net.tls))
+        return stream_lag(self._lag_client, stream_id, committed, commit_time_ms)
 
     def _run_soon(self, fn: Callable[[int], None], server_id: int) -> None:
         """Run ``fn(server_id)`` on the frame server's worker pool."""

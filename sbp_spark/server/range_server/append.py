@@ -288,7 +288,9 @@ class PendingAppend:
     def _response(self) -> AppendResponse:
         metrics = self._metrics
         metrics.failed_appends += self.replies.failures
-        metrics.append_latency_s += time.monotonic() - self.started
+        took = time.monotonic() - self.started
+        metrics.append_latency_s += took
+        metrics.append_seconds.observe(took)
         return self.replies.response()
 
 
@@ -364,6 +366,10 @@ class AppendPath:
                 pending.replies.refuse(group.indexes, Status.from_error(exc))
                 continue
             self._metrics.touch(group.rlog)
+            if not group.replicated:  # a client's batches (a forward is counted by its primary)
+                self._metrics.stored(group.rlog.stream_id,
+                                     sum(h.record_count for h, _ in group.batches),
+                                     sum(v.nbytes for _, v in group.batches))
             for i, base in zip(group.indexes, bases, strict=True):
                 pending.replies.stored(i, base, now)
             pending.parts += parts

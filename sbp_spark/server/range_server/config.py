@@ -37,6 +37,10 @@ class RangeServerConfig:
     max_batch_bytes: int = MAX_BATCH_BYTES
     heartbeat_interval_s: float = 1.0
     metrics_interval_s: float = 5.0
+    # Prometheus metrics over HTTP on this port (0: a free one; None: not served), on
+    # metrics_host (None: the host the server listens on).
+    metrics_port: int | None = None
+    metrics_host: str | None = None
     retention_check_interval_s: float = DEFAULT_RETENTION_CHECK_S
     # After a restart: how often to ask unreachable secondaries again for their stored ends
     # (the cap probe, see replication.py).

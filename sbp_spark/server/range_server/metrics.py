@@ -1,9 +1,12 @@
-"""The counters a range server reports to the PD (REPORT_METRICS)."""
+"""The counters a range server reports to the PD (REPORT_METRICS) and exports to Prometheus
+(``exported.py``)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+
+from ..latency import LatencyHistogram
 
 if TYPE_CHECKING:
     from ..storage.range_log import RangeLog
@@ -20,6 +23,16 @@ class Metrics:
         self.failed_fetches = 0
         self.fetch_latency_s = 0.0
         self.active: dict[tuple[int, int], float] = {}  # range -> last use (monotonic)
+        self.append_seconds = LatencyHistogram()  # APPEND received -> answered
+        # Per stream: records and bytes of client batches stored here (the append rate).
+        self.appended_records: dict[int, int] = {}
+        self.appended_bytes: dict[int, int] = {}
+
+    def stored(self, stream_id: int, records: int, size: int) -> None:
+        """A client's batches of ``stream_id`` (``records`` records, ``size`` bytes) were
+        stored here."""
+        self.appended_records[stream_id] = self.appended_records.get(stream_id, 0) + records
+        self.appended_bytes[stream_id] = self.appended_bytes.get(stream_id, 0) + size
 
     def touch(self, rlog: RangeLog) -> None:
         self.active[(rlog.stream_id, rlog.range_index)] = time.monotonic()

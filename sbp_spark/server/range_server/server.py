@@ -31,6 +31,7 @@ from collections.abc import Callable
 from ...protocol import messages
 from ..advertise import advertised
 from ..dirlock import DataDirLock
+from ..metrics_http import MetricsServer
 from ..net import FrameServer
 from ..storage.disk import Disk
 from ..storage.store import Storage
@@ -38,6 +39,7 @@ from .admin import RangeAdmin
 from .append import AppendPath
 from .cap_notices import CapNotices
 from .config import RangeServerConfig
+from .exported import RangeServerCollector, RangeServerSources
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
@@ -96,6 +98,8 @@ class RangeServer:
         self.on_refusal: Callable[[RegistrationRefused], None] | None = None
         self.pd_link: PdLink | None = None
         self._started = False
+        # Prometheus metrics over HTTP (``config.metrics_port``), once started.
+        self.metrics_server: MetricsServer | None = None
 
     # -- identity --------------------------------------------------------------------------
 
@@ -157,6 +161,13 @@ class RangeServer:
             raise RuntimeError("range server already started")
         self._started = True
         self.net.start()
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                [RangeServerCollector(RangeServerSources(
+                    self.metrics, self.storage.stats.fsync_seconds, self.net.stats,
+                    lambda: self.net.connection_count, self.storage.ranges,
+                    lambda: self.server_id))],
+                self.config.metrics_host or self.config.host, self.config.metrics_port).start()
         self.retention.start()
         self.cap_notices.start()
         if self.config.pd_addresses:
@@ -175,6 +186,8 @@ class RangeServer:
             self.pd_link.stop()
         self.cap_notices.stop()
         self.net.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.replicator.close()
         self.retention.join(5)
         self.cap_notices.join(5)

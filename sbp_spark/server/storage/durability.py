@@ -114,13 +114,14 @@ class _StoringBracket:
 class GroupCommit(Generic[F]):
     """The flush thread of one storage, and the callbacks waiting for data to be durable.
 
-    ``on_synced()`` is called after each fsync of a range that succeeded (statistics);
+    ``on_synced(seconds)`` is called after each fsync of a range that succeeded, with how long
+    it took (statistics);
     ``after_round(ranges)`` after each flush's waiters were released, with the ranges it
     flushed (work kept off their path).
     """
 
     def __init__(self, policy: FsyncPolicy, interval_ms: int,
-                 on_synced: Callable[[], None] = lambda: None,
+                 on_synced: Callable[[float], None] = lambda seconds: None,
                  after_round: Callable[[list[F]], object] = lambda ranges: None
                  ) -> None:
         self.policy = policy
@@ -291,8 +292,9 @@ class GroupCommit(Generic[F]):
     def _sync_all(self, ranges: list[F]) -> None:
         for rlog in ranges:
             try:
+                started = time.monotonic()
                 rlog.sync()
-                self._on_synced()
+                self._on_synced(time.monotonic() - started)
             except (OSError, SbpError) as exc:
                 log.error("fsync of %s failed: %s", rlog, exc)
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from ...protocol.errors import DataCorruptError, InvalidRequestError
 from ...protocol.messages import RangeReplica
 from ..conditions import WaitedCondition
+from ..latency import LatencyHistogram
 from .config import StorageConfig
 from .disk import Disk, fsync_dir
 from .durability import FsyncPolicy, GroupCommit
@@ -41,6 +42,7 @@ class StorageStats:
         self.bytes_written = 0
         self.bytes_read = 0
         self.fsyncs = 0
+        self.fsync_seconds = LatencyHistogram()  # how long each range's fsync took
 
 
 def _stored_segments(directory: str) -> list[str]:
@@ -142,8 +144,9 @@ class Storage:
                 self._add(rlog)
         return rlog
 
-    def _count_fsync(self) -> None:
+    def _count_fsync(self, seconds: float) -> None:
         self.stats.fsyncs += 1
+        self.stats.fsync_seconds.observe(seconds)
 
     def _after_flush(self, ranges: list[RangeLog]) -> None:
         """After a flush's answers went out: persist the indexes of the segments it found
