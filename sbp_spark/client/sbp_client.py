@@ -161,21 +161,31 @@ class SbpClient:
         return self.describe_stream(stream_id)
 
     def update_stream(self, stream_id: int | str, replicas: int | None = None,
-                      retention_ms: int | None = None) -> Stream:
-        """Change a stream's replica count and/or retention (None keeps the current value);
-        returns the updated stream."""
+                      retention_ms: int | None = None,
+                      retain_for_consumers: bool | None = None,
+                      retain_cap_bytes: int | None = None,
+                      retain_cap_ms: int | None = None) -> Stream:
+        """Change a stream's replica count, retention, and retention that waits for its
+        named consumers with its caps in bytes and ms (-1: none); None keeps the current
+        value. Returns the updated stream."""
         if replicas is not None and (not isinstance(replicas, int) or not 1 <= replicas <= 127):
             raise ValueError(f"replicas={replicas!r}: must be an integer in 1..127")
-        if retention_ms is not None and (
-                not isinstance(retention_ms, int) or (retention_ms < 1 and retention_ms != -1)):
-            raise ValueError(f"retention_ms={retention_ms!r}: must be > 0, or -1 (forever)")
+        for name, value in (("retention_ms", retention_ms), ("retain_cap_bytes",
+                            retain_cap_bytes), ("retain_cap_ms", retain_cap_ms)):
+            if value is not None and (not isinstance(value, int) or (value < 1 and value != -1)):
+                raise ValueError(f"{name}={value!r}: must be > 0, or -1 (none)")
         current = self.describe_stream(stream_id)
         stream_id = current.stream_id
         wanted = Stream(
             stream_id=stream_id,
             replica_nums=current.replica_nums if replicas is None else replicas,
             retention_period_ms=(current.retention_period_ms if retention_ms is None
-                                 else retention_ms))
+                                 else retention_ms),
+            retain_for_consumers=(current.retain_for_consumers if retain_for_consumers is None
+                                  else retain_for_consumers),
+            retain_cap_bytes=(current.retain_cap_bytes if retain_cap_bytes is None
+                              else retain_cap_bytes),
+            retain_cap_ms=current.retain_cap_ms if retain_cap_ms is None else retain_cap_ms)
         (result,) = self.pd.update_streams([wanted])
         return unwrap(result, f"stream {stream_id}")
 

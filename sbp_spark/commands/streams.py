@@ -61,6 +61,9 @@ def _stream_facts(client: Any, stream: Any) -> dict[str, Any]:
         "next_offset": next_offset,
         "ranges": len(ranges),
         "deleted": stream.deleted,
+        "retain_for_consumers": stream.retain_for_consumers,
+        "retain_cap_bytes": stream.retain_cap_bytes,
+        "retain_cap_ms": stream.retain_cap_ms,
     }
 
 
@@ -136,11 +139,20 @@ def describe_command(args: argparse.Namespace) -> int:
 
 @cli_errors
 def update_command(args: argparse.Namespace) -> int:
-    if args.replicas is None and args.retention_ms is None:
-        raise UsageError("nothing to update: give --replicas and/or --retention-ms")
+    if (args.replicas is None and args.retention_ms is None and args.retain is None
+            and args.retain_cap_bytes is None and args.retain_cap_ms is None):
+        raise UsageError("nothing to update: give --replicas, --retention-ms and/or "
+                         "--retain-for-consumers (with --retain-cap-bytes/--retain-cap-ms)")
+    if args.retain is False and (args.retain_cap_bytes is not None
+                                 or args.retain_cap_ms is not None):
+        raise UsageError("--retain-cap-bytes and --retain-cap-ms bound "
+                         "--retain-for-consumers: not with --no-retain-for-consumers")
     with connect(args) as client:
         stream = client.update_stream(args.stream_id, replicas=args.replicas,
-                                      retention_ms=args.retention_ms)
+                                      retention_ms=args.retention_ms,
+                                      retain_for_consumers=args.retain,
+                                      retain_cap_bytes=args.retain_cap_bytes,
+                                      retain_cap_ms=args.retain_cap_ms)
         _print_streams([_stream_facts(client, stream)], args.json)
     return 0
 
@@ -236,6 +248,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="replicas of each range opened from now on (1-127)")
     p.add_argument("--retention-ms", type=retention_arg, metavar="MS",
                    help="how long records are kept, -1 = forever")
+    retain = p.add_mutually_exclusive_group()
+    retain.add_argument("--retain-for-consumers", dest="retain", action="store_const",
+                        const=True, default=None,
+                        help="keep the records the stream's named consumers have not read "
+                             "past the retention period and trims (up to the caps)")
+    retain.add_argument("--no-retain-for-consumers", dest="retain", action="store_const",
+                        const=False, help="let retention and trims ignore consumers again")
+    p.add_argument("--retain-cap-bytes", type=int_in(1, MAX_INT64, also=(-1,)), metavar="BYTES",
+                   help="past this many bytes held for consumers on a range server, the "
+                        "cap wins and the oldest go (-1 = no cap)")
+    p.add_argument("--retain-cap-ms", type=int_in(1, MAX_INT64, also=(-1,)), metavar="MS",
+                   help="records older than this go whatever consumers have read (-1 = no "
+                        "cap)")
     json_flag(p)
     named(p, "streams update", update_command)
 

@@ -192,6 +192,11 @@ class Stream(Message):
     start_offset: int = 0  # first offset still stored, after trims
     deleted: bool = False
     name: str = ""  # ours: unique among live streams; "" = none (protocol/names.py)
+    # Ours: retention that waits for named consumers (schemas/common.fbs), -1 caps: none.
+    retain_for_consumers: bool = False
+    retain_cap_bytes: int = -1
+    retain_cap_ms: int = -1
+    consumers_low_offset: int = -1  # in the PD's answers: the consumers' lowest position
 
 
 @dataclass(slots=True)

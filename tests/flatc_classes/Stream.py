@@ -66,8 +66,36 @@ class Stream(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Stream
+    def RetainForConsumers(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
+    # Stream
+    def RetainCapBytes(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # Stream
+    def RetainCapMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
+    # Stream
+    def ConsumersLowOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def StreamStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(10)
 
 def Start(builder):
     StreamStart(builder)
@@ -107,6 +135,30 @@ def StreamAddName(builder, name):
 
 def AddName(builder, name):
     StreamAddName(builder, name)
+
+def StreamAddRetainForConsumers(builder, retainForConsumers):
+    builder.PrependBoolSlot(6, retainForConsumers, 0)
+
+def AddRetainForConsumers(builder, retainForConsumers):
+    StreamAddRetainForConsumers(builder, retainForConsumers)
+
+def StreamAddRetainCapBytes(builder, retainCapBytes):
+    builder.PrependInt64Slot(7, retainCapBytes, -1)
+
+def AddRetainCapBytes(builder, retainCapBytes):
+    StreamAddRetainCapBytes(builder, retainCapBytes)
+
+def StreamAddRetainCapMs(builder, retainCapMs):
+    builder.PrependInt64Slot(8, retainCapMs, -1)
+
+def AddRetainCapMs(builder, retainCapMs):
+    StreamAddRetainCapMs(builder, retainCapMs)
+
+def StreamAddConsumersLowOffset(builder, consumersLowOffset):
+    builder.PrependInt64Slot(9, consumersLowOffset, -1)
+
+def AddConsumersLowOffset(builder, consumersLowOffset):
+    StreamAddConsumersLowOffset(builder, consumersLowOffset)
 
 def StreamEnd(builder):
     return builder.EndObject()

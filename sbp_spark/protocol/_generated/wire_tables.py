@@ -316,6 +316,10 @@ TABLES = {
         ('start_offset', 3, 'long', 0, False),
         ('deleted', 4, 'bool', False, False),
         ('name', 5, 'string', None, False),
+        ('retain_for_consumers', 6, 'bool', False, False),
+        ('retain_cap_bytes', 7, 'long', -1, False),
+        ('retain_cap_ms', 8, 'long', -1, False),
+        ('consumers_low_offset', 9, 'long', -1, False),
     ),
     'StreamRanges': (
         ('stream_id', 0, 'long', -1, False),

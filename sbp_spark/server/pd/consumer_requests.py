@@ -13,7 +13,7 @@ from collections.abc import Callable
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import PdNotLeaderError, ServerError
 
-from .consumers import ConsumerMeta, ConsumerStore
+from .consumers import ConsumerMeta, ConsumerStore, lowest_positions
 
 
 def consumer_msg(consumer: ConsumerMeta) -> m.Consumer:
@@ -63,6 +63,11 @@ class ConsumerRequests:
     def delete(self, req: m.DeleteConsumersRequest) -> m.DeleteConsumersResponse:
         return m.DeleteConsumersResponse(results=[
             self._item(self._store.delete, c.name) for c in req.consumers])
+
+    def low_offset(self, stream_id: int) -> int:
+        """The lowest position the stream's consumers committed, -1 when none did."""
+        low = lowest_positions(self._store.list_all(), stream_id)
+        return -1 if low is None else low
 
     @staticmethod
     def _item(op: Callable[[str], ConsumerMeta], name: str) -> m.ConsumerResult:

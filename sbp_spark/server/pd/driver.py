@@ -25,6 +25,7 @@ from ..net import FrameServer, NetConfig
 from .calls import RangeServerCalls
 from .config import PdConfig
 from .consumer_requests import ConsumerRequests
+from .consumer_retention import ConsumerFloor
 from .consumers import ConsumerStore
 from .etcd_consumers import EtcdConsumers
 from .etcd_store import EtcdStore
@@ -129,8 +130,9 @@ class PlacementDriver:
         placement = Placement(self.liveness, self.store)
         self.locks = StreamLocks()
         self.succession = Succession(self.store, placement, self.pushes)
-        self.streams = StreamOperations(self.store, placement, self.pushes, self._calls,
-                                        self.locks)
+        self.streams = StreamOperations(
+            self.store, placement, self.pushes, self._calls, self.locks,
+            ConsumerFloor(self.consumers, self._offset_for_time))
         self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks)
         range_failover = RangeFailover(self.store, self.liveness.is_live, self._calls,
                                        self.succession, self.locks)
@@ -231,11 +233,19 @@ class PlacementDriver:
     def _stream_lag(self, stream_id: int, committed: int, commit_time_ms: int) -> StreamLag:
         """A consumer's lag on a stream, read through this PD's own address as a client
         reads it (the stream's live end from its primary, timestamps from its records)."""
+        return stream_lag(self._lag_reader(), stream_id, committed, commit_time_ms)
+
+    def _lag_reader(self) -> SbpClient:
+        """A client of this PD's own address, for what the PD reads of streams' records."""
         if self._lag_client is None:
             self._lag_pool = ConnectionPool(_LAG_CLIENT_CONFIG.with_tls(self._net.tls))
             self._lag_client = SbpClient(self.address, pool=self._lag_pool,
                                          config=_LAG_CLIENT_CONFIG.with_tls(self._net.tls))
-        return stream_lag(self._lag_client, stream_id, committed, commit_time_ms)
+        return self._lag_client
+
+    def _offset_for_time(self, stream_id: int, timestamp_ms: int) -> int | None:
+        """The first offset of the stream whose record is at or after ``timestamp_ms``."""
+        return self._lag_reader().offset_for_time(stream_id, timestamp_ms)
 
     def _run_soon(self, fn: Callable[[int], None], server_id: int) -> None:
         """Run ``fn(server_id)`` on the frame server's worker pool."""

@@ -38,6 +38,7 @@ from ..etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue,
 from .meta import (
     RangeHolder,
     RangeMeta,
+    RetentionHold,
     ServerMeta,
     StreamMeta,
     check_asked_stream_id,
@@ -175,7 +176,9 @@ class EtcdStore:
     @staticmethod
     def _stream(stream_id: int, v: dict[str, Any]) -> StreamMeta:
         return StreamMeta(stream_id, v["replica_nums"], v["retention_period_ms"],
-                          v["start_offset"], v["deleted"], v.get("name", ""))
+                          v["start_offset"], v["deleted"], v.get("name", ""),
+                          v.get("retain_for_consumers", False), v.get("retain_cap_bytes", -1),
+                          v.get("retain_cap_ms", -1))
 
     @staticmethod
     def _stream_value(s: StreamMeta, created_ms: int) -> dict[str, Any]:
@@ -184,6 +187,9 @@ class EtcdStore:
             "start_offset": s.start_offset, "deleted": s.deleted, "created_ms": created_ms}
         if s.name:
             value["name"] = s.name
+        if s.retain_for_consumers:
+            value.update(retain_for_consumers=True, retain_cap_bytes=s.retain_cap_bytes,
+                         retain_cap_ms=s.retain_cap_ms)
         return value
 
     @staticmethod
@@ -321,10 +327,15 @@ class EtcdStore:
         return self._read(read)
 
     def update_stream(self, stream_id: int, replica_nums: int,
-                      retention_period_ms: int) -> StreamMeta:
+                      retention_period_ms: int, hold: RetentionHold | None = None
+                      ) -> StreamMeta:
         def change(tx: _Tx) -> StreamMeta:
             stream = replace(self._live_stream(tx, stream_id), replica_nums=replica_nums,
                              retention_period_ms=retention_period_ms)
+            if hold is not None:
+                stream = replace(stream, retain_for_consumers=hold.retain_for_consumers,
+                                 retain_cap_bytes=hold.retain_cap_bytes,
+                                 retain_cap_ms=hold.retain_cap_ms)
             self._save_stream(tx, stream)
             return stream
 

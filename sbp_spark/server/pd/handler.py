@@ -38,7 +38,7 @@ from sbp_spark.protocol.errors import (
 )
 
 from ..net import Connection, RequestContext, RequestHandler, Route, Runs
-from .meta import RangeMeta, StreamMeta
+from .meta import RangeMeta, RetentionHold, StreamMeta
 from .wire import stream_msg
 
 # The largest answer header one frame can carry (an answer has no payload; docs/wire.md, Limits).
@@ -70,7 +70,8 @@ class StreamChanges(Protocol):
     def create(self, replica_nums: int = 1, retention_period_ms: int = -1,
                stream_id: int = -1, name: str = "") -> tuple[StreamMeta, RangeMeta]: ...
 
-    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta: ...
+    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int,
+               hold: RetentionHold | None = None) -> StreamMeta: ...
 
     def delete(self, stream_id: int) -> StreamMeta: ...
 
@@ -136,6 +137,9 @@ class ConsumerAnswers(Protocol):
     def describe(self, req: m.DescribeConsumersRequest) -> m.DescribeConsumersResponse: ...
 
     def delete(self, req: m.DeleteConsumersRequest) -> m.DeleteConsumersResponse: ...
+
+    def low_offset(self, stream_id: int) -> int:
+        """The lowest position the stream's consumers committed, -1 when none did."""
 
 
 def _ok_or_error(fn: Callable[..., T], *args: Any) -> tuple[T | None, m.Status]:
@@ -419,9 +423,11 @@ class PdHandler(RequestHandler):
     def _update_streams(self, req: m.UpdateStreamsRequest) -> m.UpdateStreamsResponse:
         results = []
         for item in req.streams:
-            updated, status = _ok_or_error(self._streams.update, item.stream_id,
-                                           item.replica_nums, item.retention_period_ms)
-            stream = stream_msg(updated) if updated else m.Stream(
+            updated, status = _ok_or_error(
+                self._streams.update, item.stream_id, item.replica_nums,
+                item.retention_period_ms, RetentionHold(
+                    item.retain_for_consumers, item.retain_cap_bytes, item.retain_cap_ms))
+            stream = self._stream_out(updated) if updated else m.Stream(
                 stream_id=item.stream_id)
             results.append(m.UpdateStreamsResult(updated_stream=stream, status=status))
         return m.UpdateStreamsResponse(update_responses=results)
@@ -431,19 +437,27 @@ class PdHandler(RequestHandler):
             # Ours: a request naming no stream asks for every stream that is not deleted
             # (`sbp streams list`); the seed leaves an empty list undefined.
             return m.DescribeStreamsResponse(describe_responses=[
-                m.DescribeStreamsResult(stream=stream_msg(s), status=m.OK)
+                m.DescribeStreamsResult(stream=self._stream_out(s), status=m.OK)
                 for s in self._records.list_streams()])
         results = []
         for stream_id in req.stream_ids:
             found, status = _ok_or_error(self._records.get_stream, stream_id)
-            stream = stream_msg(found) if found else m.Stream(stream_id=stream_id)
+            stream = self._stream_out(found) if found else m.Stream(stream_id=stream_id)
             results.append(m.DescribeStreamsResult(stream=stream, status=status))
         for item in req.by_name:
             # Ours: streams looked up by name, answered after the ids in the order asked.
             found, status = _ok_or_error(self._records.stream_named, item.name)
-            stream = stream_msg(found) if found else m.Stream(name=item.name)
+            stream = self._stream_out(found) if found else m.Stream(name=item.name)
             results.append(m.DescribeStreamsResult(stream=stream, status=status))
         return m.DescribeStreamsResponse(describe_responses=results)
+
+    def _stream_out(self, stream: StreamMeta) -> m.Stream:
+        """A stream's wire form, with its consumers' lowest position when it waits for
+        them (what range servers hold their retention at)."""
+        msg = stream_msg(stream)
+        if stream.retain_for_consumers:
+            msg.consumers_low_offset = self._consumers.low_offset(stream.stream_id)
+        return msg
 
     def _trim_streams(self, req: m.TrimStreamsRequest) -> m.TrimStreamsResponse:
         timeout = self._timeout_s(req)

@@ -45,6 +45,10 @@ class StreamMeta:
     start_offset: int = 0
     deleted: bool = False
     name: str = ""
+    # Retention that waits for named consumers, with its caps (-1: none).
+    retain_for_consumers: bool = False
+    retain_cap_bytes: int = -1
+    retain_cap_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,23 @@ class ServerMeta:
     def registered(self) -> bool:
         """True once the server has heartbeated at least once."""
         return self.last_heartbeat_ms >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionHold:
+    """A stream's retention that waits for its named consumers: on or off, and its caps in
+    bytes and in ms (-1: none)."""
+
+    retain_for_consumers: bool = False
+    retain_cap_bytes: int = -1
+    retain_cap_ms: int = -1
+
+    def check(self) -> None:
+        """Refuse caps that are neither -1 nor positive."""
+        for name, value in (("retain_cap_bytes", self.retain_cap_bytes),
+                            ("retain_cap_ms", self.retain_cap_ms)):
+            if value < -1 or value == 0:
+                raise InvalidRequestError(f"{name} must be -1 (no cap) or > 0, got {value}")
 
 
 # Highest stream id CREATE_STREAMS may ask for. The PD chooses the highest id so far + 1, so an
@@ -277,7 +298,8 @@ class MetadataStore(Protocol):
     def list_streams(self, include_deleted: bool = False) -> list[StreamMeta]: ...
 
     def update_stream(self, stream_id: int, replica_nums: int,
-                      retention_period_ms: int) -> StreamMeta: ...
+                      retention_period_ms: int, hold: RetentionHold | None = None
+                      ) -> StreamMeta: ...
 
     def delete_stream(self, stream_id: int) -> tuple[StreamMeta, list[RangeMeta]]: ...
 

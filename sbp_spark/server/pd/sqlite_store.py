@@ -24,6 +24,7 @@ from sbp_spark.protocol.errors import InvalidRequestError
 from .meta import (
     RangeHolder,
     RangeMeta,
+    RetentionHold,
     ServerMeta,
     StreamMeta,
     check_asked_stream_id,
@@ -44,6 +45,11 @@ from .meta import (
 from .meta import now_ms as _now_ms
 
 SCHEMA_VERSION = 1
+
+
+def _or_none(value: int | None) -> int:
+    """A cap column: NULL (rows from before the column existed) is no cap, -1."""
+    return -1 if value is None else int(value)
 
 # The on-disk layout. Streams are never removed, only marked deleted, so their ids are never
 # handed out twice (AUTOINCREMENT guarantees that even for the highest id).
@@ -94,7 +100,8 @@ CREATE TABLE IF NOT EXISTS range_servers (
 
 # Columns added after the first release of the layout, each with its type: a database made
 # before gets them on open (NULL in the rows it has), so it needs no new schema version.
-_ADDED_COLUMNS = {"streams": {"name": "TEXT"}}
+_ADDED_COLUMNS = {"streams": {"name": "TEXT", "retain_for_consumers": "INTEGER",
+                              "retain_cap_bytes": "INTEGER", "retain_cap_ms": "INTEGER"}}
 
 # A name belongs to one live stream at a time; a deleted stream gives its name up. The index
 # makes SQLite refuse a second live stream of one name whatever the caller checked before.
@@ -189,7 +196,10 @@ class PdStore:
         return StreamMeta(stream_id=row["stream_id"], replica_nums=row["replica_nums"],
                           retention_period_ms=row["retention_period_ms"],
                           start_offset=row["start_offset"], deleted=bool(row["deleted"]),
-                          name=row["name"] or "")
+                          name=row["name"] or "",
+                          retain_for_consumers=bool(row["retain_for_consumers"]),
+                          retain_cap_bytes=_or_none(row["retain_cap_bytes"]),
+                          retain_cap_ms=_or_none(row["retain_cap_ms"]))
 
     def _live_stream(self, db: sqlite3.Connection, stream_id: int) -> StreamMeta:
         row = db.execute("SELECT * FROM streams WHERE stream_id=?", (stream_id,)).fetchone()
@@ -271,12 +281,19 @@ class PdStore:
             return [self._stream(r) for r in self._db.execute(sql + " ORDER BY stream_id")]
 
     def update_stream(self, stream_id: int, replica_nums: int,
-                      retention_period_ms: int) -> StreamMeta:
-        """Change a stream's settings; replica_nums applies to ranges opened from now on."""
+                      retention_period_ms: int, hold: RetentionHold | None = None
+                      ) -> StreamMeta:
+        """Change a stream's settings; replica_nums applies to ranges opened from now on.
+        ``hold`` (None: as it was) is its retention that waits for consumers."""
         with self._tx() as db:
             self._live_stream(db, stream_id)
             db.execute("UPDATE streams SET replica_nums=?, retention_period_ms=? "
                        "WHERE stream_id=?", (replica_nums, retention_period_ms, stream_id))
+            if hold is not None:
+                db.execute("UPDATE streams SET retain_for_consumers=?, retain_cap_bytes=?, "
+                           "retain_cap_ms=? WHERE stream_id=?",
+                           (int(hold.retain_for_consumers), hold.retain_cap_bytes,
+                            hold.retain_cap_ms, stream_id))
             return self._live_stream(db, stream_id)
 
     def delete_stream(self, stream_id: int) -> tuple[StreamMeta, list[RangeMeta]]:

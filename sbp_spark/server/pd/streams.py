@@ -16,7 +16,7 @@ from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import MAX_REPLICAS
 from sbp_spark.protocol.errors import InvalidRequestError, SbpError
 
-from .meta import MetadataStore, RangeMeta, StreamMeta
+from .meta import MetadataStore, RangeMeta, RetentionHold, StreamMeta
 from .placement import Placement
 from .succession import Pusher, StreamLocks
 from .wire import stream_msg
@@ -47,12 +47,19 @@ def _check_stream_settings(replica_nums: int, retention_period_ms: int) -> None:
             f"retention_period_ms must be -1 (keep forever) or > 0, got {retention_period_ms}")
 
 
+class TrimFloor(Protocol):
+    """How far consumers let a trim go (``consumer_retention.ConsumerFloor``)."""
+
+    def allowed(self, stream: StreamMeta, trim_offset: int) -> int: ...
+
+
 class StreamOperations:
     """Creates, updates, deletes and trims streams; refusals raise ``ServerError``s."""
 
     def __init__(self, store: MetadataStore, placement: Placement, pushes: Pusher,
-                 calls: StreamCalls, locks: StreamLocks) -> None:
+                 calls: StreamCalls, locks: StreamLocks, floor: TrimFloor) -> None:
         self._store = store
+        self._floor = floor
         self._placement = placement
         self._pushes = pushes
         self._calls = calls
@@ -76,10 +83,14 @@ class StreamOperations:
         self._pushes.push([rng])
         return stream, rng
 
-    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int) -> StreamMeta:
-        """Replace a stream's settings; a new replica count applies to ranges opened later."""
+    def update(self, stream_id: int, replica_nums: int, retention_period_ms: int,
+               hold: RetentionHold | None = None) -> StreamMeta:
+        """Replace a stream's settings; a new replica count applies to ranges opened later.
+        ``hold``: its retention that waits for named consumers (None: as it was)."""
         _check_stream_settings(replica_nums, retention_period_ms)
-        return self._store.update_stream(stream_id, replica_nums, retention_period_ms)
+        if hold is not None:
+            hold.check()
+        return self._store.update_stream(stream_id, replica_nums, retention_period_ms, hold)
 
     def delete(self, stream_id: int) -> StreamMeta:
         """Delete a stream's metadata and tell its range servers to refuse it from now on."""
@@ -101,8 +112,12 @@ class StreamOperations:
         """Move the stream's start to ``trim_offset``; returns it and its first range.
 
         The metadata changes first (readers stop asking for trimmed offsets), then every range
-        server holding a range of the stream is told to drop the data below the trim point.
+        server holding a range of the stream is told to drop the data below the trim point. A
+        stream that waits for its consumers is trimmed no further than they allow
+        (``consumer_retention.ConsumerFloor``).
         """
+        # Before the stream's lock: the floor may read the stream's records (its time cap).
+        trim_offset = self._floor.allowed(self._store.get_stream(stream_id), trim_offset)
         with self._locks.hold(stream_id):
             ranges = self._store.list_ranges(stream_id)
             last = ranges[-1]

@@ -44,4 +44,6 @@ def stream_msg(stream: StreamMeta) -> m.Stream:
     return m.Stream(stream_id=stream.stream_id, replica_nums=stream.replica_nums,
                     retention_period_ms=stream.retention_period_ms,
                     start_offset=stream.start_offset, deleted=stream.deleted,
-                    name=stream.name)
+                    name=stream.name, retain_for_consumers=stream.retain_for_consumers,
+                    retain_cap_bytes=stream.retain_cap_bytes,
+                    retain_cap_ms=stream.retain_cap_ms)

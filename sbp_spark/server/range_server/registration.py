@@ -34,6 +34,7 @@ from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequ
 from ...transport.tls import TlsConfig
 from ..pd.meta import UNKNOWN_SERVER_ID
 from ..pd_outage import PdOutage
+from ..storage.range_log import ConsumerHold
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class LinkedServer:
     # (stream_id, retention_period_ms, deleted) as the PD reports them.
     stream_settings: Callable[[int, int, bool], None]
     load: Callable[[], LoadSample]
+    # What a stream's named consumers still need kept (None: nothing, the period decides).
+    consumer_hold: Callable[[int, ConsumerHold | None], None] = lambda stream_id, hold: None
 
     def info(self) -> messages.RangeServer:
         """The server as the PD knows it: id and advertised address."""
@@ -300,6 +303,10 @@ class PdLink:
             if result.ok and result.value is not None:
                 stream = result.value
                 self.server.stream_settings(sid, stream.retention_period_ms, stream.deleted)
+                self.server.consumer_hold(sid, ConsumerHold(
+                    stream.consumers_low_offset, stream.retain_cap_bytes, stream.retain_cap_ms)
+                    if stream.retain_for_consumers and stream.consumers_low_offset >= 0
+                    else None)
 
     def _send_trims(self) -> None:
         latest: dict[int, int] = {}

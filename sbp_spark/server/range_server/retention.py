@@ -1,9 +1,11 @@
 """Retention on a range server: deleting the local data its stream keeps no longer.
 
-The PD holds each stream's retention period; the PD link learns it (``registration.py``) and
-sets it here. Every ``interval_s`` a background pass deletes, in every local range of such a
-stream, the whole segments whose newest record is older than the period, and reports each
-stream's new start (the PD link passes it on as TRIM_STREAMS).
+The PD holds each stream's retention period, and for a stream that waits for its named
+consumers their lowest committed position and the caps; the PD link learns them
+(``registration.py``) and sets them here. Every ``interval_s`` a background pass deletes, in
+every local range of such a stream, the whole segments whose newest record is older than the
+period (those holding records the consumers have not read only once past a cap), and reports
+each stream's new start (the PD link passes it on as TRIM_STREAMS).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ..storage.range_log import RangeLog
+from ..storage.range_log import ConsumerHold, RangeLog
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,8 @@ class Retention:
         self.interval_s = interval_s
         # stream_id -> retention_period_ms, as the PD reports it (-1 or absent: kept forever).
         self._periods: dict[int, int] = {}
+        # stream_id -> what its named consumers still need (retention that waits for them).
+        self._holds: dict[int, ConsumerHold] = {}
         # Called with (stream_id, new start offset) for each stream a pass moved (the PD link
         # reports it to the PD); None: nobody is told.
         self.on_trim: Callable[[int, int], None] | None = None
@@ -35,6 +39,14 @@ class Retention:
         """Keep the records of ``stream_id`` for ``retention_ms`` (-1: for ever)."""
         self._periods[stream_id] = retention_ms
 
+    def set_hold(self, stream_id: int, hold: ConsumerHold | None) -> None:
+        """Keep the records of ``stream_id`` its consumers have not read (``hold``; None:
+        the retention period alone decides)."""
+        if hold is None:
+            self._holds.pop(stream_id, None)
+        else:
+            self._holds[stream_id] = hold
+
     def apply(self, now_ms: int | None = None) -> list[tuple[int, int]]:
         """Delete expired segments; returns (stream_id, new start) for each stream that moved."""
         moved: dict[int, int] = {}
@@ -42,7 +54,7 @@ class Retention:
             retention = self._periods.get(rlog.stream_id, -1)
             if retention < 0:
                 continue
-            new_start = rlog.expire(retention, now_ms)
+            new_start = rlog.expire(retention, now_ms, self._holds.get(rlog.stream_id))
             if new_start is not None:
                 moved[rlog.stream_id] = max(moved.get(rlog.stream_id, 0), new_start)
         for sid, start in moved.items():

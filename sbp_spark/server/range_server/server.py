@@ -151,7 +151,8 @@ class RangeServer:
             server_id=lambda: self.server_id, set_server_id=self.identity.set,
             advertise_addr=lambda: self.advertise_addr,
             stream_ids=lambda: sorted({r.stream_id for r in self.storage.ranges()}),
-            stream_settings=stream_settings, load=load)
+            stream_settings=stream_settings, load=load,
+            consumer_hold=self.retention.set_hold)
 
     # -- lifecycle -------------------------------------------------------------------------
 

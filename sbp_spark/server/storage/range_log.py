@@ -79,6 +79,17 @@ class WrittenExtents(Protocol):
 
 
 @dataclass(frozen=True)
+class ConsumerHold:
+    """Retention that waits for a stream's named consumers: records at or past ``low_offset``
+    (the lowest position they committed) outlive the retention period until they are older
+    than ``cap_ms`` or the range's held segments take more than ``cap_bytes`` (-1: no cap)."""
+
+    low_offset: int
+    cap_bytes: int = -1
+    cap_ms: int = -1
+
+
+@dataclass(frozen=True)
 class LogEnv:
     """What a range log uses of the storage it belongs to: the settings of its files, and
     where it reports what it did."""
@@ -635,8 +646,11 @@ class RangeLog:
             self._drop_segments_below(new_start)
         return new_start
 
-    def expire(self, retention_ms: int, now_ms: int | None = None) -> int | None:
-        """Delete segments whose newest batch is older than ``retention_ms``.
+    def expire(self, retention_ms: int, now_ms: int | None = None,
+               hold: ConsumerHold | None = None) -> int | None:
+        """Delete segments whose newest batch is older than ``retention_ms``; with ``hold``,
+        keep those holding records at or past its ``low_offset`` (not read by the stream's
+        named consumers) until they pass one of its caps.
 
         Returns the new start offset if it moved, else None.
         """
@@ -646,10 +660,23 @@ class RangeLog:
             now_ms = time.time_ns() // 1_000_000
         cutoff = now_ms - retention_ms
         with self._exclusive():
-            new_start = None
+            expired = []
             for seg in list(self.segments):
                 if seg.empty or seg.max_time >= cutoff or seg.end_offset > self.readable_offset:
                     break
+                expired.append(seg)
+            held = [seg for seg in expired
+                    if hold is not None and seg.end_offset > hold.low_offset]
+            held_bytes = sum(seg.size for seg in held)
+            new_start = None
+            for seg in expired:
+                if seg in held:
+                    assert hold is not None
+                    aged = hold.cap_ms > 0 and seg.max_time < now_ms - hold.cap_ms
+                    over = hold.cap_bytes > 0 and held_bytes > hold.cap_bytes
+                    if not (aged or over):
+                        break  # consumers have not read it, and no cap is passed
+                    held_bytes -= seg.size
                 new_start = seg.end_offset
             if new_start is None or new_start <= self._start_offset:
                 return None
