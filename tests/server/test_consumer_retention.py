@@ -146,5 +146,12 @@ def test_a_range_server_holds_its_retention_for_the_consumers_it_learns_of(tmp_p
             wait_until(lambda: client.describe_stream(sid).start_offset == 3,
                        "retention to follow the consumer", timeout=20)
             assert [b.header.base_offset for b in client.read(sid)] == [3, 4]
+            # A byte cap smaller than what is held: the pass drops the unread records too,
+            # the PD's start follows, and the consumer is reported as having lost them.
+            client.update_stream(sid, retain_cap_bytes=1)
+            wait_until(lambda: client.describe_stream(sid).start_offset == 5,
+                       "the byte cap to win", timeout=20)
+            [lag] = consumer_lag(client, client.consumers.get("reader"))
+            assert (lag.committed_offset, lag.lost) == (3, 2)
         finally:
             rs.stop()

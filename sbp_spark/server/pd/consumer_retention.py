@@ -23,13 +23,15 @@ log = logging.getLogger(__name__)
 class ConsumerFloor:
     """The lowest consumer positions of streams, from ``consumers``; ``offset_for_time(stream,
     ms)`` is the first offset of the stream whose record is at or after ``ms`` (None: none
-    is)."""
+    is); ``retained_start(stream)`` the first offset its replicas still hold (None: unknown)."""
 
     def __init__(self, consumers: ConsumerStore,
                  offset_for_time: Callable[[int, int], int | None],
+                 retained_start: Callable[[int], int | None],
                  clock: Callable[[], int] = now_ms) -> None:
         self._consumers = consumers
         self._offset_for_time = offset_for_time
+        self._retained_start = retained_start
         self._clock = clock
 
     def low_offset(self, stream_id: int) -> int | None:
@@ -47,11 +49,16 @@ class ConsumerFloor:
         if stream.retain_cap_ms > 0:
             within = self._offset_for_time(stream.stream_id, self._clock() - stream.retain_cap_ms)
             bound = max(low, trim_offset if within is None else min(within, trim_offset))
+        if bound < trim_offset and stream.retain_cap_bytes > 0:
+            held = self._retained_start(stream.stream_id)
+            if held is not None and held > bound:  # a pass already dropped them (byte cap)
+                bound = min(held, trim_offset)
         if bound < trim_offset:
             log.info("stream %d: trim to %d held at %d for its consumers (lowest position %d)",
                      stream.stream_id, trim_offset, bound, low)
         else:
             log.warning("stream %d: trim to %d passes its consumers' lowest position %d: "
-                        "those records are older than retain_cap_ms=%d", stream.stream_id,
-                        trim_offset, low, stream.retain_cap_ms)
+                        "those records are past its caps (retain_cap_ms=%d, retain_cap_bytes=%d)",
+                        stream.stream_id, trim_offset, low, stream.retain_cap_ms,
+                        stream.retain_cap_bytes)
         return bound

@@ -16,6 +16,7 @@ from pathlib import Path
 from sbp_spark.client import ConnectionPool, SbpClient
 from sbp_spark.client.config import ClientConfig
 from sbp_spark.client.consumers import StreamLag, stream_lag
+from sbp_spark.protocol.errors import SbpError
 
 from ..advertise import advertised
 from ..dirlock import DataDirLock
@@ -132,7 +133,7 @@ class PlacementDriver:
         self.succession = Succession(self.store, placement, self.pushes)
         self.streams = StreamOperations(
             self.store, placement, self.pushes, self._calls, self.locks,
-            ConsumerFloor(self.consumers, self._offset_for_time))
+            ConsumerFloor(self.consumers, self._offset_for_time, self._retained_start))
         self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks)
         range_failover = RangeFailover(self.store, self.liveness.is_live, self._calls,
                                        self.succession, self.locks)
@@ -246,6 +247,18 @@ class PlacementDriver:
     def _offset_for_time(self, stream_id: int, timestamp_ms: int) -> int | None:
         """The first offset of the stream whose record is at or after ``timestamp_ms``."""
         return self._lag_reader().offset_for_time(stream_id, timestamp_ms)
+
+    def _retained_start(self, stream_id: int) -> int | None:
+        """The first offset the replicas of the stream's first range still hold (None: not
+        known now; the trim then stays where the consumers are)."""
+        reader = self._lag_reader()
+        try:
+            first = reader.list_ranges(stream_id)[0]
+            return reader.retained_start(stream_id, first.range_index,
+                                         [r.server.advertise_addr for r in first.servers])
+        except SbpError as exc:
+            log.warning("stream %d: the start its replicas hold is unknown: %s", stream_id, exc)
+            return None
 
     def _run_soon(self, fn: Callable[[int], None], server_id: int) -> None:
         """Run ``fn(server_id)`` on the frame server's worker pool."""
