@@ -58,6 +58,7 @@ def test_metrics_show_lag_latency_and_traffic_and_are_all_documented(tmp_path):
         assert pd[("sbp_pd_ranges", (("state", "open"),))] == 1
         assert pd[("sbp_pd_range_servers", (("state", "live"),))] == 2
         assert pd[("process_resident_memory_bytes", ())] > 0
+        assert pd[("sbp_pd_connections", ())] >= 1 and pd[("sbp_pd_received_bytes_total", ())] > 0
 
         # The consumer catches up: its lag drops to 0.
         client.consumers.commit("watcher", 1, {stream.stream_id: 8})

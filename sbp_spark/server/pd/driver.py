@@ -172,7 +172,8 @@ class PlacementDriver:
             self.failover.took_office()  # a lone PD leads from its start
         if self.config.metrics_port is not None:
             self.metrics_server = MetricsServer(
-                [PdCollector(PdSources(self.office.is_leader, self.counters, self.store,
+                [PdCollector(PdSources(self._server.stats, lambda: self._server.connection_count,
+                                       self.office.is_leader, self.counters, self.store,
                                        self.liveness.is_live, self.consumers.list_all,
                                        self._stream_lag))],
                 self.config.metrics_host or self.config.host, self.config.metrics_port).start()

@@ -55,10 +55,20 @@ class PdCounters:
     range_server_failovers: int = 0
 
 
+class NetCounters(Protocol):
+    """The frame server's counters (``net.NetStats``)."""
+
+    bytes_in: int
+    bytes_out: int
+    requests: int
+
+
 @dataclass
 class PdSources:
     """Where the exported figures come from (the PD's parts)."""
 
+    net: NetCounters
+    connections: Callable[[], int]
     is_leader: Callable[[], bool]
     counters: PdCounters
     records: ClusterRecords
@@ -86,6 +96,13 @@ class PdCollector:
             "sbp_pd_range_server_failovers", "Range servers this node failed over while "
             "leading (their open ranges sealed on live replicas)",
             value=s.counters.range_server_failovers)
+        yield CounterMetricFamily("sbp_pd_requests", "Requests received", value=s.net.requests)
+        yield CounterMetricFamily("sbp_pd_received_bytes", "Bytes received",
+                                  value=s.net.bytes_in)
+        yield CounterMetricFamily("sbp_pd_sent_bytes", "Bytes sent", value=s.net.bytes_out)
+        connections = GaugeMetricFamily("sbp_pd_connections", "Open connections")
+        connections.add_metric([], s.connections())
+        yield connections
         if not leading:
             return
         try:
