@@ -4,10 +4,11 @@
 SEAL_RANGES (``ranges.py``) and for a failover (``failover.py``) alike, once the range's
 replicas said where it ends: the range is sealed in the metadata at that end and, in the same
 change, the next range opens on the servers placement chose (under its lock, so that choices
-see each other's load; away from the sealed range's primary where it can, see
-``placement.choose_servers``); then both ranges are pushed to their servers. With too few
-live servers the range is sealed all the same (no write can be acknowledged on it any more)
-and the next one opens later (``open_next``: a seal repeated, or CREATE_RANGE).
+see each other's load; away from the primaries of the stream's ranges sealed lately where
+it can, see ``RecentPrimaries`` and ``placement.choose_servers``); then both ranges are
+pushed to their servers. With too few live servers the range is sealed all the same (no
+write can be acknowledged on it any more) and the next one opens later (``open_next``: a
+seal repeated, or CREATE_RANGE).
 
 The caller holds the stream's lock (``StreamLocks``) from before it asked the replicas until
 this returns, so the push is done before anyone else may change the stream: a seal right
@@ -19,6 +20,7 @@ replicas are fenced until they hear its end (read_cap.py), which the same push t
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -77,13 +79,61 @@ class Succeeded:
     unplaced: ServerError | None = None
 
 
+# How long the primary of a sealed range is kept away from being its stream's primary again
+# (``RecentPrimaries``): long enough for a writer to give up on a second unreachable primary
+# (a few seconds each), short enough that a server back from a fault soon takes its share.
+RECENT_SEAL_S = 60.0
+
+
+class RecentPrimaries:
+    """Per stream, the primaries of its ranges sealed in the last ``window_s`` seconds, newest
+    first: where placement should not put the stream's next primary (``choose_servers``).
+
+    Kept in memory by the PD in office: a new leader starts without it, and places by load
+    alone until the stream's next seals."""
+
+    def __init__(self, window_s: float = RECENT_SEAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sealed: dict[int, list[tuple[float, int]]] = {}
+
+    def add(self, stream_id: int, primary: int) -> None:
+        """``primary``'s range of ``stream_id`` was sealed now."""
+        now = self._clock()
+        with self._lock:
+            kept = [(at, sid) for at, sid in self._fresh(stream_id, now) if sid != primary]
+            # Seals are rare: forgetting every stream's stale entries here keeps the map to
+            # the streams sealed within the window.
+            for other in [o for o in self._sealed if not self._fresh(o, now)]:
+                del self._sealed[other]
+            self._sealed[stream_id] = [(now, primary), *kept]
+
+    def of(self, stream_id: int) -> list[int]:
+        """The stream's primaries sealed within the window, newest first."""
+        with self._lock:
+            fresh = self._fresh(stream_id, self._clock())
+            if fresh:
+                self._sealed[stream_id] = fresh
+            else:
+                self._sealed.pop(stream_id, None)
+            return [sid for _, sid in fresh]
+
+    def _fresh(self, stream_id: int, now: float) -> list[tuple[float, int]]:
+        return [(at, sid) for at, sid in self._sealed.get(stream_id, ())
+                if now - at <= self.window_s]
+
+
 class Succession:
     """Seals a stream's open range and opens the next one (see the module doc)."""
 
-    def __init__(self, store: SuccessionStore, placement: Placement, pushes: Pusher) -> None:
+    def __init__(self, store: SuccessionStore, placement: Placement, pushes: Pusher,
+                 recent: RecentPrimaries | None = None) -> None:
         self._store = store
         self._placement = placement
         self._pushes = pushes
+        self._recent = RecentPrimaries() if recent is None else recent
 
     def seal_and_open_next(self, rng: RangeMeta, end_offset: int, *,
                            timeout_s: float | None = None, skip: Iterable[int] = (),
@@ -96,11 +146,13 @@ class Succession:
         ``announce`` is told what was decided as soon as the metadata holds it, before the
         push (which may take a server's timeout): the caller's log line."""
         stream = self._store.get_stream(rng.stream_id)
+        if rng.primary is not None:
+            self._recent.add(rng.stream_id, rng.primary)
         (sealed, opened), unplaced = self._placement.place_if_possible(
             stream.replica_nums,
             lambda servers: self._store.seal_range(rng.stream_id, rng.range_index, end_offset,
                                                    servers),
-            wait=wait_for_servers, succeeding=rng.primary)
+            wait=wait_for_servers, succeeding=self._recent.of(rng.stream_id))
         done = Succeeded(sealed, opened, unplaced)
         if announce is not None:
             announce(done)
