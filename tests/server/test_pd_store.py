@@ -405,21 +405,24 @@ def test_the_range_after_two_seals_moves_away_from_both_primaries():
     assert choose_servers([1, 2], {}, 1, succeeding=[1, 2]) == [2]
 
 
-def test_recent_primaries_are_kept_for_the_window_newest_first():
+def test_recent_primaries_are_kept_for_the_windows_newest_first():
     from sbp_spark.server.pd.succession import RecentPrimaries
 
     clock = FakeClock()
-    recent = RecentPrimaries(window_s=60, clock=lambda: clock.now)
+    recent = RecentPrimaries(stream_s=60, any_stream_s=15, clock=lambda: clock.now)
     recent.add(7, 1)
     clock.now += 10
     recent.add(7, 2)
     recent.add(8, 3)
-    assert recent.of(7) == [2, 1]
+    # Its own seals, and another stream's seal of the last 15 s.
+    assert recent.of(7) == [3, 2, 1]
+    assert recent.of(8) == [3, 2, 1]
+    assert recent.of(9) == [3, 2, 1]
+    clock.now += 6  # stream 7's seal of server 1 is 16 s old: for others it has passed
+    assert recent.of(7) == [3, 2, 1] and recent.of(8) == [3, 2]
     recent.add(7, 1)  # sealed again: newest, once
-    assert recent.of(7) == [1, 2]
-    clock.now += 55
-    assert recent.of(7) == [1, 2] and recent.of(8) == [3]
-    clock.now += 10
+    assert recent.of(7) == [1, 3, 2]
+    clock.now += 20
+    assert recent.of(7) == [1, 2] and recent.of(8) == [3] and recent.of(9) == []
+    clock.now += 45
     assert recent.of(7) == [] and recent.of(8) == []
-    recent.add(9, 4)
-    assert recent.of(9) == [4]

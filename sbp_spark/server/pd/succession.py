@@ -83,46 +83,46 @@ class Succeeded:
 # (``RecentPrimaries``): long enough for a writer to give up on a second unreachable primary
 # (a few seconds each), short enough that a server back from a fault soon takes its share.
 RECENT_SEAL_S = 60.0
+# How long it is kept away from the next range of any other stream: a fault that made one
+# stream's range unusable on that server (a primary cut off from its secondaries) usually
+# hits every range it leads, and their seals come within seconds of each other.
+RECENT_SEAL_ANY_STREAM_S = 15.0
 
 
 class RecentPrimaries:
-    """Per stream, the primaries of its ranges sealed in the last ``window_s`` seconds, newest
-    first: where placement should not put the stream's next primary (``choose_servers``).
+    """The primaries of ranges sealed lately: where placement should not put a stream's next
+    primary (``choose_servers``). Those of the stream's own ranges count for ``stream_s``
+    seconds, those of any stream's for ``any_stream_s``.
 
     Kept in memory by the PD in office: a new leader starts without it, and places by load
-    alone until the stream's next seals."""
+    alone until the next seals."""
 
-    def __init__(self, window_s: float = RECENT_SEAL_S,
+    def __init__(self, stream_s: float = RECENT_SEAL_S,
+                 any_stream_s: float = RECENT_SEAL_ANY_STREAM_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.window_s = window_s
+        self.stream_s = stream_s
+        self.any_stream_s = any_stream_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._sealed: dict[int, list[tuple[float, int]]] = {}
+        self._seals: list[tuple[float, int, int]] = []  # (when, stream, primary), oldest first
 
     def add(self, stream_id: int, primary: int) -> None:
         """``primary``'s range of ``stream_id`` was sealed now."""
         now = self._clock()
+        keep = max(self.stream_s, self.any_stream_s)
         with self._lock:
-            kept = [(at, sid) for at, sid in self._fresh(stream_id, now) if sid != primary]
-            # Seals are rare: forgetting every stream's stale entries here keeps the map to
-            # the streams sealed within the window.
-            for other in [o for o in self._sealed if not self._fresh(o, now)]:
-                del self._sealed[other]
-            self._sealed[stream_id] = [(now, primary), *kept]
+            # Seals are rare: the list holds those of the last minute.
+            self._seals = [seal for seal in self._seals if now - seal[0] <= keep]
+            self._seals.append((now, stream_id, primary))
 
     def of(self, stream_id: int) -> list[int]:
-        """The stream's primaries sealed within the window, newest first."""
+        """The servers to keep ``stream_id``'s next primary away from, newest seal first."""
+        now = self._clock()
         with self._lock:
-            fresh = self._fresh(stream_id, self._clock())
-            if fresh:
-                self._sealed[stream_id] = fresh
-            else:
-                self._sealed.pop(stream_id, None)
-            return [sid for _, sid in fresh]
-
-    def _fresh(self, stream_id: int, now: float) -> list[tuple[float, int]]:
-        return [(at, sid) for at, sid in self._sealed.get(stream_id, ())
-                if now - at <= self.window_s]
+            newest_first = self._seals[::-1]
+        return list(dict.fromkeys(
+            primary for at, sid, primary in newest_first
+            if now - at <= (self.stream_s if sid == stream_id else self.any_stream_s)))
 
 
 class Succession:
