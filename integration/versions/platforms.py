@@ -156,7 +156,7 @@ class Venv:
     def packages(self) -> dict[str, str]:
         """Installed distributions: normalized name -> version."""
         listed = json.loads(self.pip("list", "--format=json", what="pip list"))
-        return {_normalize(p["name"]): p["version"] for p in listed}
+        return {dist_name(p["name"]): p["version"] for p in listed}
 
     def install_wheel(self, wheel: Path) -> dict:
         """Install ``wheel`` the way a user would (dependencies resolved against what is
@@ -167,7 +167,7 @@ class Venv:
         report = self.entry / "install-report.json"
         self.pip("install", "--report", str(report), str(wheel), what="installing the wheel")
         after = self.packages()
-        installed = [f"{_normalize(i['metadata']['name'])}=={i['metadata']['version']}"
+        installed = [f"{dist_name(i['metadata']['name'])}=={i['metadata']['version']}"
                      for i in json.loads(report.read_text())["install"]]
         changed = {name: [before.get(name), after.get(name)]
                    for name in sorted(set(before) | set(after))
@@ -176,7 +176,9 @@ class Venv:
                 "packages": after}
 
 
-def _normalize(name: str) -> str:
+def dist_name(name: str) -> str:
+    """A distribution's name as pip lists it normalized (PEP 503): ``PyJWT`` -> ``pyjwt``,
+    ``prometheus_client`` -> ``prometheus-client``."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -217,7 +219,7 @@ def _add_connect_packages(venv: Venv) -> None:
         wanted = _run([venv.python, "-c", _CONNECT_REQUIREMENTS],
                       "reading pyspark's connect extra").split()
         wanted = [r for r in wanted
-                  if _normalize(re.split(r"[<>=!~ ]", r, maxsplit=1)[0]) not in
+                  if dist_name(re.split(r"[<>=!~ ]", r, maxsplit=1)[0]) not in
                   ("pyspark", "pyarrow")]
         constraints = venv.entry / "connect-constraints.txt"
         constraints.write_text("\n".join(CONNECT_CONSTRAINTS) + "\n")

@@ -24,7 +24,7 @@ import time
 
 import pytest
 from matrix import PlatformRun, SbpServer, runner_env
-from platforms import NO_PYSPARK, PLATFORMS, PlatformError, prepare, record
+from platforms import NO_PYSPARK, PLATFORMS, PlatformError, dist_name, prepare, record
 
 from tests.processes import spawn, stop
 
@@ -109,7 +109,7 @@ def test_installing_the_wheel_keeps_the_platforms_pyspark(platform_run: Platform
     if run.platform.floors:
         # Every runtime dependency sits at its declared floor, so the cases ran on the floors.
         pins = dict(p.split("==") for p in run.venv.record["platform_requirements"][1:])
-        found = {name: now["packages"].get(name) for name in pins}
+        found = {name: now["packages"].get(dist_name(name)) for name in pins}
         if any(not _same_version(pins[n], found[n] or "") for n in pins):
             _fail(run, INSTALL_ROW, f"the floors {pins} were not kept: {found}")
     if now["changed"] or [i for i in now["installed"] if not i.startswith("sbp-spark==")]:
