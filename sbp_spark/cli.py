@@ -23,6 +23,7 @@ from sbp_spark.commands import (
     servers,
     streams,
     tail,
+    tokens,
 )
 from sbp_spark.commands.common import EXIT_ERROR, EXIT_USAGE, collect_more_positionals, usage
 from sbp_spark.protocol.errors import SbpError
@@ -30,7 +31,7 @@ from sbp_spark.protocol.errors import SbpError
 log = logging.getLogger("sbp_spark.cli")
 
 # The command groups, in the order `sbp --help` lists them.
-GROUPS = (servers, streams, ranges, produce, tail, health, bench, demo)
+GROUPS = (servers, streams, ranges, produce, tail, health, tokens, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,7 +49,7 @@ def _name(requirement: str) -> str:
 
 # Import name -> the distribution that provides it.
 DISTRIBUTION = {"pyarrow": "pyarrow", "isal": "isal", "pyspark": "pyspark", "py4j": "pyspark",
-                "matplotlib": "matplotlib"}
+                "matplotlib": "matplotlib", "jwt": "pyjwt", "cryptography": "cryptography"}
 
 
 def _runtime_imports(path: Path) -> set[str]:

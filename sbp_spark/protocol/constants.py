@@ -38,6 +38,7 @@ class Opcode(IntEnum):
     GOAWAY = 0x0002
     HEARTBEAT = 0x0003
     ALLOCATE_ID = 0x0004
+    AUTHENTICATE = 0x0005  # ours: docs/wire.md, "Who may do what"
     APPEND = 0x1001
     FETCH = 0x1002
     LIST_RANGES = 0x2001

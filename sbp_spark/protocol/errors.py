@@ -38,6 +38,8 @@ class ErrorCode(IntEnum):
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
     DATA_CORRUPT = 25
+    UNAUTHENTICATED = 26
+    PERMISSION_DENIED = 27
 
     @property
     def retriable(self) -> bool:
@@ -412,6 +414,20 @@ class DataCorruptError(ServerError):
     # again returns the same bad bytes, so readers move to the next replica at once and give
     # up when every replica reported the same offset corrupt.
     retriable = True
+
+
+class UnauthenticatedError(ServerError):
+    """The connection has no valid credential: authenticate first, with a token that is
+    signed by the cluster, not expired and well formed (the message says which failed)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(ServerError):
+    """The principal may not do this: the message names the principal, the operation, the
+    stream and the permission missing."""
+
+    code = ErrorCode.PERMISSION_DENIED
 
 
 _BY_CODE: dict[int, type[ServerError]] = {

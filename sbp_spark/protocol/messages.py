@@ -40,6 +40,7 @@ __all__ = [
     "Stream", "PlacementDriverNode", "PlacementDriverCluster",
     "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
     "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
+    "AuthenticateRequest", "AuthenticateResponse",
     "AppendEntry", "AppendRequest", "AppendResult", "AppendResponse",
     "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
     "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
@@ -272,6 +273,25 @@ class AllocateIdResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.ALLOCATE_ID
 
     id: int = -1
+    status: Status = OK
+
+
+@dataclass(slots=True)
+class AuthenticateRequest(Message):
+    """Ours: the connection's credential (``method`` "token": ``data`` is a signed JWT).
+    Its repr leaves the credential out, so it never reaches a log."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.AUTHENTICATE
+
+    method: str = ""
+    data: bytes = field(default=b"", repr=False)
+
+
+@dataclass(slots=True)
+class AuthenticateResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.AUTHENTICATE
+
+    principal: str = ""
     status: Status = OK
 
 

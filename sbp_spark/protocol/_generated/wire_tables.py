@@ -37,6 +37,14 @@ TABLES = {
         ('stream_append_time_ms', 3, 'long', 0, False),
         ('status', 4, 'Status', None, True),
     ),
+    'AuthenticateRequest': (
+        ('method', 0, 'string', None, False),
+        ('data', 1, '[ubyte]', None, False),
+    ),
+    'AuthenticateResponse': (
+        ('principal', 0, 'string', None, False),
+        ('status', 1, 'Status', None, True),
+    ),
     'CreateRangeRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('ranges', 1, '[RangeId]', None, False),
@@ -328,5 +336,5 @@ STRUCTS = {
 
 ENUMS = {
     'ClientRole': ('byte', {'RANGE_SERVER': 0, 'CLIENT': 1}),
-    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25}),
+    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'UNAUTHENTICATED': 26, 'PERMISSION_DENIED': 27}),
 }

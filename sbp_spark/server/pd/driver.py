@@ -91,9 +91,12 @@ class PlacementDriver:
         """Build the parts on the store and the office, each given what it uses; the frame
         server that serves their handler."""
         addresses = Addresses(self.liveness.address, self.store.get_server)
+        auth = self.config.auth
+        # The PD calls range servers as a server principal (its --server-token, or one made
+        # from the shared secret): only servers may seal, sync, trim and delete there.
         self._calls = RangeServerCalls(
             addresses.of, functools.partial(addresses.range_msg, for_servers=True),
-            self.config.range_server_timeout_s, net.tls)
+            self.config.range_server_timeout_s, net.tls, auth.server_token())
         self.pushes = RangePushes(self._calls, self.store)
         placement = Placement(self.liveness, self.store)
         self.locks = StreamLocks()
@@ -110,7 +113,7 @@ class PlacementDriver:
             self.store, self.liveness, self.pushes, self._run_soon,
             functools.partial(self.failover.owe, stopped=True), addresses.of)
         return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
-                                     self.office, addresses), net)
+                                     self.office, addresses), net, auth.authenticator())
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -120,6 +120,7 @@ class PdLink:
 
     def __init__(self, server: LinkedServer, pd_addresses: list[str],
                  client_config: ClientConfig | None = None, tls: TlsConfig | None = None,
+                 token: str | None = None,
                  on_refusal: Callable[[RegistrationRefused], None] | None = None,
                  stop: threading.Event | None = None) -> None:
         self.server = server
@@ -127,7 +128,7 @@ class PdLink:
         # without one, the refusal is logged as an error.
         self.on_refusal = on_refusal
         # With TLS, the PD is called with the range server's own certificate.
-        config = (client_config or _LINK_CLIENT).with_tls(tls)
+        config = (client_config or _LINK_CLIENT).with_tls(tls).with_token(token)
         self.pool = ConnectionPool(config)
         # A heartbeat stuck waiting out an election would reach the new leader later than
         # the next one does: the link's calls fail fast instead.

@@ -76,7 +76,9 @@ class RangeServer:
         storage = self.storage
         self.roles = Roles(self.identity)
         self.metrics = Metrics()
-        self.replicator = replicator or Replicator(tls=config.net.tls)
+        # This server's principal towards the PD and its peers (None: certificates, or open).
+        self._server_token = config.auth.server_token()
+        self.replicator = replicator or Replicator(tls=config.net.tls, token=self._server_token)
         self.cap_notices = CapNotices(storage, self.roles, self.replicator,
                                       storage.durability.when_durable, self._on_workers,
                                       config.cap_probe_interval_s)
@@ -89,7 +91,7 @@ class RangeServer:
         self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
         net = config.net
         net.host, net.port = config.host, config.port
-        self.net = FrameServer(self.handler, net)
+        self.net = FrameServer(self.handler, net, config.auth.authenticator())
         self.retention = Retention(storage.ranges, config.retention_check_interval_s)
         # Called (from the PD link's thread) when the PD refuses this server's id for good;
         # set before start() by an owner that reports the refusal itself, else it is logged.
@@ -161,7 +163,8 @@ class RangeServer:
         self.cap_notices.start()
         if self.config.pd_addresses:
             self.pd_link = PdLink(self._linked(), list(self.config.pd_addresses),
-                                  tls=self.config.net.tls, on_refusal=self.on_refusal)
+                                  tls=self.config.net.tls, token=self._server_token,
+                                  on_refusal=self.on_refusal)
             self.retention.on_trim = self.pd_link.report_trim
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self.server_id,
