@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from sbp_spark.commands import (
+    acl,
     bench,
     demo,
     health,
@@ -31,7 +32,7 @@ from sbp_spark.protocol.errors import SbpError
 log = logging.getLogger("sbp_spark.cli")
 
 # The command groups, in the order `sbp --help` lists them.
-GROUPS = (servers, streams, ranges, produce, tail, health, tokens, bench, demo)
+GROUPS = (servers, streams, ranges, produce, tail, health, tokens, acl, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

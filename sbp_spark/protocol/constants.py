@@ -53,6 +53,10 @@ class Opcode(IntEnum):
     TRIM_STREAMS = 0x3005
     REPORT_METRICS = 0x4001
     DESCRIBE_PD_CLUSTER = 0x4002
+    # Ours: permissions (docs/wire.md, "Who may do what").
+    GRANT_PERMISSIONS = 0x5001
+    REVOKE_PERMISSIONS = 0x5002
+    DESCRIBE_PERMISSIONS = 0x5003
 
 
 KNOWN_OPCODES = frozenset(int(op) for op in Opcode)

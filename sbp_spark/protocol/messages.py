@@ -55,6 +55,9 @@ __all__ = [
     "TrimmedStream", "TrimStreamsRequest", "TrimStreamsResult", "TrimStreamsResponse",
     "ReportMetricsRequest", "ReportMetricsResponse",
     "DescribePdClusterRequest", "DescribePdClusterResponse", "RangeServerState",
+    "Permission", "GrantPermissionsRequest", "GrantPermissionsResponse",
+    "RevokePermissionsRequest", "RevokePermissionsResponse", "DescribePermissionsRequest",
+    "DescribePermissionsResponse",
     "REQUESTS", "RESPONSES", "TABLES",
     "request_frame", "response_frame", "system_error_frame", "decode_request",
     "decode_response",
@@ -733,6 +736,65 @@ class TrimStreamsResponse(Message):
     throttle_time_ms: int = 0
     status: Status = OK
     streams: list[TrimStreamsResult] = field(default_factory=list)
+
+
+# ---- permissions (ours) -------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Permission(Message):
+    """``principal`` may do ``operation`` on ``stream`` (an id in digits, a name, ``*``; ""
+    for ``create``); ``stream_id``: in answers, the live stream ``stream`` names (-1: none)."""
+
+    principal: str = ""
+    operation: str = ""
+    stream: str = ""
+    stream_id: int = -1
+
+
+@dataclass(slots=True)
+class GrantPermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GRANT_PERMISSIONS
+
+    permissions: list[Permission] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GrantPermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GRANT_PERMISSIONS
+
+    status: Status = OK
+    version: int = -1
+
+
+@dataclass(slots=True)
+class RevokePermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.REVOKE_PERMISSIONS
+
+    permissions: list[Permission] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RevokePermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.REVOKE_PERMISSIONS
+
+    status: Status = OK
+    version: int = -1
+
+
+@dataclass(slots=True)
+class DescribePermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PERMISSIONS
+
+    principal: str = ""
+
+
+@dataclass(slots=True)
+class DescribePermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PERMISSIONS
+
+    status: Status = OK
+    permissions: list[Permission] = field(default_factory=list)
+    version: int = -1
 
 
 # ---- codecs and registries ---------------------------------------------------------------

@@ -123,6 +123,7 @@ from ..transport.sockets import send_buffers
 from ..transport.tls import DEFAULT_HANDSHAKE_TIMEOUT_S, ServingContext, TlsConfig, TlsSocket
 from .advertise import format_address
 from .auth.authenticator import Authenticator
+from .auth.authorizer import Authorizer
 from .auth.principals import Principal
 from .conditions import WaitedCondition
 
@@ -311,6 +312,9 @@ class RequestHandler(abc.ABC):
     ordered_opcodes: frozenset[int] = frozenset()
     #: Ordered opcodes whose frames up to this many bytes the reader may serve itself.
     inline_bytes: ClassVar[dict[int, int]] = {}
+    #: Who may have what served (set by the owner when its server authenticates); None: every
+    #: request is served, as on a server without principals.
+    authorizer: Authorizer | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -331,6 +335,13 @@ class RequestHandler(abc.ABC):
     def _dispatch(self) -> dict[int, tuple[type[messages.Message], Any]]:
         # Bound once per handler; tests replace an entry to hold a request.
         return {op: (r.request, getattr(self, r.method)) for op, r in self.routes.items()}
+
+    def authorize(self, ctx: RequestContext, request: messages.Message) -> None:
+        """Ask the authorizer, once per request, whether ``ctx``'s principal may have
+        ``request`` served; ``PermissionDeniedError`` when not (answered by the core)."""
+        authorizer = self.authorizer
+        if authorizer is not None:
+            authorizer.authorize(ctx.conn.principal, ctx.opcode, request)
 
     def not_served(self, opcode: int) -> str:
         """Why this role refuses a known ``opcode``: its name, and what the role serves."""

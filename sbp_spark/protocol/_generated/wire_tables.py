@@ -94,6 +94,14 @@ TABLES = {
         ('cluster', 1, 'PlacementDriverCluster', None, False),
         ('range_servers', 2, '[RangeServerState]', None, False),
     ),
+    'DescribePermissionsRequest': (
+        ('principal', 0, 'string', None, False),
+    ),
+    'DescribePermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('permissions', 1, '[Permission]', None, False),
+        ('version', 2, 'long', -1, False),
+    ),
     'DescribeRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('ranges', 1, '[RangeId]', None, False),
@@ -151,6 +159,13 @@ TABLES = {
     ),
     'GoAwayResponse': (
     ),
+    'GrantPermissionsRequest': (
+        ('permissions', 0, '[Permission]', None, False),
+    ),
+    'GrantPermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('version', 1, 'long', -1, False),
+    ),
     'HeartbeatRequest': (
         ('client_id', 0, 'string', None, False),
         ('client_role', 1, 'ClientRole', 0, False),
@@ -176,6 +191,12 @@ TABLES = {
         ('status', 1, 'Status', None, True),
         ('ranges', 2, '[Range]', None, False),
         ('range_server', 3, 'RangeServer', None, False),
+    ),
+    'Permission': (
+        ('principal', 0, 'string', None, False),
+        ('operation', 1, 'string', None, False),
+        ('stream', 2, 'string', None, False),
+        ('stream_id', 3, 'long', -1, False),
     ),
     'PingRequest': (
     ),
@@ -244,6 +265,13 @@ TABLES = {
     'ReportMetricsResponse': (
         ('range_server', 0, 'RangeServer', None, False),
         ('status', 1, 'Status', None, True),
+    ),
+    'RevokePermissionsRequest': (
+        ('permissions', 0, '[Permission]', None, False),
+    ),
+    'RevokePermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('version', 1, 'long', -1, False),
     ),
     'SealRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),

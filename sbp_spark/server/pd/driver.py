@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..advertise import advertised
+from ..auth.authorizer import Authorizer
+from ..auth.rules import PD
 from ..dirlock import DataDirLock
 from ..etcd_client import EtcdClient
 from ..net import FrameServer, NetConfig
@@ -24,6 +26,7 @@ from .failover import Failover, RangeFailover
 from .handler import Office, PdHandler
 from .leader import Leadership, LoneOffice
 from .meta import MetadataStore
+from .permissions import Permissions
 from .placement import Liveness, Placement
 from .pushes import RangePushes
 from .ranges import RangeOperations
@@ -112,8 +115,13 @@ class PlacementDriver:
         self.servers = RangeServerRegistry(
             self.store, self.liveness, self.pushes, self._run_soon,
             functools.partial(self.failover.owe, stopped=True), addresses.of)
-        return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
-                                     self.office, addresses), net, auth.authenticator())
+        self.permissions = Permissions(self.store)
+        handler = PdHandler(self.store, self.streams, self.ranges, self.servers, self.office,
+                            addresses, self.permissions)
+        authenticator = auth.authenticator()
+        if authenticator is not None:
+            handler.authorizer = Authorizer(PD, self.permissions.table, self.permissions)
+        return FrameServer(handler, net, authenticator)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -169,6 +177,7 @@ class PlacementDriver:
         # before failing it over.
         self.liveness.clear()
         self.pushes.forget_owed()
+        self.permissions.forget()  # the old leader's grants are enforced from the first request
         self.failover.took_office()
 
     def _left_office(self) -> None:

@@ -117,6 +117,14 @@ class Office(Protocol):
     def cluster(self) -> m.PlacementDriverCluster: ...
 
 
+class PermissionChanges(Protocol):
+    """Grants, revocations and listings of permissions (``permissions.Permissions``)."""
+
+    def change(self, grant: bool, permissions: Sequence[m.Permission]) -> int: ...
+
+    def describe(self, principal: str = "") -> tuple[int, list[m.Permission]]: ...
+
+
 class WireForms(Protocol):
     """Range servers' addresses and ranges in their wire form (``wire.Addresses``)."""
 
@@ -174,11 +182,17 @@ class PdHandler(RequestHandler):
         Opcode.TRIM_STREAMS: Route(m.TrimStreamsRequest, "_trim_streams", Runs.POOL),
         Opcode.REPORT_METRICS: Route(m.ReportMetricsRequest, "_report_metrics"),
         Opcode.DESCRIBE_PD_CLUSTER: Route(m.DescribePdClusterRequest, "_describe_pd_cluster"),
+        Opcode.GRANT_PERMISSIONS: Route(m.GrantPermissionsRequest, "_grant_permissions"),
+        Opcode.REVOKE_PERMISSIONS: Route(m.RevokePermissionsRequest, "_revoke_permissions"),
+        Opcode.DESCRIBE_PERMISSIONS: Route(m.DescribePermissionsRequest,
+                                           "_describe_permissions"),
     }
 
     def __init__(self, records: Records, streams: StreamChanges, ranges: RangeChanges,
-                 servers: Servers, office: Office, wire: WireForms) -> None:
+                 servers: Servers, office: Office, wire: WireForms,
+                 permissions: PermissionChanges) -> None:
         self._records = records
+        self._permissions = permissions
         self._streams = streams
         self._ranges = ranges
         self._servers = servers
@@ -207,7 +221,12 @@ class PdHandler(RequestHandler):
             request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from None
+        self.authorize(ctx, request)
         answer = serve(request)
+        if self.authorizer is not None and isinstance(request, m.DescribeStreamsRequest) \
+                and isinstance(answer, m.DescribeStreamsResponse) \
+                and not request.stream_ids and not request.by_name:
+            answer = self._readable(ctx, answer)
         if isinstance(answer, m.HeartbeatResponse) and answer.range_server is not None \
                 and answer.status.code == ErrorCode.NONE \
                 and answer.client_role == m.ClientRole.RANGE_SERVER:
@@ -221,6 +240,15 @@ class PdHandler(RequestHandler):
                     f"the answer is {len(header)} bytes even after dropping what does not "
                     f"fit; one frame holds {MAX_ANSWER_HEADER}")
         ctx.reply_raw(header)
+
+    def _readable(self, ctx: RequestContext, answer: m.DescribeStreamsResponse
+                  ) -> m.DescribeStreamsResponse:
+        """A listing of every stream cut to those the principal may see."""
+        authorizer = self.authorizer
+        assert authorizer is not None
+        return m.DescribeStreamsResponse(describe_responses=[
+            r for r in answer.describe_responses if r.stream is not None
+            and authorizer.readable(ctx.principal, r.stream.stream_id, r.stream.name)])
 
     # -- answers too large for one frame ----------------------------------------------------
 
@@ -450,3 +478,17 @@ class PdHandler(RequestHandler):
         # A follower's view of the range servers is empty: they heartbeat to the leader.
         states = self._servers.states() if self._office.is_leader() else []
         return m.DescribePdClusterResponse(cluster=self._office.cluster(), range_servers=states)
+
+    def _grant_permissions(self, req: m.GrantPermissionsRequest) -> m.GrantPermissionsResponse:
+        return m.GrantPermissionsResponse(version=self._permissions.change(True,
+                                                                           req.permissions))
+
+    def _revoke_permissions(self, req: m.RevokePermissionsRequest
+                            ) -> m.RevokePermissionsResponse:
+        return m.RevokePermissionsResponse(version=self._permissions.change(False,
+                                                                            req.permissions))
+
+    def _describe_permissions(self, req: m.DescribePermissionsRequest
+                              ) -> m.DescribePermissionsResponse:
+        version, permissions = self._permissions.describe(req.principal)
+        return m.DescribePermissionsResponse(permissions=permissions, version=version)

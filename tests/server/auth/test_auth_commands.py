@@ -4,6 +4,7 @@ with --token, --token-file or $SBP_TOKEN."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def test_client_commands_present_tokens(tmp_path):
     token = made.stdout.strip()
     token_file = tmp_path / "ops.token"
     token_file.write_text(token + "\n")
-    auth = AuthSettings(token_secret_file=str(keys.secret_file))
+    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"ops"}))
     with ProcessCluster(tmp_path / "cluster", range_servers=1, auth=auth) as cluster:
         pd = ["--pd", cluster.pd_address]
         done = _sbp("streams", "create", *pd, "--token-file", str(token_file))
@@ -44,6 +45,33 @@ def test_client_commands_present_tokens(tmp_path):
         done = _sbp("streams", "list", *pd, "--token", "garbage")
         assert done.returncode != 0 and "malformed" in done.stderr
         assert "garbage" not in done.stderr
+        # Permissions: granted and revoked by a superuser, listed, refused to others.
+        bob = keys.token("bob")
+        done = _sbp("streams", "create", *pd, "--token", bob)
+        assert done.returncode != 0 and "PERMISSION_DENIED" not in done.stdout
+        assert "may not CREATE_STREAMS" in done.stderr
+        for args in (["--operations", "create"], ["--operations", "read,write",
+                                                    "--streams", "1,orders"]):
+            done = _sbp("acl", "grant", *pd, "--token", token, "--principal", "bob", *args)
+            assert done.returncode == 0, done.stderr
+        done = _sbp("streams", "create", *pd, "--token", bob)
+        assert done.returncode == 0, done.stderr
+        done = _sbp("acl", "list", *pd, "--token", token, "--json")
+        assert done.returncode == 0, done.stderr
+        listed = {(e["principal"], e["operation"], e["stream"])
+                  for e in map(json.loads, done.stdout.splitlines())}
+        assert listed == {("bob", "create", None), ("bob", "read", "1"),
+                          ("bob", "write", "1"), ("bob", "read", "orders"),
+                          ("bob", "write", "orders")}
+        done = _sbp("acl", "revoke", *pd, "--token", token, "--principal", "bob",
+                    "--operations", "create")
+        assert done.returncode == 0, done.stderr
+        done = _sbp("acl", "grant", *pd, "--token", bob, "--principal", "bob",
+                    "--operations", "admin", "--streams", "*")
+        assert done.returncode != 0 and "only superusers may" in done.stderr
+        done = _sbp("acl", "grant", *pd, "--token", token, "--principal", "bob",
+                    "--operations", "read")
+        assert done.returncode != 0 and "need --streams" in done.stderr
 
 
 def test_token_create_and_server_options_say_what_is_wrong(tmp_path):

@@ -40,7 +40,8 @@ def keys(tmp_path_factory) -> Keys:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, keys):
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), timeout_s=AUTH_TIMEOUT_S)
+    auth = AuthSettings(token_secret_file=str(keys.secret_file), timeout_s=AUTH_TIMEOUT_S,
+                        superusers=frozenset({"alice"}))
     with EmbeddedCluster(tmp_path_factory.mktemp("auth-cluster"), range_servers=2,
                          auth=auth) as c:
         yield c
@@ -190,7 +191,7 @@ def test_rs256_tokens(tmp_path, keys):
     server_token = tmp_path / "server.token"
     server_token.write_text(create_token("rs", private_key=keys.private_pem, role="server"))
     auth = AuthSettings(token_public_key_file=str(keys.public_file),
-                        server_token_file=str(server_token))
+                        server_token_file=str(server_token), superusers=frozenset({"dave"}))
     with EmbeddedCluster(tmp_path / "c", range_servers=1, auth=auth) as cluster, \
             ConnectionPool() as pool:
         client = _client(cluster, keys.rs_token("dave"), pool)
@@ -208,7 +209,7 @@ def test_a_public_key_cluster_needs_a_server_token(tmp_path, keys):
 def test_client_certificates_authenticate_under_mutual_tls(tmp_path, certs, keys):
     # The servers' own certificate (CN node) is a superuser, so a server too.
     auth = AuthSettings(token_secret_file=str(keys.secret_file), certificates=True,
-                        superusers=frozenset({"node"}))
+                        superusers=frozenset({"node", "client"}))
     config = ClientConfig(tls=True, tls_ca_file=certs.ca, tls_cert_file=certs.client_cert,
                           tls_key_file=certs.client_key)
     with EmbeddedCluster(tmp_path, range_servers=2, tls=certs.server_tls(), auth=auth) as c, \
