@@ -261,6 +261,7 @@ class HeartbeatResponse(Message):
     client_role: int = ClientRole.RANGE_SERVER
     range_server: RangeServer | None = None
     status: Status = OK
+    acl_version: int = -1  # ours: the permissions a range server must enforce
 
 
 @dataclass(slots=True)

@@ -342,6 +342,7 @@ class RequestHandler(abc.ABC):
         authorizer = self.authorizer
         if authorizer is not None:
             authorizer.authorize(ctx.conn.principal, ctx.opcode, request)
+            ctx._access = (authorizer, request)
 
     def not_served(self, opcode: int) -> str:
         """Why this role refuses a known ``opcode``: its name, and what the role serves."""
@@ -719,7 +720,7 @@ class Connection:
 class RequestContext:
     """One request being served: its frame, and the ways to answer it."""
 
-    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock", "_nbytes")
+    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock", "_nbytes", "_access")
 
     def __init__(self, frame: Frame, conn: Connection) -> None:
         self.frame = frame
@@ -728,6 +729,18 @@ class RequestContext:
         self._done = False
         self._deferred = False
         self._lock = threading.Lock()
+        # The authorizer and the request it let through (``RequestHandler.authorize``), for
+        # ``check_access`` during long waits; None when nothing was checked.
+        self._access: tuple[Authorizer, messages.Message] | None = None
+
+    def check_access(self) -> None:
+        """Ask again whether the principal may still have this request served (a long poll
+        calls it as it waits): ``PermissionDeniedError`` once a permission it needed was
+        revoked meanwhile."""
+        access = self._access
+        if access is not None:
+            authorizer, request = access
+            authorizer.authorize(self.conn.principal, self.opcode, request)
 
     def release_frame(self) -> None:
         """Let go of the frame's header and payload once the request no longer reads them (its

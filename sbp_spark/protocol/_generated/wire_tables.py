@@ -176,6 +176,7 @@ TABLES = {
         ('client_role', 1, 'ClientRole', 0, False),
         ('range_server', 2, 'RangeServer', None, False),
         ('status', 3, 'Status', None, True),
+        ('acl_version', 4, 'long', -1, False),
     ),
     'ListRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),

@@ -124,6 +124,8 @@ class PermissionChanges(Protocol):
 
     def describe(self, principal: str = "") -> tuple[int, list[m.Permission]]: ...
 
+    def view_version(self) -> int: ...
+
 
 class WireForms(Protocol):
     """Range servers' addresses and ranges in their wire form (``wire.Addresses``)."""
@@ -342,8 +344,13 @@ class PdHandler(RequestHandler):
             else:
                 _, status = _ok_or_error(self._servers.heartbeat, req.range_server.server_id,
                                          req.range_server.advertise_addr)
+        # A range server learns here which permissions to enforce (when the PD has any).
+        acl_version = -1
+        if self.authorizer is not None and req.client_role == m.ClientRole.RANGE_SERVER:
+            acl_version = self._permissions.view_version()
         return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
-                                   range_server=req.range_server, status=status)
+                                   range_server=req.range_server, status=status,
+                                   acl_version=acl_version)
 
     def _allocate_id(self, req: m.AllocateIdRequest) -> m.AllocateIdResponse:
         return m.AllocateIdResponse(id=self._servers.allocate_id(req.host))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -85,6 +86,24 @@ class Permissions:
         """Read the table again at its next use (this node changed it, or took office)."""
         with self._lock:
             self._read_at = 0.0
+
+    def view_version(self) -> int:
+        """What range servers compare to know their copy is current: the version, and with
+        entries naming streams by name also the streams those names name now (a stream
+        created or deleted under a granted name changes what a range server must enforce)."""
+        table = self.table()
+        if not table.names_streams:
+            return table.version
+        named = sorted({e.stream for e in table.entries
+                        if e.stream and e.stream != EVERY_STREAM and not e.stream.isdigit()})
+        resolved = [(name, self._id_or_none(name)) for name in named]
+        return (table.version << 32) | zlib.crc32(repr(resolved).encode())
+
+    def _id_or_none(self, name: str) -> int | None:
+        try:
+            return self.id_of(name)
+        except StreamNotFoundError:
+            return None
 
     # -- names of streams (the authorizer's StreamNames) ----------------------------------------
 

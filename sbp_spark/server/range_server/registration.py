@@ -30,7 +30,7 @@ from ...client.pd import PdClient
 from ...client.pool import ConnectionPool
 from ...protocol import messages
 from ...protocol.errors import InvalidRequestError, SbpError
-from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ...protocol.messages import ClientRole, HeartbeatRequest, Permission, ReportMetricsRequest
 from ...transport.tls import TlsConfig
 from ..pd.meta import UNKNOWN_SERVER_ID
 from ..pd_outage import PdOutage
@@ -109,6 +109,10 @@ class LinkedServer:
     # (stream_id, retention_period_ms, deleted) as the PD reports them.
     stream_settings: Callable[[int, int, bool], None]
     load: Callable[[], LoadSample]
+    # The PD announced the version of the permissions in force (a heartbeat answer's
+    # acl_version), with the call that fetches them; None: the server enforces none.
+    permissions_announced: Callable[[int, Callable[[], tuple[int, list[Permission]]]],
+                                    None] | None = None
 
     def info(self) -> messages.RangeServer:
         """The server as the PD knows it: id and advertised address."""
@@ -224,7 +228,7 @@ class PdLink:
     def _heartbeat(self) -> None:
         info = self.server.info()
         try:
-            self.pd.heartbeat(HeartbeatRequest(
+            answer = self.pd.heartbeat(HeartbeatRequest(
                 client_id=f"range-server-{info.server_id}",
                 client_role=ClientRole.RANGE_SERVER, range_server=info))
         except InvalidRequestError as exc:
@@ -233,6 +237,9 @@ class PdLink:
             self._refused(exc)
             return
         self.heartbeats += 1
+        announced = self.server.permissions_announced
+        if announced is not None and answer.acl_version >= 0:
+            announced(answer.acl_version, self.pd.describe_permissions)
 
     def _refused(self, exc: InvalidRequestError) -> None:
         """The PD does not know this server's id: the data directory belongs to another

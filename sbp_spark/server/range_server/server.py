@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 from ...protocol import messages
 from ..advertise import advertised
+from ..auth.authorizer import Authorizer
+from ..auth.rules import RANGE_SERVER
 from ..dirlock import DataDirLock
 from ..net import FrameServer
 from ..storage.disk import Disk
@@ -41,6 +43,7 @@ from .config import RangeServerConfig
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
+from .permissions import LearnedPermissions
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .requests import RangeServerHandler
@@ -89,9 +92,16 @@ class RangeServer:
                               config.storage.verify_reads)
         admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
         self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
+        authenticator = config.auth.authenticator()
+        # With authentication on, APPEND and FETCH are checked here against the permissions
+        # learned from the PD: going straight to this port does not get around them.
+        self.permissions: LearnedPermissions | None = None
+        if authenticator is not None:
+            self.permissions = LearnedPermissions(storage.notify_data)
+            self.handler.authorizer = Authorizer(RANGE_SERVER, self.permissions.table)
         net = config.net
         net.host, net.port = config.host, config.port
-        self.net = FrameServer(self.handler, net, config.auth.authenticator())
+        self.net = FrameServer(self.handler, net, authenticator)
         self.retention = Retention(storage.ranges, config.retention_check_interval_s)
         # Called (from the PD link's thread) when the PD refuses this server's id for good;
         # set before start() by an owner that reports the refusal itself, else it is logged.
@@ -149,7 +159,9 @@ class RangeServer:
             server_id=lambda: self.server_id, set_server_id=self.identity.set,
             advertise_addr=lambda: self.advertise_addr,
             stream_ids=lambda: sorted({r.stream_id for r in self.storage.ranges()}),
-            stream_settings=stream_settings, load=load)
+            stream_settings=stream_settings, load=load,
+            permissions_announced=(self.permissions.announced
+                                   if self.permissions is not None else None))
 
     # -- lifecycle -------------------------------------------------------------------------
 
