@@ -190,7 +190,7 @@ def test_every_option_is_documented_and_parsed():
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
             "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
             "skipIncompatibleBatches", "timeZone", "streamPattern",
-            "discoveryIntervalMs"} == names
+            "discoveryIntervalMs", "token", "tokenFile"} == names
     for name in names:
         assert f"| {name} |" in table
 
