@@ -9,6 +9,7 @@ the pool closes what is left when the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import os
 import threading
@@ -29,8 +30,14 @@ def _key(address: str, config: ClientConfig) -> str:
         key = (f"{key} tls {config.tls_ca_file} {config.tls_cert_file} "
                f"{config.tls_key_file}")
     if config.token is not None:
-        key = f"{key} token {hashlib.sha256(config.token.encode()).hexdigest()[:32]}"
+        key = f"{key} token {_digest(config.token)}"
     return key
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(token: str) -> str:
+    """A token's digest (pool keys are made on every request: computed once per token)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 class ConnectionPool:

@@ -12,8 +12,7 @@ of ``protocol.constants.Opcode`` has an entry.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.constants import Opcode
@@ -27,8 +26,7 @@ ANYONE = "anyone"  # any authenticated principal
 SELF = "self"  # the principal the request names is the one asking
 
 
-@dataclass(frozen=True, slots=True)
-class Need:
+class Need(NamedTuple):
     """One of ``operations`` on ``stream_id`` (or the stream named ``name``); ``principal``:
     the principal a SELF need names."""
 
@@ -39,6 +37,8 @@ class Need:
 
 
 PD, RANGE_SERVER = "pd", "range server"
+_WRITE = (WRITE,)
+_SERVER_ONLY = (SERVER,)
 # Looking a stream up (its ranges, its record): any permission on it, as a writer finds the
 # open range and a stream's id by its name before it appends.
 _LOOK = (READ, WRITE, ADMIN)
@@ -84,8 +84,11 @@ def _append(request: m.AppendRequest, _role: str) -> list[Need]:
     # A primary's forwards and cap notices carry what only primaries set.
     if request.range_index >= 0 or request.committed_offset >= 0 \
             or request.cap_notice is not None:
-        return [Need((SERVER,))]
-    return [Need((WRITE,), s) for s in sorted({e.stream_id for e in request.append_requests})]
+        return [Need(_SERVER_ONLY)]
+    entries = request.append_requests
+    if len(entries) == 1:  # the common case, on every APPEND: no set, no sort
+        return [Need(_WRITE, entries[0].stream_id)]
+    return [Need(_WRITE, s) for s in sorted({e.stream_id for e in entries})]
 
 
 def _list_ranges(request: m.ListRangesRequest, _role: str) -> list[Need]:
