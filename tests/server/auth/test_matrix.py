@@ -86,52 +86,46 @@ def _token(keys: Keys, principal: str) -> str | None:
     return keys.token(principal)
 
 
+_FAKE = m.RangeServer(12345, "127.0.0.1:1")
+_PAYLOAD = batch_bytes(b"matrix")
+# One request per opcode: (on the PD?, the stream, the victim) -> (request, payload). Requests a
+# role carries out touch only the victim or streams nobody has (``UNSEEN``, range index 999).
+_BUILDERS = {
+    Opcode.HEARTBEAT: lambda pd, s, v: (
+        m.HeartbeatRequest("x", m.ClientRole.RANGE_SERVER, _FAKE) if pd
+        else m.HeartbeatRequest("x", m.ClientRole.CLIENT)),
+    Opcode.ALLOCATE_ID: lambda pd, s, v: m.AllocateIdRequest(host="matrix"),
+    Opcode.APPEND: lambda pd, s, v: m.AppendRequest(
+        append_requests=[m.AppendEntry(s, 0, len(_PAYLOAD))]),
+    Opcode.FETCH: lambda pd, s, v: m.FetchRequest(fetch_requests=[m.FetchEntry(s, 0, 0, 1 << 20)]),
+    Opcode.LIST_RANGES: lambda pd, s, v: m.ListRangesRequest(
+        range_owners=[m.RangeOwner(stream_id=s)]),
+    Opcode.SEAL_RANGES: lambda pd, s, v: m.SealRangesRequest(
+        ranges=[m.RangeId(s if pd else UNSEEN, 999)]),
+    Opcode.SYNC_RANGES: lambda pd, s, v: m.SyncRangesRequest(stream_ranges=[]),
+    Opcode.CREATE_RANGE: lambda pd, s, v: m.CreateRangeRequest(ranges=[m.RangeId(s, 999)]),
+    Opcode.DESCRIBE_RANGES: lambda pd, s, v: m.DescribeRangesRequest(ranges=[m.RangeId(s, 0)]),
+    Opcode.CREATE_STREAMS: lambda pd, s, v: m.CreateStreamsRequest(streams=[m.Stream()]),
+    Opcode.DELETE_STREAMS: lambda pd, s, v: m.DeleteStreamsRequest(
+        streams=[m.Stream(v if pd else UNSEEN)]),
+    Opcode.UPDATE_STREAMS: lambda pd, s, v: m.UpdateStreamsRequest(streams=[m.Stream(s, 1, -1)]),
+    Opcode.DESCRIBE_STREAMS: lambda pd, s, v: m.DescribeStreamsRequest(stream_ids=[s]),
+    Opcode.TRIM_STREAMS: lambda pd, s, v: m.TrimStreamsRequest(
+        trimmed_streams=[m.TrimmedStream(s if pd else UNSEEN, 0)]),
+    Opcode.REPORT_METRICS: lambda pd, s, v: m.ReportMetricsRequest(range_server=_FAKE),
+    Opcode.GRANT_PERMISSIONS: lambda pd, s, v: m.GrantPermissionsRequest(
+        [m.Permission("nobody", "read", "1")]),
+    Opcode.REVOKE_PERMISSIONS: lambda pd, s, v: m.RevokePermissionsRequest(
+        [m.Permission("nobody", "read", "1")]),
+    Opcode.DESCRIBE_PERMISSIONS: lambda pd, s, v: m.DescribePermissionsRequest(""),
+}
+
+
 def _request(role: str, opcode: Opcode, stream: int, victim: int) -> tuple[m.Message, bytes]:
-    fake = m.RangeServer(12345, "127.0.0.1:1")
-    on_pd = role == "pd"
-    match opcode:
-        case Opcode.HEARTBEAT:
-            return (m.HeartbeatRequest("x", m.ClientRole.RANGE_SERVER, fake) if on_pd
-                    else m.HeartbeatRequest("x", m.ClientRole.CLIENT)), b""
-        case Opcode.ALLOCATE_ID:
-            return m.AllocateIdRequest(host="matrix"), b""
-        case Opcode.APPEND:
-            payload = batch_bytes(b"matrix")
-            return m.AppendRequest(append_requests=[m.AppendEntry(stream, 0, len(payload))]), \
-                payload
-        case Opcode.FETCH:
-            return m.FetchRequest(fetch_requests=[m.FetchEntry(stream, 0, 0, 1 << 20)]), b""
-        case Opcode.LIST_RANGES:
-            return m.ListRangesRequest(range_owners=[m.RangeOwner(stream_id=stream)]), b""
-        case Opcode.SEAL_RANGES:
-            return m.SealRangesRequest(ranges=[m.RangeId(stream if on_pd else UNSEEN,
-                                                         999)]), b""
-        case Opcode.SYNC_RANGES:
-            return m.SyncRangesRequest(stream_ranges=[]), b""
-        case Opcode.CREATE_RANGE:
-            return m.CreateRangeRequest(ranges=[m.RangeId(stream, 999)]), b""
-        case Opcode.DESCRIBE_RANGES:
-            return m.DescribeRangesRequest(ranges=[m.RangeId(stream, 0)]), b""
-        case Opcode.CREATE_STREAMS:
-            return m.CreateStreamsRequest(streams=[m.Stream()]), b""
-        case Opcode.DELETE_STREAMS:
-            return m.DeleteStreamsRequest(streams=[m.Stream(victim if on_pd else UNSEEN)]), b""
-        case Opcode.UPDATE_STREAMS:
-            return m.UpdateStreamsRequest(streams=[m.Stream(stream, 1, -1)]), b""
-        case Opcode.DESCRIBE_STREAMS:
-            return m.DescribeStreamsRequest(stream_ids=[stream]), b""
-        case Opcode.TRIM_STREAMS:
-            return m.TrimStreamsRequest(trimmed_streams=[
-                m.TrimmedStream(stream if on_pd else UNSEEN, 0)]), b""
-        case Opcode.REPORT_METRICS:
-            return m.ReportMetricsRequest(range_server=fake), b""
-        case Opcode.GRANT_PERMISSIONS:
-            return m.GrantPermissionsRequest([m.Permission("nobody", "read", "1")]), b""
-        case Opcode.REVOKE_PERMISSIONS:
-            return m.RevokePermissionsRequest([m.Permission("nobody", "read", "1")]), b""
-        case Opcode.DESCRIBE_PERMISSIONS:
-            return m.DescribePermissionsRequest(""), b""
-    return m.REQUESTS[opcode](), b""
+    build = _BUILDERS.get(opcode)
+    if build is None:
+        return m.REQUESTS[opcode](), b""
+    return build(role == "pd", stream, victim), _PAYLOAD if opcode == Opcode.APPEND else b""
 
 
 @pytest.mark.parametrize("principal", PRINCIPALS)
