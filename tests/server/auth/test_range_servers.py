@@ -148,3 +148,21 @@ def test_a_client_cannot_pose_as_a_range_server(cluster, keys):
     with _authenticated(cluster.pd_address, keys.token("rs", role="server")) as peer:
         answer, _ = peer.call(m.HeartbeatRequest("c", m.ClientRole.CLIENT))
         assert answer.status.code == ErrorCode.NONE and answer.acl_version == -1
+
+
+def test_a_grant_by_name_reaches_the_range_servers_when_the_stream_is_made(as_, cluster):
+    root = as_("root")
+    root.pd.grant_permissions([m.Permission("named", "read", "made-later")])
+    stream = root.create_stream("made-later")  # after the grant: its id is new to everyone
+    root.append(stream.stream_id, [batch_bytes(b"by name")])
+    named = as_("named")
+
+    def reads() -> bool:
+        try:
+            return len(list(named.read("made-later"))) == 1
+        except PermissionDeniedError:
+            return False
+
+    # The PD's announced version changes with the stream the name names: the range server
+    # fetches the permissions again and matches the grant by the id it learns with them.
+    wait_until(reads, "the grant by name to reach the range server", 10)
