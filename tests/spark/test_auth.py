@@ -126,3 +126,27 @@ def test_a_revocation_fails_a_running_streaming_query(spark, auth_cluster, root,
             assert "PERMISSION_DENIED" in text and "principal 'tail' may not" in text
     finally:
         query.stop()
+
+
+@pytest.mark.spark  # a Spark of its own, in a subprocess: the session's runs without a UI
+def test_the_spark_ui_never_shows_the_token(pd, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "spark" / "ui_job.py"), pd],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["rows"] == 100 and result["pages"] == 9
+    # What was searched does show the queries' plans and the settings.
+    assert result["sql_api_shows_the_plans"] and result["environment_shows_settings"]
+    assert result["token_in"] == [], f"the token shows in {result['token_in']}"
