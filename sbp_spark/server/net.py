@@ -125,6 +125,7 @@ from .advertise import format_address
 from .auth.authenticator import Authenticator
 from .auth.authorizer import Authorizer
 from .auth.principals import Principal
+from .auth.rules import Need
 from .conditions import WaitedCondition
 
 log = logging.getLogger(__name__)
@@ -341,8 +342,8 @@ class RequestHandler(abc.ABC):
         ``request`` served; ``PermissionDeniedError`` when not (answered by the core)."""
         authorizer = self.authorizer
         if authorizer is not None:
-            authorizer.authorize(ctx.conn.principal, ctx.opcode, request)
-            ctx._access = (authorizer, request)
+            ctx._access = (authorizer, authorizer.authorize(ctx.conn.principal, ctx.opcode,
+                                                            request))
 
     def not_served(self, opcode: int) -> str:
         """Why this role refuses a known ``opcode``: its name, and what the role serves."""
@@ -729,9 +730,10 @@ class RequestContext:
         self._done = False
         self._deferred = False
         self._lock = threading.Lock()
-        # The authorizer and the request it let through (``RequestHandler.authorize``), for
-        # ``check_access`` during long waits; None when nothing was checked.
-        self._access: tuple[Authorizer, messages.Message] | None = None
+        # The authorizer and what the request needed when it let it through
+        # (``RequestHandler.authorize``), for ``check_access`` during long waits (needs, not
+        # the request: it may hold the frame's buffer); None when nothing was checked.
+        self._access: tuple[Authorizer, list[Need]] | None = None
 
     def check_access(self) -> None:
         """Ask again whether the principal may still have this request served (a long poll
@@ -739,8 +741,8 @@ class RequestContext:
         revoked meanwhile."""
         access = self._access
         if access is not None:
-            authorizer, request = access
-            authorizer.authorize(self.conn.principal, self.opcode, request)
+            authorizer, needs = access
+            authorizer.recheck(self.conn.principal, self.opcode, needs)
 
     def release_frame(self) -> None:
         """Let go of the frame's header and payload once the request no longer reads them (its

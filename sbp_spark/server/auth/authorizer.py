@@ -44,20 +44,29 @@ class Authorizer:
         """The version of the permissions checked against now."""
         return self._acl().version
 
-    def authorize(self, principal: Principal | None, opcode: int, request: Any) -> None:
-        """Return when ``principal`` may have ``request`` (of ``opcode``) served here; raise
-        ``PermissionDeniedError`` saying what is missing."""
+    def authorize(self, principal: Principal | None, opcode: int, request: Any
+                  ) -> list[Need]:
+        """Return, when ``principal`` may have ``request`` (of ``opcode``) served here, what
+        the request needs (for ``recheck``); raise ``PermissionDeniedError`` saying what is
+        missing."""
         if principal is None:  # a server that does not authenticate: no principals
-            return
+            return []
         rule = self._rules.get(opcode)
         if rule is None:
             raise PermissionDeniedError(
                 f"principal {principal.name!r} may not send {opcode_name(opcode)}: this "
                 f"{self.role} has no permission rule for it, and refuses what it cannot check")
-        if principal.superuser:
+        needs = rule(request, self.role)
+        self.recheck(principal, opcode, needs)
+        return needs
+
+    def recheck(self, principal: Principal | None, opcode: int, needs: list[Need]) -> None:
+        """``PermissionDeniedError`` unless ``principal`` still meets ``needs`` (what a request
+        of ``opcode`` needed when it was let through)."""
+        if principal is None or principal.superuser:
             return
         table = self._acl()
-        for need in rule(request, self.role):
+        for need in needs:
             if not self._meets(principal, need, table):
                 raise PermissionDeniedError(self._refusal(principal, opcode, need))
 
