@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from sbp_spark.commands import (
+    acl,
     bench,
     consumers,
     demo,
@@ -24,6 +25,7 @@ from sbp_spark.commands import (
     servers,
     streams,
     tail,
+    tokens,
 )
 from sbp_spark.commands.common import EXIT_ERROR, EXIT_USAGE, collect_more_positionals, usage
 from sbp_spark.protocol.errors import SbpError
@@ -31,7 +33,7 @@ from sbp_spark.protocol.errors import SbpError
 log = logging.getLogger("sbp_spark.cli")
 
 # The command groups, in the order `sbp --help` lists them.
-GROUPS = (servers, streams, ranges, consumers, produce, tail, health, bench, demo)
+GROUPS = (servers, streams, ranges, consumers, produce, tail, health, tokens, acl, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,7 +49,8 @@ def _name(requirement: str) -> str:
 
 # Import name -> the distribution that provides it.
 DISTRIBUTION = {"pyarrow": "pyarrow", "isal": "isal", "pyspark": "pyspark", "py4j": "pyspark",
-                "matplotlib": "matplotlib", "prometheus_client": "prometheus_client"}
+                "matplotlib": "matplotlib", "prometheus_client": "prometheus_client",
+                "jwt": "pyjwt", "cryptography": "cryptography"}
 
 
 def _runtime_imports(path: Path) -> set[str]:

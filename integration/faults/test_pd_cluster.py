@@ -46,10 +46,11 @@ def _etcd() -> None:
 class MetadataProbe(threading.Thread):
     """Lists the streams every 50 ms through the PD cluster; keeps when answers came."""
 
-    def __init__(self, pd: str) -> None:
+    def __init__(self, pd: str, token: str | None = None) -> None:
         super().__init__(name="metadata-probe", daemon=True)
-        self.pool = ConnectionPool(PROBE)
-        self.pd = PdClient(pd, PROBE, pool=self.pool)
+        config = PROBE.with_token(token)  # a cluster that authenticates needs one
+        self.pool = ConnectionPool(config)
+        self.pd = PdClient(pd, config, pool=self.pool)
         self.answers: list[tuple[float, float, str]] = []  # (sent, answered, node)
         self.failures = 0
         self.halt = threading.Event()
@@ -84,8 +85,8 @@ class MetadataProbe(threading.Thread):
 
 
 def leader_index(cluster: ProcessCluster) -> int:
-    """The index of the PD node that leads now."""
-    pd = PdClient(cluster.pd_address, PROBE)
+    """The index of the PD node that leads now (asked as the servers ask each other)."""
+    pd = PdClient(cluster.pd_address, PROBE.with_token(cluster.auth.server_token()))
     found: list[int] = []
 
     def known() -> bool:

@@ -30,13 +30,14 @@ SECTIONS: dict[str, str] = {
     "memory": "sbp_spark.bench.concurrency",
     "planning": "sbp_spark.bench.time_planning",
     "names": "sbp_spark.bench.name_planning",
+    "auth": "sbp_spark.bench.auth",
     "spark": "sbp_spark.bench.spark_batch",
     "scaling": "sbp_spark.bench.scaling",
     "streaming": "sbp_spark.bench.streaming",
 }
 # The sections that run the connector's Spark code (planning calls its reader directly); the
 # others measure the codec, client and servers, which need no pyspark.
-NEEDS_PYSPARK = ("planning", "names", "spark", "scaling", "streaming")
+NEEDS_PYSPARK = ("planning", "names", "auth", "spark", "scaling", "streaming")
 
 
 def _section_runner(name: str) -> Callable[[BenchContext], list[Figure]]:

@@ -18,20 +18,26 @@ from pathlib import Path
 from typing import IO, Any
 
 from sbp_spark.server import EmbeddedCluster
+from sbp_spark.server.auth.authenticator import AuthSettings
 
 from .loopback import LoopbackServer
 
 STARTUP_TIMEOUT_S = 60.0
 
 
-def _serve(data_dir: str, range_servers: int, fsync: str | None) -> int:
+def _serve(data_dir: str, range_servers: int, fsync: str | None,
+           auth_secret: str | None = None, superuser: str | None = None) -> int:
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     loopback = LoopbackServer(directory=data_dir)
+    # With a secret: token authentication on, ``superuser`` may do everything.
+    auth = AuthSettings(token_secret_file=auth_secret,
+                        superusers=frozenset({superuser} if superuser else ()))
     try:
         if fsync is None:  # the cluster's default policy
-            cluster = EmbeddedCluster(data_dir, range_servers=range_servers)
+            cluster = EmbeddedCluster(data_dir, range_servers=range_servers, auth=auth)
         else:
-            cluster = EmbeddedCluster(data_dir, range_servers=range_servers, fsync=fsync)
+            cluster = EmbeddedCluster(data_dir, range_servers=range_servers, fsync=fsync,
+                                      auth=auth)
         with cluster:
             print(json.dumps({"pid": os.getpid(), "loopback": loopback.address,
                               "pd": cluster.pd_address,
@@ -47,10 +53,13 @@ class ServerProcess:
     """Starts the server child and knows its pid and addresses."""
 
     def __init__(self, data_dir: Path, range_servers: int = 1, log_path: Path | None = None,
-                 fsync: str | None = None):
+                 fsync: str | None = None, auth_secret: Path | None = None,
+                 superuser: str | None = None):
         self.data_dir = Path(data_dir)
         self.range_servers = range_servers
         self.fsync = fsync
+        self.auth_secret = auth_secret
+        self.superuser = superuser
         self.log_path = log_path or self.data_dir.parent / "server.log"
         self._proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
@@ -81,6 +90,9 @@ class ServerProcess:
                 "--data-dir", str(self.data_dir), "--range-servers", str(self.range_servers)]
         if self.fsync is not None:
             argv += ["--fsync", self.fsync]
+        if self.auth_secret is not None:
+            argv += ["--auth-secret", str(self.auth_secret), "--superuser",
+                     self.superuser or ""]
         self._proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
@@ -117,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--range-servers", type=int, default=1)
     parser.add_argument("--fsync", default=None)
+    parser.add_argument("--auth-secret", default=None)
+    parser.add_argument("--superuser", default=None)
     args = parser.parse_args(argv)
-    return _serve(args.data_dir, args.range_servers, args.fsync)
+    return _serve(args.data_dir, args.range_servers, args.fsync, args.auth_secret,
+                  args.superuser)
 
 
 if __name__ == "__main__":

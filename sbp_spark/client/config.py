@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sbp_spark.protocol.constants import MAX_FRAME_LENGTH, MIN_FRAME_LENGTH
 
@@ -95,6 +95,10 @@ class ClientConfig:
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # A signed token (JWT) each connection presents with AUTHENTICATE before anything else,
+    # for clusters that authenticate (docs/wire.md, "Who may do what"); None: none is sent.
+    # A secret: kept out of repr, so it never reaches a log or an error message.
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "request_timeout_s", "idle_timeout_s",
@@ -118,6 +122,10 @@ class ClientConfig:
                 f"retry_backoff_ms={self.retry_backoff_ms}")
         files = {name: getattr(self, name)
                  for name in ("tls_ca_file", "tls_cert_file", "tls_key_file")}
+        if self.token is not None and (not isinstance(self.token, str)
+                                       or not self.token.strip()):
+            raise ValueError("ClientConfig.token: must be a non-empty string (a signed token), "
+                             "or None")
         if not self.tls and any(files.values()):
             given = ", ".join(n for n, v in files.items() if v)
             raise ValueError(f"ClientConfig: {given} given but tls=False; set tls=True to use "
@@ -155,6 +163,13 @@ class ClientConfig:
         return TlsConfig(cert_file=self.tls_cert_file, key_file=self.tls_key_file,
                          ca_file=self.tls_ca_file)
 
+    def with_token(self, token: str | None) -> ClientConfig:
+        """This configuration presenting ``token`` (unchanged when None): what a server uses
+        to call other servers as its own principal."""
+        if token is None:
+            return self
+        return dataclasses.replace(self, token=token)
+
     def with_tls(self, tls: TlsConfig | None) -> ClientConfig:
         """This configuration speaking TLS with ``tls``'s files (unchanged when None): what a
         server uses to call other servers, presenting its own certificate."""
@@ -162,3 +177,19 @@ class ClientConfig:
             return self
         return dataclasses.replace(self, tls=True, tls_ca_file=tls.ca_file,
                                    tls_cert_file=tls.cert_file, tls_key_file=tls.key_file)
+
+
+def read_token_file(path: str) -> str:
+    """The token kept in the file ``path`` (``--token-file``, the connector's ``tokenFile``),
+    without the space around it; ``ValueError`` naming the file (never its content) when it
+    cannot be read or is empty."""
+    try:
+        with open(path, encoding="ascii") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the token file {path!r} does not hold a token (not ASCII)") from None
+    if not token:
+        raise ValueError(f"the token file {path!r} is empty")
+    return token

@@ -287,6 +287,27 @@ class Connection:
         self._reader = threading.Thread(
             target=self._background_reads, name=f"sbp-reader-{address}", daemon=True)
         self._reader.start()
+        #: Who the server knows this connection as ("" when it did not authenticate it).
+        self.principal = ""
+        if self.config.token is not None:
+            self._authenticate(self.config.token)
+
+    def _authenticate(self, token: str) -> None:
+        """AUTHENTICATE with ``token`` before anything else is sent; a refusal closes the
+        connection and raises ``UnauthenticatedError`` (not retriable: the same token is
+        refused again), a lost answer the transport's error."""
+        from sbp_spark.protocol.messages import AuthenticateRequest, AuthenticateResponse
+
+        try:
+            answer, _ = self.call(AuthenticateRequest(method="token", data=token.encode()))
+        except BaseException:
+            self.close()
+            raise
+        if not isinstance(answer, AuthenticateResponse):
+            self.close()
+            raise ProtocolError(f"{self.address} answered AUTHENTICATE with "
+                                f"{type(answer).__name__}")
+        self.principal = answer.principal
 
     def _start_tls(self, sock: socket.socket, twin: socket.socket, tls: TlsConfig,
                    host: str) -> TlsSocket:

@@ -30,11 +30,14 @@ from sbp_spark.protocol.messages import (
     CreateStreamsRequest,
     DeleteStreamsRequest,
     DescribePdClusterRequest,
+    DescribePermissionsRequest,
     DescribeRangesRequest,
     DescribeStreamsRequest,
+    GrantPermissionsRequest,
     HeartbeatRequest,
     HeartbeatResponse,
     ListRangesRequest,
+    Permission,
     PlacementDriverCluster,
     PlacementDriverNode,
     Range,
@@ -44,6 +47,7 @@ from sbp_spark.protocol.messages import (
     RangeServerState,
     ReportMetricsRequest,
     ReportMetricsResponse,
+    RevokePermissionsRequest,
     SealRangesRequest,
     Stream,
     TrimmedStream,
@@ -322,6 +326,19 @@ class PdClient:
         request = DescribePdClusterRequest(None, self.config.server_timeout_ms)
         response, _ = self._call(request, deadline, check=_from_the_leader)
         return list(response.range_servers)
+
+    def grant_permissions(self, permissions: Sequence[Permission]) -> int:
+        """Grant ``permissions`` (superusers only); the version of the permissions after."""
+        return int(self.call(GrantPermissionsRequest(list(permissions))).version)
+
+    def revoke_permissions(self, permissions: Sequence[Permission]) -> int:
+        """Revoke ``permissions`` (superusers only); the version of the permissions after."""
+        return int(self.call(RevokePermissionsRequest(list(permissions))).version)
+
+    def describe_permissions(self, principal: str = "") -> tuple[int, list[Permission]]:
+        """The version of the permissions and those of ``principal`` ("": everyone's)."""
+        response = self.call(DescribePermissionsRequest(principal))
+        return int(response.version), list(response.permissions)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         """Send one HEARTBEAT (a range server announcing itself, or an SDK client)."""

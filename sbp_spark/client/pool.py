@@ -9,6 +9,8 @@ the pool closes what is left when the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import functools
+import hashlib
 import os
 import threading
 import time
@@ -20,11 +22,22 @@ from .connection import Connection, parse_address
 
 
 def _key(address: str, config: ClientConfig) -> str:
-    """Pool key: the address, and for TLS the identity the connection was made with, so a
-    connection authenticated with one certificate never serves a caller without it."""
-    if not config.tls:
-        return address
-    return f"{address} tls {config.tls_ca_file} {config.tls_cert_file} {config.tls_key_file}"
+    """Pool key: the address, and the identity the connection was made with (its TLS files,
+    its token), so a connection authenticated as one principal never serves a caller with
+    another, or without one. The token enters as a digest: a key may be printed."""
+    key = address
+    if config.tls:
+        key = (f"{key} tls {config.tls_ca_file} {config.tls_cert_file} "
+               f"{config.tls_key_file}")
+    if config.token is not None:
+        key = f"{key} token {_digest(config.token)}"
+    return key
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(token: str) -> str:
+    """A token's digest (pool keys are made on every request: computed once per token)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 class ConnectionPool:
@@ -44,7 +57,7 @@ class ConnectionPool:
         """An open connection to ``address``, made now if none is usable.
 
         ``config`` applies only when a new connection is made (connect timeout and so on),
-        except its TLS settings: connections with other TLS settings are not shared.
+        except its TLS settings and token: connections made with others are not shared.
         """
         config = config if config is not None else self.config
         key = _key(address, config)

@@ -39,11 +39,18 @@ class SbpClient:
     """Stream-level operations against the cluster whose PD is at ``pd``.
 
     ``pd`` is ``"host:port[,host:port]"``, a list of addresses, or a ``PdClient``.
-    Connections come from the process-wide pool unless ``pool`` is given.
+    Connections come from the process-wide pool unless ``pool`` is given. ``token``: a signed
+    token every connection presents, for clusters that authenticate (the same as
+    ``ClientConfig.token``; it is never printed).
     """
 
     def __init__(self, pd: str | Sequence[str] | PdClient, config: ClientConfig | None = None,
-                 pool: ConnectionPool | None = None) -> None:
+                 pool: ConnectionPool | None = None, *, token: str | None = None) -> None:
+        if token is not None:
+            if isinstance(pd, PdClient):
+                raise ValueError("give the token in the PdClient's config, not beside it")
+            config = replace(config if config is not None else ClientConfig(),
+                             token=token)
         if isinstance(pd, PdClient):
             self.pd = pd
             self.config = config if config is not None else pd.config

@@ -25,6 +25,7 @@ from sbp_spark.protocol.errors import (
     SbpTimeoutError,
     ServerError,
     TransportError,
+    UnauthenticatedError,
 )
 from sbp_spark.protocol.names import parse_stream_ref
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from sbp_spark.client import SbpClient
 
 PD_ENV = "SBP_PD"
+# The token the client commands present when neither --token nor --token-file is given.
+TOKEN_ENV = "SBP_TOKEN"
 # TLS for the admin commands, from the environment: CA file, and for clusters that require
 # client certificates (mutual TLS), certificate and key. Any of them turns TLS on.
 TLS_ENV = {"tls_ca_file": "SBP_TLS_CA", "tls_cert_file": "SBP_TLS_CERT",
@@ -117,11 +120,34 @@ def address_arg(text: str) -> str:
 
 
 def add_pd_argument(parser: argparse.ArgumentParser) -> None:
-    """``--pd HOST:PORT[,HOST:PORT...]`` with the documented default."""
+    """``--pd HOST:PORT[,HOST:PORT...]`` with the documented default, and the credential
+    (``--token``, ``--token-file``, else ``$SBP_TOKEN``) every client command takes."""
     parser.add_argument(
         "--pd", default=None, type=pd_addresses_arg, metavar="HOST:PORT",
         help=f"placement driver address(es), comma-separated (default: ${PD_ENV}, "
              f"else {DEFAULT_PD})")
+    credential = parser.add_mutually_exclusive_group()
+    credential.add_argument("--token", default=None, metavar="TOKEN",
+                            help=f"authenticate with this signed token (default: "
+                                 f"${TOKEN_ENV}); visible to other users of this machine in "
+                                 f"the process list: prefer --token-file")
+    credential.add_argument("--token-file", default=None, metavar="FILE",
+                            help="authenticate with the token kept in FILE")
+
+
+def token_of(args: argparse.Namespace) -> str | None:
+    """The token a client command presents: --token, the file of --token-file, else
+    $SBP_TOKEN; None when none is given (an open cluster needs none)."""
+    from sbp_spark.client.config import read_token_file
+
+    if getattr(args, "token", None):
+        return str(args.token).strip()
+    if getattr(args, "token_file", None):
+        try:
+            return read_token_file(args.token_file)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+    return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
 # The namespace attribute naming a command's list positional (see ``more_positionals``).
@@ -264,7 +290,8 @@ def connect(args: argparse.Namespace) -> Iterator[SbpClient]:
     tls = tls_from_env()
     try:
         config = ClientConfig(connect_timeout_s=CLI_CONNECT_TIMEOUT_S, retries=CLI_RETRIES,
-                              retry_deadline_s=CLI_RETRY_DEADLINE_S, **tls)
+                              retry_deadline_s=CLI_RETRY_DEADLINE_S, token=token_of(args),
+                              **tls)
     except ValueError as exc:
         names = ", ".join(f"${TLS_ENV[f]}" for f in TLS_ENV if tls.get(f) is not None)
         raise CommandError(f"{exc} (from {names})" if tls else str(exc)) from None
@@ -302,7 +329,13 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str | None:
         # The client prefixes what it was doing ("stream 7: ..."); skip it when the server's
         # own words already say the same.
         context, sep, rest = message.partition(": ")
-        return rest if sep and context in rest else message
+        message = rest if sep and context in rest else message
+        if isinstance(exc, UnauthenticatedError):
+            given = (getattr(args, "token", None) or getattr(args, "token_file", None)
+                     or os.environ.get(TOKEN_ENV, "").strip())
+            hint = "" if given else " (give a token: --token, --token-file or $SBP_TOKEN)"
+            return f"UNAUTHENTICATED: {message}{hint}"
+        return message
     if isinstance(exc, PdUnreachableError) and exc.__cause__ is not None:
         exc = exc.__cause__  # said below, naming where the address came from
     if isinstance(exc, (TransportError, SbpTimeoutError)):

@@ -187,6 +187,54 @@ def _tls_of(args: argparse.Namespace):
     return tls
 
 
+def _add_auth_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "authentication", "who may connect, and as whom (none of these: the cluster is open "
+                          "to anyone who reaches its ports); with --tls-ca, a client "
+                          "certificate authenticates its connection too")
+    keys = group.add_mutually_exclusive_group()
+    keys.add_argument("--auth-token-secret", metavar="FILE",
+                      help="accept tokens signed with this shared secret (HS256)")
+    keys.add_argument("--auth-token-public-key", metavar="FILE",
+                      help="accept tokens signed with the private key of this public key "
+                           "(RS256, PEM)")
+    group.add_argument("--superusers", metavar="NAME[,NAME...]", type=_superusers_arg,
+                       default=frozenset(),
+                       help="principals that may do everything, permissions included")
+    group.add_argument("--server-token", metavar="FILE",
+                       help="the token (role server) this server presents to the other "
+                            "servers; default: one made from --auth-token-secret")
+
+
+def _superusers_arg(text: str) -> frozenset[str]:
+    from sbp_spark.server.auth.authenticator import parse_superusers
+
+    try:
+        return parse_superusers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _auth_of(args: argparse.Namespace):
+    """The authentication settings of the command line (open when none is given); key and
+    token files are checked here, before anything starts."""
+    from sbp_spark.server.auth.authenticator import AuthSettings
+
+    auth = AuthSettings(token_secret_file=args.auth_token_secret,
+                        token_public_key_file=args.auth_token_public_key,
+                        certificates=args.tls_ca is not None and (
+                            args.auth_token_secret is not None
+                            or args.auth_token_public_key is not None
+                            or bool(args.superusers)),
+                        superusers=args.superusers, server_token_file=args.server_token)
+    if args.server_token is not None and not auth.enabled:
+        raise ValueError("--server-token needs authentication: --auth-token-secret or "
+                         "--auth-token-public-key")
+    auth.authenticator()
+    auth.server_token()
+    return auth
+
+
 # -- running servers in the foreground ----------------------------------------------------------
 
 
@@ -244,6 +292,7 @@ def _add_server(subparsers: argparse._SubParsersAction) -> None:
     _add_metrics_arg(parser, "the PD's; range server i's on PORT + i + 1")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
+    _add_auth_args(parser)
     parser.set_defaults(handler=server_command, command="sbp server")
 
 
@@ -259,7 +308,7 @@ def server_command(args: argparse.Namespace) -> int:
                               fsync_interval_ms=args.fsync_interval_ms, tls=_tls_of(args),
                               page_cache_bytes=args.page_cache_mib << 20,
                               advertise_host=args.advertise_host,
-                              metrics_port=args.metrics_port)
+                              metrics_port=args.metrics_port, auth=_auth_of(args))
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
@@ -301,7 +350,7 @@ def _pd_cluster_command(args: argparse.Namespace) -> int:
     _check_range_server_count(data_dir, args.range_servers)
     cluster = ProcessCluster(data_dir, range_servers=args.range_servers,
                              host=args.host, fsync=args.fsync, pd_port=args.port,
-                             tls=_tls_of(args), pd_nodes=args.pd_nodes)
+                             tls=_tls_of(args), pd_nodes=args.pd_nodes, auth=_auth_of(args))
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         cluster.start()
         try:
@@ -358,6 +407,7 @@ def _add_pd(subparsers: argparse._SubParsersAction) -> None:
     _add_metrics_arg(parser, "on --host")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
+    _add_auth_args(parser)
     parser.set_defaults(handler=pd_command, command="sbp pd")
 
 
@@ -384,7 +434,7 @@ def pd_command(args: argparse.Namespace) -> int:
                                   name=args.name or "pd-1", fsync=args.fsync != "never",
                                   etcd=args.etcd or (), etcd_prefix=args.etcd_prefix,
                                   net=NetConfig(tls=_tls_of(args)),
-                                  metrics_port=args.metrics_port))
+                                  metrics_port=args.metrics_port, auth=_auth_of(args)))
     with _ready_file_writer(args.ready_file) as ready, _StopSignals() as stop:
         try:
             pd.start()
@@ -427,6 +477,7 @@ def _add_range_server(subparsers: argparse._SubParsersAction) -> None:
     _add_metrics_arg(parser, "on --host")
     _add_ready_file_arg(parser)
     _add_tls_args(parser)
+    _add_auth_args(parser)
     parser.set_defaults(handler=range_server_command, command="sbp range-server")
 
 
@@ -444,7 +495,7 @@ def range_server_command(args: argparse.Namespace) -> int:
         storage=StorageConfig(fsync=args.fsync, fsync_interval_ms=args.fsync_interval_ms,
                               page_cache_bytes=args.page_cache_mib << 20),
         net=NetConfig(name="range-server", tls=_tls_of(args)),
-        metrics_port=args.metrics_port))
+        metrics_port=args.metrics_port, auth=_auth_of(args)))
     announced = False
     # A PD that refuses the server's id for good ends the command (no ready file), with the
     # refusal as its error: the server then does not log it too.

@@ -38,6 +38,7 @@ class Opcode(IntEnum):
     GOAWAY = 0x0002
     HEARTBEAT = 0x0003
     ALLOCATE_ID = 0x0004
+    AUTHENTICATE = 0x0005  # ours: docs/wire.md, "Who may do what"
     APPEND = 0x1001
     FETCH = 0x1002
     LIST_RANGES = 0x2001
@@ -57,6 +58,10 @@ class Opcode(IntEnum):
     COMMIT_CONSUMER = 0x6002
     DESCRIBE_CONSUMERS = 0x6003
     DELETE_CONSUMERS = 0x6004
+    # Ours: permissions (docs/wire.md, "Who may do what").
+    GRANT_PERMISSIONS = 0x5001
+    REVOKE_PERMISSIONS = 0x5002
+    DESCRIBE_PERMISSIONS = 0x5003
 
 
 KNOWN_OPCODES = frozenset(int(op) for op in Opcode)

@@ -38,6 +38,8 @@ class ErrorCode(IntEnum):
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
     DATA_CORRUPT = 25
+    UNAUTHENTICATED = 26
+    PERMISSION_DENIED = 27
     CONSUMER_FENCED = 28
 
     @property
@@ -415,6 +417,18 @@ class DataCorruptError(ServerError):
     retriable = True
 
 
+class UnauthenticatedError(ServerError):
+    """The connection has no valid credential: authenticate first, with a token that is
+    signed by the cluster, not expired and well formed (the message says which failed)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(ServerError):
+    """The principal may not do this: the message names the principal, the operation, the
+    stream and the permission missing."""
+
+    code = ErrorCode.PERMISSION_DENIED
 class ConsumerFencedError(ServerError):
     """A newer generation of the consumer took over (or the consumer was deleted): this one
     may no longer record positions under its name."""

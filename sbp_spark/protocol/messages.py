@@ -40,6 +40,7 @@ __all__ = [
     "Stream", "PlacementDriverNode", "PlacementDriverCluster",
     "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
     "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
+    "AuthenticateRequest", "AuthenticateResponse",
     "AppendEntry", "AppendRequest", "AppendResult", "AppendResponse",
     "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
     "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
@@ -58,6 +59,9 @@ __all__ = [
     "CommitConsumerRequest", "CommitConsumerResponse", "DescribeConsumersRequest",
     "ConsumerResult", "DescribeConsumersResponse", "DeleteConsumersRequest",
     "DeleteConsumersResponse",
+    "Permission", "GrantPermissionsRequest", "GrantPermissionsResponse",
+    "RevokePermissionsRequest", "RevokePermissionsResponse", "DescribePermissionsRequest",
+    "DescribePermissionsResponse",
     "REQUESTS", "RESPONSES", "TABLES",
     "request_frame", "response_frame", "system_error_frame", "decode_request",
     "decode_response",
@@ -266,6 +270,7 @@ class HeartbeatResponse(Message):
     client_role: int = ClientRole.RANGE_SERVER
     range_server: RangeServer | None = None
     status: Status = OK
+    acl_version: int = -1  # ours: the permissions a range server must enforce
 
 
 @dataclass(slots=True)
@@ -281,6 +286,25 @@ class AllocateIdResponse(Message):
     OPCODE: ClassVar[Opcode] = Opcode.ALLOCATE_ID
 
     id: int = -1
+    status: Status = OK
+
+
+@dataclass(slots=True)
+class AuthenticateRequest(Message):
+    """Ours: the connection's credential (``method`` "token": ``data`` is a signed JWT).
+    Its repr leaves the credential out, so it never reaches a log."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.AUTHENTICATE
+
+    method: str = ""
+    data: bytes = field(default=b"", repr=False)
+
+
+@dataclass(slots=True)
+class AuthenticateResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.AUTHENTICATE
+
+    principal: str = ""
     status: Status = OK
 
 
@@ -828,6 +852,63 @@ class DeleteConsumersResponse(Message):
     throttle_time_ms: int = 0
     status: Status = OK
     results: list[ConsumerResult] = field(default_factory=list)
+# ---- permissions (ours) -------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Permission(Message):
+    """``principal`` may do ``operation`` on ``stream`` (an id in digits, a name, ``*``; ""
+    for ``create``); ``stream_id``: in answers, the live stream ``stream`` names (-1: none)."""
+
+    principal: str = ""
+    operation: str = ""
+    stream: str = ""
+    stream_id: int = -1
+
+
+@dataclass(slots=True)
+class GrantPermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GRANT_PERMISSIONS
+
+    permissions: list[Permission] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GrantPermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.GRANT_PERMISSIONS
+
+    status: Status = OK
+    version: int = -1
+
+
+@dataclass(slots=True)
+class RevokePermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.REVOKE_PERMISSIONS
+
+    permissions: list[Permission] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RevokePermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.REVOKE_PERMISSIONS
+
+    status: Status = OK
+    version: int = -1
+
+
+@dataclass(slots=True)
+class DescribePermissionsRequest(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PERMISSIONS
+
+    principal: str = ""
+
+
+@dataclass(slots=True)
+class DescribePermissionsResponse(Message):
+    OPCODE: ClassVar[Opcode] = Opcode.DESCRIBE_PERMISSIONS
+
+    status: Status = OK
+    permissions: list[Permission] = field(default_factory=list)
+    version: int = -1
 
 
 # ---- codecs and registries ---------------------------------------------------------------

@@ -13,10 +13,16 @@ A ``Session`` keeps what docs/wire.md says a connection must keep track of:
   aside). GOAWAY is sent at most once per connection.
 * **PING.** A PING from the peer is answered (echoed with RESPONSE|END) while the connection
   is up; ``pong_frame`` builds the echo.
+* **Authentication** (ours, docs/wire.md "Who may do what"). A server that authenticates starts
+  each connection in AUTHENTICATING: only PING and AUTHENTICATE are served; any other request
+  is answered UNAUTHENTICATED (DENY) and the connection stays as it was. A credential accepted
+  (AUTHENTICATED) opens it; a connection still unauthenticated when its time is up
+  (AUTH_TIMED_OUT) is told GOAWAY and closed.
 
-The connection's state is one of OPEN, DRAINING and CLOSED, and every (state, event) pair has
-an entry in ``TRANSITIONS``: the next state and what the owner must do (``Action``). The
-session raises ``DRAINED`` itself when a draining connection has nothing left in flight.
+The connection's state is one of AUTHENTICATING, OPEN, DRAINING and CLOSED, and every
+(state, event) pair has an entry in ``TRANSITIONS``: the next state and what the owner must do
+(``Action``). The session raises ``DRAINED`` itself when a draining connection has nothing
+left in flight.
 Whoever owns the session (the client's ``Connection``, the server's connection in
 ``server/net.py``) feeds it events under its own lock and carries out the actions it returns.
 
@@ -50,6 +56,7 @@ _identity_hash = object.__hash__
 class ConnectionState(enum.Enum):
     __hash__ = _identity_hash
 
+    AUTHENTICATING = "authenticating"  # serves PING and AUTHENTICATE alone, until one succeeds
     OPEN = "open"  # takes new requests
     DRAINING = "draining"  # takes no new requests; those in flight are still answered
     CLOSED = "closed"  # done: the transport is (being) closed
@@ -67,6 +74,9 @@ class SessionEvent(enum.Enum):
     RETIRED = "retired"  # this side sends no new requests here, without telling the peer
     PING_RECEIVED = "ping received"  # the peer asks for a PONG
     FAILED = "failed"  # the transport failed or was closed under the requests in flight
+    EXEMPT_RECEIVED = "exempt received"  # a PING or AUTHENTICATE arrived: served unauthenticated
+    AUTHENTICATED = "authenticated"  # a credential was accepted: the peer is a principal
+    AUTH_TIMED_OUT = "auth timed out"  # no credential was accepted in the time allowed
 
 
 class Action(enum.Enum):
@@ -75,9 +85,11 @@ class Action(enum.Enum):
     SEND_GOAWAY = "send goaway"  # tell the peer (``goaway_frame``)
     CLOSE = "close"  # close the transport: the connection is done
     FAIL_ALL = "fail all"  # every request still in flight fails (``drop_all``)
+    DENY = "deny"  # the new request is taken, and answered UNAUTHENTICATED
 
 
 _O, _D, _C = ConnectionState.OPEN, ConnectionState.DRAINING, ConnectionState.CLOSED
+_U = ConnectionState.AUTHENTICATING
 _E = SessionEvent
 _A = Action
 
@@ -92,6 +104,27 @@ TRANSITIONS: dict[tuple[ConnectionState, SessionEvent], tuple[ConnectionState,
     (_O, _E.RETIRED): (_D, ()),
     (_O, _E.PING_RECEIVED): (_O, (_A.SEND_PONG,)),
     (_O, _E.FAILED): (_C, (_A.FAIL_ALL, _A.CLOSE)),
+    # An open connection's AUTHENTICATE is served like any request: on a server that does
+    # not authenticate it is answered with success, on one that does it is refused (the
+    # connection keeps the principal it has).
+    (_O, _E.EXEMPT_RECEIVED): (_O, ()),
+    (_O, _E.AUTHENTICATED): (_O, ()),
+    (_O, _E.AUTH_TIMED_OUT): (_O, ()),
+    # Authenticating (a server's side only): PING and AUTHENTICATE are served, every other
+    # request is answered UNAUTHENTICATED. This side sends nothing of its own yet.
+    (_U, _E.REQUEST_SENT): (_U, (_A.REFUSE,)),
+    (_U, _E.REQUEST_RECEIVED): (_U, (_A.DENY,)),
+    (_U, _E.ENDED): (_U, ()),
+    (_U, _E.DRAINED): (_U, ()),
+    # A connection that never authenticated has nothing worth draining for: it closes.
+    (_U, _E.GOAWAY_RECEIVED): (_C, (_A.CLOSE,)),
+    (_U, _E.GOAWAY_SENT): (_C, (_A.SEND_GOAWAY, _A.CLOSE)),
+    (_U, _E.RETIRED): (_C, (_A.CLOSE,)),
+    (_U, _E.PING_RECEIVED): (_U, (_A.SEND_PONG,)),
+    (_U, _E.FAILED): (_C, (_A.FAIL_ALL, _A.CLOSE)),
+    (_U, _E.EXEMPT_RECEIVED): (_U, ()),
+    (_U, _E.AUTHENTICATED): (_O, ()),
+    (_U, _E.AUTH_TIMED_OUT): (_C, (_A.SEND_GOAWAY, _A.CLOSE)),
     # Draining: the peer's request that arrives now was sent before it heard this side's
     # GOAWAY, and is answered (a stopping server refuses it with SHUTTING_DOWN); this side
     # sends none.
@@ -104,6 +137,11 @@ TRANSITIONS: dict[tuple[ConnectionState, SessionEvent], tuple[ConnectionState,
     (_D, _E.RETIRED): (_D, ()),
     (_D, _E.PING_RECEIVED): (_D, (_A.SEND_PONG,)),
     (_D, _E.FAILED): (_C, (_A.FAIL_ALL, _A.CLOSE)),
+    # Draining (only ever after OPEN): a late PING or AUTHENTICATE is answered like the other late
+    # requests.
+    (_D, _E.EXEMPT_RECEIVED): (_D, ()),
+    (_D, _E.AUTHENTICATED): (_D, ()),
+    (_D, _E.AUTH_TIMED_OUT): (_D, ()),
     # Closed: nothing goes out or comes in any more; late events change nothing.
     (_C, _E.REQUEST_SENT): (_C, (_A.REFUSE,)),
     (_C, _E.REQUEST_RECEIVED): (_C, (_A.REFUSE,)),
@@ -114,6 +152,9 @@ TRANSITIONS: dict[tuple[ConnectionState, SessionEvent], tuple[ConnectionState,
     (_C, _E.RETIRED): (_C, ()),
     (_C, _E.PING_RECEIVED): (_C, ()),
     (_C, _E.FAILED): (_C, ()),
+    (_C, _E.EXEMPT_RECEIVED): (_C, (_A.REFUSE,)),
+    (_C, _E.AUTHENTICATED): (_C, ()),
+    (_C, _E.AUTH_TIMED_OUT): (_C, ()),
 }
 
 
@@ -155,8 +196,9 @@ class Session(Generic[T]):
                  "peer", "last_heard", "last_active", "throttled_until", "_next_id",
                  "_max_id")
 
-    def __init__(self, max_stream_id: int = MAX_STREAM_ID) -> None:
-        self.state = ConnectionState.OPEN
+    def __init__(self, max_stream_id: int = MAX_STREAM_ID, authenticating: bool = False) -> None:
+        # A server that authenticates starts its connections in AUTHENTICATING.
+        self.state = _U if authenticating else _O
         # Why the connection failed (``fail``); None while it did not.
         self.error: SbpError | None = None
         # The event that ended OPEN (GOAWAY_RECEIVED, GOAWAY_SENT, RETIRED or FAILED).
@@ -205,6 +247,11 @@ class Session(Generic[T]):
     def closed(self) -> bool:
         return self.state is _C
 
+    @property
+    def reading(self) -> bool:
+        """Whether the peer's new requests are still read: open, or authenticating."""
+        return self.state is _O or self.state is _U
+
     # -- requests this side sends ------------------------------------------------------------
 
     def send_request(self, item: T) -> int | None:
@@ -249,11 +296,37 @@ class Session(Generic[T]):
 
     def receive_request(self, item: object) -> bool:
         """A request from the peer arrived (``item``: how the owner knows it): False when it
-        is not to be served (REFUSE: the connection is closed)."""
-        if self.state is not _O and self.apply(_E.REQUEST_RECEIVED):
-            return False
+        is not taken (REFUSE: the connection is closed). A taken request is served, or
+        answered UNAUTHENTICATED (DENY): ``admit`` tells which."""
+        return self.admit(item) is not _A.REFUSE
+
+    def admit(self, item: object, exempt: bool = False) -> Action | None:
+        """A request from the peer arrived: None when it is to be served; REFUSE when it is
+        not taken (closed); DENY when it is taken, to be answered UNAUTHENTICATED (the
+        connection has not authenticated). ``exempt``: a PING or an AUTHENTICATE, served
+        before authentication too."""
+        if self.state is _O:  # the steady state skips the table (it changes nothing)
+            self.received.add(item)
+            return None
+        actions = self.apply(_E.EXEMPT_RECEIVED if exempt else _E.REQUEST_RECEIVED)
+        if _A.REFUSE in actions:
+            return _A.REFUSE
         self.received.add(item)
-        return True
+        return _A.DENY if _A.DENY in actions else None
+
+    def authenticated(self) -> tuple[Action, ...]:
+        """A credential was accepted: an authenticating connection opens."""
+        return self.apply(_E.AUTHENTICATED)
+
+    def auth_timed_out(self) -> tuple[Action, ...]:
+        """No credential was accepted in the time allowed: an authenticating connection is
+        told GOAWAY and closed."""
+        return self.apply(_E.AUTH_TIMED_OUT)
+
+    @property
+    def authenticating(self) -> bool:
+        """Only PING and AUTHENTICATE are served until a credential is accepted."""
+        return self.state is _U
 
     def finished(self, item: object) -> tuple[Action, ...]:
         """This side's answer ended the peer's request ``item`` (or gave it up)."""

@@ -41,6 +41,7 @@ from sbp_spark.protocol.errors import SbpError
 from sbp_spark.transport.tls import TlsConfig
 
 from .advertise import check_advertised
+from .auth.authenticator import AuthSettings
 from .etcd_process import LocalEtcd
 from .net import NetConfig
 from .pd import DEFAULT_HEARTBEAT_INTERVAL_S, PdConfig, PlacementDriver
@@ -120,7 +121,9 @@ class EmbeddedCluster:
     host clients are told to use with each server's port (see advertise.py); it is required
     when ``host`` is a wildcard such as ``0.0.0.0``. ``metrics_port`` serves Prometheus
     metrics (``metrics_http.py``): the PD's on that port, range server ``i``'s on the port
-    ``i + 1`` above it (0: every one on a free port; None: none served).
+    ``i + 1`` above it (0: every one on a free port; None: none served). ``auth`` says who
+    may connect and as whom, on every server alike (docs/wire.md, "Who may do what";
+    default: open).
     """
 
     def __init__(self, data_dir: str | Path, range_servers: int = 1, host: str = "127.0.0.1",
@@ -130,7 +133,8 @@ class EmbeddedCluster:
                  tls: TlsConfig | None = None,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
                  fsync_interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
-                 advertise_host: str | None = None, metrics_port: int | None = None) -> None:
+                 advertise_host: str | None = None, metrics_port: int | None = None,
+                 auth: AuthSettings | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         check_advertised(host, None, advertise_host, "embedded cluster", whole_address=False)
@@ -145,6 +149,7 @@ class EmbeddedCluster:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
         self.tls = tls
+        self.auth = auth if auth is not None else AuthSettings()
         self.storage = StorageConfig(fsync=self.fsync, fsync_interval_ms=fsync_interval_ms,
                                      page_cache_bytes=page_cache_bytes)
         if metrics_port is not None and not 0 <= metrics_port <= 65535 - range_servers:
@@ -173,7 +178,8 @@ class EmbeddedCluster:
                 advertise_host=self.advertise_host,
                 fsync=self.fsync is not FsyncPolicy.NEVER,
                 heartbeat_timeout_s=_MISSED_HEARTBEATS * self.heartbeat_interval_s,
-                net=NetConfig(tls=self.tls), metrics_port=self._metrics_port)).start()
+                net=NetConfig(tls=self.tls), metrics_port=self._metrics_port,
+                auth=self.auth)).start()
             # A restart comes back on the same PD port, so addresses held by clients stay good.
             self._pd_port = int(self.pd.bound_address.rsplit(":", 1)[1])
             for i in range(self._count):
@@ -252,7 +258,7 @@ class EmbeddedCluster:
             advertise_host=self.advertise_host or None,
             pd_addresses=[self.pd.address], storage=self.storage,
             heartbeat_interval_s=self.heartbeat_interval_s,
-            net=NetConfig(name="range-server", tls=self.tls),
+            net=NetConfig(name="range-server", tls=self.tls), auth=self.auth,
             metrics_port=(None if self._metrics_port is None else
                           self._metrics_port + i + 1 if self._metrics_port else 0))
 
@@ -430,7 +436,8 @@ class ProcessCluster:
     restart, so the address clients hold stays good; a range server first tries its previous
     port too (a server restarting on its configured port), and takes a free one if that is
     taken. ``env`` is the environment of every child process; ``tls`` becomes their
-    ``--tls-cert``/``--tls-key``/``--tls-ca`` options.
+    ``--tls-cert``/``--tls-key``/``--tls-ca`` options, ``auth`` their authentication options
+    (``--auth-token-secret`` and the others).
 
     ``pd_nodes=N`` (N >= 1) runs N PD nodes over etcd instead of one PD on SQLite: the etcd at
     ``etcd_endpoints``, or else a local one of ``etcd_members`` members (``etcd``, a
@@ -450,7 +457,8 @@ class ProcessCluster:
                  env: dict[str, str] | None = None, tls: TlsConfig | None = None,
                  pd_nodes: int = 0, etcd_members: int = 1,
                  etcd_endpoints: Sequence[str] = (),
-                 placements: Mapping[str, Placement] | None = None) -> None:
+                 placements: Mapping[str, Placement] | None = None,
+                 auth: AuthSettings | None = None) -> None:
         if not isinstance(range_servers, int) or range_servers < 0:
             raise ValueError(f"range_servers={range_servers!r} must be an integer >= 0")
         if not 0 <= pd_port <= 65535:
@@ -474,6 +482,7 @@ class ProcessCluster:
         self.start_timeout_s = start_timeout_s
         self.env = env
         self.tls = tls
+        self.auth = auth if auth is not None else AuthSettings()
         self._pd_port = pd_port
         self._rs_ports: list[int] = [0] * range_servers
         self.pd: ServerProcess | None = None
@@ -571,7 +580,8 @@ class ProcessCluster:
         where = self.placement("pd")
         self.pd = ServerProcess(
             ["pd", "--data-dir", str(self.data_dir / "pd"), "--host", where.host,
-             "--port", str(self._pd_port), "--fsync", self.fsync.value, *self._tls_args()],
+             "--port", str(self._pd_port), "--fsync", self.fsync.value, *self._tls_args(),
+             *self._auth_args()],
             self.data_dir / "pd.ready", self.data_dir / "pd.log", self.start_timeout_s,
             env=self.env, prefix=where.prefix)
         self._pd_port = int(str(self.pd.info["pd"]).rsplit(":", 1)[1])
@@ -583,6 +593,18 @@ class ProcessCluster:
             return []
         args = ["--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file)]
         return args + (["--tls-ca", tls.ca_file] if tls.ca_file else [])
+
+    def _auth_args(self) -> list[str]:
+        auth = self.auth
+        args: list[str] = []
+        for option, value in (("--auth-token-secret", auth.token_secret_file),
+                              ("--auth-token-public-key", auth.token_public_key_file),
+                              ("--server-token", auth.server_token_file)):
+            if value:
+                args += [option, str(value)]
+        if auth.superusers:
+            args += ["--superusers", ",".join(sorted(auth.superusers))]
+        return args
 
     def kill_pd(self) -> None:
         """SIGKILL the PD."""
@@ -607,7 +629,8 @@ class ProcessCluster:
         where = self.placement(name)
         proc = ServerProcess(
             ["pd", "--etcd", ",".join(self._etcd_endpoints), "--name", name,
-             "--host", where.host, "--port", str(self._node_ports[i]), *self._tls_args()],
+             "--host", where.host, "--port", str(self._node_ports[i]), *self._tls_args(),
+             *self._auth_args()],
             self.data_dir / f"{name}.ready", self.data_dir / f"{name}.log",
             self.start_timeout_s, env=self.env, prefix=where.prefix)
         self._node_ports[i] = int(str(proc.info["pd"]).rsplit(":", 1)[1])
@@ -622,11 +645,13 @@ class ProcessCluster:
         wanted = {self._node_address(i) for i, node in enumerate(self.pd_nodes)
                   if node is not None}
 
+        server_token = self.auth.server_token()
+
         def formed() -> bool:
             try:
-                # With TLS, asked like the servers ask each other: with their certificate.
-                with contextlib.closing(Connection(next(iter(wanted)),
-                                                   ClientConfig().with_tls(self.tls))) as conn:
+                # Asked like the servers ask each other: with their certificate, their token.
+                config = ClientConfig().with_tls(self.tls).with_token(server_token)
+                with contextlib.closing(Connection(next(iter(wanted)), config)) as conn:
                     response, _ = conn.call(DescribePdClusterRequest())
             except SbpError:
                 return False
@@ -696,7 +721,8 @@ class ProcessCluster:
         return ServerProcess(
             ["range-server", "--pd", self.pd_address, "--data-dir",
              str(self.range_server_dir(i)), "--host", where.host, "--port", str(port),
-             "--fsync", self.fsync.value, *self._tls_args()],
+             "--fsync", self.fsync.value, *self._tls_args(),
+             *self._auth_args()],
             self.data_dir / f"rs-{i}.ready", self.data_dir / f"rs-{i}.log",
             self.start_timeout_s, env=self.env, prefix=where.prefix)
 

@@ -54,10 +54,19 @@ SYSTEM_ERROR, and closes the connection when framing is lost. ``stop()`` is grac
 every peer, no new connections, in-flight requests get a bounded time to finish. Idle
 connections are closed with a GOAWAY.
 
-Each connection's state (open, draining after a GOAWAY either way, closed), its requests in
-flight and the PING and GOAWAY rules are a ``protocol.session.Session``, the table the client's
-connections drive as well; ``Connection`` feeds it events and carries out the actions it
-returns.
+Authentication (ours, docs/wire.md "Who may do what"): a server given an ``Authenticator``
+starts every connection unauthenticated. Under mutual TLS a verified client certificate
+authenticates it at the handshake; otherwise the core itself serves AUTHENTICATE (a signed
+token), answers every other request but PING with UNAUTHENTICATED until one succeeds, and
+closes a connection that has not authenticated within the authenticator's timeout. The
+principal is ``Connection.principal`` (``RequestContext.principal``); what it may do is the
+handler's authorizer's to say (``RequestHandler.authorize``). A server without an
+authenticator is open: its connections start authenticated as nobody (principal None).
+
+Each connection's state (authenticating, open, draining after a GOAWAY either way, closed), its
+requests in flight and the PING and GOAWAY rules are a ``protocol.session.Session``, the table
+the client's connections drive as well; ``Connection`` feeds it events and carries out the
+actions it returns.
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ from ..protocol.errors import (
     ChecksumError,
     ErrorCode,
     FrameError,
+    HeaderError,
     ServerError,
     TransportError,
 )
@@ -112,6 +122,10 @@ from ..protocol.session import Action, ConnectionState, Session, goaway_frame, p
 from ..transport.sockets import send_buffers
 from ..transport.tls import DEFAULT_HANDSHAKE_TIMEOUT_S, ServingContext, TlsConfig, TlsSocket
 from .advertise import format_address
+from .auth.authenticator import Authenticator
+from .auth.authorizer import Authorizer
+from .auth.principals import Principal
+from .auth.rules import Need
 from .conditions import WaitedCondition
 
 log = logging.getLogger(__name__)
@@ -299,6 +313,9 @@ class RequestHandler(abc.ABC):
     ordered_opcodes: frozenset[int] = frozenset()
     #: Ordered opcodes whose frames up to this many bytes the reader may serve itself.
     inline_bytes: ClassVar[dict[int, int]] = {}
+    #: Who may have what served (set by the owner when its server authenticates); None: every
+    #: request is served, as on a server without principals.
+    authorizer: Authorizer | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -320,9 +337,18 @@ class RequestHandler(abc.ABC):
         # Bound once per handler; tests replace an entry to hold a request.
         return {op: (r.request, getattr(self, r.method)) for op, r in self.routes.items()}
 
+    def authorize(self, ctx: RequestContext, request: messages.Message) -> None:
+        """Ask the authorizer, once per request, whether ``ctx``'s principal may have
+        ``request`` served; ``PermissionDeniedError`` when not (answered by the core)."""
+        authorizer = self.authorizer
+        if authorizer is not None:
+            ctx._access = (authorizer, authorizer.authorize(ctx.conn.principal, ctx.opcode,
+                                                            request))
+
     def not_served(self, opcode: int) -> str:
         """Why this role refuses a known ``opcode``: its name, and what the role serves."""
-        served = ", ".join(opcode_name(op) for op in sorted(self.opcodes | {Opcode.PING}))
+        served = ", ".join(opcode_name(op) for op in sorted(
+            self.opcodes | {Opcode.PING, Opcode.AUTHENTICATE}))
         return (f"this {self.role} does not serve {opcode_name(opcode)} ({opcode:#06x}); it "
                 f"serves {served}")
 
@@ -352,12 +378,16 @@ class Connection:
         self.peer = peer
         self.id = next(self._ids)
         self.config = server.config
+        # Who the peer speaks for, once authenticated; None on a server that does not
+        # authenticate (every peer may do everything) and until the peer authenticated.
+        self.principal: Principal | None = None
+        self.accepted_at = time.monotonic()
         self._send_lock = threading.Lock()
         self._state = WaitedCondition()  # guards the fields below
         # The connection's state and the peer's requests in flight, not yet answered (only
         # these keep their frames, and so their memory, alive): protocol/session.py. This
         # class carries out what the session's transitions ask for (``_carry_out``).
-        self._session: Session = Session()
+        self._session: Session = Session(authenticating=server.authenticator is not None)
         self._session.last_active = time.monotonic()
         self._outgoing = 0
         self._send_started: float | None = None  # for the stuck-send watchdog
@@ -557,12 +587,33 @@ class Connection:
                 with contextlib.suppress(OSError):
                     self.sock.shutdown(socket.SHUT_RDWR)
 
+    # -- authentication --------------------------------------------------------------------
+
+    @property
+    def authenticating(self) -> bool:
+        """Only PING and AUTHENTICATE are served until the peer authenticates."""
+        return self._session.authenticating
+
+    def _authenticated(self, principal: Principal) -> None:
+        with self._state:
+            self.principal = principal
+            self._session.authenticated()
+
+    def _auth_timed_out(self) -> None:
+        """The peer did not authenticate in time: GOAWAY and close (if it still has not)."""
+        with self._state:
+            actions = self._session.auth_timed_out()
+            self._state.notify_all()
+        self._carry_out(actions, "not authenticated in time")
+
     # -- in-flight accounting --------------------------------------------------------------
 
-    def _begin_request(self, ctx: RequestContext) -> bool:
-        """Count ``ctx`` in flight; False when the connection is closed (not to be served)."""
+    def _begin_request(self, ctx: RequestContext, exempt: bool = False) -> Action | None:
+        """Count ``ctx`` in flight: None when it is to be served; REFUSE when the connection
+        is closed (not taken); DENY when it is taken, to be answered UNAUTHENTICATED.
+        ``exempt``: PING and AUTHENTICATE, served before authentication too."""
         with self._state:
-            return self._session.receive_request(ctx)
+            return self._session.admit(ctx, exempt)
 
     def _end_request(self, ctx: RequestContext) -> None:
         with self._state:
@@ -670,7 +721,7 @@ class Connection:
 class RequestContext:
     """One request being served: its frame, and the ways to answer it."""
 
-    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock", "_nbytes")
+    __slots__ = ("frame", "conn", "_done", "_deferred", "_lock", "_nbytes", "_access")
 
     def __init__(self, frame: Frame, conn: Connection) -> None:
         self.frame = frame
@@ -679,6 +730,19 @@ class RequestContext:
         self._done = False
         self._deferred = False
         self._lock = threading.Lock()
+        # The authorizer and what the request needed when it let it through
+        # (``RequestHandler.authorize``), for ``check_access`` during long waits (needs, not
+        # the request: it may hold the frame's buffer); None when nothing was checked.
+        self._access: tuple[Authorizer, list[Need]] | None = None
+
+    def check_access(self) -> None:
+        """Ask again whether the principal may still have this request served (a long poll
+        calls it as it waits): ``PermissionDeniedError`` once a permission it needed was
+        revoked meanwhile."""
+        access = self._access
+        if access is not None:
+            authorizer, needs = access
+            authorizer.recheck(self.conn.principal, self.opcode, needs)
 
     def release_frame(self) -> None:
         """Let go of the frame's header and payload once the request no longer reads them (its
@@ -691,6 +755,11 @@ class RequestContext:
     @property
     def opcode(self) -> int:
         return self.frame.opcode
+
+    @property
+    def principal(self) -> Principal | None:
+        """Who the request comes from (None on a server that does not authenticate)."""
+        return self.conn.principal
 
     @property
     def stream_id(self) -> int:
@@ -814,9 +883,12 @@ def _frame_flags(parts: Sequence[Buffer | FileRegion]) -> int:
 class FrameServer:
     """A TCP server speaking SBP frames to a :class:`RequestHandler`."""
 
-    def __init__(self, handler: RequestHandler, config: NetConfig | None = None) -> None:
+    def __init__(self, handler: RequestHandler, config: NetConfig | None = None,
+                 authenticator: Authenticator | None = None) -> None:
         self.handler = handler
         self.config = config or NetConfig()
+        # Checks credentials; None: the server is open (nobody authenticates).
+        self.authenticator = authenticator
         self.stats = NetStats()
         self._listener: socket.socket | None = None
         self._address: tuple[str, int] | None = None
@@ -989,6 +1061,8 @@ class FrameServer:
     def _housekeeping(self) -> None:
         idle = self.config.idle_timeout_s
         interval = min(1.0, idle / 4) if idle else 1.0
+        if self.authenticator is not None:
+            interval = min(interval, self.authenticator.timeout_s / 4)
         while not self._stopping.wait(interval):
             now = time.monotonic()
             for conn in self.connections():
@@ -1000,6 +1074,11 @@ class FrameServer:
                 elif idle and conn.inflight == 0 and now - conn.last_activity > idle:
                     log.debug("%r idle for %.0f s: closing", conn, now - conn.last_activity)
                     conn.close("idle timeout")
+                elif (self.authenticator is not None and conn.authenticating
+                      and now - conn.accepted_at > self.authenticator.timeout_s):
+                    log.info("%s: %s did not authenticate within %g s: closing",
+                             self.config.name, conn.peer_str, self.authenticator.timeout_s)
+                    conn._auth_timed_out()
 
     def _start_tls(self, conn: Connection, context: ssl.SSLContext) -> bool:
         """TLS handshake with a new peer (on its reader thread, so a slow one holds up no one
@@ -1015,6 +1094,10 @@ class FrameServer:
             return False
         with conn._send_lock:
             conn.sock = tls
+        if self.authenticator is not None:
+            principal = self.authenticator.of_certificate(tls.getpeercert())
+            if principal is not None:  # the certificate says who it is: no AUTHENTICATE
+                conn._authenticated(principal)
         return True
 
     def _read_loop(self, conn: Connection) -> None:
@@ -1030,7 +1113,7 @@ class FrameServer:
                 conn._wait_below_inflight_limit()
                 if receiving == 0:
                     self._wait_for_budget(conn)
-                if not conn._session.open:
+                if not conn._session.reading:
                     break
                 buf = decoder.get_buffer()
                 try:
@@ -1076,7 +1159,7 @@ class FrameServer:
             if conn.closed:
                 return
             self._dispatch(conn, event)
-            if not conn._session.open:
+            if not conn._session.reading:
                 return
 
     def _reader_finished(self, conn: Connection) -> None:
@@ -1114,11 +1197,8 @@ class FrameServer:
                       frame.opcode, frame.stream_id)
             return
         opcode = frame.opcode
-        if opcode == Opcode.PING:
-            with conn._state:
-                actions = conn._session.ping_received()
-            if Action.SEND_PONG in actions:
-                self._run(self._new_context(conn, frame), self._pong)
+        if opcode == Opcode.PING or opcode == Opcode.AUTHENTICATE:
+            self._serve_exempt(conn, frame)
             return
         if opcode == Opcode.GOAWAY:
             log.debug("%r: peer sent GOAWAY", conn)
@@ -1141,6 +1221,8 @@ class FrameServer:
         self.stats.requests += 1
         self.stats.per_opcode[opcode] = self.stats.per_opcode.get(opcode, 0) + 1
         ctx = self._new_context(conn, frame)
+        if ctx._done:  # denied (not authenticated) or the connection closed
+            return
         if self._stopping.is_set():
             self._answer_error(ctx, ErrorCode.SHUTTING_DOWN, "server is shutting down")
         elif opcode in self.handler.long_opcodes:
@@ -1154,13 +1236,65 @@ class FrameServer:
         else:
             self._run(ctx, self.handler.handle)
 
-    def _new_context(self, conn: Connection, frame: Frame) -> RequestContext:
+    def _serve_exempt(self, conn: Connection, frame: Frame) -> None:
+        """PING and AUTHENTICATE, which the core serves before authentication too."""
+        if frame.opcode == Opcode.PING:
+            with conn._state:
+                actions = conn._session.ping_received()
+            if Action.SEND_PONG in actions:
+                self._run(self._new_context(conn, frame, exempt=True), self._pong)
+            return
+        ctx = self._new_context(conn, frame, exempt=True)
+        if not ctx._done:
+            self._run(ctx, self._authenticate)
+
+    def _new_context(self, conn: Connection, frame: Frame,
+                     exempt: bool = False) -> RequestContext:
+        """The context of a new request, counted in flight. It is done already when the
+        connection closed under the reader (nothing counted), or when it was answered
+        UNAUTHENTICATED here (the peer has not authenticated; ``exempt``: PING and
+        AUTHENTICATE, which are served all the same)."""
         ctx = RequestContext(frame, conn)
-        if conn._begin_request(ctx):
-            self._charge_bytes(ctx._nbytes)
-        else:  # closed under the reader: answering it fails, and nothing is counted
+        admitted = conn._begin_request(ctx, exempt)
+        if admitted is Action.REFUSE:
             ctx._done = True
+            return ctx
+        self._charge_bytes(ctx._nbytes)
+        if admitted is Action.DENY:
+            self._answer_error(ctx, ErrorCode.UNAUTHENTICATED,
+                               f"this connection has not authenticated: send AUTHENTICATE "
+                               f"(a token) first; only PING is served before it (asked: "
+                               f"{opcode_name(frame.opcode)})")
         return ctx
+
+    def _authenticate(self, ctx: RequestContext) -> None:
+        """AUTHENTICATE: check the credential, and the connection speaks for its principal.
+        An open server takes any credential and says so with an empty principal."""
+        try:
+            request = messages.AuthenticateRequest.from_flatbuffers(ctx.header)
+        except HeaderError as exc:
+            ctx.system_error(ErrorCode.INVALID_REQUEST, str(exc))
+            return
+        conn = ctx.conn
+        if self.authenticator is None:
+            ctx.reply(messages.AuthenticateResponse(principal=""))
+            return
+        if conn.principal is not None:
+            ctx.system_error(ErrorCode.INVALID_REQUEST,
+                             f"this connection is authenticated already, as "
+                             f"{conn.principal.name!r} (by its TLS client certificate, or an "
+                             f"earlier AUTHENTICATE); open a new connection to change it")
+            return
+        try:
+            principal = self.authenticator.authenticate(request.method, request.data)
+        except ServerError as exc:
+            # The reason, never the credential: it is a secret.
+            log.info("%s: %s failed to authenticate: %s", self.config.name, conn.peer_str,
+                     exc.message)
+            raise
+        conn._authenticated(principal)
+        log.debug("%r authenticated as %s", conn, principal.name)
+        ctx.reply(messages.AuthenticateResponse(principal=principal.name))
 
     # -- the server-wide byte budget -------------------------------------------------------
 

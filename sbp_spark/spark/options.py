@@ -14,13 +14,14 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sbp_spark.client.config import (
     DEFAULT_FETCH_MAX_BYTES,
     DEFAULT_MAX_INFLIGHT_FRAMES,
     ClientConfig,
+    read_token_file,
 )
 from sbp_spark.protocol.constants import MAX_BATCH_BYTES, MAX_REPLICAS
 from sbp_spark.protocol.names import CONSUMER_NAME_RULE, consumer_name_problem, parse_stream_ref
@@ -396,6 +397,21 @@ def parse_file(name: str, value: str) -> str:
     return path
 
 
+_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+
+def parse_token(name: str, value: str) -> str:
+    """A signed token (a JWT: three base64url parts joined by dots). The message of a refusal
+    never repeats the value: it is a secret."""
+    token = value.strip()
+    if not token:
+        raise OptionError(f"option '{name}' is empty: give a signed token, or leave it out")
+    if not _JWT_SHAPE.match(token):
+        raise OptionError(f"option '{name}' is not a signed token (a JWT: three parts joined "
+                          f"by dots, as `sbp token create` prints)")
+    return token
+
+
 def parse_retention(name: str, value: str) -> int:
     allowed = "-1 (keep forever) or a number of milliseconds >= 1"
     number = parse_int(name, value, -1, allowed=allowed)
@@ -624,6 +640,15 @@ TLS_CERT_FILE = OptionSpec(
 TLS_KEY_FILE = OptionSpec(
     "tls.keyFile", "(none)", "all", "private key (PEM) of tls.certFile",
     parse_file, None)
+TOKEN = OptionSpec(
+    "token", "(none)", "all",
+    "signed token for clusters that authenticate; never printed (Spark redacts options "
+    "named like it in plans and its UI; prefer tokenFile, which keeps it out of the plan)",
+    parse_token, None)
+TOKEN_FILE = OptionSpec(
+    "tokenFile", "(none)", "all",
+    "file holding the token, read where the cluster is called (readable on every executor)",
+    parse_file, None)
 
 OPTIONS: tuple[OptionSpec, ...] = (
     PD,
@@ -670,6 +695,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     TLS_CA_FILE,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
+    TOKEN,
+    TOKEN_FILE,
 )
 _CANONICAL: dict[str, str] = {spec.name.lower(): spec.name for spec in OPTIONS}
 
@@ -737,13 +764,24 @@ class ClientOptions:
     tls_ca_file: str | None = TLS_CA_FILE.value
     tls_cert_file: str | None = TLS_CERT_FILE.value
     tls_key_file: str | None = TLS_KEY_FILE.value
+    # A secret: out of repr, so no message, log line or plan string shows it.
+    token: str | None = field(default=TOKEN.value, repr=False)
+    token_file: str | None = TOKEN_FILE.value
 
     def client_config(self) -> ClientConfig:
-        """The client settings these options stand for."""
+        """The client settings these options stand for (``tokenFile`` read now, where the
+        cluster is called: on an executor, the executor's copy of the file)."""
+        token = self.token
+        if token is None and self.token_file is not None:
+            try:
+                token = read_token_file(self.token_file)
+            except ValueError as exc:
+                raise OptionError(f"option 'tokenFile': {exc}") from None
         return ClientConfig(request_timeout_s=self.request_timeout_ms / 1000.0,
                             retries=self.retries, max_inflight_frames=self.max_inflight_frames,
                             tls=self.tls, tls_ca_file=self.tls_ca_file,
-                            tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file)
+                            tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file,
+                            token=token)
 
 
 def _tls_options(opts: _Options) -> dict[str, Any]:
@@ -767,7 +805,14 @@ def _client_options(opts: _Options) -> ClientOptions:
         retries=opts.value(RETRIES),
         max_inflight_frames=opts.value(MAX_INFLIGHT_FRAMES),
         **_tls_options(opts),
+        **_token_options(opts),
     )
+
+
+def _token_options(opts: _Options) -> dict[str, Any]:
+    if opts.has(TOKEN.name) and opts.has(TOKEN_FILE.name):
+        raise OptionError("options 'token' and 'tokenFile' both give the token: give one")
+    return {"token": opts.value(TOKEN), "token_file": opts.value(TOKEN_FILE)}
 
 
 @dataclass(frozen=True)

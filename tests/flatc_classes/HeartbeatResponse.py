@@ -60,8 +60,15 @@ class HeartbeatResponse(object):
             return obj
         return None
 
+    # HeartbeatResponse
+    def AclVersion(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def HeartbeatResponseStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     HeartbeatResponseStart(builder)
@@ -89,6 +96,12 @@ def HeartbeatResponseAddStatus(builder, status):
 
 def AddStatus(builder, status):
     HeartbeatResponseAddStatus(builder, status)
+
+def HeartbeatResponseAddAclVersion(builder, aclVersion):
+    builder.PrependInt64Slot(4, aclVersion, -1)
+
+def AddAclVersion(builder, aclVersion):
+    HeartbeatResponseAddAclVersion(builder, aclVersion)
 
 def HeartbeatResponseEnd(builder):
     return builder.EndObject()

@@ -28,6 +28,9 @@ from sbp_spark.protocol.session import (
 )
 
 OPEN, DRAINING, CLOSED = ConnectionState.OPEN, ConnectionState.DRAINING, ConnectionState.CLOSED
+AUTHENTICATING = ConnectionState.AUTHENTICATING
+_AUTH_EVENTS = (SessionEvent.EXEMPT_RECEIVED, SessionEvent.AUTHENTICATED,
+                SessionEvent.AUTH_TIMED_OUT)
 
 
 def test_the_tables_name_every_state_and_event():
@@ -39,9 +42,14 @@ def test_the_tables_name_every_state_and_event():
 # table is data; this is the reading of docs/wire.md it must match).
 def _expected(state: ConnectionState, event: SessionEvent
               ) -> tuple[ConnectionState, tuple[Action, ...]]:
+    if state is AUTHENTICATING:
+        return _expected_authenticating(event)
     if state is CLOSED:
-        refused = event in (SessionEvent.REQUEST_SENT, SessionEvent.REQUEST_RECEIVED)
+        refused = event in (SessionEvent.REQUEST_SENT, SessionEvent.REQUEST_RECEIVED,
+                            SessionEvent.EXEMPT_RECEIVED)
         return CLOSED, (Action.REFUSE,) if refused else ()
+    if event in _AUTH_EVENTS:  # an open or draining connection's AUTHENTICATE is served
+        return state, ()
     if event is SessionEvent.FAILED:
         return CLOSED, (Action.FAIL_ALL, Action.CLOSE)
     if event is SessionEvent.PING_RECEIVED:
@@ -57,6 +65,28 @@ def _expected(state: ConnectionState, event: SessionEvent
     return state, ()  # requests received (a draining side still answers them) and ENDED
 
 
+def _expected_authenticating(event: SessionEvent
+                             ) -> tuple[ConnectionState, tuple[Action, ...]]:
+    """Before a credential is accepted: PING and AUTHENTICATE are served, other requests are
+    denied, a GOAWAY either way or the time running out closes the connection."""
+    match event:
+        case SessionEvent.REQUEST_SENT:
+            return AUTHENTICATING, (Action.REFUSE,)
+        case SessionEvent.REQUEST_RECEIVED:
+            return AUTHENTICATING, (Action.DENY,)
+        case SessionEvent.PING_RECEIVED:
+            return AUTHENTICATING, (Action.SEND_PONG,)
+        case SessionEvent.AUTHENTICATED:
+            return OPEN, ()
+        case SessionEvent.AUTH_TIMED_OUT | SessionEvent.GOAWAY_SENT:
+            return CLOSED, (Action.SEND_GOAWAY, Action.CLOSE)
+        case SessionEvent.GOAWAY_RECEIVED | SessionEvent.RETIRED:
+            return CLOSED, (Action.CLOSE,)
+        case SessionEvent.FAILED:
+            return CLOSED, (Action.FAIL_ALL, Action.CLOSE)
+    return AUTHENTICATING, ()  # ENDED, DRAINED, EXEMPT_RECEIVED
+
+
 @pytest.mark.parametrize("state,event", list(itertools.product(ConnectionState, SessionEvent)))
 def test_every_pair_follows_the_rules(state, event):
     assert TRANSITIONS[state, event] == _expected(state, event)
@@ -64,8 +94,11 @@ def test_every_pair_follows_the_rules(state, event):
 
 @pytest.mark.parametrize("state,event", list(itertools.product(ConnectionState, SessionEvent)))
 def test_every_pair_applied_to_a_session_with_a_request_in_flight(state, event):
-    session: Session[str] = Session()
-    session.send_request("waiting")
+    session: Session[str] = Session(authenticating=state is AUTHENTICATING)
+    if state is AUTHENTICATING:
+        assert session.admit("peer's") is Action.DENY  # in flight until it is answered
+    else:
+        session.send_request("waiting")
     _bring_to(session, state)
     actions = session.apply(event)
     expected_state, expected_actions = _expected(state, event)
@@ -81,6 +114,26 @@ def _bring_to(session: Session, state: ConnectionState) -> None:
         session.fail(TransportError("reset"))
         session.drop_all()
     assert session.state is state
+
+
+def test_an_authenticating_session_serves_ping_and_authenticate_alone():
+    session: Session[str] = Session(authenticating=True)
+    assert session.authenticating and not session.open
+    assert session.send_request("mine") is None  # a server sends nothing of its own yet
+    assert session.admit("append") is Action.DENY and "append" in session.received
+    assert session.ping_received() == (Action.SEND_PONG,)
+    assert session.admit("ping", exempt=True) is None
+    assert session.admit("auth", exempt=True) is None
+    assert session.authenticated() == ()
+    assert session.open and session.admit("fetch") is None
+    assert session.auth_timed_out() == () and session.open  # too late to matter
+
+
+def test_an_unauthenticated_connection_is_closed_when_its_time_is_up():
+    session: Session[str] = Session(authenticating=True)
+    assert session.auth_timed_out() == (Action.SEND_GOAWAY, Action.CLOSE)
+    assert session.closed and session.admit("late", exempt=True) is Action.REFUSE
+    assert session.admit("late") is Action.REFUSE
 
 
 def test_the_shortcuts_match_the_table():

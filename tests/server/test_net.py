@@ -424,6 +424,7 @@ def test_a_dispatch_table_sets_what_runs_where_and_what_is_refused():
         msg, _ = peer.call(TrimStreamsRequest())
         assert isinstance(msg, SystemError) and msg.status.code == ErrorCode.INVALID_REQUEST
         assert msg.status.message == ("this test server does not serve TRIM_STREAMS (0x3005); "
-                                      "it serves PING, APPEND, FETCH, DESCRIBE_RANGES")
+                                      "it serves PING, AUTHENTICATE, APPEND, FETCH, "
+                                      "DESCRIBE_RANGES")
         peer.send(frame_bytes(0x7777, 0, 40, b"", b""))  # unknown: still no answer at all
         assert peer.next_frame(40, timeout=0.3) is None

@@ -190,7 +190,8 @@ def test_every_option_is_documented_and_parsed():
             "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
             "maxOutOfOrderness", "mergeSchema", "schemaCompatibility",
             "skipIncompatibleBatches", "timeZone", "streamPattern",
-            "discoveryIntervalMs", "consumer", "committedFallback"} == names
+            "discoveryIntervalMs", "consumer", "committedFallback", "token",
+            "tokenFile"} == names
     for name in names:
         assert f"| {name} |" in table
 

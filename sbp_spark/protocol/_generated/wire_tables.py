@@ -37,6 +37,14 @@ TABLES = {
         ('stream_append_time_ms', 3, 'long', 0, False),
         ('status', 4, 'Status', None, True),
     ),
+    'AuthenticateRequest': (
+        ('method', 0, 'string', None, False),
+        ('data', 1, '[ubyte]', None, False),
+    ),
+    'AuthenticateResponse': (
+        ('principal', 0, 'string', None, False),
+        ('status', 1, 'Status', None, True),
+    ),
     'CommitConsumerRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('name', 1, 'string', None, False),
@@ -130,6 +138,14 @@ TABLES = {
         ('cluster', 1, 'PlacementDriverCluster', None, False),
         ('range_servers', 2, '[RangeServerState]', None, False),
     ),
+    'DescribePermissionsRequest': (
+        ('principal', 0, 'string', None, False),
+    ),
+    'DescribePermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('permissions', 1, '[Permission]', None, False),
+        ('version', 2, 'long', -1, False),
+    ),
     'DescribeRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),
         ('ranges', 1, '[RangeId]', None, False),
@@ -187,6 +203,13 @@ TABLES = {
     ),
     'GoAwayResponse': (
     ),
+    'GrantPermissionsRequest': (
+        ('permissions', 0, '[Permission]', None, False),
+    ),
+    'GrantPermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('version', 1, 'long', -1, False),
+    ),
     'HeartbeatRequest': (
         ('client_id', 0, 'string', None, False),
         ('client_role', 1, 'ClientRole', 0, False),
@@ -197,6 +220,7 @@ TABLES = {
         ('client_role', 1, 'ClientRole', 0, False),
         ('range_server', 2, 'RangeServer', None, False),
         ('status', 3, 'Status', None, True),
+        ('acl_version', 4, 'long', -1, False),
     ),
     'JoinConsumerRequest': (
         ('timeout_ms', 0, 'int', 0, False),
@@ -221,6 +245,12 @@ TABLES = {
         ('status', 1, 'Status', None, True),
         ('ranges', 2, '[Range]', None, False),
         ('range_server', 3, 'RangeServer', None, False),
+    ),
+    'Permission': (
+        ('principal', 0, 'string', None, False),
+        ('operation', 1, 'string', None, False),
+        ('stream', 2, 'string', None, False),
+        ('stream_id', 3, 'long', -1, False),
     ),
     'PingRequest': (
     ),
@@ -289,6 +319,13 @@ TABLES = {
     'ReportMetricsResponse': (
         ('range_server', 0, 'RangeServer', None, False),
         ('status', 1, 'Status', None, True),
+    ),
+    'RevokePermissionsRequest': (
+        ('permissions', 0, '[Permission]', None, False),
+    ),
+    'RevokePermissionsResponse': (
+        ('status', 0, 'Status', None, True),
+        ('version', 1, 'long', -1, False),
     ),
     'SealRangesRequest': (
         ('timeout_ms', 0, 'int', 0, False),
@@ -385,5 +422,5 @@ STRUCTS = {
 
 ENUMS = {
     'ClientRole': ('byte', {'RANGE_SERVER': 0, 'CLIENT': 1}),
-    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'CONSUMER_FENCED': 28}),
+    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'UNAUTHENTICATED': 26, 'PERMISSION_DENIED': 27, 'CONSUMER_FENCED': 28}),
 }

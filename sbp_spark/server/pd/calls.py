@@ -31,14 +31,14 @@ class RangeServerCalls:
 
     def __init__(self, address_of: Callable[[int], str],
                  range_msg: Callable[[RangeMeta], m.Range], timeout_s: float,
-                 tls: TlsConfig | None) -> None:
+                 tls: TlsConfig | None, token: str | None = None) -> None:
         self._address_of = address_of
         self._range_msg = range_msg
         self._timeout_s = timeout_s
         # Calls to range servers speak TLS like this PD's port, presenting its certificate.
         self._pool = ConnectionPool(ClientConfig(
             connect_timeout_s=min(5.0, timeout_s), request_timeout_s=timeout_s,
-            retries=1).with_tls(tls))
+            retries=1).with_tls(tls).with_token(token))
 
     def close(self) -> None:
         self._pool.close()

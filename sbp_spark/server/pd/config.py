@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..advertise import check_advertised
+from ..auth.authenticator import AuthSettings
 from ..net import NetConfig
 from ..peer_tls import check_peer_tls
 from .etcd_store import DEFAULT_PREFIX
@@ -50,6 +51,9 @@ class PdConfig:
     # metrics_host (None: the host the PD listens on).
     metrics_port: int | None = None
     metrics_host: str | None = None
+    # Who may connect and as whom (docs/wire.md, "Who may do what"); the default: nobody
+    # authenticates, the cluster is open.
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def __post_init__(self) -> None:
         if not self.etcd and not self.data_dir:

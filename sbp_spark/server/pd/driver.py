@@ -19,6 +19,8 @@ from sbp_spark.client.consumers import StreamLag, stream_lag
 from sbp_spark.protocol.errors import SbpError
 
 from ..advertise import advertised
+from ..auth.authorizer import Authorizer
+from ..auth.rules import PD
 from ..dirlock import DataDirLock
 from ..etcd_client import EtcdClient
 from ..metrics_http import MetricsServer
@@ -35,6 +37,7 @@ from .failover import Failover, RangeFailover
 from .handler import Office, PdHandler
 from .leader import Leadership, LoneOffice
 from .meta import MetadataStore
+from .permissions import Permissions
 from .placement import Liveness, Placement
 from .pushes import RangePushes
 from .ranges import RangeOperations
@@ -124,9 +127,12 @@ class PlacementDriver:
         """Build the parts on the store and the office, each given what it uses; the frame
         server that serves their handler."""
         addresses = Addresses(self.liveness.address, self.store.get_server)
+        auth = self.config.auth
+        # The PD calls range servers as a server principal (its --server-token, or one made
+        # from the shared secret): only servers may seal, sync, trim and delete there.
         self._calls = RangeServerCalls(
             addresses.of, functools.partial(addresses.range_msg, for_servers=True),
-            self.config.range_server_timeout_s, net.tls)
+            self.config.range_server_timeout_s, net.tls, auth.server_token())
         self.pushes = RangePushes(self._calls, self.store)
         placement = Placement(self.liveness, self.store)
         self.locks = StreamLocks()
@@ -150,9 +156,13 @@ class PlacementDriver:
         self.servers = RangeServerRegistry(
             self.store, self.liveness, self.pushes, self._run_soon,
             functools.partial(self.failover.owe, stopped=True), addresses.of)
-        return FrameServer(PdHandler(self.store, self.streams, self.ranges, self.servers,
-                                     self.office, addresses,
-                                     ConsumerRequests(self.consumers)), net)
+        self.permissions = Permissions(self.store)
+        handler = PdHandler(self.store, self.streams, self.ranges, self.servers, self.office,
+                            addresses, ConsumerRequests(self.consumers), self.permissions)
+        authenticator = auth.authenticator()
+        if authenticator is not None:
+            handler.authorizer = Authorizer(PD, self.permissions.table, self.permissions)
+        return FrameServer(handler, net, authenticator)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -223,6 +233,7 @@ class PlacementDriver:
         # before failing it over.
         self.liveness.clear()
         self.pushes.forget_owed()
+        self.permissions.forget()  # the old leader's grants are enforced from the first request
         self.failover.took_office()
 
     def _left_office(self) -> None:

@@ -9,6 +9,7 @@ so that key order is numeric order::
     names/<name>                     the id of the live stream of that name
     ranges/<stream_id>/<range_index> offsets and replicas of one range
     servers/<server_id>              host, address, last heartbeat, last metrics
+    acl                              the permissions granted and their version
 
 Every change is one etcd transaction, built like a software transaction: the change reads what
 it needs at one revision, then commits its writes only if none of the keys it read changed
@@ -34,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from sbp_spark.protocol.errors import InvalidRequestError, RequestTimeoutError, ServerError
 
+from ..auth.acl import AclEntry
 from ..etcd_client import Compare, Delete, EtcdClient, EtcdError, Get, KeyValue, Op, Put
 from .meta import (
     RangeHolder,
@@ -519,3 +521,25 @@ class EtcdStore:
             self._server(int(kv.key.rsplit(b"/", 1)[1]), json.loads(kv.value))
             for kv in tx.read(self._key("servers") + b"/", prefix=True)])
 
+    # -- permissions (docs/wire.md, "Who may do what") --------------------------------------
+
+    def acl(self) -> tuple[int, list[AclEntry]]:
+        """The permissions granted and their version (0 before any change)."""
+        value = self._read(lambda tx: tx.get(self._key("acl")))
+        if value is None:
+            return 0, []
+        return int(value["version"]), sorted(AclEntry(*e) for e in value["entries"])
+
+    def change_acl(self, grant: bool, entries: Sequence[AclEntry]) -> int:
+        """Grant (or revoke) ``entries`` in one transaction (fenced: the leader's); the new
+        version."""
+        def change(tx: _Tx) -> int:
+            value = tx.get(self._key("acl")) or {"version": 0, "entries": []}
+            have = {AclEntry(*e) for e in value["entries"]}
+            have = have | set(entries) if grant else have - set(entries)
+            version = int(value["version"]) + 1
+            tx.put(self._key("acl"), {"version": version, "entries": [
+                [e.principal, e.operation, e.stream] for e in sorted(have)]})
+            return version
+
+        return self._change(change)

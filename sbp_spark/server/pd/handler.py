@@ -118,6 +118,16 @@ class Office(Protocol):
     def cluster(self) -> m.PlacementDriverCluster: ...
 
 
+class PermissionChanges(Protocol):
+    """Grants, revocations and listings of permissions (``permissions.Permissions``)."""
+
+    def change(self, grant: bool, permissions: Sequence[m.Permission]) -> int: ...
+
+    def describe(self, principal: str = "") -> tuple[int, list[m.Permission]]: ...
+
+    def view_version(self) -> int: ...
+
+
 class WireForms(Protocol):
     """Range servers' addresses and ranges in their wire form (``wire.Addresses``)."""
 
@@ -196,13 +206,18 @@ class PdHandler(RequestHandler):
         Opcode.COMMIT_CONSUMER: Route(m.CommitConsumerRequest, "_commit_consumer"),
         Opcode.DESCRIBE_CONSUMERS: Route(m.DescribeConsumersRequest, "_describe_consumers"),
         Opcode.DELETE_CONSUMERS: Route(m.DeleteConsumersRequest, "_delete_consumers"),
+        Opcode.GRANT_PERMISSIONS: Route(m.GrantPermissionsRequest, "_grant_permissions"),
+        Opcode.REVOKE_PERMISSIONS: Route(m.RevokePermissionsRequest, "_revoke_permissions"),
+        Opcode.DESCRIBE_PERMISSIONS: Route(m.DescribePermissionsRequest,
+                                           "_describe_permissions"),
     }
 
     def __init__(self, records: Records, streams: StreamChanges, ranges: RangeChanges,
                  servers: Servers, office: Office, wire: WireForms,
-                 consumers: ConsumerAnswers) -> None:
+                 consumers: ConsumerAnswers, permissions: PermissionChanges) -> None:
         self._records = records
         self._consumers = consumers
+        self._permissions = permissions
         self._streams = streams
         self._ranges = ranges
         self._servers = servers
@@ -231,7 +246,12 @@ class PdHandler(RequestHandler):
             request = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from None
+        self.authorize(ctx, request)
         answer = serve(request)
+        if self.authorizer is not None and isinstance(request, m.DescribeStreamsRequest) \
+                and isinstance(answer, m.DescribeStreamsResponse) \
+                and not request.stream_ids and not request.by_name:
+            answer = self._readable(ctx, answer)
         if isinstance(answer, m.HeartbeatResponse) and answer.range_server is not None \
                 and answer.status.code == ErrorCode.NONE \
                 and answer.client_role == m.ClientRole.RANGE_SERVER:
@@ -245,6 +265,15 @@ class PdHandler(RequestHandler):
                     f"the answer is {len(header)} bytes even after dropping what does not "
                     f"fit; one frame holds {MAX_ANSWER_HEADER}")
         ctx.reply_raw(header)
+
+    def _readable(self, ctx: RequestContext, answer: m.DescribeStreamsResponse
+                  ) -> m.DescribeStreamsResponse:
+        """A listing of every stream cut to those the principal may see."""
+        authorizer = self.authorizer
+        assert authorizer is not None
+        return m.DescribeStreamsResponse(describe_responses=[
+            r for r in answer.describe_responses if r.stream is not None
+            and authorizer.readable(ctx.principal, r.stream.stream_id, r.stream.name)])
 
     # -- answers too large for one frame ----------------------------------------------------
 
@@ -338,8 +367,13 @@ class PdHandler(RequestHandler):
             else:
                 _, status = _ok_or_error(self._servers.heartbeat, req.range_server.server_id,
                                          req.range_server.advertise_addr)
+        # A range server learns here which permissions to enforce (when the PD has any).
+        acl_version = -1
+        if self.authorizer is not None and req.client_role == m.ClientRole.RANGE_SERVER:
+            acl_version = self._permissions.view_version()
         return m.HeartbeatResponse(client_id=req.client_id, client_role=req.client_role,
-                                   range_server=req.range_server, status=status)
+                                   range_server=req.range_server, status=status,
+                                   acl_version=acl_version)
 
     def _allocate_id(self, req: m.AllocateIdRequest) -> m.AllocateIdResponse:
         return m.AllocateIdResponse(id=self._servers.allocate_id(req.host))
@@ -499,3 +533,17 @@ class PdHandler(RequestHandler):
 
     def _delete_consumers(self, req: m.DeleteConsumersRequest) -> m.DeleteConsumersResponse:
         return self._consumers.delete(req)
+
+    def _grant_permissions(self, req: m.GrantPermissionsRequest) -> m.GrantPermissionsResponse:
+        return m.GrantPermissionsResponse(version=self._permissions.change(True,
+                                                                           req.permissions))
+
+    def _revoke_permissions(self, req: m.RevokePermissionsRequest
+                            ) -> m.RevokePermissionsResponse:
+        return m.RevokePermissionsResponse(version=self._permissions.change(False,
+                                                                            req.permissions))
+
+    def _describe_permissions(self, req: m.DescribePermissionsRequest
+                              ) -> m.DescribePermissionsResponse:
+        version, permissions = self._permissions.describe(req.principal)
+        return m.DescribePermissionsResponse(permissions=permissions, version=version)

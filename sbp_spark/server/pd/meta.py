@@ -25,6 +25,8 @@ from sbp_spark.protocol.errors import (
 )
 from sbp_spark.protocol.names import name_problem
 
+from ..auth.acl import AclEntry
+
 # Status detail of a HEARTBEAT refused because this PD never issued the server id (the range
 # server's PD link tells it apart from other refusals by it).
 UNKNOWN_SERVER_ID = b"unknown-server-id"
@@ -335,3 +337,7 @@ class MetadataStore(Protocol):
     def get_server(self, server_id: int) -> ServerMeta | None: ...
 
     def list_servers(self) -> list[ServerMeta]: ...
+
+    def acl(self) -> tuple[int, list[AclEntry]]: ...
+
+    def change_acl(self, grant: bool, entries: Sequence[AclEntry]) -> int: ...

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sbp_spark.protocol.errors import InvalidRequestError
 
+from ..auth.acl import AclEntry
 from .meta import (
     RangeHolder,
     RangeMeta,
@@ -95,6 +96,12 @@ CREATE TABLE IF NOT EXISTS range_servers (
     last_heartbeat_ms INTEGER NOT NULL DEFAULT -1,
     metrics TEXT NOT NULL DEFAULT '{}',
     metrics_ms INTEGER NOT NULL DEFAULT -1
+);
+CREATE TABLE IF NOT EXISTS acl (
+    principal TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    PRIMARY KEY (principal, operation, stream)
 );
 """
 
@@ -520,3 +527,31 @@ class PdStore:
         with self._lock:
             return [self._server(r) for r in
                     self._db.execute("SELECT * FROM range_servers ORDER BY server_id")]
+
+    # -- permissions (docs/wire.md, "Who may do what") --------------------------------------
+
+    def acl(self) -> tuple[int, list[AclEntry]]:
+        """The permissions granted and their version (0 before any change)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='acl_version'").fetchone()
+            rows = self._db.execute(
+                "SELECT principal, operation, stream FROM acl ORDER BY principal, operation, "
+                "stream").fetchall()
+        return (int(row["value"]) if row else 0,
+                [AclEntry(r["principal"], r["operation"], r["stream"]) for r in rows])
+
+    def change_acl(self, grant: bool, entries: Sequence[AclEntry]) -> int:
+        """Grant (or revoke) ``entries`` in one transaction; the new version."""
+        with self._tx() as db:
+            for e in entries:
+                if grant:
+                    db.execute("INSERT OR IGNORE INTO acl (principal, operation, stream) "
+                               "VALUES (?, ?, ?)", (e.principal, e.operation, e.stream))
+                else:
+                    db.execute("DELETE FROM acl WHERE principal=? AND operation=? AND stream=?",
+                               (e.principal, e.operation, e.stream))
+            row = db.execute("SELECT value FROM meta WHERE key='acl_version'").fetchone()
+            version = (int(row["value"]) if row else 0) + 1
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('acl_version', ?)",
+                       (str(version),))
+        return version

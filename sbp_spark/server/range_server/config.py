@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ...protocol.constants import MAX_BATCH_BYTES
 from ..advertise import advertised_host, check_advertised
+from ..auth.authenticator import AuthSettings
 from ..net import NetConfig
 from ..peer_tls import check_peer_tls
 from ..storage import StorageConfig
@@ -45,6 +46,9 @@ class RangeServerConfig:
     # After a restart: how often to ask unreachable secondaries again for their stored ends
     # (the cap probe, see replication.py).
     cap_probe_interval_s: float = 2.0
+    # Who may connect and as whom, and the token this server presents to the PD and to its
+    # peers (docs/wire.md, "Who may do what"); the default: the cluster is open.
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_bytes <= MAX_BATCH_BYTES:

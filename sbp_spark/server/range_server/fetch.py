@@ -271,6 +271,7 @@ class FetchServer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            ctx.check_access()  # a permission revoked meanwhile ends the wait
             # Wake at least twice a second to notice a closed connection.
             if self.source.wait_for(
                     lambda: ctx.stopping or self._ready_bytes(entries, min_bytes) >= want,

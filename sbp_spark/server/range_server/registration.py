@@ -30,7 +30,7 @@ from ...client.pd import PdClient
 from ...client.pool import ConnectionPool
 from ...protocol import messages
 from ...protocol.errors import InvalidRequestError, SbpError
-from ...protocol.messages import ClientRole, HeartbeatRequest, ReportMetricsRequest
+from ...protocol.messages import ClientRole, HeartbeatRequest, Permission, ReportMetricsRequest
 from ...transport.tls import TlsConfig
 from ..pd.meta import UNKNOWN_SERVER_ID
 from ..pd_outage import PdOutage
@@ -112,6 +112,10 @@ class LinkedServer:
     load: Callable[[], LoadSample]
     # What a stream's named consumers still need kept (None: nothing, the period decides).
     consumer_hold: Callable[[int, ConsumerHold | None], None] = lambda stream_id, hold: None
+    # The PD announced the version of the permissions in force (a heartbeat answer's
+    # acl_version), with the call that fetches them; None: the server enforces none.
+    permissions_announced: Callable[[int, Callable[[], tuple[int, list[Permission]]]],
+                                    None] | None = None
 
     def info(self) -> messages.RangeServer:
         """The server as the PD knows it: id and advertised address."""
@@ -123,6 +127,7 @@ class PdLink:
 
     def __init__(self, server: LinkedServer, pd_addresses: list[str],
                  client_config: ClientConfig | None = None, tls: TlsConfig | None = None,
+                 token: str | None = None,
                  on_refusal: Callable[[RegistrationRefused], None] | None = None,
                  stop: threading.Event | None = None) -> None:
         self.server = server
@@ -130,7 +135,7 @@ class PdLink:
         # without one, the refusal is logged as an error.
         self.on_refusal = on_refusal
         # With TLS, the PD is called with the range server's own certificate.
-        config = (client_config or _LINK_CLIENT).with_tls(tls)
+        config = (client_config or _LINK_CLIENT).with_tls(tls).with_token(token)
         self.pool = ConnectionPool(config)
         # A heartbeat stuck waiting out an election would reach the new leader later than
         # the next one does: the link's calls fail fast instead.
@@ -226,7 +231,7 @@ class PdLink:
     def _heartbeat(self) -> None:
         info = self.server.info()
         try:
-            self.pd.heartbeat(HeartbeatRequest(
+            answer = self.pd.heartbeat(HeartbeatRequest(
                 client_id=f"range-server-{info.server_id}",
                 client_role=ClientRole.RANGE_SERVER, range_server=info))
         except InvalidRequestError as exc:
@@ -235,6 +240,9 @@ class PdLink:
             self._refused(exc)
             return
         self.heartbeats += 1
+        announced = self.server.permissions_announced
+        if announced is not None and answer.acl_version >= 0:
+            announced(answer.acl_version, self.pd.describe_permissions)
 
     def _refused(self, exc: InvalidRequestError) -> None:
         """The PD does not know this server's id: the data directory belongs to another

@@ -126,10 +126,11 @@ class Replicator:
     notices. Which replicas are the secondaries is the caller's to say (``roles.py``)."""
 
     def __init__(self, timeout_s: float = DEFAULT_REPLICATION_TIMEOUT_S,
-                 tls: TlsConfig | None = None) -> None:
-        # With TLS, secondaries are called with this server's own certificate.
+                 tls: TlsConfig | None = None, token: str | None = None) -> None:
+        # With TLS, secondaries are called with this server's own certificate; with tokens,
+        # as this server's principal (only servers may forward).
         self.pool = ConnectionPool(ClientConfig(request_timeout_s=timeout_s, retries=0
-                                                ).with_tls(tls))
+                                                ).with_tls(tls).with_token(token))
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 

@@ -72,6 +72,7 @@ class RangeServerHandler(RequestHandler):
             req = request_cls.from_flatbuffers(ctx.header)
         except HeaderError as exc:
             raise InvalidRequestError(str(exc)) from exc
+        self.authorize(ctx, req)
         serve(ctx, req)
 
     def server_stopping(self) -> None:

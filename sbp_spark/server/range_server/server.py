@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 from ...protocol import messages
 from ..advertise import advertised
+from ..auth.authorizer import Authorizer
+from ..auth.rules import RANGE_SERVER
 from ..dirlock import DataDirLock
 from ..metrics_http import MetricsServer
 from ..net import FrameServer
@@ -43,6 +45,7 @@ from .exported import RangeServerCollector, RangeServerSources
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
+from .permissions import LearnedPermissions
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .requests import RangeServerHandler
@@ -78,7 +81,9 @@ class RangeServer:
         storage = self.storage
         self.roles = Roles(self.identity)
         self.metrics = Metrics()
-        self.replicator = replicator or Replicator(tls=config.net.tls)
+        # This server's principal towards the PD and its peers (None: certificates, or open).
+        self._server_token = config.auth.server_token()
+        self.replicator = replicator or Replicator(tls=config.net.tls, token=self._server_token)
         self.cap_notices = CapNotices(storage, self.roles, self.replicator,
                                       storage.durability.when_durable, self._on_workers,
                                       config.cap_probe_interval_s)
@@ -89,9 +94,16 @@ class RangeServer:
                               config.storage.verify_reads)
         admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
         self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
+        authenticator = config.auth.authenticator()
+        # With authentication on, APPEND and FETCH are checked here against the permissions
+        # learned from the PD: going straight to this port does not get around them.
+        self.permissions: LearnedPermissions | None = None
+        if authenticator is not None:
+            self.permissions = LearnedPermissions(storage.notify_data)
+            self.handler.authorizer = Authorizer(RANGE_SERVER, self.permissions.table)
         net = config.net
         net.host, net.port = config.host, config.port
-        self.net = FrameServer(self.handler, net)
+        self.net = FrameServer(self.handler, net, authenticator)
         self.retention = Retention(storage.ranges, config.retention_check_interval_s)
         # Called (from the PD link's thread) when the PD refuses this server's id for good;
         # set before start() by an owner that reports the refusal itself, else it is logged.
@@ -152,7 +164,9 @@ class RangeServer:
             advertise_addr=lambda: self.advertise_addr,
             stream_ids=lambda: sorted({r.stream_id for r in self.storage.ranges()}),
             stream_settings=stream_settings, load=load,
-            consumer_hold=self.retention.set_hold)
+            consumer_hold=self.retention.set_hold,
+            permissions_announced=(self.permissions.announced
+                                   if self.permissions is not None else None))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -173,7 +187,8 @@ class RangeServer:
         self.cap_notices.start()
         if self.config.pd_addresses:
             self.pd_link = PdLink(self._linked(), list(self.config.pd_addresses),
-                                  tls=self.config.net.tls, on_refusal=self.on_refusal)
+                                  tls=self.config.net.tls, token=self._server_token,
+                                  on_refusal=self.on_refusal)
             self.retention.on_trim = self.pd_link.report_trim
             self.pd_link.start()
         log.info("range server %d serving on %s (data in %s, fsync %s)", self.server_id,
