@@ -161,7 +161,7 @@ class PackedEntriesCodec(Codec):
                                  "this codec packs")
         if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
                                                "committed_offset", "range_index",
-                                               "cap_notice"]:
+                                               "cap_notice", "producers"]:
             raise AssertionError(f"{self.name} is not the table this codec packs")
         self._entry_cls = entries.sub.cls
         self._entry_unpack = entries.sub.struct.iter_unpack
@@ -169,7 +169,8 @@ class PackedEntriesCodec(Codec):
         entries.reader = self._read_entries
 
     def encode(self, msg: Any) -> bytes:
-        if msg.committed_offset != -1 or msg.range_index != -1 or msg.cap_notice is not None:
+        if msg.committed_offset != -1 or msg.range_index != -1 or msg.cap_notice is not None \
+                or msg.producers:
             # A primary's forward or cap notice (one per secondary): the generic layout, which
             # also writes the later slots. The fast reader sees its longer vtable and leaves
             # it to the generic reader.

@@ -38,6 +38,8 @@ class ErrorCode(IntEnum):
     TOO_MANY_REQUESTS = 23
     STREAM_ALREADY_EXISTS = 24
     DATA_CORRUPT = 25
+    UNKNOWN_PRODUCER = 29
+    SEQUENCE_PENDING = 30
 
     @property
     def retriable(self) -> bool:
@@ -412,6 +414,24 @@ class DataCorruptError(ServerError):
     # again returns the same bad bytes, so readers move to the next replica at once and give
     # up when every replica reported the same offset corrupt.
     retriable = True
+
+
+class UnknownProducerError(ServerError):
+    """The range server no longer knows whether it holds this producer's batch (the
+    producer's state there expired, or the sequence is older than what it keeps): it was not
+    stored again, and it may or may not be in the range."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER
+    maybe_applied = True
+
+
+class SequencePendingError(ServerError):
+    """A batch of this producer and sequence is stored but not yet durable on every replica;
+    ask again for its outcome."""
+
+    code = ErrorCode.SEQUENCE_PENDING
+    retriable = True
+    maybe_applied = True
 
 
 _BY_CODE: dict[int, type[ServerError]] = {

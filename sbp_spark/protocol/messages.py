@@ -40,7 +40,7 @@ __all__ = [
     "Stream", "PlacementDriverNode", "PlacementDriverCluster",
     "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
     "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
-    "AppendEntry", "AppendRequest", "AppendResult", "AppendResponse",
+    "AppendEntry", "ProducerSequence", "AppendRequest", "AppendResult", "AppendResponse",
     "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
     "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
     "SealRangesRequest", "SealRangesResult", "SealRangesResponse",
@@ -351,6 +351,15 @@ class AppendEntry:
 
 
 @dataclass(slots=True)
+class ProducerSequence:
+    """Ours: the producer of an entry's batch and the batch's sequence number in one range (a
+    FlatBuffers struct; ``AppendRequest.producers`` holds one per entry, or none)."""
+
+    producer_id: int
+    sequence: int
+
+
+@dataclass(slots=True)
 class AppendRequest(Message):
     """Payload: the entries' batches laid end to end, in the order of ``append_requests``."""
 
@@ -368,6 +377,8 @@ class AppendRequest(Message):
     # Set only on a read cap notice from a range's primary to a secondary: the range it is
     # about (then there are no entries and no payload; see schemas/data.fbs).
     cap_notice: RangeId | None = None
+    # Ours: empty, or each entry's producer and sequence (idempotent appends), in entry order.
+    producers: list[ProducerSequence] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -720,7 +731,8 @@ class TrimStreamsResponse(Message):
 TABLES: dict[str, type[Message]] = {
     cls.__name__: cls for cls in Message.__subclasses__()  # every table class, by name
 }
-_CODECS = build_codecs(wire_tables, {**TABLES, "AppendEntry": AppendEntry},
+_CODECS = build_codecs(wire_tables, {**TABLES, "AppendEntry": AppendEntry,
+                                          "ProducerSequence": ProducerSequence},
                        {"ErrorCode": ErrorCode, "ClientRole": ClientRole})
 for _name, _cls in TABLES.items():
     _cls._CODEC = _CODECS[_name]

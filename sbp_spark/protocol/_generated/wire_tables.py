@@ -24,6 +24,7 @@ TABLES = {
         ('committed_offset', 2, 'long', -1, False),
         ('range_index', 3, 'int', -1, False),
         ('cap_notice', 4, 'RangeId', None, False),
+        ('producers', 5, '[ProducerSequence]', None, False),
     ),
     'AppendResponse': (
         ('throttle_time_ms', 0, 'int', 0, False),
@@ -324,9 +325,13 @@ STRUCTS = {
         ('request_index', 'int', 8),
         ('batch_length', 'int', 12),
     )),
+    'ProducerSequence': (8, 16, (
+        ('producer_id', 'long', 0),
+        ('sequence', 'int', 8),
+    )),
 }
 
 ENUMS = {
     'ClientRole': ('byte', {'RANGE_SERVER': 0, 'CLIENT': 1}),
-    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25}),
+    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'UNKNOWN_PRODUCER': 29, 'SEQUENCE_PENDING': 30}),
 }

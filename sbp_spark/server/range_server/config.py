@@ -11,6 +11,7 @@ from ..net import NetConfig
 from ..peer_tls import check_peer_tls
 from ..storage import StorageConfig
 from .fetch import DEFAULT_FETCH_FRAME_BYTES
+from .producers import ProducerLimits
 
 # How often retention is applied to the stored ranges.
 DEFAULT_RETENTION_CHECK_S = 30.0
@@ -41,6 +42,8 @@ class RangeServerConfig:
     # After a restart: how often to ask unreachable secondaries again for their stored ends
     # (the cap probe, see replication.py).
     cap_probe_interval_s: float = 2.0
+    # The bounds of the idempotent producers' state (producers.py states the rule).
+    producers: ProducerLimits = field(default_factory=ProducerLimits)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_bytes <= MAX_BATCH_BYTES:

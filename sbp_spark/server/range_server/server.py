@@ -41,6 +41,7 @@ from .config import RangeServerConfig
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
+from .producers import Producers
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .requests import RangeServerHandler
@@ -80,9 +81,10 @@ class RangeServer:
         self.cap_notices = CapNotices(storage, self.roles, self.replicator,
                                       storage.durability.when_durable, self._on_workers,
                                       config.cap_probe_interval_s)
+        self.producers = Producers(config.producers)
         appends = AppendPath(storage.stream_ranges, storage.durability, self.roles,
                              self.replicator, self.cap_notices, self.metrics, self._on_workers,
-                             config.max_batch_bytes)
+                             config.max_batch_bytes, self.producers)
         fetches = FetchServer(storage, self.metrics, config.fetch_frame_bytes,
                               config.storage.verify_reads)
         admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
