@@ -1,4 +1,6 @@
-"""An APPEND whose answer is lost: resent blindly it lands twice; with a resend check, once.
+"""An APPEND whose answer is lost: resent under its producer and sequences (the default) it
+lands once, at the offsets it got first; resent blindly (appends not idempotent) it lands
+twice; with a resend check, once.
 
 A proxy between the writer and its range server forwards the APPEND, lets the server store it,
 then drops the answer and the connection, as a network failure at the worst moment would.
@@ -6,6 +8,7 @@ then drops the answer and the connection, as a network failure at the worst mome
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -26,11 +29,12 @@ def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
         yield running
 
 
-@pytest.fixture
-def setup(cluster):
+@pytest.fixture(params=[False, True], ids=["at-least-once", "idempotent"])
+def setup(cluster, request):
     proxy = AnswerLosingProxy(cluster.range_server_addresses[0])
+    config = dataclasses.replace(CONFIG, idempotent=request.param)
     with ConnectionPool(CONFIG) as pool:
-        client = ProxiedClient(cluster.pd_address, CONFIG, pool)
+        client = ProxiedClient(cluster.pd_address, config, pool)
         client.proxy, client.proxy_for = proxy, cluster.range_server_addresses[0]
         reader = SbpClient(cluster.pd_address, CONFIG, pool)
         yield client, reader, proxy
@@ -54,15 +58,21 @@ def _started(client: SbpClient, reader: SbpClient) -> int:
     return stream.stream_id
 
 
-def test_without_a_check_a_lost_answer_means_a_second_copy(setup):
+def test_a_lost_answer_means_a_second_copy_only_when_appends_are_not_idempotent(setup):
     client, reader, proxy = setup
     sid = _started(client, reader)
     bodies = _bodies(5)
     proxy.armed.set()
-    client.open_stream(sid).append([encode_batch(b) for b in bodies])
+    appended = client.open_stream(sid).append([encode_batch(b) for b in bodies])
     assert proxy.lost.is_set()
-    # at least once, as documented
-    assert _stored(reader, sid) == [b"first"] + bodies + bodies
+    if client.config.idempotent:
+        # The range server knew the batches by their sequences: answered where they landed.
+        assert [a.base_offset for a in appended] == [1, 2, 3, 4, 5]
+        assert _stored(reader, sid) == [b"first"] + bodies
+    else:
+        # at least once, as documented
+        assert [a.base_offset for a in appended] == [6, 7, 8, 9, 10]
+        assert _stored(reader, sid) == [b"first"] + bodies + bodies
 
 
 def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
