@@ -26,6 +26,7 @@ from sbp_spark.protocol.messages import (
     FetchEntry,
     FetchRequest,
     FetchResponse,
+    LookupSequencesRequest,
     ProducerSequence,
     Range,
     RangeId,
@@ -448,6 +449,21 @@ class RangeServerClient:
                               probe=True)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             f"DESCRIBE_RANGES to {self.address}")
+
+    def lookup_sequences(self, rid: RangeId, producer_id: int, sequences: Sequence[int]
+                         ) -> list[int]:
+        """Where the sealed range ``rid`` holds each of ``sequences`` of ``producer_id``
+        (LOOKUP_SEQUENCES, ours): its base offset, or -1 when the range does not hold it.
+        Raises the server's refusal (``SequencePendingError``: ask again or another replica;
+        ``UnknownProducerError``: it cannot tell)."""
+        response = self._call(LookupSequencesRequest(rid, producer_id, list(sequences)),
+                              probe=True)
+        response.status.raise_for_status()
+        if len(response.base_offsets) != len(sequences):
+            raise ProtocolError(
+                f"LOOKUP_SEQUENCES to {self.address} answered {len(response.base_offsets)} "
+                f"offsets for {len(sequences)} sequences")
+        return list(response.base_offsets)
 
     def ping(self) -> float:
         """Round-trip time of a PING to this server, in seconds."""

@@ -22,6 +22,7 @@ from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, 
 
 from ._calls import unwrap
 from .config import ClientConfig
+from .in_doubt import held_in_sealed_range
 from .pd import PdClient
 from .primary_reach import PrimaryReach, is_unreached
 from .producer import Producer
@@ -353,14 +354,9 @@ class _AppendCall:
         # fenced by a failed replication hides a tail that may stay in the range, so a check
         # before the seal would miss batches that then land twice.
         target = writer._open_range(self.deadline)
-        if self.attempts > 1 and self.before_resend is not None:
-            found = self.before_resend(list(self.pending))
-            for index in self.pending:
-                if index in found:
-                    self._stored(index, found[index])
-            self.pending = [i for i in self.pending if i not in found]
-            if not self.pending:
-                return
+        self._look_before_resending(target.range_index)
+        if not self.pending:
+            return
         primary = target.primary
         if primary is None or not primary.advertise_addr:
             writer.refresh()
@@ -400,6 +396,50 @@ class _AppendCall:
         if retry_error is not None:
             raise retry_error
 
+    def _look_before_resending(self, range_index: int) -> None:
+        """Take out of ``pending`` the batches found stored already: in doubt in a range
+        sealed since (``_settle_in_doubt``), or by the caller's ``before_resend``."""
+        if self.in_doubt and self.writer.producer is not None:
+            self._settle_in_doubt(range_index)
+        if self.attempts > 1 and self.before_resend is not None and self.pending:
+            found = self.before_resend(list(self.pending))
+            for index in self.pending:
+                if index in found:
+                    self._stored(index, found[index])
+            self.pending = [i for i in self.pending if i not in found]
+
+    def _settle_in_doubt(self, range_index: int) -> None:
+        """Before batches in doubt in an earlier range are sent to range ``range_index``:
+        ask that range (sealed by now) which of them it holds (``in_doubt.py``). Those are
+        stored there; the others leave doubt and are sent as new batches."""
+        writer, producer = self.writer, self.writer.producer
+        assert producer is not None
+        moved: dict[int, list[int]] = {}  # earlier range -> batch indexes in doubt there
+        for index in self.pending:
+            sent = self.sequences.get(index)
+            if index in self.in_doubt and sent is not None and sent[0] != range_index:
+                moved.setdefault(sent[0], []).append(index)
+        if not moved:
+            return
+        ranges = {rng.range_index: rng for rng in writer._list_ranges(self.deadline)}
+        for earlier, indexes in moved.items():
+            rng = ranges.get(earlier)
+            if rng is None or rng.is_open:
+                continue  # trimmed away, or not sealed yet: nothing to settle from it
+            held = held_in_sealed_range(rng, producer.producer_id,
+                                        [self.sequences[i][1] for i in indexes],
+                                        writer._range_server)
+            if held is None:
+                continue
+            for index in indexes:
+                base = held[self.sequences[index][1]]
+                if base >= 0:
+                    _, length, count = self.items[index]
+                    self._stored(index, Appended(self.stream_id, earlier, base, count, length))
+                else:
+                    self.in_doubt.pop(index, None)  # known not stored there
+        self.pending = [i for i in self.pending if self.results[i] is None]
+
     def _producers(self, range_index: int) -> list[ProducerSequence] | None:
         """The producer and sequence of each pending batch in range ``range_index`` (None:
         not idempotent). A batch first sent there takes the next sequences, in index order;
@@ -414,7 +454,7 @@ class _AppendCall:
             for n, index in enumerate(new):
                 sequences[index] = (range_index, first + n)
         pid = producer.producer_id
-        return [ProducerSequence(pid, sequences[i][1]) for i in self.pending]
+        return [ProducerSequence(pid, sequences[i][1], range_index) for i in self.pending]
 
     def _stored(self, index: int, appended: Appended) -> None:
         self.results[index] = appended

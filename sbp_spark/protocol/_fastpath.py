@@ -125,7 +125,7 @@ def _produced_struct(n: int) -> struct.Struct:
     """The whole idempotent append header of ``n`` entries as one struct."""
     compiled = _produced_structs.get(n)
     if compiled is None:
-        compiled = struct.Struct("<" + _PRODUCED_FMT + "qii" * n + "4xI" + "qi4x" * n)
+        compiled = struct.Struct("<" + _PRODUCED_FMT + "qii" * n + "4xI" + "qii" * n)
         if n <= _CACHED_COUNTS:
             _produced_structs[n] = compiled
     return compiled
@@ -189,7 +189,7 @@ class PackedEntriesCodec(Codec):
         self._entry_fields = attrgetter(*entries.sub.names)
         entries.reader = self._read_entries
         producers = self.fields[5]
-        if producers.kind != VEC_STRUCT or producers.sub.struct.format != "<qi4x":
+        if producers.kind != VEC_STRUCT or producers.sub.struct.format != "<qii":
             raise AssertionError(f"{self.name}.{producers.name} is not the 16-byte struct "
                                  "vector this codec packs")
         self._producer_cls = producers.sub.cls

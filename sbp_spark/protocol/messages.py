@@ -40,7 +40,8 @@ __all__ = [
     "Stream", "PlacementDriverNode", "PlacementDriverCluster",
     "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
     "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
-    "AppendEntry", "ProducerSequence", "AppendRequest", "AppendResult", "AppendResponse",
+    "AppendEntry", "ProducerSequence", "AppendRequest", "LookupSequencesRequest",
+    "LookupSequencesResponse", "AppendResult", "AppendResponse",
     "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
     "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
     "SealRangesRequest", "SealRangesResult", "SealRangesResponse",
@@ -352,11 +353,13 @@ class AppendEntry:
 
 @dataclass(slots=True)
 class ProducerSequence:
-    """Ours: the producer of an entry's batch and the batch's sequence number in one range (a
-    FlatBuffers struct; ``AppendRequest.producers`` holds one per entry, or none)."""
+    """Ours: the producer of an entry's batch, the batch's sequence number in one range, and
+    that range (a FlatBuffers struct; ``AppendRequest.producers`` holds one per entry, or
+    none)."""
 
     producer_id: int
     sequence: int
+    range_index: int
 
 
 @dataclass(slots=True)
@@ -379,6 +382,27 @@ class AppendRequest(Message):
     cap_notice: RangeId | None = None
     # Ours: empty, or each entry's producer and sequence (idempotent appends), in entry order.
     producers: list[ProducerSequence] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LookupSequencesRequest(Message):
+    """Ours: which batches of ``producer_id`` the sealed ``range`` holds, by sequence."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.LOOKUP_SEQUENCES
+
+    range: RangeId | None = None
+    producer_id: int = -1
+    sequences: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LookupSequencesResponse(Message):
+    """``base_offsets``: per sequence asked, where the range holds that batch, -1 if not."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.LOOKUP_SEQUENCES
+
+    status: Status = OK
+    base_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from sbp_spark.client import Appended, ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.messages import RangeId
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 
@@ -98,3 +99,31 @@ def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
     # Only what was found is held back: a later append still lands.
     client.open_stream(sid).append([encode_batch(b"after")], before_resend=already_stored)
     assert _stored(reader, sid) == [b"first"] + bodies + [b"after"]
+
+
+def test_a_batch_in_doubt_when_its_range_is_sealed_is_looked_up_there_not_resent(setup):
+    """The answer is lost, then the range is sealed before the resend (as a failover would):
+    the idempotent writer asks the sealed range, finds its batches there and sends nothing
+    again; the at-least-once one stores them a second time in the next range."""
+    client, reader, proxy = setup
+    sid = _started(client, reader)
+    bodies = _bodies(4)
+    sealed: list[int] = []
+
+    def seal_once(indexes: list[int]) -> dict[int, Appended]:
+        if not sealed:
+            (result,) = reader.pd.seal_ranges([RangeId(sid, 0)])
+            sealed.append(result.unwrap().range_index)
+        return {}
+
+    proxy.armed.set()
+    appended = client.open_stream(sid).append([encode_batch(b) for b in bodies],
+                                              before_resend=seal_once)
+    assert proxy.lost.is_set() and sealed == [1]
+    if client.config.idempotent:
+        assert [(a.range_index, a.base_offset) for a in appended] == [(0, i) for i in
+                                                                       range(1, 5)]
+        assert _stored(reader, sid) == [b"first"] + bodies
+    else:
+        assert [a.base_offset for a in appended] == [5, 6, 7, 8]  # in the next range
+        assert _stored(reader, sid) == [b"first"] + bodies + bodies

@@ -21,10 +21,12 @@ class ProducerSequence(object):
     def ProducerId(self): return self._tab.Get(flatbuffers.number_types.Int64Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(0))
     # ProducerSequence
     def Sequence(self): return self._tab.Get(flatbuffers.number_types.Int32Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(8))
+    # ProducerSequence
+    def RangeIndex(self): return self._tab.Get(flatbuffers.number_types.Int32Flags, self._tab.Pos + flatbuffers.number_types.UOffsetTFlags.py_type(12))
 
-def CreateProducerSequence(builder, producerId, sequence):
+def CreateProducerSequence(builder, producerId, sequence, rangeIndex):
     builder.Prep(8, 16)
-    builder.Pad(4)
+    builder.PrependInt32(rangeIndex)
     builder.PrependInt32(sequence)
     builder.PrependInt64(producerId)
     return builder.Offset()

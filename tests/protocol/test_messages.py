@@ -454,7 +454,9 @@ def _random_value(f: _flatbuf.Field, rng: random.Random):
     if k == _flatbuf.VEC_STRUCT and f.sub.cls is AppendEntry:
         return [AppendEntry(rng.randrange(1 << 40), i, rng.randrange(1 << 20)) for i in range(n)]
     if k == _flatbuf.VEC_STRUCT:
-        return [f.sub.cls(rng.randrange(1 << 40), rng.randrange(1 << 20)) for i in range(n)]
+        return [f.sub.cls(rng.randrange(1 << 40), *(rng.randrange(1 << 20)
+                                                    for _ in f.sub.names[1:]))
+                for i in range(n)]
     return [_random_instance(f.sub.cls, rng) for _ in range(n)]
 
 

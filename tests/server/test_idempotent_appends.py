@@ -16,6 +16,8 @@ from sbp_spark.protocol.messages import (
     AppendResponse,
     DescribeRangesRequest,
     FetchEntry,
+    LookupSequencesRequest,
+    LookupSequencesResponse,
     ProducerSequence,
     RangeId,
 )
@@ -41,14 +43,14 @@ def _config(tmp_path, **kw) -> RangeServerConfig:
     return RangeServerConfig(data_dir=str(tmp_path), server_id=ME, **kw)
 
 
-def _append(peer, stream_id, items, producer=PRODUCER) -> AppendResponse:
+def _append(peer, stream_id, items, producer=PRODUCER, index=0) -> AppendResponse:
     """items: (sequence, body); request_index = position."""
     entries, payload, producers = [], [], []
     for i, (seq, body) in enumerate(items):
         batch = batch_bytes(body)
         entries.append(AppendEntry(stream_id, i, len(batch)))
         payload.append(batch)
-        producers.append(ProducerSequence(producer, seq))
+        producers.append(ProducerSequence(producer, seq, index))
     msg, _ = peer.call(AppendRequest(timeout_ms=5000, append_requests=entries,
                                      producers=producers), b"".join(payload))
     assert isinstance(msg, AppendResponse), msg
@@ -101,13 +103,25 @@ def test_the_producers_state_comes_back_from_the_log_after_a_restart(tmp_path):
         assert _next_offset(peer, 1) == 61
 
 
+def test_a_batch_numbered_for_another_range_is_not_stored_in_this_one(tmp_path):
+    with Server(_config(tmp_path)).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        resp = _append(peer, 1, [(0, b"a")], index=1)  # the PD's next range, not here yet
+        assert _answers(resp) == [(ErrorCode.RANGE_NOT_FOUND, -1)]
+        _sync(peer, _range(1, end=0), _range(1, index=1))
+        resp = _append(peer, 1, [(0, b"a")], index=0)  # its range was sealed meanwhile
+        assert _answers(resp) == [(ErrorCode.RANGE_SEALED, -1)]
+        assert "range 1/0 is sealed" in resp.append_responses[0].status.message
+        assert _answers(_append(peer, 1, [(0, b"a")], index=1)) == [(0, 0)]
+
+
 def test_an_append_without_one_producer_per_entry_is_refused_whole(tmp_path):
     with Server(_config(tmp_path)).start() as srv, RawPeer(srv.address) as peer:
         _sync(peer, _range(1))
         batch = batch_bytes(b"a")
         msg, _ = peer.call(AppendRequest(append_requests=[
             AppendEntry(1, 0, len(batch)), AppendEntry(1, 1, len(batch))],
-            producers=[ProducerSequence(PRODUCER, 0)]), batch + batch)
+            producers=[ProducerSequence(PRODUCER, 0, 0)]), batch + batch)
         assert msg.status.code == ErrorCode.INVALID_REQUEST
         assert "one per entry" in msg.status.message
         # One sequence twice in one APPEND: the second is refused, the first stored.
@@ -249,3 +263,24 @@ def test_every_secondary_keeps_the_producers_and_rebuilds_them_after_a_restart(t
         assert held(2) == {0: (0, 1), 1: (1, 2), 2: None}
     finally:
         trio.close()
+
+
+def _lookup(peer, stream_id, sequences, producer=PRODUCER, index=0):
+    msg, _ = peer.call(LookupSequencesRequest(RangeId(stream_id, index), producer, sequences))
+    assert isinstance(msg, LookupSequencesResponse), msg
+    return msg
+
+
+def test_a_sealed_range_says_which_batches_of_a_producer_it_holds(tmp_path):
+    with Server(_config(tmp_path)).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        _append(peer, 1, [(0, b"a"), (1, b"b"), (2, b"c")])
+        # Open: what it holds is not settled yet.
+        pending = _lookup(peer, 1, [0])
+        assert pending.status.code == ErrorCode.SEQUENCE_PENDING and not pending.base_offsets
+        # The PD ended the range at 2: the batch at 2 is not part of it.
+        _sync(peer, _range(1, end=2))
+        assert _lookup(peer, 1, [0, 1, 2, 3]).base_offsets == [0, 1, -1, -1]
+        assert _lookup(peer, 1, [0], producer=99).base_offsets == [-1]
+        assert _lookup(peer, 2, [0]).status.code == ErrorCode.RANGE_NOT_FOUND
+        assert _lookup(peer, 1, [0], producer=-5).status.code == ErrorCode.INVALID_REQUEST

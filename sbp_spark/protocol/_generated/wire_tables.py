@@ -170,6 +170,15 @@ TABLES = {
         ('ranges', 2, '[Range]', None, False),
         ('range_server', 3, 'RangeServer', None, False),
     ),
+    'LookupSequencesRequest': (
+        ('range', 0, 'RangeId', None, False),
+        ('producer_id', 1, 'long', -1, False),
+        ('sequences', 2, '[long]', None, False),
+    ),
+    'LookupSequencesResponse': (
+        ('status', 0, 'Status', None, True),
+        ('base_offsets', 1, '[long]', None, False),
+    ),
     'PingRequest': (
     ),
     'PingResponse': (
@@ -328,6 +337,7 @@ STRUCTS = {
     'ProducerSequence': (8, 16, (
         ('producer_id', 'long', 0),
         ('sequence', 'int', 8),
+        ('range_index', 'int', 12),
     )),
 }
 

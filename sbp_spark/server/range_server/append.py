@@ -323,6 +323,16 @@ def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:
     return None
 
 
+def _other_range(rlog: RangeLog, range_index: int) -> ServerError:
+    """The refusal of an idempotent batch numbered for range ``range_index`` that reached
+    ``rlog``, the stream's open range here: its sequence means nothing in this range."""
+    where = f"range {rlog.stream_id}/{range_index}"
+    if range_index < rlog.range_index:
+        return RangeSealedError(f"{where} is sealed: range {rlog.range_index} follows it")
+    return RangeNotFoundError(
+        f"{where} is not open on this server yet (its open range is {rlog.range_index})")
+
+
 class AppendPath:
     """Serves APPEND for one range server."""
 
@@ -409,7 +419,9 @@ class AppendPath:
                                       strict=True):
             key = (producer.producer_id, producer.sequence)
             verdict = self._producers.check(group.rlog, *key)
-            if key in seen:
+            if producer.range_index != group.rlog.range_index:
+                verdict = Verdict(None, _other_range(group.rlog, producer.range_index))
+            elif key in seen:
                 verdict = Verdict(None, InvalidRequestError(
                     f"producer {key[0]} sequence {key[1]} is in this APPEND twice"))
             seen.add(key)

@@ -30,17 +30,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from ...protocol.errors import (
     InvalidRequestError,
+    RangeNotFoundError,
     RangeSealedError,
     SequencePendingError,
     ServerError,
     UnknownProducerError,
 )
+from ...protocol.messages import LookupSequencesRequest, LookupSequencesResponse, Status
 
 # A batch a range holds: its base offset and the offset after it.
 Held = tuple[int, int]
@@ -77,6 +79,12 @@ class ProducerLog(Protocol):
 
     @property
     def end_offset(self) -> int: ...
+
+    @property
+    def end_pending(self) -> bool: ...
+
+    @property
+    def written_offset(self) -> int: ...
 
     def produced_since(self, min_time_ms: int) -> tuple[Sequence[ProducedBatch], bool]: ...
 
@@ -217,6 +225,33 @@ class Producers:
                 out[seq] = None
         return out
 
+    def lookup(self, rlog: ProducerLog, producer_id: int, sequences: Sequence[int]
+               ) -> list[int]:
+        """Where the sealed range holds each of ``sequences`` of ``producer_id`` (its base
+        offset, -1 when it does not hold it); what a writer asks before it sends its batches
+        in doubt there to the next range. Only a replica holding the whole range, whose end
+        the PD recorded, answers: SEQUENCE_PENDING otherwise (ask again, or another
+        replica); UNKNOWN_PRODUCER when it cannot tell."""
+        where = f"range {rlog.stream_id}/{rlog.range_index}"
+        if rlog.end_offset < 0 or rlog.end_pending:
+            raise SequencePendingError(
+                f"{where} is {'open' if rlog.end_offset < 0 else 'sealed'} here with its end "
+                f"not final yet: which batches it holds is not settled; ask again")
+        end = rlog.end_offset
+        if rlog.written_offset < end:
+            raise SequencePendingError(
+                f"{where} holds up to {rlog.written_offset} here, below its end {end}: ask "
+                f"another replica")
+        with self.guard(rlog):
+            verdicts = [self.check(rlog, producer_id, seq) for seq in sequences]
+        out = []
+        for verdict in verdicts:
+            if isinstance(verdict.error, (UnknownProducerError, InvalidRequestError)):
+                raise verdict.error
+            held = verdict.held
+            out.append(held[0] if held is not None and held[1] <= end else -1)
+        return out
+
     def forget(self, stream_id: int) -> None:
         """The stream was deleted here: drop its state."""
         with self._lock:
@@ -264,6 +299,32 @@ class Producers:
             rstate = self._ranges.get(key[:2])
             if rstate is not None:
                 rstate.complete = False
+
+
+class Lookups:
+    """LOOKUP_SEQUENCES on a range server: the range asked for among a stream's local ranges,
+    the answer from ``Producers.lookup``."""
+
+    def __init__(self, producers: Producers,
+                 stream_ranges: Callable[[int], Sequence[ProducerLog]]) -> None:
+        self._producers = producers
+        self._stream_ranges = stream_ranges
+
+    def answer(self, req: LookupSequencesRequest) -> LookupSequencesResponse:
+        rid = req.range
+        try:
+            if rid is None or req.producer_id < 0:
+                raise InvalidRequestError(
+                    "LOOKUP_SEQUENCES needs a range and a producer_id >= 0")
+            rlog = next((r for r in self._stream_ranges(rid.stream_id)
+                         if r.range_index == rid.range_index), None)
+            if rlog is None:
+                raise RangeNotFoundError(
+                    f"range {rid.stream_id}/{rid.range_index} is not on this server")
+            offsets = self._producers.lookup(rlog, req.producer_id, req.sequences)
+        except ServerError as exc:
+            return LookupSequencesResponse(status=Status.from_error(exc))
+        return LookupSequencesResponse(base_offsets=offsets)
 
 
 def _settled(rlog: ProducerLog, held: Held, producer_id: int, sequence: int

@@ -41,7 +41,7 @@ from .config import RangeServerConfig
 from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
-from .producers import Producers
+from .producers import Lookups, Producers
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .requests import RangeServerHandler
@@ -88,7 +88,8 @@ class RangeServer:
         fetches = FetchServer(storage, self.metrics, config.fetch_frame_bytes,
                               config.storage.verify_reads)
         admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
-        self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
+        self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data,
+                                          Lookups(self.producers, storage.stream_ranges))
         net = config.net
         net.host, net.port = config.host, config.port
         self.net = FrameServer(self.handler, net)
