@@ -202,7 +202,7 @@ class _Log:
         self.readable_offset, self.end_offset = 1 << 40, -1
 
     def produced_since(self, min_time_ms):
-        return [], True
+        return []
 
 
 def _verdict(producers, rlog, producer_id, seq):
@@ -234,6 +234,31 @@ def test_idle_producers_expire_and_the_least_recent_makes_room():
     assert _verdict(producers, rlog, 4, 0) == (None, None)
     producers.record(rlog, [(3, 1, 3, 4)], now_ms=70_000)  # producer 2 idle for 68 s: gone
     assert len(producers) == 1 and _verdict(producers, rlog, 3, 1).held == (3, 4)
+
+
+def test_a_producer_expired_for_idleness_is_new_again_but_one_dropped_for_room_is_not():
+    producers = Producers(ProducerLimits(expiry_s=60))
+    rlog = _Log()
+    producers.record(rlog, [(1, 5, 0, 1)], now_ms=1_000)
+    producers.record(rlog, [(2, 0, 1, 2)], now_ms=90_000)  # producer 1 idle 89 s: expired
+    assert len(producers) == 1
+    # Idle that long, producer 1 resends nothing: whatever it sends now is new.
+    assert _verdict(producers, rlog, 1, 6) == (None, None)
+
+
+def test_once_a_range_dropped_a_producer_for_room_only_sequence_0_starts_one(tmp_path):
+    config = _config(tmp_path, producers=ProducerLimits(max_states=1))
+    with Server(config).start() as srv, RawPeer(srv.address) as peer:
+        _sync(peer, _range(1))
+        assert _answers(_append(peer, 1, [(0, b"a")], producer=1)) == [(0, 0)]
+        assert _answers(_append(peer, 1, [(0, b"b")], producer=2)) == [(0, 1)]  # 1 dropped
+        # A producer that starts here now: its sequence 0 and those after it in the APPEND.
+        assert _answers(_append(peer, 1, [(0, b"c"), (1, b"d")], producer=3)) == [
+            (0, 2), (0, 3)]
+        # Producer 1 again: the range cannot tell whether it holds its sequence 1.
+        assert _answers(_append(peer, 1, [(1, b"e")], producer=1)) == [
+            (ErrorCode.UNKNOWN_PRODUCER, -1)]
+        assert _next_offset(peer, 1) == 4
 
 
 def test_a_batch_beyond_the_seal_or_not_yet_settled_is_not_answered_as_stored():

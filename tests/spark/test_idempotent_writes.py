@@ -17,7 +17,7 @@ def test_a_batch_write_stores_every_batch_under_a_producer(spark, sbp_cluster, s
     assert len(holders) == 2
     for server in holders:
         (rlog,) = server.storage.stream_ranges(sid)
-        produced, _ = rlog.produced_since(0)
+        produced = rlog.produced_since(0)
         assert [b.base_offset for b in produced] == [b.header.base_offset for b in batches]
         # Two tasks: one producer per worker process's client (one worker may run both), each
         # numbering its batches in this new range from 0, every sequence once.

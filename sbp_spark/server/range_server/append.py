@@ -36,6 +36,7 @@ from ...protocol.errors import (
     ReplicationFailedError,
     ServerError,
     StreamNotFoundError,
+    UnknownProducerError,
 )
 from ...protocol.messages import (
     AppendEntry,
@@ -52,7 +53,7 @@ from ..net import ConnectionClosed, RequestContext
 from ..storage.durability import Waiter
 from ..storage.range_log import RangeLog
 from .metrics import Metrics
-from .producers import ProducerLog, Verdict
+from .producers import STORE, ProducerLog, Verdict
 from .replication import Forward
 from .roles import Roles
 
@@ -415,6 +416,7 @@ class AppendPath:
         offset they were stored at) or cannot take (refused); under the range's guard."""
         kept = RangeBatches(group.rlog, group.replicated)
         seen: set[tuple[int, int]] = set()
+        starting: set[int] = set()  # producers whose sequence 0 this APPEND stores
         for i, batch, producer in zip(group.indexes, group.batches, group.producers,
                                       strict=True):
             key = (producer.producer_id, producer.sequence)
@@ -424,7 +426,11 @@ class AppendPath:
             elif key in seen:
                 verdict = Verdict(None, InvalidRequestError(
                     f"producer {key[0]} sequence {key[1]} is in this APPEND twice"))
+            elif isinstance(verdict.error, UnknownProducerError) and key[0] in starting:
+                verdict = STORE  # unknown only until its sequence 0, stored just before
             seen.add(key)
+            if verdict == STORE and key[1] == 0:
+                starting.add(key[0])
             if verdict.error is not None:
                 replies.refuse([i], Status.from_error(verdict.error))
             elif verdict.held is not None:

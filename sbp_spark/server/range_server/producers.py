@@ -19,10 +19,13 @@ Memory is bounded, and the rule is:
   forgotten);
 - at most ``max_states`` (producer, range) states are kept by a server; past that, the one
   that appended least recently is dropped.
-What was dropped is answered honestly: a batch whose sequence is older than what is kept, or
-from a producer whose state in the range was dropped (sequence above 0), fails
-UNKNOWN_PRODUCER (it may be stored; nothing is stored again); sequence 0 from a producer the
-range does not know starts a new producer there.
+A producer the range does not know is new there, whatever its sequence (it may also be one
+that expired: idle that long, it resends nothing it sent before, as a client's call gives up
+within a minute). What was dropped while it mattered is answered honestly: a batch whose
+sequence is older than what is kept fails UNKNOWN_PRODUCER (it may be stored; nothing is
+stored again); and once a range had a producer dropped to make room, only sequence 0 starts a
+producer it does not know (the APPEND's later sequences of that producer with it), any other
+fails UNKNOWN_PRODUCER.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class ProducerLog(Protocol):
     @property
     def written_offset(self) -> int: ...
 
-    def produced_since(self, min_time_ms: int) -> tuple[Sequence[ProducedBatch], bool]: ...
+    def produced_since(self, min_time_ms: int) -> Sequence[ProducedBatch]: ...
 
 
 @dataclass(frozen=True)
@@ -123,20 +126,24 @@ class _ProducerState:
     floor: int = -1  # every sequence at or below it is forgotten (or was never sent)
 
     def add(self, sequence: int, held: Held, window: int) -> None:
-        self.held[sequence] = held
-        self.order.append(sequence)
-        while len(self.order) > window:
-            dropped = self.order.popleft()
+        order = self.order
+        if len(order) >= window:
+            dropped = order.popleft()
             self.held.pop(dropped, None)
-            self.floor = max(self.floor, dropped)
+            if dropped > self.floor:
+                self.floor = dropped
+        self.held[sequence] = held
+        order.append(sequence)
 
 
 @dataclass
 class _RangeState:
-    """Whether a range's producers are loaded, and whether every producer it ever had is
-    still known (nothing dropped, nothing left unread)."""
+    """A range's producers (read and changed under ``lock``, its guard), whether they are
+    loaded, and whether every producer active within the expiry period is still known (none
+    dropped to make room for others)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
+    producers: dict[int, _ProducerState] = field(default_factory=dict)
     loaded: bool = False
     complete: bool = True
 
@@ -147,12 +154,13 @@ class Producers:
     def __init__(self, limits: ProducerLimits | None = None) -> None:
         self.limits = limits if limits is not None else ProducerLimits()
         self._lock = threading.Lock()
-        # (stream_id, range_index, producer_id) -> state, least recently appended first.
-        self._states: OrderedDict[tuple[int, int, int], _ProducerState] = OrderedDict()
+        # Every (stream_id, range_index, producer_id), least recently appended first: what
+        # the bounds drop (under ``_lock``).
+        self._recent: OrderedDict[tuple[int, int, int], _ProducerState] = OrderedDict()
         self._ranges: dict[tuple[int, int], _RangeState] = {}
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._recent)
 
     def guard(self, rlog: ProducerLog) -> threading.Lock:
         """The lock under which a range's entries are checked, stored and recorded, so that
@@ -169,43 +177,49 @@ class Producers:
         if sequence < 0 or producer_id < 0:
             return Verdict(None, InvalidRequestError(
                 f"producer {producer_id} sequence {sequence}: both must be >= 0"))
-        key = (rlog.stream_id, rlog.range_index, producer_id)
-        with self._lock:
-            state = self._states.get(key)
-            held = state.held.get(sequence) if state is not None else None
-            floor = state.floor if state is not None else None
-            complete = self._ranges[key[:2]].complete
-        if held is not None:
-            return Verdict(held, _settled(rlog, held, producer_id, sequence))
-        if floor is None:
-            if complete or sequence == 0:
+        rstate = self._range(rlog)
+        state = rstate.producers.get(producer_id)
+        if state is None:
+            if rstate.complete or sequence == 0:
                 return STORE
             return Verdict(None, UnknownProducerError(
                 f"range {rlog.stream_id}/{rlog.range_index} no longer knows producer "
-                f"{producer_id} (its state expired or made room for others): sequence "
+                f"{producer_id} (its state made room for others): sequence "
                 f"{sequence} may be stored already, and is not stored again"))
-        if sequence <= floor:
+        held = state.held.get(sequence)
+        if held is not None:
+            return Verdict(held, _settled(rlog, held, producer_id, sequence))
+        if sequence <= state.floor:
             return Verdict(None, UnknownProducerError(
                 f"range {rlog.stream_id}/{rlog.range_index} keeps producer {producer_id}'s "
-                f"sequences above {floor} only: sequence {sequence} may be stored already, "
-                f"and is not stored again"))
+                f"sequences above {state.floor} only: sequence {sequence} may be stored "
+                f"already, and is not stored again"))
         return STORE
 
     def record(self, rlog: ProducerLog, batches: Iterable[tuple[int, int, int, int]],
                now_ms: int | None = None) -> None:
-        """Stored: ``batches`` of (producer_id, sequence, base_offset, end_offset)."""
+        """Stored: ``batches`` of (producer_id, sequence, base_offset, end_offset) (call
+        under ``guard(rlog)``)."""
         now = _now_ms() if now_ms is None else now_ms
         window = self.limits.window
+        rstate = self._range(rlog)
+        producers = rstate.producers
+        touched: list[tuple[int, _ProducerState]] = []
+        for producer_id, sequence, base, end in batches:
+            state = producers.get(producer_id)
+            if state is None:
+                state = producers[producer_id] = _ProducerState(now)
+            state.last_ms = now
+            state.add(sequence, (base, end), window)
+            if not touched or touched[-1][0] != producer_id:
+                touched.append((producer_id, state))
+        stream_id, range_index = rlog.stream_id, rlog.range_index
         with self._lock:
-            for producer_id, sequence, base, end in batches:
-                key = (rlog.stream_id, rlog.range_index, producer_id)
-                state = self._states.get(key)
-                if state is None:
-                    state = self._states[key] = _ProducerState(now)
-                else:
-                    self._states.move_to_end(key)
-                    state.last_ms = now
-                state.add(sequence, (base, end), window)
+            recent = self._recent
+            for producer_id, state in touched:
+                key = (stream_id, range_index, producer_id)
+                recent[key] = state
+                recent.move_to_end(key)
             self._bound(now)
 
     def held(self, rlog: ProducerLog, producer_id: int, sequences: Iterable[int]
@@ -255,8 +269,8 @@ class Producers:
     def forget(self, stream_id: int) -> None:
         """The stream was deleted here: drop its state."""
         with self._lock:
-            for key in [k for k in self._states if k[0] == stream_id]:
-                del self._states[key]
+            for key in [k for k in self._recent if k[0] == stream_id]:
+                del self._recent[key]
             for rkey in [k for k in self._ranges if k[0] == stream_id]:
                 del self._ranges[rkey]
 
@@ -264,41 +278,48 @@ class Producers:
 
     def _range(self, rlog: ProducerLog) -> _RangeState:
         rkey = (rlog.stream_id, rlog.range_index)
-        with self._lock:
-            state = self._ranges.get(rkey)
-            if state is None:
-                state = self._ranges[rkey] = _RangeState()
-            return state
+        state = self._ranges.get(rkey)  # a dict read is atomic: no lock on the hot path
+        if state is None:
+            with self._lock:
+                state = self._ranges.get(rkey)
+                if state is None:
+                    state = self._ranges[rkey] = _RangeState()
+        return state
 
     def _load(self, rlog: ProducerLog, state: _RangeState) -> None:
         """Rebuild the range's producers from the batches of its log written within the
         expiry period (under the range's guard)."""
         now = _now_ms()
-        batches, whole = rlog.produced_since(now - int(self.limits.expiry_s * 1000))
+        batches = rlog.produced_since(now - int(self.limits.expiry_s * 1000))
         self.record(rlog, ((b.producer_id, b.sequence, b.base_offset,
                             b.base_offset + b.record_count) for b in batches), now)
-        with self._lock:
-            # Restarted: each producer's last append time is that of its last batch.
-            for b in batches:
-                found = self._states.get((rlog.stream_id, rlog.range_index, b.producer_id))
-                if found is not None:
-                    found.last_ms = b.append_time_ms
-            state.complete = state.complete and whole
+        # Restarted: each producer's last append time is that of its last batch.
+        for b in batches:
+            found = state.producers.get(b.producer_id)
+            if found is not None:
+                found.last_ms = b.append_time_ms
         state.loaded = True
 
     def _bound(self, now: int) -> None:
         """Drop expired states and, past ``max_states``, the least recently used (under
         ``_lock``)."""
         cutoff = now - int(self.limits.expiry_s * 1000)
-        states = self._states
-        while states:
-            key, oldest = next(iter(states.items()))
-            if oldest.last_ms >= cutoff and len(states) <= self.limits.max_states:
+        recent = self._recent
+        while recent:
+            key, oldest = next(iter(recent.items()))
+            if oldest.last_ms >= cutoff and len(recent) <= self.limits.max_states:
                 break
-            del states[key]
+            del recent[key]
             rstate = self._ranges.get(key[:2])
             if rstate is not None:
-                rstate.complete = False
+                # Its range's guard is not held here: a dict change is atomic, and a check
+                # that still saw the state judged by what was true a moment before.
+                rstate.producers.pop(key[2], None)
+                if oldest.last_ms >= cutoff:
+                    # Dropped while active, to make room: the range can no longer tell a
+                    # new producer from one it forgot. (An expired one, idle for the
+                    # expiry period, sends nothing it sent before: its calls ended long ago.)
+                    rstate.complete = False
 
 
 class Lookups:

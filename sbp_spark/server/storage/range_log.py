@@ -607,24 +607,20 @@ class RangeLog:
             self._env.counts.bytes_read += nbytes
         return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
 
-    def produced_since(self, min_time_ms: int) -> tuple[list[ProducedBatch], bool]:
+    def produced_since(self, min_time_ms: int) -> list[ProducedBatch]:
         """The batches appended under a producer (idempotent appends) in the segments
-        written to at ``min_time_ms`` or later, in order, and whether that is every segment
-        the range ever had (none skipped as older, none trimmed)."""
+        written to at ``min_time_ms`` or later, in order."""
         with self.lock:
-            segments = [(seg, seg.size) for seg in self.segments if seg.retain()]
-            whole = self._start_offset == self.base_start_offset
+            segments = [(seg, seg.size) for seg in self.segments
+                        if not 0 <= seg.max_time < min_time_ms and seg.retain()]
         out: list[ProducedBatch] = []
         try:
             for seg, size in segments:
-                if 0 <= seg.max_time < min_time_ms:
-                    whole = False
-                    continue
                 out += seg.produced_batches(size)
         finally:
             for seg, _ in segments:
                 seg.release()
-        return out, whole
+        return out
 
     def available_bytes(self, offset: int, limit: int) -> int:
         """Committed bytes from the batch holding ``offset`` on, counted up to ``limit``."""
