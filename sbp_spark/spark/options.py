@@ -522,6 +522,11 @@ MAX_INFLIGHT_FRAMES = OptionSpec(
     "maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
     "APPEND frames a task keeps in flight on one connection",
     lambda n, v: parse_int(n, v, 1, 1024), DEFAULT_MAX_INFLIGHT_FRAMES)
+IDEMPOTENT_APPENDS = OptionSpec(
+    "idempotentAppends", "true", "write",
+    "append under the client's producer id and per-range sequence numbers, so a batch the "
+    "client sends again (a lost answer, a failover) is stored once; false: at least once",
+    parse_bool, True)
 REQUEST_TIMEOUT_MS = OptionSpec(
     "requestTimeoutMs", "30000", "read/write",
     "how long to wait for each answer frame of a request",
@@ -622,6 +627,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     BATCH_MAX_RECORDS,
     BATCH_MAX_BYTES,
     MAX_INFLIGHT_FRAMES,
+    IDEMPOTENT_APPENDS,
     REQUEST_TIMEOUT_MS,
     RETRIES,
     CREATE_IF_MISSING,
@@ -704,6 +710,7 @@ class ClientOptions:
     request_timeout_ms: int = REQUEST_TIMEOUT_MS.value
     retries: int | None = RETRIES.value
     max_inflight_frames: int = MAX_INFLIGHT_FRAMES.value
+    idempotent_appends: bool = IDEMPOTENT_APPENDS.value
     tls: bool = TLS_ENABLED.value
     tls_ca_file: str | None = TLS_CA_FILE.value
     tls_cert_file: str | None = TLS_CERT_FILE.value
@@ -713,8 +720,9 @@ class ClientOptions:
         """The client settings these options stand for."""
         return ClientConfig(request_timeout_s=self.request_timeout_ms / 1000.0,
                             retries=self.retries, max_inflight_frames=self.max_inflight_frames,
-                            tls=self.tls, tls_ca_file=self.tls_ca_file,
-                            tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file)
+                            idempotent=self.idempotent_appends, tls=self.tls,
+                            tls_ca_file=self.tls_ca_file, tls_cert_file=self.tls_cert_file,
+                            tls_key_file=self.tls_key_file)
 
 
 def _tls_options(opts: _Options) -> dict[str, Any]:
@@ -737,6 +745,7 @@ def _client_options(opts: _Options) -> ClientOptions:
         request_timeout_ms=opts.value(REQUEST_TIMEOUT_MS),
         retries=opts.value(RETRIES),
         max_inflight_frames=opts.value(MAX_INFLIGHT_FRAMES),
+        idempotent_appends=opts.value(IDEMPOTENT_APPENDS),
         **_tls_options(opts),
     )
 
