@@ -391,11 +391,14 @@ class AppendPath:
         now = _now_ms()
         for group in groups:
             try:
-                if group.producers and not group.replicated:
+                if group.producers:
+                    # Checked (a client's batches; a forward's were, on the primary), stored
+                    # and recorded under the range's guard, its producers loaded first.
                     with self._producers.guard(group.rlog):
-                        group = self._drop_held(group, pending.replies, now)
-                        if not group.indexes:
-                            continue
+                        if not group.replicated:
+                            group = self._drop_held(group, pending.replies, now)
+                            if not group.indexes:
+                                continue
                         bases, parts = self._store(group, now, committed, crcs,
                                                    req.timeout_ms)
                 else:
