@@ -340,9 +340,10 @@ class _AppendCall:
         self.in_doubt: dict[int, set[int]] = {}
         self.before_resend = before_resend
         self.attempts = 0
-        # Batch index -> (range_index, sequence) it was last sent under (idempotent appends):
-        # sent again to that range, it keeps its sequence, and the range stores it once.
-        self.sequences: dict[int, tuple[int, int]] = {}
+        # Batch index -> (range_index, sequence, producer_id) it was last sent under
+        # (idempotent appends): sent again to that range, it keeps its sequence, and the
+        # range stores it once.
+        self.sequences: dict[int, tuple[int, int, int]] = {}
 
     def attempt(self) -> None:
         """Send the pending batches to the stream's open range; raises the first retriable
@@ -412,21 +413,21 @@ class _AppendCall:
         """Before batches in doubt in an earlier range are sent to range ``range_index``:
         ask that range (sealed by now) which of them it holds (``in_doubt.py``). Those are
         stored there; the others leave doubt and are sent as new batches."""
-        writer, producer = self.writer, self.writer.producer
-        assert producer is not None
-        moved: dict[int, list[int]] = {}  # earlier range -> batch indexes in doubt there
+        writer = self.writer
+        # (earlier range, producer id) -> batch indexes in doubt there
+        moved: dict[tuple[int, int], list[int]] = {}
         for index in self.pending:
             sent = self.sequences.get(index)
             if index in self.in_doubt and sent is not None and sent[0] != range_index:
-                moved.setdefault(sent[0], []).append(index)
+                moved.setdefault((sent[0], sent[2]), []).append(index)
         if not moved:
             return
         ranges = {rng.range_index: rng for rng in writer._list_ranges(self.deadline)}
-        for earlier, indexes in moved.items():
+        for (earlier, producer_id), indexes in moved.items():
             rng = ranges.get(earlier)
             if rng is None or rng.is_open:
                 continue  # trimmed away, or not sealed yet: nothing to settle from it
-            held = held_in_sealed_range(rng, producer.producer_id,
+            held = held_in_sealed_range(rng, producer_id,
                                         [self.sequences[i][1] for i in indexes],
                                         writer._range_server)
             if held is None:
@@ -448,13 +449,13 @@ class _AppendCall:
         if producer is None:
             return None
         sequences = self.sequences
-        new = [i for i in self.pending if sequences.get(i, (-1, 0))[0] != range_index]
+        new = [i for i in self.pending if sequences.get(i, (-1, 0, 0))[0] != range_index]
         if new:
-            first = producer.take(self.stream_id, range_index, len(new))
+            pid, first = producer.take(self.stream_id, range_index, len(new))
             for n, index in enumerate(new):
-                sequences[index] = (range_index, first + n)
-        pid = producer.producer_id
-        return [ProducerSequence(pid, sequences[i][1], range_index) for i in self.pending]
+                sequences[index] = (range_index, first + n, pid)
+        return [ProducerSequence(sequences[i][2], sequences[i][1], range_index)
+                for i in self.pending]
 
     def _stored(self, index: int, appended: Appended) -> None:
         self.results[index] = appended

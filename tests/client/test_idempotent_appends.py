@@ -4,6 +4,7 @@ each batch once."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 from sbp_spark.client import ClientConfig, SbpClient
@@ -17,11 +18,31 @@ CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=10, retry_backoff_m
 
 def test_sequences_are_per_range_and_given_out_once():
     producer = Producer(7)
-    assert producer.take(1, 0, 3) == 0 and producer.take(1, 0, 2) == 3
-    assert producer.take(2, 0, 1) == 0 and producer.take(1, 1, 1) == 0
-    assert producer.take(1, 0, 1) == 0  # range 0 was left behind when range 1 began
+    assert producer.take(1, 0, 3) == (7, 0) and producer.take(1, 0, 2) == (7, 3)
+    assert producer.take(2, 0, 1) == (7, 0) and producer.take(1, 1, 1) == (7, 0)
+    # A writer that has not heard of range 1 yet still gets new sequences in range 0: one
+    # given out twice would be answered as the other batch there.
+    assert producer.take(1, 0, 1) == (7, 5)
     assert 0 <= Producer().producer_id < 2 ** 63 and Producer().producer_id != \
         Producer().producer_id
+
+
+def test_a_forked_child_is_a_producer_of_its_own():
+    producer = Producer()
+    parent_id, _ = producer.take(1, 0, 4)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its id and first sequence, then out without cleanup
+        try:
+            os.write(write, b"%d %d" % producer.take(1, 0, 1))
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    child_id, child_first = map(int, os.read(read, 100).split())
+    os.close(read)
+    assert child_id != parent_id and child_first == 0
+    assert producer.take(1, 0, 1) == (parent_id, 4)  # the parent goes on as it was
 
 
 def test_concurrent_calls_of_one_client_all_land_once(tmp_path):
