@@ -47,6 +47,7 @@ _HEADER_CRC_SPAN = STORAGE_HEADER_SIZE - 4
 PRODUCER_EXTENSION = struct.Struct(">qiI")
 PRODUCER_EXTENSION_SIZE = PRODUCER_EXTENSION.size  # 16
 _PRODUCER_FLAG = 0x80000000
+_HEADER_AND_PRODUCER = struct.Struct(">IIqiqIqiI")  # both, as pack_storage_header writes them
 
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
@@ -92,14 +93,20 @@ def pack_storage_header(batch_length: int, batch_crc: int, base_offset: int,
                         producer: tuple[int, int] | None = None) -> bytes:
     """The storage header of one batch; with ``producer`` (producer_id, sequence), followed
     by its producer extension."""
-    flag = _PRODUCER_FLAG if producer is not None else 0
-    head = STORAGE_HEADER.pack(batch_length | flag, batch_crc, base_offset, record_count,
-                               append_time_ms, 0)
-    head = head[:_HEADER_CRC_SPAN] + _U32.pack(crc32(memoryview(head)[:_HEADER_CRC_SPAN]))
     if producer is None:
-        return head
-    ext = PRODUCER_EXTENSION.pack(producer[0], producer[1], 0)[:-4]
-    return head + ext + _U32.pack(crc32(ext))
+        head = STORAGE_HEADER.pack(batch_length, batch_crc, base_offset, record_count,
+                                   append_time_ms, 0)
+        return head[:_HEADER_CRC_SPAN] + _U32.pack(crc32(memoryview(head)[:_HEADER_CRC_SPAN]))
+    # Header and extension in one buffer, each CRC written into its slot.
+    out = bytearray(STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE)
+    _HEADER_AND_PRODUCER.pack_into(out, 0, batch_length | _PRODUCER_FLAG, batch_crc,
+                                   base_offset, record_count, append_time_ms, 0, producer[0],
+                                   producer[1], 0)
+    view = memoryview(out)
+    _U32.pack_into(out, _HEADER_CRC_SPAN, crc32(view[:_HEADER_CRC_SPAN]))
+    _U32.pack_into(out, len(out) - 4, crc32(view[STORAGE_HEADER_SIZE:-4]))
+    view.release()
+    return bytes(out)
 
 
 def unpack_storage_header(buf, pos: int = 0) -> tuple[int, int, int, int, int, int] | None:
