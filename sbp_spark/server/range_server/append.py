@@ -417,29 +417,32 @@ class AppendPath:
                    ) -> RangeBatches:
         """``group`` without the batches its range already holds (answered with the base
         offset they were stored at) or cannot take (refused); under the range's guard."""
-        kept = RangeBatches(group.rlog, group.replicated)
+        rlog, check = group.rlog, self._producers.check
+        kept = RangeBatches(rlog, group.replicated)
         seen: set[tuple[int, int]] = set()
         starting: set[int] = set()  # producers whose sequence 0 this APPEND stores
         for i, batch, producer in zip(group.indexes, group.batches, group.producers,
                                       strict=True):
             key = (producer.producer_id, producer.sequence)
-            verdict = self._producers.check(group.rlog, *key)
-            if producer.range_index != group.rlog.range_index:
-                verdict = Verdict(None, _other_range(group.rlog, producer.range_index))
+            if producer.range_index != rlog.range_index:
+                verdict = Verdict(None, _other_range(rlog, producer.range_index))
             elif key in seen:
                 verdict = Verdict(None, InvalidRequestError(
                     f"producer {key[0]} sequence {key[1]} is in this APPEND twice"))
-            elif isinstance(verdict.error, UnknownProducerError) and key[0] in starting:
-                verdict = STORE  # unknown only until its sequence 0, stored just before
+            else:
+                verdict = check(rlog, key[0], key[1])
+                if verdict.error is not None and key[0] in starting and \
+                        isinstance(verdict.error, UnknownProducerError):
+                    verdict = STORE  # unknown only until its sequence 0, stored just before
             seen.add(key)
-            if verdict == STORE and key[1] == 0:
-                starting.add(key[0])
             if verdict.error is not None:
                 replies.refuse([i], Status.from_error(verdict.error))
             elif verdict.held is not None:
                 replies.stored(i, verdict.held[0], now)
                 self._metrics.duplicate_appends += 1
-            else:
+            else:  # STORE
+                if key[1] == 0:
+                    starting.add(key[0])
                 kept.indexes.append(i)
                 kept.batches.append(batch)
                 kept.producers.append(producer)

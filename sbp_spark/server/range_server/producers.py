@@ -158,6 +158,7 @@ class Producers:
         # the bounds drop (under ``_lock``).
         self._recent: OrderedDict[tuple[int, int, int], _ProducerState] = OrderedDict()
         self._ranges: dict[tuple[int, int], _RangeState] = {}
+        self._next_expiry_ms = 0  # when ``record`` next looks for expired states
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -220,7 +221,10 @@ class Producers:
                 key = (stream_id, range_index, producer_id)
                 recent[key] = state
                 recent.move_to_end(key)
-            self._bound(now)
+            # Expiry is looked at once a second (to the second is all it needs), room at once.
+            if now >= self._next_expiry_ms or len(recent) > self.limits.max_states:
+                self._next_expiry_ms = now + 1000
+                self._bound(now)
 
     def held(self, rlog: ProducerLog, producer_id: int, sequences: Iterable[int]
              ) -> dict[int, Held | None]:
