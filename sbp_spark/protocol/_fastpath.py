@@ -118,6 +118,8 @@ _PRODUCED_FMT = "I8HiiIII"
 _PRODUCED_READ = struct.Struct("<" + _PRODUCED_FMT)
 _PRODUCED_BASE = 48  # header bytes besides 32 per entry
 _PRODUCERS_PAD = struct.Struct("<4xI")
+_PRODUCED_ROOT = (20, *_PRODUCED_VTABLE, 16)  # the root offset, vtable and soffset
+_ONE_ENTRY = struct.Struct("<qii")  # an AppendEntry, or a ProducerSequence: the same layout
 _produced_structs: dict[int, struct.Struct] = {}
 
 
@@ -228,17 +230,20 @@ class PackedEntriesCodec(Codec):
 
     def _read_produced(self, buf: Any, size: int) -> Any:
         """The layout ``_encode_produced`` writes, or None for any other."""
-        (root, *vtable, soffset, timeout_ms, entries_at, producers_at,
-         n) = _PRODUCED_READ.unpack_from(buf, 0)
+        head = _PRODUCED_READ.unpack_from(buf, 0)
+        n = head[13]
         mid = 40 + 16 * n  # where the producers vector's padding starts
-        if root != 20 or tuple(vtable) != _PRODUCED_VTABLE or soffset != 16 or \
-                entries_at != 8 or producers_at != 12 + 16 * n or \
+        if head[:10] != _PRODUCED_ROOT or head[11] != 8 or head[12] != 12 + 16 * n or \
                 _PRODUCED_BASE + 32 * n > size or _PRODUCERS_PAD.unpack_from(buf, mid)[0] != n:
             return None
-        entries = list(starmap(self._entry_cls, self._entry_unpack(buf[40:mid])))
-        producers = list(starmap(self._producer_cls, self._producer_unpack(
-            buf[mid + 8:mid + 8 + 16 * n])))
-        return self.cls(timeout_ms, entries, producers=producers)
+        if n == 1:  # a lone writer's append: no iterators
+            entries = [self._entry_cls(*_ONE_ENTRY.unpack_from(buf, 40))]
+            producers = [self._producer_cls(*_ONE_ENTRY.unpack_from(buf, 64))]
+        else:
+            entries = list(starmap(self._entry_cls, self._entry_unpack(buf[40:mid])))
+            producers = list(starmap(self._producer_cls, self._producer_unpack(
+                buf[mid + 8:mid + 8 + 16 * n])))
+        return self.cls(head[10], entries, producers=producers)
 
     def read_root(self, buf: Any, size: int, state: _State) -> Any:
         if size >= _PRODUCED_BASE and _U32.unpack_from(buf, 0)[0] == 20:
