@@ -66,6 +66,8 @@ class StreamWriter:
         self._range: Range | None = None
         # The range a range server last answered RANGE_SEALED for.
         self._sealed_index: int | None = None
+        # The range a RANGE_SEALED was taken as a late push for once (``_not_pushed_yet``).
+        self._rechecked_index: int | None = None
         # Since when each primary went unreached: when to seal its range and move on.
         self._reach = PrimaryReach(self.config.unreachable_primary_s)
 
@@ -242,21 +244,30 @@ class StreamWriter:
         PD meanwhile meets a primary that refuses its batch with RANGE_SEALED for the range
         before. Taking that for this range sealed by its primary would have the PD seal the
         new range at once, empty, and open yet another (where a writer seals a range it cannot
-        reach, the next one may then land on that server again). Anything but "no such range"
-        (the primary holds it, or cannot be asked) is taken as sealed, as it always was."""
+        reach, the next one may then land on that server again). The push may also arrive
+        between the refusal and this question: the primary then shows ``rng`` open. So does
+        a primary that sealed ``rng`` itself while the PD has not recorded the end (it shows
+        such a range open, as its end is not final), so an open answer earns one more try
+        only: the batch sent again lands if the push was late, and is refused again if the
+        primary sealed the range. Anything else (the primary holds ``rng`` sealed, or cannot
+        be asked) is taken as sealed, as it always was."""
         primary = rng.primary
         if primary is None or not primary.advertise_addr:
             return False
         try:
             (described,) = self._range_server(primary.advertise_addr).describe_ranges(
                 [RangeId(self.stream_id, rng.range_index)])
-            described.unwrap()
+            held = described.unwrap()
         except RangeNotFoundError:
-            self._sealed_index = None
-            return True
+            held = None
         except SbpError:
             return False
-        return False
+        if held is not None:  # the primary holds the range: open, once, or sealed
+            if not held.is_open or self._rechecked_index == rng.range_index:
+                return False
+            self._rechecked_index = rng.range_index
+        self._sealed_index = None
+        return True
 
     def _note_reach(self, target: Range, address: str, outcomes: Sequence[ItemResult],
                     deadline: float) -> None:

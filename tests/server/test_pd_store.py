@@ -248,16 +248,16 @@ def test_choose_servers_least_loaded_first():
 
 def test_the_range_after_a_seal_moves_away_from_the_sealed_ranges_primary():
     # Spare servers: the old primary (least loaded, lowest id) is left out altogether.
-    assert choose_servers([1, 2, 3, 4], {}, 3, succeeding=1) == [2, 3, 4]
-    assert choose_servers([1, 2, 3], {}, 1, succeeding=1) == [2]
+    assert choose_servers([1, 2, 3, 4], {}, 3, succeeding=[1]) == [2, 3, 4]
+    assert choose_servers([1, 2, 3], {}, 1, succeeding=[1]) == [2]
     # Every live server is needed: the old primary only as a secondary.
-    assert choose_servers([1, 2, 3], {}, 3, succeeding=1) == [2, 3, 1]
-    assert choose_servers([1, 2, 3], {2: 4}, 3, succeeding=3) == [1, 2, 3]
+    assert choose_servers([1, 2, 3], {}, 3, succeeding=[1]) == [2, 3, 1]
+    assert choose_servers([1, 2, 3], {2: 4}, 3, succeeding=[3]) == [1, 2, 3]
     # Alone, it stays; dead (not live), it changes nothing.
-    assert choose_servers([1], {}, 1, succeeding=1) == [1]
-    assert choose_servers([2, 3], {}, 2, succeeding=1) == [2, 3]
+    assert choose_servers([1], {}, 1, succeeding=[1]) == [1]
+    assert choose_servers([2, 3], {}, 2, succeeding=[1]) == [2, 3]
     with pytest.raises(NotEnoughServersError):
-        choose_servers([1, 2], {}, 3, succeeding=1)
+        choose_servers([1, 2], {}, 3, succeeding=[1])
 
 
 class FakeClock:
@@ -393,3 +393,36 @@ def test_create_with_explicit_id(store):
         store.create_stream(1, -1, [1], stream_id=-5)
     with pytest.raises(InvalidRequestError):
         store.check_stream_id_free(-5)
+
+
+def test_the_range_after_two_seals_moves_away_from_both_primaries():
+    # Range 0 on 1 sealed (a writer could not reach 1), range 1 on 2 sealed too: range 2 goes
+    # to 3, not back to 1, even where every server is needed.
+    assert choose_servers([1, 2, 3], {}, 3, succeeding=[2, 1]) == [3, 1, 2]
+    assert choose_servers([1, 2, 3, 4], {}, 2, succeeding=[2, 1]) == [3, 4]
+    # Every live server sealed lately: the one sealed longest ago is the primary.
+    assert choose_servers([1, 2], {}, 2, succeeding=[2, 1]) == [1, 2]
+    assert choose_servers([1, 2], {}, 1, succeeding=[1, 2]) == [2]
+
+
+def test_recent_primaries_are_kept_for_the_windows_newest_first():
+    from sbp_spark.server.pd.succession import RecentPrimaries
+
+    clock = FakeClock()
+    recent = RecentPrimaries(stream_s=60, any_stream_s=15, clock=lambda: clock.now)
+    recent.add(7, 1)
+    clock.now += 10
+    recent.add(7, 2)
+    recent.add(8, 3)
+    # Its own seals, and another stream's seal of the last 15 s.
+    assert recent.of(7) == [3, 2, 1]
+    assert recent.of(8) == [3, 2, 1]
+    assert recent.of(9) == [3, 2, 1]
+    clock.now += 6  # stream 7's seal of server 1 is 16 s old: for others it has passed
+    assert recent.of(7) == [3, 2, 1] and recent.of(8) == [3, 2]
+    recent.add(7, 1)  # sealed again: newest, once
+    assert recent.of(7) == [1, 3, 2]
+    clock.now += 20
+    assert recent.of(7) == [1, 2] and recent.of(8) == [3] and recent.of(9) == []
+    clock.now += 45
+    assert recent.of(7) == [] and recent.of(8) == []

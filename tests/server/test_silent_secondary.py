@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient
 from sbp_spark.client.config import DEFAULT_PROBE_INTERVAL_S
@@ -78,17 +79,21 @@ def slow_but_there(peer: Peer) -> None:
         threading.Timer(SLOW_S, peer.reply, (frame, answer)).start()
 
 
-def _append_through(tmp_path, secondary_handler, timeout_ms: int):
-    """One append to a primary whose secondary is ``secondary_handler``: (its result, the
-    seconds it took, whether the primary sealed the range)."""
+def _append_through(tmp_path, secondary_handler, timeout_ms: int, secondaries: int = 1):
+    """One append to a primary whose ``secondaries`` secondaries are ``secondary_handler``:
+    (its result, the seconds it took, whether the primary sealed the range)."""
     config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
-    with FakeServer(secondary_handler) as secondary, ConnectionPool(config) as pool:
+    with ExitStack() as stack:
+        fakes = [stack.enter_context(FakeServer(secondary_handler))
+                 for _ in range(secondaries)]
+        pool = stack.enter_context(ConnectionPool(config))
         primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
                                            storage=StorageConfig(fsync="never"))).start()
         try:
             sync_range(primary, STREAM, [
                 RangeReplica(RangeServer(1, primary.advertise_addr), True),
-                RangeReplica(RangeServer(2, secondary.address), False)])
+                *(RangeReplica(RangeServer(2 + i, fake.address), False)
+                  for i, fake in enumerate(fakes))])
             client = RangeServerClient(primary.advertise_addr, config, pool)
             began = time.monotonic()
             [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=timeout_ms)
@@ -112,3 +117,15 @@ def test_a_slow_secondary_that_answers_pings_is_waited_for(tmp_path):
     result, waited, sealed = _append_through(tmp_path, slow_but_there, timeout_ms=30_000)
     assert result.ok, result.status
     assert waited >= SLOW_S and not sealed
+
+
+def test_two_secondaries_cut_off_fail_the_append_as_soon_as_one_would(tmp_path):
+    # A 3-replica range whose primary is cut off from both secondaries: the second wait used
+    # to begin when the first ended, and the writers stalled twice the give-up time (12 s,
+    # seen by the nemesis). Each answer's lateness now counts from when the forwards went out.
+    result, waited, sealed = _append_through(tmp_path, deaf, timeout_ms=30_000, secondaries=2)
+    assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
+    assert result.status.message.count("nor to a PING") == 2, result.status.message
+    # The give-up time once, then one unanswered PING per secondary.
+    assert waited < SECONDARY_GIVE_UP_S + 3 * DEFAULT_PROBE_INTERVAL_S + 2.0
+    assert sealed

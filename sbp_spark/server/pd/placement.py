@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -165,18 +165,21 @@ class Liveness:
 
 
 def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int,
-                   succeeding: int | None = None) -> list[int]:
+                   succeeding: Sequence[int] = ()) -> list[int]:
     """Pick ``count`` distinct servers for a new range, least loaded first.
 
     ``load`` maps server id to its number of open ranges (absent = 0); ties go to the lower id
     so placement is deterministic. The first server returned is the primary.
 
-    ``succeeding``: the primary of the range this one follows. It is left out when enough
-    other servers are live, and otherwise never made the primary again when another server
-    can be. A range is mostly sealed because its primary could not be used: a writer could
-    not reach it, or it could not reach its secondaries (``docs/reliability.md``,
-    "Partitions"); the PD hears it all the same, and choosing by load alone would hand the
-    next range to it again, every time.
+    ``succeeding``: the primaries of the ranges this one follows that were sealed lately, the
+    newest first. They are left out when enough other servers are live; otherwise they serve
+    as secondaries, and the primary is one of them only when every live server is one (then
+    the one sealed longest ago). A range is mostly sealed because its primary could not be
+    used: a writer could not reach it, or it could not reach its secondaries
+    (``docs/reliability.md``, "Partitions"); the PD hears it all the same, and choosing by
+    load alone would hand the next range to it again, every time. Looking back past the last
+    seal keeps two such primaries from taking turns: a seal of the next range (another
+    writer's, or its primary's own) would otherwise put the range back on the first.
     """
     if count < 1:
         raise InvalidRequestError(f"a range needs at least 1 replica, got {count}")
@@ -185,13 +188,10 @@ def choose_servers(live: Iterable[int], load: Mapping[int, int], count: int,
         raise NotEnoughServersError(
             f"{count} replicas requested but only {len(candidates)} range "
             f"server{'s are' if len(candidates) != 1 else ' is'} live")
-    if succeeding in candidates:
-        others = [sid for sid in candidates if sid != succeeding]
-        if len(others) >= count:
-            return others[:count]
-        if others:  # every live server is needed: the old primary as a secondary
-            return others + [succeeding]
-    return candidates[:count]
+    recent = list(dict.fromkeys(sid for sid in succeeding if sid in candidates))
+    others = [sid for sid in candidates if sid not in recent]
+    # The recent primaries last, the one sealed longest ago first among them.
+    return (others + recent[::-1])[:count]
 
 
 class ServerLoad(Protocol):
@@ -223,11 +223,12 @@ class Placement:
             return record(self._choose(count))
 
     def place_if_possible(self, count: int, record: Callable[[list[int] | None], T], *,
-                          wait: bool = True, succeeding: int | None = None
+                          wait: bool = True, succeeding: Sequence[int] = ()
                           ) -> tuple[T, ServerError | None]:
         """As ``place``, but too few live servers are no failure: ``record(None)`` runs then,
         and the refusal comes back beside its result. ``wait``: first wait as ``place`` does.
-        ``succeeding``: the primary of the range the new one follows (``choose_servers``)."""
+        ``succeeding``: the primaries of the ranges the new one follows that were sealed
+        lately, newest first (``choose_servers``)."""
         if wait:
             self._await_live(count)
         with self._lock:
@@ -248,6 +249,6 @@ class Placement:
         known = [s.server_id for s in self._load.list_servers() if s.registered]
         self._liveness.wait_for_live(count, known)
 
-    def _choose(self, count: int, succeeding: int | None = None) -> list[int]:
+    def _choose(self, count: int, succeeding: Sequence[int] = ()) -> list[int]:
         live = [s.server_id for s in self._liveness.live()]
         return choose_servers(live, self._load.open_range_counts(), count, succeeding)

@@ -4,10 +4,11 @@
 SEAL_RANGES (``ranges.py``) and for a failover (``failover.py``) alike, once the range's
 replicas said where it ends: the range is sealed in the metadata at that end and, in the same
 change, the next range opens on the servers placement chose (under its lock, so that choices
-see each other's load; away from the sealed range's primary where it can, see
-``placement.choose_servers``); then both ranges are pushed to their servers. With too few
-live servers the range is sealed all the same (no write can be acknowledged on it any more)
-and the next one opens later (``open_next``: a seal repeated, or CREATE_RANGE).
+see each other's load; away from the primaries of the stream's ranges sealed lately where
+it can, see ``RecentPrimaries`` and ``placement.choose_servers``); then both ranges are
+pushed to their servers. With too few live servers the range is sealed all the same (no
+write can be acknowledged on it any more) and the next one opens later (``open_next``: a
+seal repeated, or CREATE_RANGE).
 
 The caller holds the stream's lock (``StreamLocks``) from before it asked the replicas until
 this returns, so the push is done before anyone else may change the stream: a seal right
@@ -19,6 +20,7 @@ replicas are fenced until they hear its end (read_cap.py), which the same push t
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -77,13 +79,61 @@ class Succeeded:
     unplaced: ServerError | None = None
 
 
+# How long the primary of a sealed range is kept away from being its stream's primary again
+# (``RecentPrimaries``): long enough for a writer to give up on a second unreachable primary
+# (a few seconds each), short enough that a server back from a fault soon takes its share.
+RECENT_SEAL_S = 60.0
+# How long it is kept away from the next range of any other stream: a fault that made one
+# stream's range unusable on that server (a primary cut off from its secondaries) usually
+# hits every range it leads, and their seals come within seconds of each other.
+RECENT_SEAL_ANY_STREAM_S = 15.0
+
+
+class RecentPrimaries:
+    """The primaries of ranges sealed lately: where placement should not put a stream's next
+    primary (``choose_servers``). Those of the stream's own ranges count for ``stream_s``
+    seconds, those of any stream's for ``any_stream_s``.
+
+    Kept in memory by the PD in office: a new leader starts without it, and places by load
+    alone until the next seals."""
+
+    def __init__(self, stream_s: float = RECENT_SEAL_S,
+                 any_stream_s: float = RECENT_SEAL_ANY_STREAM_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream_s = stream_s
+        self.any_stream_s = any_stream_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seals: list[tuple[float, int, int]] = []  # (when, stream, primary), oldest first
+
+    def add(self, stream_id: int, primary: int) -> None:
+        """``primary``'s range of ``stream_id`` was sealed now."""
+        now = self._clock()
+        keep = max(self.stream_s, self.any_stream_s)
+        with self._lock:
+            # Seals are rare: the list holds those of the last minute.
+            self._seals = [seal for seal in self._seals if now - seal[0] <= keep]
+            self._seals.append((now, stream_id, primary))
+
+    def of(self, stream_id: int) -> list[int]:
+        """The servers to keep ``stream_id``'s next primary away from, newest seal first."""
+        now = self._clock()
+        with self._lock:
+            newest_first = self._seals[::-1]
+        return list(dict.fromkeys(
+            primary for at, sid, primary in newest_first
+            if now - at <= (self.stream_s if sid == stream_id else self.any_stream_s)))
+
+
 class Succession:
     """Seals a stream's open range and opens the next one (see the module doc)."""
 
-    def __init__(self, store: SuccessionStore, placement: Placement, pushes: Pusher) -> None:
+    def __init__(self, store: SuccessionStore, placement: Placement, pushes: Pusher,
+                 recent: RecentPrimaries | None = None) -> None:
         self._store = store
         self._placement = placement
         self._pushes = pushes
+        self._recent = RecentPrimaries() if recent is None else recent
 
     def seal_and_open_next(self, rng: RangeMeta, end_offset: int, *,
                            timeout_s: float | None = None, skip: Iterable[int] = (),
@@ -96,11 +146,13 @@ class Succession:
         ``announce`` is told what was decided as soon as the metadata holds it, before the
         push (which may take a server's timeout): the caller's log line."""
         stream = self._store.get_stream(rng.stream_id)
+        if rng.primary is not None:
+            self._recent.add(rng.stream_id, rng.primary)
         (sealed, opened), unplaced = self._placement.place_if_possible(
             stream.replica_nums,
             lambda servers: self._store.seal_range(rng.stream_id, rng.range_index, end_offset,
                                                    servers),
-            wait=wait_for_servers, succeeding=rng.primary)
+            wait=wait_for_servers, succeeding=self._recent.of(rng.stream_id))
         done = Succeeded(sealed, opened, unplaced)
         if announce is not None:
             announce(done)

@@ -117,6 +117,9 @@ class Forward:
     stream: ResponseStream | None
     error: SbpError | None = None
     conn: Connection | None = None
+    # When the append's forwards went out (time.monotonic()): how late an answer is counts
+    # from there, not from when the primary began to wait for this one.
+    sent_at: float = 0.0
 
 
 class Replicator:
@@ -212,6 +215,7 @@ class Replicator:
             wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),
                          self.pool.config.request_timeout_s)
         out = []
+        sent_at = time.monotonic()
         for replica in secondaries:
             if not replica.server.advertise_addr:
                 out.append(Forward(replica, None, ReplicationFailedError(
@@ -221,7 +225,7 @@ class Replicator:
                 conn = self.pool.get(replica.server.advertise_addr)
                 stream = conn.start(Opcode.APPEND,
                                     lambda sid: request_frame(sid, request, payload), wait_s)
-                out.append(Forward(replica, stream, conn=conn))
+                out.append(Forward(replica, stream, conn=conn, sent_at=sent_at))
             except SbpError as exc:
                 out.append(Forward(replica, None, exc))
         return out
@@ -230,7 +234,10 @@ class Replicator:
         """Wait for every secondary's answer; None when all stored everything, else why not.
 
         A late answer stops being waited for once ``rlog`` is sealed here (see
-        ``_settled_answer_of``)."""
+        ``_settled_answer_of``). The secondaries are waited for one after the other, each
+        answer's lateness counted from when the forwards went out: two secondaries cut off
+        from this primary fail the append as soon as one would (it used to take twice the
+        give-up time, 12 s, as the second wait began when the first ended)."""
         problems = []
         for fw in forwards:
             where = f"secondary {fw.replica.server.server_id} ({fw.replica.server.advertise_addr})"
@@ -238,7 +245,7 @@ class Replicator:
                 problems.append(f"{where}: {fw.error}")
                 continue
             answer = _settled_answer_of(fw.stream, rlog, fw.conn,
-                                        self.pool.config.probe_interval_s)
+                                        self.pool.config.probe_interval_s, fw.sent_at)
             if isinstance(answer, str):
                 problems.append(f"{where}: {answer}")
                 continue
@@ -249,8 +256,8 @@ class Replicator:
 
 
 def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
-                       conn: Connection | None = None, probe_s: float | None = None
-                       ) -> AppendResponse | str:
+                       conn: Connection | None = None, probe_s: float | None = None,
+                       sent_at: float | None = None) -> AppendResponse | str:
     """A secondary's answer to a forward (as ``_answer_of``), waited for ``SEALED_CHECK_S``
     at a time: once the range is sealed here, an append still waiting for a secondary can
     no longer settle (the seal ended the range before it, ``ReadCap.fence``), so waiting on
@@ -266,13 +273,14 @@ def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
     (the writer's ``timeout_ms``, 30 s by default, during which every writer of the range
     stalled). The primary then seals the range and its writers move on. A secondary that is
     only slow (an fsync, a busy disk) answers the PING from its network core and is waited
-    for."""
+    for. ``sent_at``: when the forward went out (default: when this wait began); the time
+    limits count from there."""
     first = min(SEALED_CHECK_S, answers.timeout)
     try:
         with answers:
             frame = answers.poll(first)
             if frame is None:  # late: from here on, the slow path
-                began = time.monotonic() - first
+                began = time.monotonic() - first if sent_at is None else sent_at
                 give_up = began + answers.timeout
                 next_probe = began + SECONDARY_GIVE_UP_S if probe_s is not None else None
             while frame is None:
