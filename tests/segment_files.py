@@ -23,9 +23,9 @@ def stored_batches(segment: Path) -> list[tuple[int, int, int]]:
     while pos + STORAGE_HEADER_SIZE <= len(data):
         fields = unpack_storage_header(data, pos)
         assert fields is not None, f"unreadable storage header at {pos} of {segment}"
-        length, _crc, base, _count, _ts = fields
-        out.append((pos + STORAGE_HEADER_SIZE, length, base))
-        pos += STORAGE_HEADER_SIZE + length
+        length, _crc, base, _count, _ts, _span = fields
+        out.append((pos + fields[5], length, base))
+        pos += fields[5] + length
     return out
 
 

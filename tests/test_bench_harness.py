@@ -304,6 +304,10 @@ def test_latency_section_times_every_policy_next_to_its_floor(tmp_path):
     assert by_name["one writer, 1 KiB batches, fsync group: p50"].target is not None
     assert by_name["one writer, 1 KiB batches, fsync never: p50"].ceiling_name == (
         "1 KiB round trip, plain TCP")
+    # Idempotent appends next to the same writer with them off, on the never round trip.
+    cost = by_name["one writer, 1 KiB batches, fsync never, idempotent appends: p50"]
+    assert cost.ceiling_name == "the same, idempotent appends off"
+    assert cost.target is not None and cost.extra["plain_appends"] > 0
 
 
 def test_scaling_section_loads_the_default_policy_beside_interval(tmp_path):

@@ -35,8 +35,9 @@ Each case runs a real cluster on loopback (`ProcessCluster`: `sbp pd` and `sbp r
 child processes; the load cases use one `sbp server` child process), injects its fault, and
 then checks: every acknowledged batch is stored where its acknowledgement said, byte for byte;
 no stored batch is corrupt (every body carries its own CRC); offsets have no holes; and the job
-either finished or failed with a clear message. Appends in flight at a fault may be stored
-twice (delivery is at least once); the duplicates are counted, never hidden.
+either finished or failed with a clear message. The clients append idempotently (the
+default: docs/reliability.md, "Duplicates"), so a batch their own resends would once have
+stored twice is stored once; any duplicate left is counted, never hidden.
 
 The network cases (`test_partitions.py`) run every server and client on a machine of its own:
 a network namespace on one switch (`integration/netlab`), with addresses from 198.18.0.0/15

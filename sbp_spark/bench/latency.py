@@ -6,6 +6,11 @@ against each cluster in turn, in rounds, so every policy sees the machine's swin
 floor of each figure is measured in the same server process between the rounds: a 1 KiB
 append fsynced by itself (the durable policies), or a 1 KiB round trip over plain TCP
 between the same two processes (``never``).
+
+Writers append idempotently (the default). The cost of that on the ``never`` round trip is a
+figure of its own: in every round a second writer with idempotent appends turned off
+(``ClientConfig(idempotent=False)``) runs against the same server, before or after the
+idempotent one in turn, and its p50 is the ceiling of the idempotent p50.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 
 from .context import BenchContext
 from .loopback import SMALL_BYTES, LoopbackClient
-from .report import AT_LEAST, AT_MOST, Figure, Target
+from .report import AT_LEAST, AT_MOST, AT_MOST_RATIO, Figure, Target
 from .server_proc import ServerProcess
 from .timing import percentile
 
@@ -26,6 +31,8 @@ DEFAULT_P50 = Target(AT_MOST, 1.0)
 DEFAULT_P99 = Target(AT_MOST, 3.0)
 DEFAULT_ACKS = Target(AT_LEAST, 1_000)
 NEVER_P50 = Target(AT_MOST, 0.25)
+# Issue 43: idempotent appends cost at most 3% of the round trip.
+IDEMPOTENCE_COST = Target(AT_MOST_RATIO, 1.03)
 WARMUP_APPENDS = 200
 FLOOR_SAMPLES = 500
 
@@ -38,12 +45,13 @@ def _policies() -> tuple[str, list[str]]:
     return default.value, [default.value] + [p.value for p in FsyncPolicy if p is not default]
 
 
-def _writer_latencies(pd: str, seconds: float, batch: list) -> list[float]:
+def _writer_latencies(pd: str, seconds: float, batch: list, idempotent: bool = True
+                      ) -> list[float]:
     """Seconds of each append of one writer appending ``batch`` for ``seconds``."""
-    from sbp_spark.client import ConnectionPool, SbpClient
+    from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 
     with ConnectionPool() as pool:
-        client = SbpClient(pd, pool=pool)
+        client = SbpClient(pd, ClientConfig(idempotent=idempotent), pool=pool)
         [stream] = client.create_streams(1)
         writer = client.open_stream(stream.stream_id)
         for _ in range(WARMUP_APPENDS):
@@ -99,13 +107,18 @@ def run(ctx: BenchContext) -> list[Figure]:
                                             fsync=policy).start()
         batch = encode_batch(memoryview(os.urandom(SMALL_BYTES - 28)))
         times: dict[str, list[float]] = {p: [] for p in policies}
+        plain: list[float] = []  # the never policy's writer with idempotent appends off
         floors: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in policies}
         per_round = cfg.latency_seconds / cfg.latency_rounds
         for n in range(cfg.latency_rounds):
             # Alternate the order, so no policy always follows the same one.
             for policy in policies if n % 2 == 0 else policies[::-1]:
+                if policy == "never" and n % 2 == 1:
+                    plain += _writer_latencies(servers[policy].pd, per_round, batch, False)
                 got = _writer_latencies(servers[policy].pd, per_round, batch)
                 times[policy] += got
+                if policy == "never" and n % 2 == 0:
+                    plain += _writer_latencies(servers[policy].pd, per_round, batch, False)
                 p50, p99 = _floor(servers[policy], policy)
                 floors[policy][0].append(p50)
                 floors[policy][1].append(p99)
@@ -121,4 +134,18 @@ def run(ctx: BenchContext) -> list[Figure]:
     for policy in policies:
         figures += _figures(policy, default, times[policy], cfg.latency_seconds,
                             floors[policy])
+        if policy == "never":
+            figures.append(_idempotence_cost(times[policy], plain, cfg.latency_seconds))
     return figures
+
+
+def _idempotence_cost(idempotent: list[float], plain: list[float], seconds: float) -> Figure:
+    """The idempotent writer's p50 next to the same writer's with idempotent appends off."""
+    return Figure(SECTION, "one writer, 1 KiB batches, fsync never, idempotent appends: p50",
+                  "ms", percentile(idempotent, 50) * 1e3, percentile(plain, 50) * 1e3,
+                  "the same, idempotent appends off", IDEMPOTENCE_COST,
+                  extra={"appends": len(idempotent), "plain_appends": len(plain),
+                         "seconds": seconds, "policy": "never",
+                         "stat": "p50, idempotent next to off",
+                         "plain_p99_ms": percentile(plain, 99) * 1e3,
+                         "idempotent_p99_ms": percentile(idempotent, 99) * 1e3})

@@ -31,6 +31,8 @@ from .timing import MB
 SECTION = "spark batch"
 READ_TARGET = Target(AT_LEAST_RATIO, 0.7)
 WRITE_TARGET = Target(AT_LEAST_RATIO, 0.6)
+# Issue 43: idempotent appends cost the Spark write at most 3% of its throughput.
+IDEMPOTENCE_COST = Target(AT_LEAST_RATIO, 0.97)
 CEILING_BATCH_ROWS = 65_536
 SAMPLE_INTERVAL_S = 0.5
 # The payload=arrow stream's columns, and the read schemas with and without casts.
@@ -152,6 +154,8 @@ class _Writes:
     parquet: _Timed
     streams: list[int]  # one sbp stream per write run
     parquet_path: str  # the files the last parquet write run left
+    # The same sbp write with idempotentAppends=false: the ceiling of the idempotent one.
+    plain: _Timed = field(default_factory=lambda: _Timed("sbp write, idempotentAppends=false"))
     # The server's CPU seconds in each sbp write, warm-ups included (None: not measurable).
     server_cpu_s: list[float | None] = field(default_factory=list)
 
@@ -205,19 +209,24 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
                      _Timed("parquet write"), [],
                      str(pq_dir / f"write-{ctx.config.spark_write_warmups + bench.runs - 1}"))
 
-    def sbp_write() -> None:
-        stream_id = ctx.create_stream()
-        before = _server_cpu(ctx)
-        try:
-            (source.write.format("sbp").option("pd", ctx.server.pd)
-             .option("stream", str(stream_id)).mode("append").save())
-        finally:
-            after = _server_cpu(ctx)
-            used = None if before is None or after is None else round(after - before, 3)
-            writes.server_cpu_s.append(used)
-            if used is not None:
-                ctx.progress(SECTION, f"that sbp write used {used:.2f} s of server CPU")
-        writes.streams.append(stream_id)
+    def sbp_write(idempotent: bool = True) -> Callable[[], None]:
+        def write() -> None:
+            stream_id = ctx.create_stream()
+            before = _server_cpu(ctx) if idempotent else None
+            try:
+                (source.write.format("sbp").option("pd", ctx.server.pd)
+                 .option("stream", str(stream_id))
+                 .option("idempotentAppends", str(idempotent).lower()).mode("append").save())
+            finally:
+                if idempotent:
+                    after = _server_cpu(ctx)
+                    used = None if before is None or after is None else round(after - before, 3)
+                    writes.server_cpu_s.append(used)
+                    if used is not None:
+                        ctx.progress(SECTION, f"that sbp write used {used:.2f} s of server CPU")
+            if idempotent:
+                writes.streams.append(stream_id)
+        return write
 
     def parquet_write(n: int) -> Callable[[], None]:
         return lambda: source.write.mode("overwrite").parquet(str(pq_dir / f"write-{n}"))
@@ -225,7 +234,10 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
     for n, tag, record in bench.rounds(ctx.config.spark_write_warmups):
         _time(writes.ceiling, lambda: source.write.format(NAME).mode("append").save(), ctx,
               tag, record)
-        _time(writes.sbp, sbp_write, ctx, tag, record)
+        # Idempotent and plain sbp writes take turns at going first.
+        for idempotent in (True, False) if n % 2 == 0 else (False, True):
+            _time(writes.sbp if idempotent else writes.plain, sbp_write(idempotent), ctx,
+                  tag, record)
         _time(writes.parquet, parquet_write(n), ctx, tag, record)
     return writes
 
@@ -338,6 +350,8 @@ def _figures(bench: _Bench, writes: _Writes, reads: _Reads) -> list[Figure]:
 
     figures = [figure(f"write sbp ({label})", writes.sbp, writes.ceiling, WRITE_TARGET),
                figure(f"write parquet ({label})", writes.parquet, writes.ceiling, None),
+               figure(f"write sbp, idempotent appends next to off ({label})", writes.sbp,
+                      writes.plain, IDEMPOTENCE_COST),
                figure(f"read sbp + agg ({label})", reads.sbp, reads.ceiling, READ_TARGET)]
     if writes.sbp.times:
         figures[0].extra["server_cpu_s"] = writes.server_cpu_s

@@ -88,6 +88,11 @@ class ClientConfig:
     # seal the range and goes on in the next one, placed away from that server
     # (docs/reliability.md, "Partitions"), instead of waiting for the network to heal.
     unreachable_primary_s: float = DEFAULT_UNREACHABLE_PRIMARY_S
+    # Appends are idempotent (docs/reliability.md, "Duplicates"): each SbpClient appends under
+    # a producer id and per-range sequence numbers, and a range server stores a batch sent
+    # again once only. False: at least once (what a range server without idempotent appends
+    # gives whatever the client sends).
+    idempotent: bool = True
     # TLS (see transport/tls.py): verify servers against tls_ca_file (else the system's trust
     # store) and, for servers that require client certificates, present tls_cert_file and
     # tls_key_file (PEM).

@@ -26,6 +26,8 @@ from sbp_spark.protocol.messages import (
     FetchEntry,
     FetchRequest,
     FetchResponse,
+    LookupSequencesRequest,
+    ProducerSequence,
     Range,
     RangeId,
     SealRangesRequest,
@@ -50,6 +52,8 @@ BatchLike = Buffer | list[Buffer] | tuple[Buffer, ...]
 # what the encoder writes (checked after encoding), so a planned frame never breaks the limit.
 _APPEND_HEADER_BASE = 64
 _APPEND_HEADER_PER_ENTRY = 16
+# An idempotent append's entry also carries its producer and sequence (16 bytes more).
+_APPEND_HEADER_PER_PRODUCED_ENTRY = 32
 _FRAME_OVERHEAD = FIXED_HEADER_SIZE - 4 + CHECKSUM_SIZE  # counted in frame_length
 _INT32_MAX = (1 << 31) - 1
 # A frame's answer that is already due is still given this long: it may be in the socket,
@@ -76,14 +80,15 @@ def batch_buffers(batch: BatchLike) -> list[Buffer]:
 
 
 def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int,
-                       target_frame_bytes: int | None = None
+                       target_frame_bytes: int | None = None,
+                       per_entry: int = _APPEND_HEADER_PER_ENTRY
                        ) -> tuple[list[list[int]], list[int]]:
     """Group batch indices, in order, into APPEND frames whose frame_length stays within
     ``max_frame_bytes``; also returns the indices of batches too large for any frame.
 
     A frame is closed once adding the next batch would pass ``target_frame_bytes`` (default:
     the limit), so several smaller frames can be in flight; a batch larger than the target
-    still gets a frame of its own.
+    still gets a frame of its own. ``per_entry``: the header bytes each entry adds.
     """
     target = max_frame_bytes if target_frame_bytes is None else min(
         target_frame_bytes, max_frame_bytes)
@@ -92,11 +97,11 @@ def plan_append_frames(lengths: Sequence[int], max_frame_bytes: int,
     current: list[int] = []
     size = _FRAME_OVERHEAD + _APPEND_HEADER_BASE
     for index, length in enumerate(lengths):
-        alone = _FRAME_OVERHEAD + _APPEND_HEADER_BASE + _APPEND_HEADER_PER_ENTRY + length
+        alone = _FRAME_OVERHEAD + _APPEND_HEADER_BASE + per_entry + length
         if alone > max_frame_bytes:
             too_large.append(index)
             continue
-        added = _APPEND_HEADER_PER_ENTRY + length
+        added = per_entry + length
         if current and size + added > target:
             frames.append(current)
             current, size = [], _FRAME_OVERHEAD + _APPEND_HEADER_BASE
@@ -149,8 +154,10 @@ class RangeServerClient:
         timeout_ms: int | None = None,
         max_inflight_frames: int | None = None,
         still_primary: Callable[[], bool] | None = None,
+        producers: Sequence[ProducerSequence] | None = None,
     ) -> list[ItemResult[AppendResult]]:
         """Append ``(stream_id, batch)`` entries; one result per entry, in input order.
+        ``producers``: None, or each entry's producer and sequence (idempotent appends).
 
         Entries are packed in order into APPEND frames within ``config.max_frame_bytes``, and
         up to ``max_inflight_frames`` frames are in flight at once. Answers are matched to
@@ -173,8 +180,10 @@ class RangeServerClient:
         buffers = [batch_buffers(batch) for _, batch in entries]
         lengths = [sum(_nbytes(b) for b in bufs) for bufs in buffers]
         results: list[ItemResult[AppendResult] | None] = [None] * count
+        per_entry = _APPEND_HEADER_PER_PRODUCED_ENTRY if producers else \
+            _APPEND_HEADER_PER_ENTRY
         frames, too_large = plan_append_frames(lengths, self.config.max_frame_bytes,
-                                               self.config.append_frame_bytes)
+                                               self.config.append_frame_bytes, per_entry)
         for index in too_large:
             results[index] = ItemResult(None, error=PayloadTooLargeError(
                 f"batch {index} of {lengths[index]} bytes does not fit in one APPEND frame "
@@ -195,7 +204,7 @@ class RangeServerClient:
                     next_frame += 1
                     try:
                         stream = self._send_append(conn, entries, buffers, lengths, indices,
-                                                   timeout_ms, wait)
+                                                   timeout_ms, wait, producers)
                     except SbpError as exc:
                         self._fail(results, indices, exc)
                         if isinstance(exc, ProtocolError):
@@ -227,12 +236,15 @@ class RangeServerClient:
             for i, r in enumerate(results)]
 
     def _send_append(self, conn: Connection, entries, buffers, lengths, indices,
-                     timeout_ms: int, wait: float) -> ResponseStream:
+                     timeout_ms: int, wait: float,
+                     producers: Sequence[ProducerSequence] | None) -> ResponseStream:
         msg = AppendRequest(timeout_ms, [
-            AppendEntry(entries[i][0], i, lengths[i]) for i in indices])
+            AppendEntry(entries[i][0], i, lengths[i]) for i in indices],
+            producers=[producers[i] for i in indices] if producers else [])
         payload = [b for i in indices for b in buffers[i]]
         header = msg.to_flatbuffers()
-        planned = _APPEND_HEADER_BASE + _APPEND_HEADER_PER_ENTRY * len(indices)
+        planned = _APPEND_HEADER_BASE + (_APPEND_HEADER_PER_PRODUCED_ENTRY if producers else
+                                         _APPEND_HEADER_PER_ENTRY) * len(indices)
         if len(header) > planned:
             raise ProtocolError(
                 f"APPEND header of {len(header)} bytes is over the {planned} bytes planned")
@@ -437,6 +449,21 @@ class RangeServerClient:
                               probe=True)
         return item_results(response.describe_responses, len(ids), lambda a: a.range,
                             f"DESCRIBE_RANGES to {self.address}")
+
+    def lookup_sequences(self, rid: RangeId, producer_id: int, sequences: Sequence[int]
+                         ) -> list[int]:
+        """Where the sealed range ``rid`` holds each of ``sequences`` of ``producer_id``
+        (LOOKUP_SEQUENCES, ours): its base offset, or -1 when the range does not hold it.
+        Raises the server's refusal (``SequencePendingError``: ask again or another replica;
+        ``UnknownProducerError``: it cannot tell)."""
+        response = self._call(LookupSequencesRequest(rid, producer_id, list(sequences)),
+                              probe=True)
+        response.status.raise_for_status()
+        if len(response.base_offsets) != len(sequences):
+            raise ProtocolError(
+                f"LOOKUP_SEQUENCES to {self.address} answered {len(response.base_offsets)} "
+                f"offsets for {len(sequences)} sequences")
+        return list(response.base_offsets)
 
     def ping(self) -> float:
         """Round-trip time of a PING to this server, in seconds."""

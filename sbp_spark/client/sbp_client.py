@@ -25,6 +25,7 @@ from .config import DEFAULT_FETCH_MAX_BYTES, ClientConfig
 from .consumers import ConsumerClient
 from .pd import PdClient
 from .pool import ConnectionPool
+from .producer import Producer
 from .range_server import BatchLike, RangeServerClient
 from .reading import RangeEnd, RangeRead
 from .replicas import known_range
@@ -61,6 +62,8 @@ class SbpClient:
         # stream id -> the last range that stored a batch of this client's writers: the range
         # has reached its primary (see ``StreamWriter._send``).
         self._reached: dict[int, int] = {}
+        # This client's producer identity (idempotent appends), shared by its writers.
+        self.producer = Producer() if self.config.idempotent else None
 
     def __repr__(self) -> str:
         return f"SbpClient(pd={','.join(self.pd.addresses)!r})"
@@ -385,7 +388,7 @@ class SbpClient:
     def open_stream(self, stream_id: int | str) -> StreamWriter:
         """A writer appending to ``stream_id`` (an id, or a name looked up once, now)."""
         return StreamWriter(self.pd, self.stream_id(stream_id), self.range_server, self.config,
-                            self._reached)
+                            self._reached, self.producer)
 
     def append(self, stream_id: int | str, batches: Sequence[BatchLike]) -> list[Appended]:
         """Append batches to a stream, by id or name (see ``StreamWriter.append``)."""

@@ -17,13 +17,15 @@ from sbp_spark.protocol.errors import (
     ReplicationFailedError,
     SbpError,
 )
-from sbp_spark.protocol.messages import AppendResult, Range, RangeId
+from sbp_spark.protocol.messages import AppendResult, ProducerSequence, Range, RangeId
 from sbp_spark.protocol.records import BATCH_MAGIC, ENVELOPE_SIZE, BatchHeader, BodyFormat
 
 from ._calls import unwrap
 from .config import ClientConfig
+from .in_doubt import held_in_sealed_range
 from .pd import PdClient
 from .primary_reach import PrimaryReach, is_unreached
+from .producer import Producer
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, is_retriable
 from .types import Appended, ItemResult, Outcome
@@ -45,11 +47,15 @@ class StreamWriter:
 
     def __init__(self, pd: PdClient, stream_id: int,
                  range_server: Callable[[str], RangeServerClient] | None = None,
-                 config: ClientConfig | None = None, reached: dict[int, int] | None = None
-                 ) -> None:
+                 config: ClientConfig | None = None, reached: dict[int, int] | None = None,
+                 producer: Producer | None = None) -> None:
         self.pd = pd
         self.stream_id = int(stream_id)
         self.config = config if config is not None else pd.config
+        # Whose batches these are (idempotent appends): the client's, shared by its writers;
+        # one of its own for a writer made alone; None when the config turns it off.
+        self.producer = producer if producer is not None or not self.config.idempotent \
+            else Producer()
         # How to reach the range server at an address (``SbpClient.range_server``).
         self._range_server = range_server if range_server is not None else (
             lambda address: RangeServerClient(address, self.config, pd.pool))
@@ -146,9 +152,10 @@ class StreamWriter:
                 retrier.stopped[0] if retrier.stopped is not None else exc)
         return call.landed()
 
-    def _send(self, target: Range, address: str, entries: list[tuple[int, list]]
-              ) -> list[ItemResult]:
+    def _send(self, target: Range, address: str, entries: list[tuple[int, list]],
+              producers: list[ProducerSequence] | None = None) -> list[ItemResult]:
         """APPEND ``entries`` to ``target``'s primary; one outcome per entry, in order.
+        ``producers``: each entry's producer and sequence (idempotent appends), or None.
 
         The frames of one call are in flight together, so their order holds only if the
         server refuses every frame after one it refused. Within a range it does (a seal
@@ -164,15 +171,17 @@ class StreamWriter:
             return self._still_primary(target, address)
 
         if self._reached.get(self.stream_id) == target.range_index or len(entries) == 1:
-            return server.append(entries, still_primary=still_primary)
-        (first,) = server.append(entries[:1], still_primary=still_primary)
+            return server.append(entries, still_primary=still_primary, producers=producers)
+        (first,) = server.append(entries[:1], still_primary=still_primary,
+                                 producers=producers[:1] if producers else None)
         error = first.exception()
         if error is not None:  # the rest was not sent: it fails the same way, not stored
             unsent = ItemResult[AppendResult](None, error=error.with_context(
                 f"not sent: the first batch sent to range {target.range_index} failed"))
             return [first] + [unsent] * (len(entries) - 1)
         self._reached[self.stream_id] = target.range_index
-        return [first, *server.append(entries[1:], still_primary=still_primary)]
+        return [first, *server.append(entries[1:], still_primary=still_primary,
+                                      producers=producers[1:] if producers else None)]
 
     def _still_primary(self, target: Range, address: str) -> bool:
         """Asked when ``address``, appended to as ``target``'s primary, lets a PING go
@@ -342,6 +351,10 @@ class _AppendCall:
         self.in_doubt: dict[int, set[int]] = {}
         self.before_resend = before_resend
         self.attempts = 0
+        # Batch index -> (range_index, sequence, producer_id) it was last sent under
+        # (idempotent appends): sent again to that range, it keeps its sequence, and the
+        # range stores it once.
+        self.sequences: dict[int, tuple[int, int, int]] = {}
 
     def attempt(self) -> None:
         """Send the pending batches to the stream's open range; raises the first retriable
@@ -353,21 +366,17 @@ class _AppendCall:
         # fenced by a failed replication hides a tail that may stay in the range, so a check
         # before the seal would miss batches that then land twice.
         target = writer._open_range(self.deadline)
-        if self.attempts > 1 and self.before_resend is not None:
-            found = self.before_resend(list(self.pending))
-            for index in self.pending:
-                if index in found:
-                    self._stored(index, found[index])
-            self.pending = [i for i in self.pending if i not in found]
-            if not self.pending:
-                return
+        self._look_before_resending(target.range_index)
+        if not self.pending:
+            return
         primary = target.primary
         if primary is None or not primary.advertise_addr:
             writer.refresh()
             raise RangeSealedError(
                 f"open range {self.stream_id}/{target.range_index} lists no primary")
         outcomes = writer._send(target, primary.advertise_addr,
-                                [(self.stream_id, self.items[i][0]) for i in self.pending])
+                                [(self.stream_id, self.items[i][0]) for i in self.pending],
+                                self._producers(target.range_index))
         writer._note_reach(target, primary.advertise_addr, outcomes, self.deadline)
         # Every outcome is taken in before a failure is raised: what the others did counts.
         retry_error: SbpError | None = None
@@ -398,6 +407,66 @@ class _AppendCall:
             raise final_error
         if retry_error is not None:
             raise retry_error
+
+    def _look_before_resending(self, range_index: int) -> None:
+        """Take out of ``pending`` the batches found stored already: in doubt in a range
+        sealed since (``_settle_in_doubt``), or by the caller's ``before_resend``."""
+        if self.in_doubt and self.writer.producer is not None:
+            self._settle_in_doubt(range_index)
+        if self.attempts > 1 and self.before_resend is not None and self.pending:
+            found = self.before_resend(list(self.pending))
+            for index in self.pending:
+                if index in found:
+                    self._stored(index, found[index])
+            self.pending = [i for i in self.pending if i not in found]
+
+    def _settle_in_doubt(self, range_index: int) -> None:
+        """Before batches in doubt in an earlier range are sent to range ``range_index``:
+        ask that range (sealed by now) which of them it holds (``in_doubt.py``). Those are
+        stored there; the others leave doubt and are sent as new batches."""
+        writer = self.writer
+        # (earlier range, producer id) -> batch indexes in doubt there
+        moved: dict[tuple[int, int], list[int]] = {}
+        for index in self.pending:
+            sent = self.sequences.get(index)
+            if index in self.in_doubt and sent is not None and sent[0] != range_index:
+                moved.setdefault((sent[0], sent[2]), []).append(index)
+        if not moved:
+            return
+        ranges = {rng.range_index: rng for rng in writer._list_ranges(self.deadline)}
+        for (earlier, producer_id), indexes in moved.items():
+            rng = ranges.get(earlier)
+            if rng is None or rng.is_open:
+                continue  # trimmed away, or not sealed yet: nothing to settle from it
+            held = held_in_sealed_range(rng, producer_id,
+                                        [self.sequences[i][1] for i in indexes],
+                                        writer._range_server)
+            if held is None:
+                continue
+            for index in indexes:
+                base = held[self.sequences[index][1]]
+                if base >= 0:
+                    _, length, count = self.items[index]
+                    self._stored(index, Appended(self.stream_id, earlier, base, count, length))
+                else:
+                    self.in_doubt.pop(index, None)  # known not stored there
+        self.pending = [i for i in self.pending if self.results[i] is None]
+
+    def _producers(self, range_index: int) -> list[ProducerSequence] | None:
+        """The producer and sequence of each pending batch in range ``range_index`` (None:
+        not idempotent). A batch first sent there takes the next sequences, in index order;
+        one sent there before keeps its own."""
+        producer = self.writer.producer
+        if producer is None:
+            return None
+        sequences = self.sequences
+        new = [i for i in self.pending if sequences.get(i, (-1, 0, 0))[0] != range_index]
+        if new:
+            pid, first = producer.take(self.stream_id, range_index, len(new))
+            for n, index in enumerate(new):
+                sequences[index] = (range_index, first + n, pid)
+        return [ProducerSequence(sequences[i][2], sequences[i][1], range_index)
+                for i in self.pending]
 
     def _stored(self, index: int, appended: Appended) -> None:
         self.results[index] = appended

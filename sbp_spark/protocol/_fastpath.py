@@ -109,6 +109,29 @@ _APPEND_REQUEST_READ = struct.Struct("<" + _APPEND_REQUEST_FMT)
 _append_request_struct = _Repeated(_APPEND_REQUEST_FMT, "qii")
 _ENTRIES_POS = 28  # where the vector (its length) sits in that layout
 
+# An idempotent client append (``producers`` set, nothing else of a forward): root offset,
+# vtable (16 bytes: 6 slots, slots 2-4 absent), table {soffset, timeout_ms, entries offset,
+# producers offset}, then the entries vector (length, 16-byte structs, 8-aligned), 4 bytes of
+# padding, the producers vector (length, 16-byte structs, 8-aligned).
+_PRODUCED_VTABLE = (16, 16, 4, 8, 0, 0, 0, 12)
+_PRODUCED_FMT = "I8HiiIII"
+_PRODUCED_READ = struct.Struct("<" + _PRODUCED_FMT)
+_PRODUCED_BASE = 48  # header bytes besides 32 per entry
+_PRODUCERS_PAD = struct.Struct("<4xI")
+_PRODUCED_ROOT = (20, *_PRODUCED_VTABLE, 16)  # the root offset, vtable and soffset
+_ONE_ENTRY = struct.Struct("<qii")  # an AppendEntry, or a ProducerSequence: the same layout
+_produced_structs: dict[int, struct.Struct] = {}
+
+
+def _produced_struct(n: int) -> struct.Struct:
+    """The whole idempotent append header of ``n`` entries as one struct."""
+    compiled = _produced_structs.get(n)
+    if compiled is None:
+        compiled = struct.Struct("<" + _PRODUCED_FMT + "qii" * n + "4xI" + "qii" * n)
+        if n <= _CACHED_COUNTS:
+            _produced_structs[n] = compiled
+    return compiled
+
 
 def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int,
                            own_tables: frozenset[int] = frozenset()) -> str | None:
@@ -161,12 +184,19 @@ class PackedEntriesCodec(Codec):
                                  "this codec packs")
         if [f.name for f in self.fields] != ["timeout_ms", "append_requests",
                                                "committed_offset", "range_index",
-                                               "cap_notice"]:
+                                               "cap_notice", "producers"]:
             raise AssertionError(f"{self.name} is not the table this codec packs")
         self._entry_cls = entries.sub.cls
         self._entry_unpack = entries.sub.struct.iter_unpack
         self._entry_fields = attrgetter(*entries.sub.names)
         entries.reader = self._read_entries
+        producers = self.fields[5]
+        if producers.kind != VEC_STRUCT or producers.sub.struct.format != "<qii":
+            raise AssertionError(f"{self.name}.{producers.name} is not the 16-byte struct "
+                                 "vector this codec packs")
+        self._producer_cls = producers.sub.cls
+        self._producer_unpack = producers.sub.struct.iter_unpack
+        self._producer_fields = attrgetter(*producers.sub.names)
 
     def encode(self, msg: Any) -> bytes:
         if msg.committed_offset != -1 or msg.range_index != -1 or msg.cap_notice is not None:
@@ -174,6 +204,8 @@ class PackedEntriesCodec(Codec):
             # also writes the later slots. The fast reader sees its longer vtable and leaves
             # it to the generic reader.
             return super().encode(msg)
+        if msg.producers:
+            return self._encode_produced(msg)
         try:
             entries = msg.append_requests
             values = list(chain.from_iterable(map(self._entry_fields, entries)))
@@ -182,7 +214,42 @@ class PackedEntriesCodec(Codec):
         except _ENCODE_ERRORS as exc:
             raise encode_error(self, msg, exc) from None
 
+    def _encode_produced(self, msg: Any) -> bytes:
+        """An idempotent client append, in the one layout written for it."""
+        try:
+            entries, producers = msg.append_requests, msg.producers
+            n = len(entries)
+            if len(producers) != n:  # not a client's append: the generic layout writes it
+                return super().encode(msg)
+            return _produced_struct(n).pack(
+                20, *_PRODUCED_VTABLE, 16, msg.timeout_ms, 8, 12 + 16 * n, n,
+                *chain.from_iterable(map(self._entry_fields, entries)), n,
+                *chain.from_iterable(map(self._producer_fields, producers)))
+        except _ENCODE_ERRORS as exc:
+            raise encode_error(self, msg, exc) from None
+
+    def _read_produced(self, buf: Any, size: int) -> Any:
+        """The layout ``_encode_produced`` writes, or None for any other."""
+        head = _PRODUCED_READ.unpack_from(buf, 0)
+        n = head[13]
+        mid = 40 + 16 * n  # where the producers vector's padding starts
+        if head[:10] != _PRODUCED_ROOT or head[11] != 8 or head[12] != 12 + 16 * n or \
+                _PRODUCED_BASE + 32 * n > size or _PRODUCERS_PAD.unpack_from(buf, mid)[0] != n:
+            return None
+        if n == 1:  # a lone writer's append: no iterators
+            entries = [self._entry_cls(*_ONE_ENTRY.unpack_from(buf, 40))]
+            producers = [self._producer_cls(*_ONE_ENTRY.unpack_from(buf, 64))]
+        else:
+            entries = list(starmap(self._entry_cls, self._entry_unpack(buf[40:mid])))
+            producers = list(starmap(self._producer_cls, self._producer_unpack(
+                buf[mid + 8:mid + 8 + 16 * n])))
+        return self.cls(head[10], entries, producers=producers)
+
     def read_root(self, buf: Any, size: int, state: _State) -> Any:
+        if size >= _PRODUCED_BASE and _U32.unpack_from(buf, 0)[0] == 20:
+            produced = self._read_produced(buf, size)
+            if produced is not None:
+                return produced
         if size >= 32:
             head = _APPEND_REQUEST_READ.unpack_from(buf, 0)
             n = head[8]

@@ -41,6 +41,7 @@ class Opcode(IntEnum):
     AUTHENTICATE = 0x0005  # ours: docs/wire.md, "Who may do what"
     APPEND = 0x1001
     FETCH = 0x1002
+    LOOKUP_SEQUENCES = 0x1003  # ours: idempotent appends
     LIST_RANGES = 0x2001
     SEAL_RANGES = 0x2002
     SYNC_RANGES = 0x2003

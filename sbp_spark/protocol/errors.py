@@ -41,6 +41,8 @@ class ErrorCode(IntEnum):
     UNAUTHENTICATED = 26
     PERMISSION_DENIED = 27
     CONSUMER_FENCED = 28
+    UNKNOWN_PRODUCER = 29
+    SEQUENCE_PENDING = 30
 
     @property
     def retriable(self) -> bool:
@@ -429,11 +431,31 @@ class PermissionDeniedError(ServerError):
     stream and the permission missing."""
 
     code = ErrorCode.PERMISSION_DENIED
+
+
 class ConsumerFencedError(ServerError):
     """A newer generation of the consumer took over (or the consumer was deleted): this one
     may no longer record positions under its name."""
 
     code = ErrorCode.CONSUMER_FENCED
+
+
+class UnknownProducerError(ServerError):
+    """The range server no longer knows whether it holds this producer's batch (the
+    producer's state there expired, or the sequence is older than what it keeps): it was not
+    stored again, and it may or may not be in the range."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER
+    maybe_applied = True
+
+
+class SequencePendingError(ServerError):
+    """A batch of this producer and sequence is stored but not yet durable on every replica;
+    ask again for its outcome."""
+
+    code = ErrorCode.SEQUENCE_PENDING
+    retriable = True
+    maybe_applied = True
 
 
 _BY_CODE: dict[int, type[ServerError]] = {

@@ -41,7 +41,8 @@ __all__ = [
     "PingRequest", "PingResponse", "GoAwayRequest", "GoAwayResponse",
     "HeartbeatRequest", "HeartbeatResponse", "AllocateIdRequest", "AllocateIdResponse",
     "AuthenticateRequest", "AuthenticateResponse",
-    "AppendEntry", "AppendRequest", "AppendResult", "AppendResponse",
+    "AppendEntry", "ProducerSequence", "AppendRequest", "LookupSequencesRequest",
+    "LookupSequencesResponse", "AppendResult", "AppendResponse",
     "FetchEntry", "FetchRequest", "FetchResult", "FetchResponse",
     "RangeOwner", "ListRangesRequest", "ListRangesResult", "ListRangesResponse",
     "SealRangesRequest", "SealRangesResult", "SealRangesResponse",
@@ -384,6 +385,17 @@ class AppendEntry:
 
 
 @dataclass(slots=True)
+class ProducerSequence:
+    """Ours: the producer of an entry's batch, the batch's sequence number in one range, and
+    that range (a FlatBuffers struct; ``AppendRequest.producers`` holds one per entry, or
+    none)."""
+
+    producer_id: int
+    sequence: int
+    range_index: int
+
+
+@dataclass(slots=True)
 class AppendRequest(Message):
     """Payload: the entries' batches laid end to end, in the order of ``append_requests``."""
 
@@ -401,6 +413,29 @@ class AppendRequest(Message):
     # Set only on a read cap notice from a range's primary to a secondary: the range it is
     # about (then there are no entries and no payload; see schemas/data.fbs).
     cap_notice: RangeId | None = None
+    # Ours: empty, or each entry's producer and sequence (idempotent appends), in entry order.
+    producers: list[ProducerSequence] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LookupSequencesRequest(Message):
+    """Ours: which batches of ``producer_id`` the sealed ``range`` holds, by sequence."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.LOOKUP_SEQUENCES
+
+    range: RangeId | None = None
+    producer_id: int = -1
+    sequences: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LookupSequencesResponse(Message):
+    """``base_offsets``: per sequence asked, where the range holds that batch, -1 if not."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.LOOKUP_SEQUENCES
+
+    status: Status = OK
+    base_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -916,7 +951,8 @@ class DescribePermissionsResponse(Message):
 TABLES: dict[str, type[Message]] = {
     cls.__name__: cls for cls in Message.__subclasses__()  # every table class, by name
 }
-_CODECS = build_codecs(wire_tables, {**TABLES, "AppendEntry": AppendEntry},
+_CODECS = build_codecs(wire_tables, {**TABLES, "AppendEntry": AppendEntry,
+                                          "ProducerSequence": ProducerSequence},
                        {"ErrorCode": ErrorCode, "ClientRole": ClientRole})
 for _name, _cls in TABLES.items():
     _cls._CODEC = _CODECS[_name]

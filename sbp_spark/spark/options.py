@@ -553,6 +553,11 @@ MAX_INFLIGHT_FRAMES = OptionSpec(
     "maxInflightFrames", str(DEFAULT_MAX_INFLIGHT_FRAMES), "write",
     "APPEND frames a task keeps in flight on one connection",
     lambda n, v: parse_int(n, v, 1, 1024), DEFAULT_MAX_INFLIGHT_FRAMES)
+IDEMPOTENT_APPENDS = OptionSpec(
+    "idempotentAppends", "true", "write",
+    "append under the client's producer id and per-range sequence numbers, so a batch the "
+    "client sends again (a lost answer, a failover) is stored once; false: at least once",
+    parse_bool, True)
 REQUEST_TIMEOUT_MS = OptionSpec(
     "requestTimeoutMs", "30000", "read/write",
     "how long to wait for each answer frame of a request",
@@ -674,6 +679,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     BATCH_MAX_RECORDS,
     BATCH_MAX_BYTES,
     MAX_INFLIGHT_FRAMES,
+    IDEMPOTENT_APPENDS,
     REQUEST_TIMEOUT_MS,
     RETRIES,
     CREATE_IF_MISSING,
@@ -760,6 +766,7 @@ class ClientOptions:
     request_timeout_ms: int = REQUEST_TIMEOUT_MS.value
     retries: int | None = RETRIES.value
     max_inflight_frames: int = MAX_INFLIGHT_FRAMES.value
+    idempotent_appends: bool = IDEMPOTENT_APPENDS.value
     tls: bool = TLS_ENABLED.value
     tls_ca_file: str | None = TLS_CA_FILE.value
     tls_cert_file: str | None = TLS_CERT_FILE.value
@@ -779,9 +786,9 @@ class ClientOptions:
                 raise OptionError(f"option 'tokenFile': {exc}") from None
         return ClientConfig(request_timeout_s=self.request_timeout_ms / 1000.0,
                             retries=self.retries, max_inflight_frames=self.max_inflight_frames,
-                            tls=self.tls, tls_ca_file=self.tls_ca_file,
-                            tls_cert_file=self.tls_cert_file, tls_key_file=self.tls_key_file,
-                            token=token)
+                            idempotent=self.idempotent_appends, tls=self.tls,
+                            tls_ca_file=self.tls_ca_file, tls_cert_file=self.tls_cert_file,
+                            tls_key_file=self.tls_key_file, token=token)
 
 
 def _tls_options(opts: _Options) -> dict[str, Any]:
@@ -804,6 +811,7 @@ def _client_options(opts: _Options) -> ClientOptions:
         request_timeout_ms=opts.value(REQUEST_TIMEOUT_MS),
         retries=opts.value(RETRIES),
         max_inflight_frames=opts.value(MAX_INFLIGHT_FRAMES),
+        idempotent_appends=opts.value(IDEMPOTENT_APPENDS),
         **_tls_options(opts),
         **_token_options(opts),
     )

@@ -2,8 +2,11 @@
 
 Each task turns Spark's Arrow batches into record batches (``encode``) and hands them to the
 client's stream writer, which packs many into each APPEND frame, keeps several frames in flight
-and follows sealed ranges. Delivery is at least once: SBP streams are append-only, so records
-appended by a task whose job later fails stay in the stream.
+and follows sealed ranges. The client appends idempotently (one producer per process's
+client, docs/reliability.md "Duplicates"), so its own resends through failovers store no
+duplicate. Delivery across Spark's retries is at least once: SBP streams are append-only, so
+records appended by a task whose job later fails stay in the stream, and the retried task is
+a new producer.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""An APPEND whose answer is lost: resent blindly it lands twice; with a resend check, once.
+"""An APPEND whose answer is lost: resent under its producer and sequences (the default) it
+lands once, at the offsets it got first; resent blindly (appends not idempotent) it lands
+twice; with a resend check, once.
 
 A proxy between the writer and its range server forwards the APPEND, lets the server store it,
 then drops the answer and the connection, as a network failure at the worst moment would.
@@ -6,11 +8,13 @@ then drops the answer and the connection, as a network failure at the worst mome
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
 from sbp_spark.client import Appended, ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.protocol.messages import RangeId
 from sbp_spark.protocol.records import ENVELOPE_SIZE, encode_batch
 from sbp_spark.server.cluster import EmbeddedCluster
 
@@ -26,11 +30,12 @@ def cluster(tmp_path) -> Iterator[EmbeddedCluster]:
         yield running
 
 
-@pytest.fixture
-def setup(cluster):
+@pytest.fixture(params=[False, True], ids=["at-least-once", "idempotent"])
+def setup(cluster, request):
     proxy = AnswerLosingProxy(cluster.range_server_addresses[0])
+    config = dataclasses.replace(CONFIG, idempotent=request.param)
     with ConnectionPool(CONFIG) as pool:
-        client = ProxiedClient(cluster.pd_address, CONFIG, pool)
+        client = ProxiedClient(cluster.pd_address, config, pool)
         client.proxy, client.proxy_for = proxy, cluster.range_server_addresses[0]
         reader = SbpClient(cluster.pd_address, CONFIG, pool)
         yield client, reader, proxy
@@ -54,15 +59,21 @@ def _started(client: SbpClient, reader: SbpClient) -> int:
     return stream.stream_id
 
 
-def test_without_a_check_a_lost_answer_means_a_second_copy(setup):
+def test_a_lost_answer_means_a_second_copy_only_when_appends_are_not_idempotent(setup):
     client, reader, proxy = setup
     sid = _started(client, reader)
     bodies = _bodies(5)
     proxy.armed.set()
-    client.open_stream(sid).append([encode_batch(b) for b in bodies])
+    appended = client.open_stream(sid).append([encode_batch(b) for b in bodies])
     assert proxy.lost.is_set()
-    # at least once, as documented
-    assert _stored(reader, sid) == [b"first"] + bodies + bodies
+    if client.config.idempotent:
+        # The range server knew the batches by their sequences: answered where they landed.
+        assert [a.base_offset for a in appended] == [1, 2, 3, 4, 5]
+        assert _stored(reader, sid) == [b"first"] + bodies
+    else:
+        # at least once, as documented
+        assert [a.base_offset for a in appended] == [6, 7, 8, 9, 10]
+        assert _stored(reader, sid) == [b"first"] + bodies + bodies
 
 
 def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
@@ -88,3 +99,31 @@ def test_the_resend_check_keeps_a_lost_answer_from_landing_twice(setup):
     # Only what was found is held back: a later append still lands.
     client.open_stream(sid).append([encode_batch(b"after")], before_resend=already_stored)
     assert _stored(reader, sid) == [b"first"] + bodies + [b"after"]
+
+
+def test_a_batch_in_doubt_when_its_range_is_sealed_is_looked_up_there_not_resent(setup):
+    """The answer is lost, then the range is sealed before the resend (as a failover would):
+    the idempotent writer asks the sealed range, finds its batches there and sends nothing
+    again; the at-least-once one stores them a second time in the next range."""
+    client, reader, proxy = setup
+    sid = _started(client, reader)
+    bodies = _bodies(4)
+    sealed: list[int] = []
+
+    def seal_once(indexes: list[int]) -> dict[int, Appended]:
+        if not sealed:
+            (result,) = reader.pd.seal_ranges([RangeId(sid, 0)])
+            sealed.append(result.unwrap().range_index)
+        return {}
+
+    proxy.armed.set()
+    appended = client.open_stream(sid).append([encode_batch(b) for b in bodies],
+                                              before_resend=seal_once)
+    assert proxy.lost.is_set() and sealed == [1]
+    if client.config.idempotent:
+        assert [(a.range_index, a.base_offset) for a in appended] == [(0, i) for i in
+                                                                       range(1, 5)]
+        assert _stored(reader, sid) == [b"first"] + bodies
+    else:
+        assert [a.base_offset for a in appended] == [5, 6, 7, 8]  # in the next range
+        assert _stored(reader, sid) == [b"first"] + bodies + bodies

@@ -80,8 +80,32 @@ class AppendRequest(object):
             return obj
         return None
 
+    # AppendRequest
+    def Producers(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 16
+            from .ProducerSequence import ProducerSequence
+            obj = ProducerSequence()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # AppendRequest
+    def ProducersLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # AppendRequest
+    def ProducersIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
 def AppendRequestStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def Start(builder):
     AppendRequestStart(builder)
@@ -121,6 +145,18 @@ def AppendRequestAddCapNotice(builder, capNotice):
 
 def AddCapNotice(builder, capNotice):
     AppendRequestAddCapNotice(builder, capNotice)
+
+def AppendRequestAddProducers(builder, producers):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(producers), 0)
+
+def AddProducers(builder, producers):
+    AppendRequestAddProducers(builder, producers)
+
+def AppendRequestStartProducersVector(builder, numElems):
+    return builder.StartVector(16, numElems, 8)
+
+def StartProducersVector(builder, numElems):
+    return AppendRequestStartProducersVector(builder, numElems)
 
 def AppendRequestEnd(builder):
     return builder.EndObject()

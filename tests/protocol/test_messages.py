@@ -108,7 +108,8 @@ def _field_strategy(f: _flatbuf.Field, max_items: int) -> st.SearchStrategy:
     if k == _flatbuf.VEC_SCALAR:
         return st.lists(_scalar(f.fmt), max_size=max_items)
     if k == _flatbuf.VEC_STRUCT:
-        entry = st.builds(AppendEntry, _scalar("q"), _scalar("i"), _scalar("i"))
+        fmts = [c for c in f.sub.struct.format if c.isalpha() and c != "x"]
+        entry = st.builds(f.sub.cls, *(_scalar(fmt) for fmt in fmts))
         return st.lists(entry, max_size=max(max_items, 20))
     sub = st.deferred(lambda: strategy(f.sub.cls))
     hot = f.sub.cls in (AppendResult, FetchResult, FetchEntry)
@@ -181,7 +182,8 @@ def _gen_read_table(cls: type, obj):
             if k == _flatbuf.VEC_SCALAR:
                 v = items
             elif k == _flatbuf.VEC_STRUCT:
-                v = [AppendEntry(e.StreamId(), e.RequestIndex(), e.BatchLength()) for e in items]
+                v = [f.sub.cls(*(getattr(e, _camel(name))() for name in f.sub.names))
+                     for e in items]
             else:
                 v = [_gen_read_table(f.sub.cls, e) for e in items]
         values[f.name] = v
@@ -224,10 +226,11 @@ def _gen_write_table(b: flatbuffers.Builder, msg) -> int:
                 b.PrependInt64(item)
             refs[f.name] = b.EndVector()
         else:
-            entry_mod = _gen_module("AppendEntry")
+            struct_name = f.sub.cls.__name__
+            create = getattr(_gen_module(struct_name), f"Create{struct_name}")
             getattr(mod, f"Start{acc}Vector")(b, len(v))
             for e in reversed(v):
-                entry_mod.CreateAppendEntry(b, e.stream_id, e.request_index, e.batch_length)
+                create(b, *(getattr(e, name) for name in f.sub.names))
             refs[f.name] = b.EndVector()
     mod.Start(b)
     for f in msg._CODEC.fields:
@@ -448,8 +451,12 @@ def _random_value(f: _flatbuf.Field, rng: random.Random):
     n = rng.randrange(4)
     if k == _flatbuf.VEC_SCALAR:
         return [rng.randrange(-5, 1 << 40) for _ in range(n)]
-    if k == _flatbuf.VEC_STRUCT:
+    if k == _flatbuf.VEC_STRUCT and f.sub.cls is AppendEntry:
         return [AppendEntry(rng.randrange(1 << 40), i, rng.randrange(1 << 20)) for i in range(n)]
+    if k == _flatbuf.VEC_STRUCT:
+        return [f.sub.cls(rng.randrange(1 << 40), *(rng.randrange(1 << 20)
+                                                    for _ in f.sub.names[1:]))
+                for i in range(n)]
     return [_random_instance(f.sub.cls, rng) for _ in range(n)]
 
 

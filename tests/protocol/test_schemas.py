@@ -128,9 +128,10 @@ def _schema(**changes):
 def _build(schema):
     from sbp_spark.protocol._flatbuf import build_codecs
     from sbp_spark.protocol.errors import ErrorCode
-    from sbp_spark.protocol.messages import AppendEntry, ClientRole
+    from sbp_spark.protocol.messages import AppendEntry, ClientRole, ProducerSequence
 
-    return build_codecs(schema, {**TABLES, "AppendEntry": AppendEntry},
+    return build_codecs(schema, {**TABLES, "AppendEntry": AppendEntry,
+                                 "ProducerSequence": ProducerSequence},
                         {"ErrorCode": ErrorCode, "ClientRole": ClientRole})
 
 

@@ -181,7 +181,8 @@ def test_every_option_is_documented_and_parsed():
     names = {spec.name for spec in OPTIONS}
     assert {"pd", "streams", "stream", "startingOffsets", "endingOffsets", "failOnDataLoss",
             "includeHeaders", "payload", "fetchMaxBytes", "fetchMaxWaitMs", "batchMaxRecords",
-            "batchMaxBytes", "maxInflightFrames", "requestTimeoutMs", "retries",
+            "batchMaxBytes", "maxInflightFrames", "idempotentAppends", "requestTimeoutMs",
+            "retries",
             "createIfMissing", "replicas", "retentionMs", "compression",
             "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger",
             "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay",
@@ -223,6 +224,14 @@ def test_consumer_and_starting_from_its_record():
     with pytest.raises(OptionError, match="for streaming reads"):
         parse_read_options({**PD, "streams": "1", "consumer": "x",
                             "startingOffsets": "committed", "committedFallback": "latest"})
+
+
+def test_idempotent_appends_is_on_unless_turned_off():
+    assert parse_write_options({**PD, "stream": "1"}).client.client_config().idempotent
+    off = parse_write_options({**PD, "stream": "1", "idempotentAppends": "false"})
+    assert off.client.client_config().idempotent is False
+    with pytest.raises(ValueError, match="idempotentAppends"):
+        parse_write_options({**PD, "stream": "1", "idempotentAppends": "maybe"})
 
 
 def test_time_positions():

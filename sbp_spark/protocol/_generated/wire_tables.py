@@ -24,6 +24,7 @@ TABLES = {
         ('committed_offset', 2, 'long', -1, False),
         ('range_index', 3, 'int', -1, False),
         ('cap_notice', 4, 'RangeId', None, False),
+        ('producers', 5, '[ProducerSequence]', None, False),
     ),
     'AppendResponse': (
         ('throttle_time_ms', 0, 'int', 0, False),
@@ -246,6 +247,15 @@ TABLES = {
         ('ranges', 2, '[Range]', None, False),
         ('range_server', 3, 'RangeServer', None, False),
     ),
+    'LookupSequencesRequest': (
+        ('range', 0, 'RangeId', None, False),
+        ('producer_id', 1, 'long', -1, False),
+        ('sequences', 2, '[long]', None, False),
+    ),
+    'LookupSequencesResponse': (
+        ('status', 0, 'Status', None, True),
+        ('base_offsets', 1, '[long]', None, False),
+    ),
     'Permission': (
         ('principal', 0, 'string', None, False),
         ('operation', 1, 'string', None, False),
@@ -418,9 +428,14 @@ STRUCTS = {
         ('request_index', 'int', 8),
         ('batch_length', 'int', 12),
     )),
+    'ProducerSequence': (8, 16, (
+        ('producer_id', 'long', 0),
+        ('sequence', 'int', 8),
+        ('range_index', 'int', 12),
+    )),
 }
 
 ENUMS = {
     'ClientRole': ('byte', {'RANGE_SERVER': 0, 'CLIENT': 1}),
-    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'UNAUTHENTICATED': 26, 'PERMISSION_DENIED': 27, 'CONSUMER_FENCED': 28}),
+    'ErrorCode': ('short', {'NONE': 0, 'UNKNOWN': 1, 'INVALID_REQUEST': 2, 'UNSUPPORTED_VERSION': 3, 'PD_NOT_LEADER': 5, 'STREAM_NOT_FOUND': 10, 'RANGE_NOT_FOUND': 11, 'RANGE_SEALED': 12, 'NOT_PRIMARY': 13, 'OFFSET_OUT_OF_RANGE': 14, 'PAYLOAD_TOO_LARGE': 15, 'THROTTLED': 16, 'CHECKSUM_MISMATCH': 17, 'REQUEST_TIMEOUT': 18, 'NOT_ENOUGH_SERVERS': 19, 'STORAGE_FULL': 20, 'SHUTTING_DOWN': 21, 'REPLICATION_FAILED': 22, 'TOO_MANY_REQUESTS': 23, 'STREAM_ALREADY_EXISTS': 24, 'DATA_CORRUPT': 25, 'UNAUTHENTICATED': 26, 'PERMISSION_DENIED': 27, 'CONSUMER_FENCED': 28, 'UNKNOWN_PRODUCER': 29, 'SEQUENCE_PENDING': 30}),
 }

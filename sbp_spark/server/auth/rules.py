@@ -126,6 +126,9 @@ RULES: dict[int, Rule] = {
     Opcode.ALLOCATE_ID: _server,
     Opcode.APPEND: _append,
     Opcode.FETCH: _on_streams((READ,), lambda r: [e.stream_id for e in r.fetch_requests]),
+    # A writer asks which of its batches in doubt a sealed range holds: part of writing.
+    Opcode.LOOKUP_SEQUENCES: _on_streams(
+        _WRITE, lambda r: [] if r.range is None else [r.range.stream_id]),
     Opcode.LIST_RANGES: _list_ranges,
     # A writer seals the range whose primary failed and goes on in the next: part of writing.
     Opcode.SEAL_RANGES: _on_streams((WRITE, ADMIN), _range_ids, on_range_server=(SERVER,)),

@@ -20,7 +20,7 @@ import abc
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,12 +36,14 @@ from ...protocol.errors import (
     ReplicationFailedError,
     ServerError,
     StreamNotFoundError,
+    UnknownProducerError,
 )
 from ...protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
     AppendResult,
+    ProducerSequence,
     RangeId,
     RangeReplica,
     Status,
@@ -51,6 +53,7 @@ from ..net import ConnectionClosed, RequestContext
 from ..storage.durability import Waiter
 from ..storage.range_log import RangeLog
 from .metrics import Metrics
+from .producers import STORE, ProducerLog, Verdict
 from .replication import Forward
 from .roles import Roles
 
@@ -77,7 +80,8 @@ class Forwarding(Protocol):
     def order_lock(self, rlog: RangeLog) -> AbstractContextManager[object]: ...
 
     def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
-             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]: ...
+             stored: Sequence[Sequence], timeout_ms: int,
+             producers: Sequence[ProducerSequence] = ()) -> list[Forward]: ...
 
     def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None: ...
 
@@ -90,6 +94,17 @@ class Notices(Protocol):
                ) -> AppendResponse: ...
 
     def settled(self, rlog: RangeLog, end: int) -> None: ...
+
+
+class ProducerState(Protocol):
+    """Which batches of each producer a range holds (``producers.py``), as appends ask."""
+
+    def guard(self, rlog: ProducerLog) -> AbstractContextManager[object]: ...
+
+    def check(self, rlog: ProducerLog, producer_id: int, sequence: int) -> Verdict: ...
+
+    def record(self, rlog: ProducerLog, batches: Iterable[tuple[int, int, int, int]],
+               now_ms: int | None = None) -> None: ...
 
 
 def _now_ms() -> int:
@@ -142,6 +157,8 @@ class RangeBatches:
     replicated: bool
     indexes: list[int] = field(default_factory=list)
     batches: list[tuple[BatchHeader, memoryview]] = field(default_factory=list)
+    # Each batch's producer and sequence (idempotent appends), or empty.
+    producers: list[ProducerSequence] = field(default_factory=list)
 
 
 class Part(abc.ABC):
@@ -303,7 +320,20 @@ def _frame_problem(req: AppendRequest, payload: memoryview) -> str | None:
                 f"holds {payload.nbytes}")
     if req.committed_offset < -1:
         return f"committed_offset {req.committed_offset} must be >= 0, or -1 when not set"
+    if req.producers and len(req.producers) != len(entries):
+        return (f"producers holds {len(req.producers)} items for {len(entries)} entries: one "
+                f"per entry, or none")
     return None
+
+
+def _other_range(rlog: RangeLog, range_index: int) -> ServerError:
+    """The refusal of an idempotent batch numbered for range ``range_index`` that reached
+    ``rlog``, the stream's open range here: its sequence means nothing in this range."""
+    where = f"range {rlog.stream_id}/{range_index}"
+    if range_index < rlog.range_index:
+        return RangeSealedError(f"{where} is sealed: range {rlog.range_index} follows it")
+    return RangeNotFoundError(
+        f"{where} is not open on this server yet (its open range is {rlog.range_index})")
 
 
 class AppendPath:
@@ -311,7 +341,7 @@ class AppendPath:
 
     def __init__(self, stream_ranges: Callable[[int], list[RangeLog]], durability: Durability,
                  roles: Roles, replicator: Forwarding, notices: Notices, metrics: Metrics,
-                 submit: Submit, max_batch_bytes: int) -> None:
+                 submit: Submit, max_batch_bytes: int, producers: ProducerState) -> None:
         self._stream_ranges = stream_ranges  # a stream's local ranges, by range_index
         self._durability = durability
         self._roles = roles
@@ -320,6 +350,7 @@ class AppendPath:
         self._metrics = metrics
         self._submit = submit
         self._max_batch_bytes = max_batch_bytes
+        self._producers = producers
 
     def serve(self, ctx: RequestContext, req: AppendRequest) -> None:
         payload = memoryview(ctx.payload)
@@ -350,7 +381,8 @@ class AppendPath:
         """Check, group and store every entry of ``req``; the parts to wait for go into
         ``pending``."""
         entries = req.append_requests
-        groups = self._group(entries, payload, pending.replies, req.range_index)
+        groups = self._group(entries, payload, pending.replies, req.range_index,
+                             req.producers)
         # A forward from a primary says how far every replica holds its (one) range: once its
         # batches are stored here, readers of this secondary may see that far.
         committed = req.committed_offset
@@ -361,7 +393,18 @@ class AppendPath:
         now = _now_ms()
         for group in groups:
             try:
-                bases, parts = self._store(group, now, committed, crcs, req.timeout_ms)
+                if group.producers:
+                    # Checked (a client's batches; a forward's were, on the primary), stored
+                    # and recorded under the range's guard, its producers loaded first.
+                    with self._producers.guard(group.rlog):
+                        if not group.replicated:
+                            group = self._drop_held(group, pending.replies, now)
+                            if not group.indexes:
+                                continue
+                        bases, parts = self._store(group, now, committed, crcs,
+                                                   req.timeout_ms)
+                else:
+                    bases, parts = self._store(group, now, committed, crcs, req.timeout_ms)
             except ServerError as exc:
                 pending.replies.refuse(group.indexes, Status.from_error(exc))
                 continue
@@ -376,8 +419,44 @@ class AppendPath:
 
     # -- checking and grouping the entries ---------------------------------------------------
 
+    def _drop_held(self, group: RangeBatches, replies: AppendReplies, now: int
+                   ) -> RangeBatches:
+        """``group`` without the batches its range already holds (answered with the base
+        offset they were stored at) or cannot take (refused); under the range's guard."""
+        rlog, check = group.rlog, self._producers.check
+        kept = RangeBatches(rlog, group.replicated)
+        seen: set[tuple[int, int]] = set()
+        starting: set[int] = set()  # producers whose sequence 0 this APPEND stores
+        for i, batch, producer in zip(group.indexes, group.batches, group.producers,
+                                      strict=True):
+            key = (producer.producer_id, producer.sequence)
+            if producer.range_index != rlog.range_index:
+                verdict = Verdict(None, _other_range(rlog, producer.range_index))
+            elif key in seen:
+                verdict = Verdict(None, InvalidRequestError(
+                    f"producer {key[0]} sequence {key[1]} is in this APPEND twice"))
+            else:
+                verdict = check(rlog, key[0], key[1])
+                if verdict.error is not None and key[0] in starting and \
+                        isinstance(verdict.error, UnknownProducerError):
+                    verdict = STORE  # unknown only until its sequence 0, stored just before
+            seen.add(key)
+            if verdict.error is not None:
+                replies.refuse([i], Status.from_error(verdict.error))
+            elif verdict.held is not None:
+                replies.stored(i, verdict.held[0], now)
+                self._metrics.duplicate_appends += 1
+            else:  # STORE
+                if key[1] == 0:
+                    starting.add(key[0])
+                kept.indexes.append(i)
+                kept.batches.append(batch)
+                kept.producers.append(producer)
+        return kept
+
     def _group(self, entries: Sequence[AppendEntry], payload: memoryview,
-               replies: AppendReplies, range_index: int) -> list[RangeBatches]:
+               replies: AppendReplies, range_index: int,
+               producers: Sequence[ProducerSequence] = ()) -> list[RangeBatches]:
         """The entries' batches grouped by the range (and kind of write) they go to, in arrival
         order; entries that cannot be stored get their refusal in ``replies``. ``range_index``
         >= 0: a primary's forward of that one range."""
@@ -395,6 +474,8 @@ class AppendPath:
             group = groups.setdefault((id(rlog), replicated), RangeBatches(rlog, replicated))
             group.indexes.append(i)
             group.batches.append((header, view))
+            if producers:
+                group.producers.append(producers[i])
         return list(groups.values())
 
     def _check_batch(self, stream_id: int, batch_length: int, view: memoryview) -> BatchHeader:
@@ -481,14 +562,20 @@ class AppendPath:
         """Store one group's batches; returns their base offsets and the parts to wait for."""
         rlog = group.rlog
         parts: list[Part] = []
+        producers = [(p.producer_id, p.sequence) for p in group.producers] or None
         if group.replicated or not self._roles.secondaries(rlog):
             bases, target = rlog.append(group.batches, now, replicated=group.replicated,
-                                        crcs=crcs)
+                                        crcs=crcs, producers=producers)
             if group.replicated and committed >= 0:
                 rlog.cap.learn(committed, rlog.written_offset)
         else:
             bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
             parts.append(replication)
+        if producers:
+            self._producers.record(rlog, (
+                (pid, seq, base, base + header.record_count)
+                for (pid, seq), base, (header, _) in zip(producers, bases, group.batches,
+                                                         strict=True)), now)
         if rlog.next_offset < target:
             parts.insert(0, LocalDurability(rlog, group.indexes, target,
                                             self._durability.when_durable))
@@ -505,10 +592,13 @@ class AppendPath:
             start = rlog.written_offset
             rlog.cap.hold(start)
             try:
-                bases, target = rlog.append(group.batches, now, stored=stored, crcs=crcs)
+                bases, target = rlog.append(
+                    group.batches, now, stored=stored, crcs=crcs,
+                    producers=[(p.producer_id, p.sequence) for p in group.producers] or None)
             except BaseException:
                 rlog.cap.release(start, None)
                 raise
-            forwards = replicator.send(rlog, self._roles.secondaries(rlog), stored, timeout_ms)
+            forwards = replicator.send(rlog, self._roles.secondaries(rlog), stored, timeout_ms,
+                                       group.producers)
         return bases, target, Replication(rlog, group.indexes, forwards, start, target,
                                           replicator, self._notices, self._submit)

@@ -12,6 +12,7 @@ from ..net import NetConfig
 from ..peer_tls import check_peer_tls
 from ..storage import StorageConfig
 from .fetch import DEFAULT_FETCH_FRAME_BYTES
+from .producers import ProducerLimits
 
 # How often retention is applied to the stored ranges.
 DEFAULT_RETENTION_CHECK_S = 30.0
@@ -49,6 +50,8 @@ class RangeServerConfig:
     # Who may connect and as whom, and the token this server presents to the PD and to its
     # peers (docs/wire.md, "Who may do what"); the default: the cluster is open.
     auth: AuthSettings = field(default_factory=AuthSettings)
+    # The bounds of the idempotent producers' state (producers.py states the rule).
+    producers: ProducerLimits = field(default_factory=ProducerLimits)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_bytes <= MAX_BATCH_BYTES:

@@ -18,6 +18,8 @@ class Metrics:
     def __init__(self) -> None:
         self.appends = 0
         self.failed_appends = 0
+        # Idempotent resends answered with where the batch was stored before (not stored again).
+        self.duplicate_appends = 0
         self.append_latency_s = 0.0
         self.fetches = 0
         self.failed_fetches = 0

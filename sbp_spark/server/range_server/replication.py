@@ -65,6 +65,7 @@ from ...protocol.messages import (
     AppendEntry,
     AppendRequest,
     AppendResponse,
+    ProducerSequence,
     RangeId,
     RangeReplica,
     decode_response,
@@ -184,10 +185,12 @@ class Replicator:
         return out
 
     def send(self, rlog: RangeLog, secondaries: Sequence[RangeReplica],
-             stored: Sequence[Sequence], timeout_ms: int) -> list[Forward]:
+             stored: Sequence[Sequence], timeout_ms: int,
+             producers: Sequence[ProducerSequence] = ()) -> list[Forward]:
         """Send the stored batches (``[envelope, body]`` each) to the ``secondaries`` of
         ``rlog``; call under ``order_lock(rlog)`` right after ``rlog.cap.hold`` and the local
-        append.
+        append. ``producers``: empty, or each batch's producer and sequence (idempotent
+        appends), which every secondary keeps with the batch.
 
         Each forward carries the range's current read cap as ``committed_offset`` (at most
         where these batches start), bounded by what is durable here too: the secondaries may
@@ -206,7 +209,8 @@ class Replicator:
         if committed >= 0:
             rlog.cap.note_sent(committed)
         request = AppendRequest(timeout_ms=timeout_ms, append_requests=entries,
-                                committed_offset=committed, range_index=rlog.range_index)
+                                committed_offset=committed, range_index=rlog.range_index,
+                                producers=list(producers))
         wait_s = None  # the pool's: the replication timeout
         if timeout_ms > 0:
             wait_s = min(max(timeout_ms / 1000.0, MIN_FORWARD_TIMEOUT_S),

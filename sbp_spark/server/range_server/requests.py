@@ -2,7 +2,8 @@
 
 APPEND goes to the APPEND path (``append.py``), FETCH to ``fetch.py`` and the range
 administration (SEAL_RANGES, SYNC_RANGES, DESCRIBE_RANGES, DELETE_STREAMS, TRIM_STREAMS,
-HEARTBEAT) to ``admin.py``; PING and GOAWAY are answered by the network core.
+HEARTBEAT) to ``admin.py``, LOOKUP_SEQUENCES (ours) to ``producers.py``; PING and GOAWAY are
+answered by the network core.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from ...protocol.messages import (
     DescribeRangesRequest,
     FetchRequest,
     HeartbeatRequest,
+    LookupSequencesRequest,
+    LookupSequencesResponse,
     SealRangesRequest,
     SyncRangesRequest,
     TrimStreamsRequest,
@@ -32,12 +35,19 @@ from .admin import RangeAdmin
 INLINE_APPEND_BYTES = 64 * 1024
 
 R = TypeVar("R", contravariant=True)
+A = TypeVar("A", covariant=True)
 
 
 class Serves(Protocol[R]):
     """A part that answers requests of one kind itself (one frame or a stream of them)."""
 
     def serve(self, ctx: RequestContext, req: R) -> None: ...
+
+
+class Answers(Protocol[R, A]):
+    """A part that turns requests of one kind into their one-frame answer."""
+
+    def answer(self, req: R) -> A: ...
 
 
 class RangeServerHandler(RequestHandler):
@@ -57,11 +67,14 @@ class RangeServerHandler(RequestHandler):
         Opcode.DELETE_STREAMS: Route(DeleteStreamsRequest, "_delete", Runs.POOL),
         Opcode.TRIM_STREAMS: Route(TrimStreamsRequest, "_trim", Runs.POOL),
         Opcode.HEARTBEAT: Route(HeartbeatRequest, "_heartbeat", Runs.ORDERED),
+        Opcode.LOOKUP_SEQUENCES: Route(LookupSequencesRequest, "_lookup", Runs.POOL),
     }
 
     def __init__(self, appends: Serves[AppendRequest], fetches: Serves[FetchRequest],
-                 admin: RangeAdmin, wake_long_polls: Callable[[], None]) -> None:
+                 admin: RangeAdmin, wake_long_polls: Callable[[], None],
+                 lookups: Answers[LookupSequencesRequest, LookupSequencesResponse]) -> None:
         self.appends = appends
+        self.lookups = lookups
         self.fetches = fetches
         self.admin = admin
         self._wake_long_polls = wake_long_polls
@@ -101,3 +114,6 @@ class RangeServerHandler(RequestHandler):
 
     def _heartbeat(self, ctx: RequestContext, req: HeartbeatRequest) -> None:
         ctx.reply(self.admin.heartbeat(req))
+
+    def _lookup(self, ctx: RequestContext, req: LookupSequencesRequest) -> None:
+        ctx.reply(self.lookups.answer(req))

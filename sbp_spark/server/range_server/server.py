@@ -46,6 +46,7 @@ from .fetch import FetchServer
 from .identity import SERVER_FILE, ServerIdentity
 from .metrics import Metrics
 from .permissions import LearnedPermissions
+from .producers import Lookups, Producers
 from .registration import LinkedServer, LoadSample, PdLink, RegistrationRefused
 from .replication import Replicator
 from .requests import RangeServerHandler
@@ -87,13 +88,15 @@ class RangeServer:
         self.cap_notices = CapNotices(storage, self.roles, self.replicator,
                                       storage.durability.when_durable, self._on_workers,
                                       config.cap_probe_interval_s)
+        self.producers = Producers(config.producers)
         appends = AppendPath(storage.stream_ranges, storage.durability, self.roles,
                              self.replicator, self.cap_notices, self.metrics, self._on_workers,
-                             config.max_batch_bytes)
+                             config.max_batch_bytes, self.producers)
         fetches = FetchServer(storage, self.metrics, config.fetch_frame_bytes,
                               config.storage.verify_reads)
         admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
-        self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data)
+        self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data,
+                                          Lookups(self.producers, storage.stream_ranges))
         authenticator = config.auth.authenticator()
         # With authentication on, APPEND and FETCH are checked here against the permissions
         # learned from the PD: going straight to this port does not get around them.

@@ -43,8 +43,8 @@ from .disk import Disk
 from .read_cap import CapState, ReadCap
 from .segment import (
     SEGMENT_SUFFIX,
-    STORAGE_HEADER_SIZE,
     CorruptDataError,
+    ProducedBatch,
     Segment,
     StoredBatch,
     atomic_write,
@@ -347,7 +347,9 @@ class RangeLog:
     def append(self, batches: Sequence[tuple[BatchHeader, memoryview]],
                now_ms: int | None = None, *, replicated: bool = False,
                stored: list | None = None,
-               crcs: Sequence[int | None] | None = None) -> tuple[list[int], int]:
+               crcs: Sequence[int | None] | None = None,
+               producers: Sequence[tuple[int, int] | None] | None = None
+               ) -> tuple[list[int], int]:
         """Store ``batches`` (validated envelopes and their bytes) at the end of the range.
 
         Returns (base offset of each batch, the commit target): the batches are acknowledged
@@ -361,6 +363,9 @@ class RangeLog:
         ``crcs``: if given, the CRC-32 of each batch's bytes as received (None where not
         known), already checked by the frame decoder: the stored CRC then follows from it
         without another pass over the batch.
+        ``producers``: if given, each batch's (producer_id, sequence), or None, kept in its
+        storage header (``segment.pack_storage_header``) so the producers' state can be
+        rebuilt from the log.
         """
         if now_ms is None:
             now_ms = time.time_ns() // 1_000_000
@@ -392,14 +397,15 @@ class RangeLog:
                 else:
                     batch_crc = crc32_with_prefix(known, bytes(data[:ENVELOPE_SIZE]),
                                                   bytes(envelope), length)
-                pieces += [pack_storage_header(length, batch_crc, offset, header.record_count,
-                                               now_ms), envelope, body]
+                head = pack_storage_header(length, batch_crc, offset, header.record_count,
+                                           now_ms, producers[i] if producers else None)
+                pieces += [head, envelope, body]
                 if stored is not None:
                     stored.append([envelope, body])
                 records.append((offset, header.record_count, pos))
                 bases.append(offset)
                 offset += header.record_count
-                pos += STORAGE_HEADER_SIZE + length
+                pos += len(head) + length
             # Outside ``lock``: readers and fsyncs go on meanwhile (a reader sees only up to
             # the committed offset, and a segment's size moves only once its bytes are in).
             seg.write(pieces, records, now_ms)
@@ -611,6 +617,21 @@ class RangeLog:
         if count:
             self._env.counts.bytes_read += nbytes
         return ReadChunk(batches, nbytes, batches[-1].end_offset, seg)
+
+    def produced_since(self, min_time_ms: int) -> list[ProducedBatch]:
+        """The batches appended under a producer (idempotent appends) in the segments
+        written to at ``min_time_ms`` or later, in order."""
+        with self.lock:
+            segments = [(seg, seg.size) for seg in self.segments
+                        if not 0 <= seg.max_time < min_time_ms and seg.retain()]
+        out: list[ProducedBatch] = []
+        try:
+            for seg, size in segments:
+                out += seg.produced_batches(size)
+        finally:
+            for seg, _ in segments:
+                seg.release()
+        return out
 
     def available_bytes(self, offset: int, limit: int) -> int:
         """Committed bytes from the batch holding ``offset`` on, counted up to ``limit``."""

@@ -8,7 +8,14 @@ batch exactly as FETCH serves it (envelope with the assigned base_offset, then t
     append_time_ms i64 | header_crc u32
 
 ``batch_crc`` is the CRC-32 of the batch bytes; ``header_crc`` covers the 28 bytes before it, so a
-torn or zeroed header is never mistaken for a batch. When a segment stops growing its sparse
+torn or zeroed header is never mistaken for a batch. A batch appended under a producer
+(idempotent appends) has the top bit of ``batch_length`` set and a 16-byte producer extension
+between the header and the batch::
+
+    producer_id i64 | sequence i32 | extension_crc u32
+
+Batches never reach 2 GiB, so segments written before the extension existed have that bit
+clear everywhere and read as before. When a segment stops growing its sparse
 index is written next to it (``.idx``) so a restart need not rescan it.
 """
 
@@ -36,6 +43,11 @@ log = logging.getLogger(__name__)
 STORAGE_HEADER = struct.Struct(">IIqiqI")
 STORAGE_HEADER_SIZE = STORAGE_HEADER.size  # 32
 _HEADER_CRC_SPAN = STORAGE_HEADER_SIZE - 4
+# The producer extension of an idempotent batch, flagged in batch_length's top bit.
+PRODUCER_EXTENSION = struct.Struct(">qiI")
+PRODUCER_EXTENSION_SIZE = PRODUCER_EXTENSION.size  # 16
+_PRODUCER_FLAG = 0x80000000
+_HEADER_AND_PRODUCER = struct.Struct(">IIqiqIqiI")  # both, as pack_storage_header writes them
 
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
@@ -77,18 +89,55 @@ def segment_name(base_offset: int) -> str:
 
 
 def pack_storage_header(batch_length: int, batch_crc: int, base_offset: int,
-                        record_count: int, append_time_ms: int) -> bytes:
-    head = STORAGE_HEADER.pack(batch_length, batch_crc, base_offset, record_count,
-                               append_time_ms, 0)
-    return head[:_HEADER_CRC_SPAN] + _U32.pack(crc32(memoryview(head)[:_HEADER_CRC_SPAN]))
+                        record_count: int, append_time_ms: int,
+                        producer: tuple[int, int] | None = None) -> bytes:
+    """The storage header of one batch; with ``producer`` (producer_id, sequence), followed
+    by its producer extension."""
+    if producer is None:
+        head = STORAGE_HEADER.pack(batch_length, batch_crc, base_offset, record_count,
+                                   append_time_ms, 0)
+        return head[:_HEADER_CRC_SPAN] + _U32.pack(crc32(memoryview(head)[:_HEADER_CRC_SPAN]))
+    # Header and extension in one buffer, each CRC written into its slot.
+    out = bytearray(STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE)
+    _HEADER_AND_PRODUCER.pack_into(out, 0, batch_length | _PRODUCER_FLAG, batch_crc,
+                                   base_offset, record_count, append_time_ms, 0, producer[0],
+                                   producer[1], 0)
+    view = memoryview(out)
+    _U32.pack_into(out, _HEADER_CRC_SPAN, crc32(view[:_HEADER_CRC_SPAN]))
+    _U32.pack_into(out, len(out) - 4, crc32(view[STORAGE_HEADER_SIZE:-4]))
+    view.release()
+    return bytes(out)
 
 
-def unpack_storage_header(buf, pos: int = 0) -> tuple[int, int, int, int, int] | None:
-    """(batch_length, batch_crc, base_offset, record_count, append_time_ms), or None if torn."""
+def unpack_storage_header(buf, pos: int = 0) -> tuple[int, int, int, int, int, int] | None:
+    """(batch_length, batch_crc, base_offset, record_count, append_time_ms, span), or None if
+    torn; ``span`` is the bytes from ``pos`` to the batch itself (the header, and the producer
+    extension when the batch has one)."""
     length, batch_crc, base, count, ts, head_crc = STORAGE_HEADER.unpack_from(buf, pos)
     if crc32(memoryview(buf)[pos:pos + _HEADER_CRC_SPAN]) != head_crc:
         return None
-    return length, batch_crc, base, count, ts
+    if length & _PRODUCER_FLAG:
+        return (length & ~_PRODUCER_FLAG, batch_crc, base, count, ts,
+                STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE)
+    return length, batch_crc, base, count, ts, STORAGE_HEADER_SIZE
+
+
+def unpack_producer(buf, pos: int = 0) -> tuple[int, int] | None:
+    """(producer_id, sequence) of the producer extension at ``pos``, or None if torn."""
+    producer_id, sequence, ext_crc = PRODUCER_EXTENSION.unpack_from(buf, pos)
+    if crc32(memoryview(buf)[pos:pos + PRODUCER_EXTENSION_SIZE - 4]) != ext_crc:
+        return None
+    return producer_id, sequence
+
+
+class ProducedBatch(NamedTuple):
+    """A stored batch appended under a producer: what rebuilds the producers' state."""
+
+    base_offset: int
+    record_count: int
+    append_time_ms: int
+    producer_id: int
+    sequence: int
 
 
 @dataclass
@@ -267,13 +316,13 @@ class Segment:
                         pos, expect = next_pos, next_base
                         last_indexed = -self.index_interval  # index the batch after it
                         continue
-                    length, _, base, count, ts = fields
+                    length, _, base, count, ts, span = fields
                     if pos - last_indexed >= self.index_interval:
                         index.append((base, pos))
                         last_indexed = pos
                     expect = base + count
                     max_time = max(max_time, ts)
-                    pos += STORAGE_HEADER_SIZE + length
+                    pos += span + length
                     valid_end = pos
             finally:
                 view.release()
@@ -348,21 +397,40 @@ class Segment:
                 raise CorruptDataError(
                     f"{self.path}: the storage header at byte {pos} is corrupt (reading "
                     f"offset {offset})")
-            length, batch_crc, base, count, ts = fields
+            length, batch_crc, base, count, ts, span = fields
             if end_offset >= 0 and base >= end_offset:
                 break
             if base + count <= offset:  # before the wanted offset: skip
-                pos += STORAGE_HEADER_SIZE + length
+                pos += span + length
                 continue
             if out or not first:
                 if total + length > max_bytes:
                     break
-            out.append(StoredBatch(self.fd, pos + STORAGE_HEADER_SIZE, length, base, count,
-                                   batch_crc, ts))
+            out.append(StoredBatch(self.fd, pos + span, length, base, count, batch_crc, ts))
             total += length
-            pos += STORAGE_HEADER_SIZE + length
+            pos += span + length
             if total >= max_bytes:
                 break
+        return out
+
+    def produced_batches(self, limit_size: int) -> list[ProducedBatch]:
+        """Every batch below ``limit_size`` (the committed size) that was appended under a
+        producer, in order (their headers only are read)."""
+        out: list[ProducedBatch] = []
+        buf = bytearray(STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE)
+        pos = 0
+        while pos + STORAGE_HEADER_SIZE <= limit_size:
+            got = os.preadv(self.fd, [buf], pos)
+            fields = unpack_storage_header(buf) if got >= STORAGE_HEADER_SIZE else None
+            if fields is None:
+                break  # damage: the batches before it are what this segment tells
+            length, _, base, count, ts, span = fields
+            if span > STORAGE_HEADER_SIZE:
+                producer = (unpack_producer(buf, STORAGE_HEADER_SIZE) if got >= len(buf)
+                            else None)
+                if producer is not None:
+                    out.append(ProducedBatch(base, count, ts, *producer))
+            pos += span + length
         return out
 
     def _position_for(self, offset: int) -> int:
@@ -396,18 +464,22 @@ class Segment:
 
 
 def _check_batch_at(view: memoryview, pos: int, file_size: int, expect: int, exact: bool
-                    ) -> tuple[tuple[int, int, int, int, int] | None, str]:
+                    ) -> tuple[tuple[int, int, int, int, int, int] | None, str]:
     """The stored batch at ``pos`` if it is whole and sound, else (None, why not).
 
     ``exact``: its base_offset must be ``expect``; otherwise any base_offset >= ``expect``.
+    The fields are those of ``unpack_storage_header``.
     """
     if file_size - pos < STORAGE_HEADER_SIZE:
         return None, f"{file_size - pos} trailing bytes at {pos} (torn header)"
     fields = unpack_storage_header(view, pos)
     if fields is None:
         return None, f"storage header at {pos} fails its checksum"
-    length, batch_crc, base, count, _ = fields
-    body_at = pos + STORAGE_HEADER_SIZE
+    length, batch_crc, base, count, _, span = fields
+    body_at = pos + span
+    if span > STORAGE_HEADER_SIZE and (
+            body_at > file_size or unpack_producer(view, pos + STORAGE_HEADER_SIZE) is None):
+        return None, f"producer extension of the batch at {pos} is torn or fails its checksum"
     if body_at + length > file_size:
         return None, f"batch at {pos} needs {length} bytes, the file ends first (torn)"
     if count < 1 or (base != expect if exact else base < expect):
@@ -425,19 +497,23 @@ def _resync(mm, view: memoryview, start: int, file_size: int, expect: int
             ) -> tuple[int, int] | None:
     """The first sound batch at or after ``start`` (position, base_offset), or None.
 
-    Candidates are the positions followed by an envelope magic 32 bytes on; each must pass
-    every check of a good batch (two CRCs), so a false match is practically impossible.
+    Candidates are the positions followed by an envelope magic 32 bytes on (48 with a
+    producer extension); each must pass every check of a good batch (two or three CRCs), so a
+    false match is practically impossible.
     """
     pos = start
     while True:
         hit = mm.find(_ENVELOPE_MAGIC, pos + STORAGE_HEADER_SIZE, file_size)
         if hit < 0:
             return None
-        pos = hit - STORAGE_HEADER_SIZE
-        fields, _ = _check_batch_at(view, pos, file_size, expect, exact=False)
-        if fields is not None:
-            return pos, fields[2]
-        pos += 1
+        for span in (STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE, STORAGE_HEADER_SIZE):
+            candidate = hit - span
+            if candidate < start:
+                continue
+            fields, _ = _check_batch_at(view, candidate, file_size, expect, exact=False)
+            if fields is not None and fields[5] == span:
+                return candidate, fields[2]
+        pos = hit - STORAGE_HEADER_SIZE + 1
 
 
 def verify_batches(batches: list[StoredBatch]) -> int:

@@ -29,6 +29,7 @@ ALLOWED: dict[tuple[str, Opcode], set[str]] = {
     ("pd", Opcode.ALLOCATE_ID): {"superuser", "server"},
     ("rs", Opcode.APPEND): {"writer", "superuser", "server"},
     ("rs", Opcode.FETCH): {"reader", "superuser", "server"},
+    ("rs", Opcode.LOOKUP_SEQUENCES): {"writer", "superuser", "server"},
     ("pd", Opcode.LIST_RANGES): LOOKERS,
     ("pd", Opcode.SEAL_RANGES): {"writer", "admin", "superuser", "server"},
     ("rs", Opcode.SEAL_RANGES): {"superuser", "server"},
@@ -102,6 +103,8 @@ _BUILDERS = {
     Opcode.APPEND: lambda pd, s, v: m.AppendRequest(
         append_requests=[m.AppendEntry(s, 0, len(_PAYLOAD))]),
     Opcode.FETCH: lambda pd, s, v: m.FetchRequest(fetch_requests=[m.FetchEntry(s, 0, 0, 1 << 20)]),
+    Opcode.LOOKUP_SEQUENCES: lambda pd, s, v: m.LookupSequencesRequest(
+        range=m.RangeId(s, 0), producer_id=1, sequences=[0]),
     Opcode.LIST_RANGES: lambda pd, s, v: m.ListRangesRequest(
         range_owners=[m.RangeOwner(stream_id=s)]),
     Opcode.SEAL_RANGES: lambda pd, s, v: m.SealRangesRequest(
