@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -49,7 +49,9 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         for collector in collectors:
-            self.registry.register(collector)  # type: ignore[arg-type]
+            # Ours are structural (the Protocol above); older prometheus_client releases type
+            # the argument as their own base class.
+            self.registry.register(cast(Any, collector))
         registry = self.registry
 
         class Handler(BaseHTTPRequestHandler):
