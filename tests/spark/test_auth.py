@@ -12,7 +12,6 @@ import pytest
 from sbp_spark.client import ConnectionPool, SbpClient
 from sbp_spark.protocol.messages import Permission
 from sbp_spark.protocol.records import batch_bytes
-from sbp_spark.server.auth.authenticator import AuthSettings
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.spark.options import OptionError, parse_read_options
 from tests.polling import wait_until
@@ -26,7 +25,7 @@ def keys(tmp_path_factory) -> Keys:
 
 @pytest.fixture(scope="module")
 def auth_cluster(tmp_path_factory, keys):
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"root"}))
+    auth = keys.settings()
     with EmbeddedCluster(tmp_path_factory.mktemp("auth-spark"), range_servers=1,
                          auth=auth) as cluster:
         yield cluster

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from sbp_spark.server.auth.authenticator import AuthSettings
 from sbp_spark.server.auth.tokens import create_token
 
 
@@ -35,3 +38,8 @@ class Keys:
 
     def rs_token(self, subject: str, expires_s: int | None = 3600) -> str:
         return create_token(subject, private_key=self.private_pem, expires_s=expires_s)
+
+    def settings(self, superusers: Iterable[str] = ("root",), **more: Any) -> AuthSettings:
+        """A cluster's settings: tokens signed with the shared secret, these superusers."""
+        return AuthSettings(token_secret_file=str(self.secret_file),
+                            superusers=frozenset(superusers), **more)

@@ -28,14 +28,8 @@ from sbp_spark.server.auth.tokens import create_token
 from sbp_spark.server.cluster import EmbeddedCluster
 
 from ..wire import EOF, RawPeer
-from .keys import Keys
 
 AUTH_TIMEOUT_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return Keys(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="module")

@@ -58,11 +58,6 @@ UNSEEN = 10**9  # a stream nobody has: requests the roles carry out must not cha
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return Keys(tmp_path_factory.mktemp("keys"))
-
-
-@pytest.fixture(scope="module")
 def setup(tmp_path_factory, keys):
     from sbp_spark.client import ConnectionPool, SbpClient
 

@@ -8,7 +8,6 @@ import pytest
 from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import NotEnoughServersError, PermissionDeniedError
-from sbp_spark.server.auth.authenticator import AuthSettings
 from sbp_spark.server.auth.principals import Principal
 from sbp_spark.server.pd import PdConfig, PlacementDriver
 from tests.polling import wait_until
@@ -22,7 +21,7 @@ CONFIG = ClientConfig(connect_timeout_s=1.0, request_timeout_s=5.0, retry_backof
 @pytest.fixture
 def nodes(etcd_endpoints, etcd_prefix, tmp_path):
     keys = Keys(tmp_path / "keys")
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"root"}))
+    auth = keys.settings()
     started = [PlacementDriver(PdConfig(None, name=f"pd-{i}", etcd=etcd_endpoints,
                                         etcd_prefix=etcd_prefix, lease_ttl_s=2,
                                         heartbeat_timeout_s=1.0, auth=auth)).start()

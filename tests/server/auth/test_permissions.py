@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
+from sbp_spark.client import ConnectionPool, SbpClient
 from sbp_spark.protocol.errors import InvalidRequestError, PermissionDeniedError
 from sbp_spark.protocol.messages import Permission, Stream
 from sbp_spark.server.auth.acl import AclEntry, AclTable
-from sbp_spark.server.auth.authenticator import AuthSettings
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.etcd_client import EtcdClient
 from sbp_spark.server.pd.etcd_store import EtcdStore
 from sbp_spark.server.pd.sqlite_store import PdStore
-
-from .keys import Keys
 
 
 @pytest.fixture(params=["sqlite", "etcd"])
@@ -64,31 +61,11 @@ def test_invalid_entries_say_why(entry, problem):
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return Keys(tmp_path_factory.mktemp("keys"))
-
-
-@pytest.fixture(scope="module")
 def cluster(tmp_path_factory, keys):
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"root"}))
+    auth = keys.settings()
     with EmbeddedCluster(tmp_path_factory.mktemp("perm-cluster"), range_servers=1,
                          auth=auth) as c:
         yield c
-
-
-@pytest.fixture
-def as_(cluster, keys):
-    pools: list[ConnectionPool] = []
-
-    def client(name: str) -> SbpClient:
-        pool = ConnectionPool()
-        pools.append(pool)
-        return SbpClient(cluster.pd_address, ClientConfig(retry_deadline_s=2), pool,
-                         token=keys.token(name))
-
-    yield client
-    for pool in pools:
-        pool.close()
 
 
 def test_creating_streams_needs_create(as_):
@@ -146,7 +123,7 @@ def test_grants_may_name_streams_by_name(as_):
 
 
 def test_permissions_outlive_a_pd_restart(tmp_path, keys):
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"root"}))
+    auth = keys.settings()
     with EmbeddedCluster(tmp_path, range_servers=1, auth=auth) as cluster:
         with ConnectionPool() as pool:
             SbpClient(cluster.pd_address, pool=pool, token=keys.token("root")

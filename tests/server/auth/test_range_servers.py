@@ -9,44 +9,21 @@ import time
 
 import pytest
 
-from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode, PermissionDeniedError
 from sbp_spark.protocol.records import batch_bytes
-from sbp_spark.server.auth.authenticator import AuthSettings
 from sbp_spark.server.cluster import EmbeddedCluster
 from tests.polling import wait_until
 
 from ..wire import RawPeer
-from .keys import Keys
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return Keys(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, keys):
-    auth = AuthSettings(token_secret_file=str(keys.secret_file), superusers=frozenset({"root"}))
+    auth = keys.settings()
     with EmbeddedCluster(tmp_path_factory.mktemp("rs-auth"), range_servers=2,
                          auth=auth) as c:
         yield c
-
-
-@pytest.fixture
-def as_(cluster, keys):
-    pools: list[ConnectionPool] = []
-
-    def client(name: str) -> SbpClient:
-        pool = ConnectionPool()
-        pools.append(pool)
-        return SbpClient(cluster.pd_address, ClientConfig(retry_deadline_s=2), pool,
-                         token=keys.token(name))
-
-    yield client
-    for pool in pools:
-        pool.close()
 
 
 def _enforced(cluster, version_before: int) -> None:

@@ -10,13 +10,6 @@ from sbp_spark.protocol.errors import UnauthenticatedError
 from sbp_spark.server.auth.authenticator import Authenticator, AuthSettings
 from sbp_spark.server.auth.tokens import TokenVerifier, create_token, parse_duration
 
-from .keys import Keys
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> Keys:
-    return Keys(tmp_path_factory.mktemp("keys"))
-
 
 def test_a_token_carries_its_subject_role_and_end(keys):
     claims = TokenVerifier(secret=keys.secret).verify(keys.token("rs", 60, role="server"))
