@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from .consumers import (
@@ -23,6 +23,7 @@ from .consumers import (
     consumer_missing,
 )
 from .meta import now_ms
+from .sqlite_tx import immediate
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS consumers (
@@ -66,18 +67,8 @@ class SqliteConsumers:
                 self._closed = True
                 self._db.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._db, self._lock)
 
     @staticmethod
     def _read(db: sqlite3.Connection, name: str) -> ConsumerMeta | None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from .meta import (
     unknown_server,
 )
 from .meta import now_ms as _now_ms
+from .sqlite_tx import immediate
 
 SCHEMA_VERSION = 1
 
@@ -168,20 +169,8 @@ class PdStore:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                # SQLite has rolled back already after some errors (SQLITE_FULL): a ROLLBACK
-                # then fails and would hide the error that matters.
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._db, self._lock)
 
     def close(self) -> None:
         """Close the database (idempotent)."""
