@@ -26,6 +26,7 @@ reader. Every bound is checked as in ``_flatbuf``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 from ._flatbuf import (
     SCALAR,
     TABLE,
+    VEC_SCALAR,
     VEC_STRUCT,
     VEC_TABLE,
     Codec,
@@ -134,10 +136,11 @@ def _produced_struct(n: int) -> struct.Struct:
 
 
 def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int,
-                           own_tables: frozenset[int] = frozenset()) -> str | None:
+                           own: Sequence[tuple[int, int]] = ()) -> str | None:
     """Why the ``n``-element vector at ``pos`` holds offsets to tables rather than AppendEntry
-    structs, or None when it does not look like that. ``own_tables``: where the message's
-    own tables start (its root and the tables the root refers to), which are no entries.
+    structs, or None when it does not look like that. ``own``: the spans (start, end) of the
+    message's other parts (its root, the tables and vectors its other fields refer to), where
+    no entry table can be.
 
     A table vector holds one 4-byte offset per element, each pointing past the offsets to a
     table whose vtable is valid and describes at least one and at most AppendEntry's three
@@ -147,14 +150,17 @@ def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int,
     offset can reach in the packed layout describe no field (stream 8, request_index 32
     reached the root's own vtable-shaped bytes before that was required), and in the generic
     layout the only tables after the entries are the message's own (stream 24 reached the cap
-    notice's table, which has AppendEntry's shape, before those were left out)."""
+    notice's table, which has AppendEntry's shape, before those were left out; stream 56
+    reached bytes inside the producers vector that read as a table, before every other
+    part's whole span was left out)."""
     base = pos + 4
     if n == 0 or base + 4 * n > size:
         return None
     for i in range(n):
         at = base + 4 * i
         target = at + _U32.unpack_from(buf, at)[0]
-        if target < base + 4 * n or target & 3 or target + 4 > size or target in own_tables:
+        if target < base + 4 * n or target & 3 or target + 4 > size \
+                or any(start <= target < end for start, end in own):
             return None
         vt = target - _I32.unpack_from(buf, target)[0]
         if vt < 0 or vt + 4 > size:
@@ -266,34 +272,53 @@ class PackedEntriesCodec(Codec):
     def _read_entries(self, buf: Any, size: int, pos: int, f: Field, state: _State) -> list:
         if pos + 4 <= size:
             self._refuse_tables(buf, size, pos, _U32.unpack_from(buf, pos)[0],
-                                self._own_tables(buf, size))
+                                self._own_spans(buf, size, f))
         return _read_vec_struct(buf, size, pos, f, state)
 
-    def _own_tables(self, buf: Any, size: int) -> frozenset[int]:
-        """Where the root table starts and where the tables its fields refer to start, as far
-        as the buffer holds them (the generic reader checks the rest)."""
+    def _own_spans(self, buf: Any, size: int, entries: Field) -> list[tuple[int, int]]:
+        """The spans (start, end) of the root table and of the tables and vectors its fields
+        other than ``entries`` refer to, as far as the buffer holds them (the generic reader
+        checks the rest)."""
         root = _U32.unpack_from(buf, 0)[0]
         if root + 4 > size:
-            return frozenset()
-        tables = {root}
+            return []
+        spans = [(root, root + _table_len(buf, size, root))]
         vt = root - _I32.unpack_from(buf, root)[0]
-        if 0 <= vt and vt + 4 <= size:
-            vt_len = _VT_HEAD.unpack_from(buf, vt)[0]
-            for i, field in enumerate(self.fields):
-                slot = vt + 4 + 2 * i
-                if field.kind != TABLE or 4 + 2 * i + 2 > vt_len or slot + 2 > size:
-                    continue
-                off = _U16.unpack_from(buf, slot)[0]
-                if off and root + off + 4 <= size:
-                    tables.add(root + off + _U32.unpack_from(buf, root + off)[0])
-        return frozenset(tables)
+        if not (0 <= vt and vt + 4 <= size):
+            return spans
+        vt_len = _VT_HEAD.unpack_from(buf, vt)[0]
+        for i, field in enumerate(self.fields):
+            slot = vt + 4 + 2 * i
+            if field is entries or field.kind not in (TABLE, VEC_STRUCT, VEC_SCALAR) \
+                    or 4 + 2 * i + 2 > vt_len or slot + 2 > size:
+                continue
+            off = _U16.unpack_from(buf, slot)[0]
+            if not off or root + off + 4 > size:
+                continue
+            at = root + off + _U32.unpack_from(buf, root + off)[0]
+            if at + 4 > size:
+                continue
+            if field.kind == TABLE:
+                spans.append((at, at + _table_len(buf, size, at)))
+            else:
+                item = field.sub.struct.size if field.kind == VEC_STRUCT else field.size
+                spans.append((at, at + 4 + item * _U32.unpack_from(buf, at)[0]))
+        return spans
 
     @staticmethod
     def _refuse_tables(buf: Any, size: int, pos: int, n: int,
-                       own_tables: frozenset[int] = frozenset()) -> None:
-        problem = entries_sent_as_tables(buf, size, pos, n, own_tables)
+                       own: Sequence[tuple[int, int]] = ()) -> None:
+        problem = entries_sent_as_tables(buf, size, pos, n, own)
         if problem is not None:
             raise HeaderError(problem)
+
+
+def _table_len(buf: Any, size: int, at: int) -> int:
+    """The inline size of the table at ``at`` as its vtable gives it (at least 4)."""
+    vt = at - _I32.unpack_from(buf, at)[0]
+    if vt < 0 or vt + 4 > size:
+        return 4
+    return max(4, _VT_HEAD.unpack_from(buf, vt)[1])
 
 
 # -- vectors of flat item tables ---------------------------------------------------------------
