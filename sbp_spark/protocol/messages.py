@@ -550,11 +550,13 @@ class SealRangesRequest(Message):
 
 @dataclass(slots=True)
 class SealRangesResult(Message):
-    """From the PD: the new open range; from a range server: the sealed range."""
+    """From the PD: the new open range; from a range server: the sealed range, and the
+    secondaries its primary could not reach lately (``unreachable``, ours)."""
 
     stream_id: int = -1
     status: Status = OK
     range: Range | None = None
+    unreachable: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -53,8 +53,35 @@ class SealRangesResult(object):
             return obj
         return None
 
+    # SealRangesResult
+    def Unreachable(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # SealRangesResult
+    def UnreachableAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int32Flags, o)
+        return 0
+
+    # SealRangesResult
+    def UnreachableLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # SealRangesResult
+    def UnreachableIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
 def SealRangesResultStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     SealRangesResultStart(builder)
@@ -76,6 +103,18 @@ def SealRangesResultAddRange(builder, range):
 
 def AddRange(builder, range):
     SealRangesResultAddRange(builder, range)
+
+def SealRangesResultAddUnreachable(builder, unreachable):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(unreachable), 0)
+
+def AddUnreachable(builder, unreachable):
+    SealRangesResultAddUnreachable(builder, unreachable)
+
+def SealRangesResultStartUnreachableVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartUnreachableVector(builder, numElems):
+    return SealRangesResultStartUnreachableVector(builder, numElems)
 
 def SealRangesResultEnd(builder):
     return builder.EndObject()

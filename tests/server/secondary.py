@@ -25,6 +25,7 @@ from sbp_spark.server.range_server.replication import (
     NOTICE_TIMEOUT_S,
     Forward,
     NoticeAnswer,
+    ReplicationProblem,
     Replicator,
 )
 from sbp_spark.server.storage.range_log import RangeLog
@@ -73,7 +74,7 @@ class HeldAnswers(Replicator):
             if gate is not None:
                 gate.wait(30)
 
-    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> ReplicationProblem | None:
         self._held_by([fw.replica for fw in forwards])
         return super().wait(rlog, forwards)
 

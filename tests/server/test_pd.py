@@ -27,7 +27,9 @@ from tests.polling import wait_until as poll
 
 
 class FakeRangeServer(RequestHandler):
-    """Keeps the ranges the PD syncs, seals them at ``next_offsets`` (default: start)."""
+    """Keeps the ranges the PD syncs, seals them at ``next_offsets`` (default: start), and
+    names the secondaries in ``unreachable`` in a seal's answer (as a primary that could not
+    reach them does)."""
 
     opcodes = frozenset({Opcode.SEAL_RANGES, Opcode.SYNC_RANGES, Opcode.DESCRIBE_RANGES,
                          Opcode.DELETE_STREAMS, Opcode.TRIM_STREAMS})
@@ -35,6 +37,7 @@ class FakeRangeServer(RequestHandler):
     def __init__(self) -> None:
         self.ranges: dict[tuple[int, int], m.Range] = {}
         self.next_offsets: dict[tuple[int, int], int] = {}
+        self.unreachable: dict[tuple[int, int], list[int]] = {}
         self.deleted: list[int] = []
         self.trims: list[tuple[int, int]] = []
         self.syncs = 0
@@ -72,7 +75,9 @@ class FakeRangeServer(RequestHandler):
                         continue
                     end = self.next_offsets.get(key, r.start_offset)
                     r.end_offset = r.next_offset = end
-                    results.append(m.SealRangesResult(stream_id=rid.stream_id, range=r))
+                    results.append(m.SealRangesResult(
+                        stream_id=rid.stream_id, range=r,
+                        unreachable=self.unreachable.get(key, [])))
                 ctx.reply(m.SealRangesResponse(seal_responses=results))
             elif isinstance(req, m.DescribeRangesRequest):
                 results = []
@@ -322,6 +327,29 @@ def test_seal_and_new_of_a_replicated_range_ends_at_the_smallest_replica_end(con
     silent.stop()
     res = seal(conn, sid, 1)
     assert res.status.ok and list_ranges(conn, sid)[1].end_offset == 15
+
+
+def test_the_range_after_a_replication_failure_avoids_both_ends_of_the_link(conn, servers):
+    # The primary sealed its range because it could not reach a secondary, and says which:
+    # the PD cannot tell which end of the link is at fault, and a range on either end with
+    # the other, or with a third server that end cannot reach, would stall its writers again.
+    more = [FakeRangeServer() for _ in range(2)]
+    try:
+        for rs in more:
+            register(conn, rs)
+        every = servers + more
+        sid = create_one(conn, replicas=3)
+        [r0] = list_ranges(conn, sid)
+        primary = r0.primary.server_id
+        cut = next(r.server.server_id for r in r0.servers if not r.is_primary)
+        next(rs for rs in every if rs.server_id == primary).unreachable[(sid, 0)] = [cut]
+        res = seal(conn, sid, 0)
+        assert res.status.ok, res.status
+        placed = {r.server.server_id for r in res.range.servers}
+        assert len(placed) == 3 and placed.isdisjoint({primary, cut}), (placed, primary, cut)
+    finally:
+        for rs in more:
+            rs.stop()
 
 
 def test_a_new_range_reaches_its_secondaries_before_its_primary(conn, servers):

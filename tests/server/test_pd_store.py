@@ -426,3 +426,15 @@ def test_recent_primaries_are_kept_for_the_windows_newest_first():
     assert recent.of(7) == [1, 2] and recent.of(8) == [3] and recent.of(9) == []
     clock.now += 45
     assert recent.of(7) == [] and recent.of(8) == []
+
+
+def test_recent_primaries_count_the_secondaries_a_primary_could_not_reach():
+    from sbp_spark.server.pd.succession import RecentPrimaries
+
+    clock = FakeClock()
+    recent = RecentPrimaries(stream_s=60, any_stream_s=15, clock=lambda: clock.now)
+    recent.add(7, 1, unreachable=[4, 1])  # the primary itself named too: counted once
+    assert sorted(recent.of(7)) == [1, 4] and sorted(recent.of(8)) == [1, 4]
+    assert choose_servers([1, 2, 3, 4, 5], {}, 3, succeeding=recent.of(7)) == [2, 3, 5]
+    clock.now += 16
+    assert sorted(recent.of(7)) == [1, 4] and recent.of(8) == []

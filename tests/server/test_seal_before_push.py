@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import RangeNotFoundError
-from sbp_spark.server.pd.meta import RangeMeta
+from sbp_spark.server.pd.meta import RangeMeta, SealedEnd
 from sbp_spark.server.pd.placement import Liveness, Placement
 from sbp_spark.server.pd.pushes import RangePushes
 from sbp_spark.server.pd.ranges import RangeOperations
@@ -50,14 +50,14 @@ class FakeRangeServers:
                        timeout_s: float | None = None) -> None:
         raise AssertionError("no stream is deleted here")
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int:
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> SealedEnd:
         self.before_seal(rng)
         primary = rng.primary
         assert primary is not None
         if self.holding(primary, rng.stream_id, rng.range_index) is None:
             raise RangeNotFoundError(f"range {rng.stream_id}/{rng.range_index} is not on "
                                      f"server {primary}")
-        return rng.start_offset
+        return SealedEnd(rng.start_offset)
 
     def holding(self, server_id: int, stream_id: int, range_index: int) -> RangeMeta | None:
         with self.lock:

@@ -129,3 +129,57 @@ def test_two_secondaries_cut_off_fail_the_append_as_soon_as_one_would(tmp_path):
     # The give-up time once, then one unanswered PING per secondary.
     assert waited < SECONDARY_GIVE_UP_S + 3 * DEFAULT_PROBE_INTERVAL_S + 2.0
     assert sealed
+
+
+def answering(peer: Peer) -> None:
+    """Stores nothing and answers every forward at once, as a secondary that took it."""
+    while (frame := peer.read_frame(timeout=60)) is not None:
+        peer.reply(frame, m.AppendResponse(append_responses=[
+            m.AppendResult(e.stream_id, e.request_index, 0)
+            for e in m.decode_request(frame).append_requests]).to_flatbuffers())
+
+
+def test_the_primary_s_seal_answer_names_the_secondary_it_could_not_reach(tmp_path):
+    # The PD keeps the next range away from both ends of the broken link (the nemesis saw a
+    # range placed on the other end of one, and its writers wait out the give-up time twice).
+    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
+    with FakeServer(deaf) as cut_off, FakeServer(answering) as reachable, \
+            ConnectionPool(config) as pool:
+        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
+                                           storage=StorageConfig(fsync="never"))).start()
+        try:
+            sync_range(primary, STREAM, [
+                RangeReplica(RangeServer(1, primary.advertise_addr), True),
+                RangeReplica(RangeServer(2, reachable.address), False),
+                RangeReplica(RangeServer(3, cut_off.address), False)])
+            client = RangeServerClient(primary.advertise_addr, config, pool)
+            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
+            assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
+            answer, _ = pool.get(primary.advertise_addr).call(
+                m.SealRangesRequest(5000, [m.RangeId(STREAM, 0)]))
+            [sealed] = answer.seal_responses
+            assert sealed.status.ok and sealed.range.end_offset == 0, sealed
+            assert sealed.unreachable == [3]
+        finally:
+            primary.stop()
+
+
+def test_a_seal_answer_names_nobody_when_every_secondary_answered(tmp_path):
+    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
+    with FakeServer(answering) as secondary, ConnectionPool(config) as pool:
+        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
+                                           storage=StorageConfig(fsync="never"))).start()
+        try:
+            sync_range(primary, STREAM, [
+                RangeReplica(RangeServer(1, primary.advertise_addr), True),
+                RangeReplica(RangeServer(2, secondary.address), False)])
+            client = RangeServerClient(primary.advertise_addr, config, pool)
+            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
+            assert result.ok, result.status
+            answer, _ = pool.get(primary.advertise_addr).call(
+                m.SealRangesRequest(5000, [m.RangeId(STREAM, 0)]))
+            [sealed] = answer.seal_responses
+            assert sealed.status.ok and sealed.range.end_offset == 1, sealed
+            assert sealed.unreachable == []
+        finally:
+            primary.stop()

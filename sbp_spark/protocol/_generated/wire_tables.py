@@ -350,6 +350,7 @@ TABLES = {
         ('stream_id', 0, 'long', -1, False),
         ('status', 1, 'Status', None, True),
         ('range', 2, 'Range', None, False),
+        ('unreachable', 3, '[int]', None, False),
     ),
     'Status': (
         ('code', 0, 'ErrorCode', 0, False),

@@ -20,7 +20,7 @@ from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import RequestTimeoutError, SbpError, ServerError, UnknownError
 from sbp_spark.transport.tls import TlsConfig
 
-from .meta import RangeMeta
+from .meta import RangeMeta, SealedEnd
 
 log = logging.getLogger(__package__)
 
@@ -75,9 +75,10 @@ class RangeServerCalls:
         raise RequestTimeoutError(
             f"range server {server_id} at {addr} did not answer: {failure}") from failure
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int:
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> SealedEnd:
         """Seal ``rng`` on its primary, which must answer, then on its secondaries; the range
-        ends at the smallest end the replicas that answered report.
+        ends at the smallest end the replicas that answered report. The secondaries the
+        primary says it could not reach come back with it.
 
         Every acknowledged record, and every record a reader may have seen, is on every
         replica, so that end keeps them all. Records past it reached some replicas only
@@ -87,22 +88,28 @@ class RangeServerCalls:
         if primary is None:
             raise UnknownError(f"range {rng.range_index} of stream {rng.stream_id} "
                                "has no primary in the metadata")
-        ends = {primary: self.seal(primary, rng, timeout_s)}
+        on_primary = self.seal(primary, rng, timeout_s)
+        ends = {primary: on_primary.end}
         for sid in rng.server_ids:
             if sid == primary:
                 continue
             try:
-                ends[sid] = self.seal(sid, rng, timeout_s)
+                ends[sid] = self.seal(sid, rng, timeout_s).end
             except SbpError as exc:
                 log.warning("secondary %d of range %d of stream %d did not seal: %s", sid,
                             rng.range_index, rng.stream_id, exc)
         if len(set(ends.values())) > 1:
             log.info("range %d of stream %d: replicas stopped at %s; it ends at the smallest",
                      rng.range_index, rng.stream_id, ends)
-        return min(ends.values())
+        if on_primary.unreachable:
+            log.info("range %d of stream %d: its primary %d could not reach secondaries %s",
+                     rng.range_index, rng.stream_id, primary, list(on_primary.unreachable))
+        return SealedEnd(min(ends.values()), on_primary.unreachable)
 
-    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int:
-        """Seal ``rng`` on one of its replicas: where that replica ended it."""
+    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None
+             ) -> SealedEnd:
+        """Seal ``rng`` on one of its replicas: where that replica ended it, and which of
+        the range's other replicas it could not reach (a primary's answer)."""
         request = m.SealRangesRequest(timeout_ms=self._timeout_ms(timeout_s),
                                       ranges=[m.RangeId(rng.stream_id, rng.range_index)])
         response = self.call(server_id, request, timeout_s)
@@ -119,7 +126,8 @@ class RangeServerCalls:
             raise UnknownError(f"range server {server_id} sealed range {rng.range_index} of "
                                f"stream {rng.stream_id} at {end}, below its start "
                                f"{rng.start_offset}")
-        return end
+        others = set(rng.server_ids) - {server_id}
+        return SealedEnd(end, tuple(sid for sid in results[0].unreachable if sid in others))
 
     def next_offset(self, rng: RangeMeta, timeout_s: float | None = None) -> int | None:
         """The open range's next_offset from its primary; None if the primary cannot say."""

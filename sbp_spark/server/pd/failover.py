@@ -18,7 +18,7 @@ from typing import Protocol
 
 from sbp_spark.protocol.errors import ErrorCode, SbpError, ServerError
 
-from .meta import RangeMeta, ServerMeta
+from .meta import RangeMeta, SealedEnd, ServerMeta
 from .placement import Liveness
 from .succession import StreamLocks, Succeeded, Succession
 
@@ -158,7 +158,8 @@ class SurvivorCalls(Protocol):
     """How a failover seals a range on one surviving replica (``calls.RangeServerCalls``): where
     that replica ended it."""
 
-    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None) -> int: ...
+    def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None
+             ) -> SealedEnd: ...
 
 
 class RangeFailover:
@@ -234,7 +235,7 @@ class RangeFailover:
             if not survivors:
                 stranded.append((stream_id, range_index))
                 return True
-            ends = {sid: self._calls.seal(sid, rng) for sid in survivors}
+            ends = {sid: self._calls.seal(sid, rng).end for sid in survivors}
             end = min(ends.values())
 
             def announce(done: Succeeded) -> None:

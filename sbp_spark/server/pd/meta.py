@@ -341,3 +341,12 @@ class MetadataStore(Protocol):
     def acl(self) -> tuple[int, list[AclEntry]]: ...
 
     def change_acl(self, grant: bool, entries: Sequence[AclEntry]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SealedEnd:
+    """Where a seal ended a range, and the secondaries its primary could not reach lately
+    (``SealRangesResult.unreachable``: why the primary had sealed the range itself)."""
+
+    end: int
+    unreachable: tuple[int, ...] = ()

@@ -9,7 +9,7 @@ from typing import Protocol
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import InvalidRequestError, RangeNotFoundError
 
-from .meta import RangeMeta, ServerMeta
+from .meta import RangeMeta, SealedEnd, ServerMeta
 from .succession import StreamLocks, Succeeded, Succession
 
 log = logging.getLogger(__package__)
@@ -33,7 +33,8 @@ class SealCalls(Protocol):
     """How a seal reaches a range's replicas (``calls.RangeServerCalls``): the primary must
     answer; the range ends where they say."""
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> int: ...
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None
+                        ) -> SealedEnd: ...
 
 
 class RangeOperations:
@@ -78,9 +79,10 @@ class RangeOperations:
                 if last.is_open:
                     return last
                 return self._succession.open_next(stream_id, timeout_s)
-            end_offset = self._calls.seal_on_servers(last, timeout_s)
-            done = self._succession.seal_and_open_next(last, end_offset, timeout_s=timeout_s,
-                                                       announce=_log_seal)
+            sealed = self._calls.seal_on_servers(last, timeout_s)
+            done = self._succession.seal_and_open_next(last, sealed.end, timeout_s=timeout_s,
+                                                       announce=_log_seal,
+                                                       unreachable=sealed.unreachable)
         if done.opened is None:
             assert done.unplaced is not None
             raise done.unplaced

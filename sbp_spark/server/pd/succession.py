@@ -90,9 +90,16 @@ RECENT_SEAL_ANY_STREAM_S = 15.0
 
 
 class RecentPrimaries:
-    """The primaries of ranges sealed lately: where placement should not put a stream's next
-    primary (``choose_servers``). Those of the stream's own ranges count for ``stream_s``
-    seconds, those of any stream's for ``any_stream_s``.
+    """The primaries of ranges sealed lately, and the secondaries those primaries said they
+    could not reach: where placement should not put a stream's next range
+    (``choose_servers``). Those of the stream's own ranges count for ``stream_s`` seconds,
+    those of any stream's for ``any_stream_s``.
+
+    A primary that could not reach a secondary sealed its range itself; the broken link has
+    two ends, and the PD cannot tell which one is at fault (it hears both). Keeping only the
+    primary away would let the next range pair the other end with a third server it cannot
+    reach either (a server cut off from all its peers), and its writers would wait out the
+    forward's give-up time a second time.
 
     Kept in memory by the PD in office: a new leader starts without it, and places by load
     alone until the next seals."""
@@ -106,14 +113,16 @@ class RecentPrimaries:
         self._lock = threading.Lock()
         self._seals: list[tuple[float, int, int]] = []  # (when, stream, primary), oldest first
 
-    def add(self, stream_id: int, primary: int) -> None:
-        """``primary``'s range of ``stream_id`` was sealed now."""
+    def add(self, stream_id: int, primary: int, unreachable: Sequence[int] = ()) -> None:
+        """``primary``'s range of ``stream_id`` was sealed now; ``unreachable``: the
+        secondaries it could not reach (they count as sealed just after it)."""
         now = self._clock()
         keep = max(self.stream_s, self.any_stream_s)
         with self._lock:
             # Seals are rare: the list holds those of the last minute.
             self._seals = [seal for seal in self._seals if now - seal[0] <= keep]
             self._seals.append((now, stream_id, primary))
+            self._seals.extend((now, stream_id, sid) for sid in unreachable if sid != primary)
 
     def of(self, stream_id: int) -> list[int]:
         """The servers to keep ``stream_id``'s next primary away from, newest seal first."""
@@ -138,16 +147,19 @@ class Succession:
     def seal_and_open_next(self, rng: RangeMeta, end_offset: int, *,
                            timeout_s: float | None = None, skip: Iterable[int] = (),
                            wait_for_servers: bool = True,
-                           announce: Callable[[Succeeded], None] | None = None) -> Succeeded:
+                           announce: Callable[[Succeeded], None] | None = None,
+                           unreachable: Sequence[int] = ()) -> Succeeded:
         """Seal ``rng`` at ``end_offset`` (what its replicas reported), open its successor,
         push both; the caller holds the stream's lock. ``skip``: servers known to be down
         (owed a resync instead of a push). ``wait_for_servers``: give the servers this PD has
         not heard from yet their chance before counting them out (``Placement.place``).
         ``announce`` is told what was decided as soon as the metadata holds it, before the
-        push (which may take a server's timeout): the caller's log line."""
+        push (which may take a server's timeout): the caller's log line. ``unreachable``: the
+        secondaries the primary said it could not reach, kept away from the next range with
+        the primary (``RecentPrimaries``)."""
         stream = self._store.get_stream(rng.stream_id)
         if rng.primary is not None:
-            self._recent.add(rng.stream_id, rng.primary)
+            self._recent.add(rng.stream_id, rng.primary, unreachable)
         (sealed, opened), unplaced = self._placement.place_if_possible(
             stream.replica_nums,
             lambda servers: self._store.seal_range(rng.stream_id, rng.range_index, end_offset,

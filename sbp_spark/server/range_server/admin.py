@@ -93,10 +93,14 @@ class RangeAdmin:
     """Answers the range administration requests of one range server."""
 
     def __init__(self, ranges: AdminRanges, server_id: Callable[[], int],
-                 info: Callable[[], messages.RangeServer]) -> None:
+                 info: Callable[[], messages.RangeServer],
+                 unreachable: Callable[[int, int], Sequence[int]]) -> None:
         self._ranges = ranges
         self._server_id = server_id  # this server's current id (-1 until it has one)
         self._info = info  # this server as the PD knows it: id and advertised address
+        # The secondaries of a range this server (its primary) could not reach lately
+        # (``Replicator.unreachable``): a seal's answer names them, for the PD's placement.
+        self._unreachable = unreachable
 
     def seal(self, req: SealRangesRequest) -> SealRangesResponse:
         out = []
@@ -107,8 +111,9 @@ class RangeAdmin:
                 log.info("range %d/%d sealed here at %d (durable to %d, readers see up to %d, "
                          "read cap %s)", rid.stream_id, rid.range_index, rlog.end_offset,
                          rlog.next_offset, rlog.readable_offset, rlog.cap.state.value)
-                out.append(SealRangesResult(rid.stream_id,
-                                            range=range_view(rlog, stopped=True)))
+                out.append(SealRangesResult(
+                    rid.stream_id, range=range_view(rlog, stopped=True),
+                    unreachable=list(self._unreachable(rid.stream_id, rid.range_index))))
             except ServerError as exc:
                 out.append(SealRangesResult(rid.stream_id, Status.from_error(exc)))
         return SealRangesResponse(seal_responses=out)

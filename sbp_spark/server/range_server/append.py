@@ -54,7 +54,7 @@ from ..storage.durability import Waiter
 from ..storage.range_log import RangeLog
 from .metrics import Metrics
 from .producers import STORE, ProducerLog, Verdict
-from .replication import Forward
+from .replication import Forward, ReplicationProblem
 from .roles import Roles
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ class Forwarding(Protocol):
              stored: Sequence[Sequence], timeout_ms: int,
              producers: Sequence[ProducerSequence] = ()) -> list[Forward]: ...
 
-    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None: ...
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]
+             ) -> ReplicationProblem | None: ...
 
 
 class Notices(Protocol):

@@ -99,6 +99,32 @@ NOTICE_TIMEOUT_S = 10.0
 SECONDARY_GIVE_UP_S = 5.0
 
 
+# How many ranges' unreachable secondaries a primary remembers (``Replicator.unreachable``):
+# the PD asks right after the range was sealed, so the latest few are all that matter.
+UNREACHABLE_KEPT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationProblem:
+    """Why a forward did not settle on every secondary: what each failed one said, and which
+    of them could not be reached from here at all (a broken link, a stopped server), as
+    opposed to ones that answered with a refusal (the range sealed there, say)."""
+
+    message: str
+    unreachable: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """No answer from a secondary: the connection failed, or it let a forward and a PING go
+    unanswered (``_settled_answer_of``). ``why`` says which."""
+
+    why: str
+
+
 @dataclass
 class NoticeAnswer:
     """One secondary's answer to a cap notice: its stored end of the range, or the problem."""
@@ -134,6 +160,9 @@ class Replicator:
                                                 ).with_tls(tls).with_token(token))
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # (stream, range) -> the secondaries its last failed forward could not reach, the
+        # latest ``UNREACHABLE_KEPT`` ranges (insertion order: oldest first).
+        self._unreachable: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -231,34 +260,61 @@ class Replicator:
                 out.append(Forward(replica, None, exc))
         return out
 
-    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> str | None:
+    def wait(self, rlog: RangeLog, forwards: Sequence[Forward]) -> ReplicationProblem | None:
         """Wait for every secondary's answer; None when all stored everything, else why not.
 
         A late answer stops being waited for once ``rlog`` is sealed here (see
         ``_settled_answer_of``). The secondaries are waited for one after the other, each
         answer's lateness counted from when the forwards went out: two secondaries cut off
         from this primary fail the append as soon as one would (it used to take twice the
-        give-up time, 12 s, as the second wait began when the first ended)."""
+        give-up time, 12 s, as the second wait began when the first ended).
+
+        The secondaries that could not be reached (no connection, or no answer nor PING
+        answer in time) are remembered for the range (``unreachable``): the primary seals it
+        then, and the PD keeps the next range away from them."""
         problems = []
+        unreachable = []
         for fw in forwards:
-            where = f"secondary {fw.replica.server.server_id} ({fw.replica.server.advertise_addr})"
+            sid = fw.replica.server.server_id
+            where = f"secondary {sid} ({fw.replica.server.advertise_addr})"
             if fw.stream is None:
                 problems.append(f"{where}: {fw.error}")
+                unreachable.append(sid)
                 continue
             answer = _settled_answer_of(fw.stream, rlog, fw.conn,
                                         self.pool.config.probe_interval_s, fw.sent_at)
+            if isinstance(answer, Unanswered):
+                problems.append(f"{where}: {answer.why}")
+                unreachable.append(sid)
+                continue
             if isinstance(answer, str):
                 problems.append(f"{where}: {answer}")
                 continue
             failed = [r.status for r in answer.append_responses if not r.status.ok]
             if failed:
                 problems.append(f"{where}: {failed[0].message}")
-        return "; ".join(problems) if problems else None
+        if unreachable:
+            self._note_unreachable(rlog, unreachable)
+        return ReplicationProblem("; ".join(problems), tuple(unreachable)) if problems else None
+
+    def unreachable(self, stream_id: int, range_index: int) -> tuple[int, ...]:
+        """The secondaries of the range this primary could not reach at its last failed
+        forward (``wait``), or none."""
+        with self._locks_guard:
+            return self._unreachable.get((stream_id, range_index), ())
+
+    def _note_unreachable(self, rlog: RangeLog, server_ids: Sequence[int]) -> None:
+        key = (rlog.stream_id, rlog.range_index)
+        with self._locks_guard:
+            self._unreachable.pop(key, None)
+            self._unreachable[key] = tuple(dict.fromkeys(server_ids))
+            while len(self._unreachable) > UNREACHABLE_KEPT:
+                del self._unreachable[next(iter(self._unreachable))]
 
 
 def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
                        conn: Connection | None = None, probe_s: float | None = None,
-                       sent_at: float | None = None) -> AppendResponse | str:
+                       sent_at: float | None = None) -> AppendResponse | Unanswered | str:
     """A secondary's answer to a forward (as ``_answer_of``), waited for ``SEALED_CHECK_S``
     at a time: once the range is sealed here, an append still waiting for a secondary can
     no longer settle (the seal ended the range before it, ``ReadCap.fence``), so waiting on
@@ -295,15 +351,16 @@ def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
                 if conn is not None and next_probe is not None and now >= next_probe:
                     assert probe_s is not None
                     if not conn.answers_ping(probe_s):
-                        return (f"no answer within {time.monotonic() - began:.1f}s, nor to a "
-                                f"PING within {probe_s:g}s: the secondary cannot be reached "
-                                f"from here, or is stopped")
+                        return Unanswered(
+                            f"no answer within {time.monotonic() - began:.1f}s, nor to a "
+                            f"PING within {probe_s:g}s: the secondary cannot be reached "
+                            f"from here, or is stopped")
                     next_probe = time.monotonic() + probe_s
                     frame = answers.poll(0.0)
                     continue
                 frame = answers.poll(min(SEALED_CHECK_S, left))
     except (SbpError, StopIteration) as exc:
-        return repr(exc)
+        return Unanswered(repr(exc))
     return _decoded(frame)
 
 

@@ -94,7 +94,8 @@ class RangeServer:
                              config.max_batch_bytes, self.producers)
         fetches = FetchServer(storage, self.metrics, config.fetch_frame_bytes,
                               config.storage.verify_reads)
-        admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info)
+        admin = RangeAdmin(storage, lambda: self.identity.server_id, self.info,
+                           self.replicator.unreachable)
         self.handler = RangeServerHandler(appends, fetches, admin, storage.notify_data,
                                           Lookups(self.producers, storage.stream_ranges))
         authenticator = config.auth.authenticator()
