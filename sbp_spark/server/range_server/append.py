@@ -425,6 +425,11 @@ class AppendPath:
         """``group`` without the batches its range already holds (answered with the base
         offset they were stored at) or cannot take (refused); under the range's guard."""
         rlog, check = group.rlog, self._producers.check
+        if len(group.producers) == 1:  # a lone writer's batch, mostly new: nothing to drop
+            producer = group.producers[0]
+            if producer.range_index == rlog.range_index and \
+                    check(rlog, producer.producer_id, producer.sequence) is STORE:
+                return group
         kept = RangeBatches(rlog, group.replicated)
         seen: set[tuple[int, int]] = set()
         starting: set[int] = set()  # producers whose sequence 0 this APPEND stores
@@ -573,10 +578,10 @@ class AppendPath:
             bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
             parts.append(replication)
         if producers:
-            self._producers.record(rlog, (
+            self._producers.record(rlog, [
                 (pid, seq, base, base + header.record_count)
                 for (pid, seq), base, (header, _) in zip(producers, bases, group.batches,
-                                                         strict=True)), now)
+                                                         strict=True)], now)
         if rlog.next_offset < target:
             parts.insert(0, LocalDurability(rlog, group.indexes, target,
                                             self._durability.when_durable))

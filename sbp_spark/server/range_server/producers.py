@@ -30,9 +30,9 @@ fails UNKNOWN_PRODUCER.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -118,22 +118,22 @@ STORE = Verdict(None, None)
 
 @dataclass
 class _ProducerState:
-    """One producer in one range: its recent sequences, and the last one dropped."""
+    """One producer in one range: its recent sequences (oldest first), and the last one
+    dropped."""
 
     last_ms: int
     held: dict[int, Held] = field(default_factory=dict)
-    order: deque[int] = field(default_factory=deque)
     floor: int = -1  # every sequence at or below it is forgotten (or was never sent)
 
     def add(self, sequence: int, held: Held, window: int) -> None:
-        order = self.order
-        if len(order) >= window:
-            dropped = order.popleft()
-            self.held.pop(dropped, None)
+        """``sequence`` (not held yet) is stored at ``held``."""
+        kept = self.held
+        if len(kept) >= window:
+            dropped = next(iter(kept))  # the oldest: a dict keeps the order of insertion
+            del kept[dropped]
             if dropped > self.floor:
                 self.floor = dropped
-        self.held[sequence] = held
-        order.append(sequence)
+        kept[sequence] = held
 
 
 @dataclass
@@ -154,14 +154,18 @@ class Producers:
     def __init__(self, limits: ProducerLimits | None = None) -> None:
         self.limits = limits if limits is not None else ProducerLimits()
         self._lock = threading.Lock()
-        # Every (stream_id, range_index, producer_id), least recently appended first: what
-        # the bounds drop (under ``_lock``).
-        self._recent: OrderedDict[tuple[int, int, int], _ProducerState] = OrderedDict()
+        # Every (stream_id, range_index, producer_id) state, in the order they began (under
+        # ``_lock``). The bounds look at each state's ``last_ms`` (``_bound``): the APPEND
+        # path only sets that, and takes ``_lock`` only for a producer new to a range.
+        self._states: dict[tuple[int, int, int], _ProducerState] = {}
         self._ranges: dict[tuple[int, int], _RangeState] = {}
+        # The range looked up last, and its state: one writer's appends ask for the same
+        # range three times each (guard, check, record).
+        self._last: tuple[object, _RangeState] | None = None
         self._next_expiry_ms = 0  # when ``record`` next looks for expired states
 
     def __len__(self) -> int:
-        return len(self._recent)
+        return len(self._states)
 
     def guard(self, rlog: ProducerLog) -> threading.Lock:
         """The lock under which a range's entries are checked, stored and recorded, so that
@@ -203,26 +207,23 @@ class Producers:
         under ``guard(rlog)``)."""
         now = _now_ms() if now_ms is None else now_ms
         window = self.limits.window
-        rstate = self._range(rlog)
-        producers = rstate.producers
-        touched: list[tuple[int, _ProducerState]] = []
+        producers = self._range(rlog).producers
+        began: list[tuple[int, _ProducerState]] = []
         for producer_id, sequence, base, end in batches:
             state = producers.get(producer_id)
             if state is None:
                 state = producers[producer_id] = _ProducerState(now)
+                began.append((producer_id, state))
             state.last_ms = now
             state.add(sequence, (base, end), window)
-            if not touched or touched[-1][0] != producer_id:
-                touched.append((producer_id, state))
+        if not began and now < self._next_expiry_ms:
+            return  # the common case: known producers, expiry looked at within the second
         stream_id, range_index = rlog.stream_id, rlog.range_index
         with self._lock:
-            recent = self._recent
-            for producer_id, state in touched:
-                key = (stream_id, range_index, producer_id)
-                recent[key] = state
-                recent.move_to_end(key)
+            for producer_id, state in began:
+                self._states[(stream_id, range_index, producer_id)] = state
             # Expiry is looked at once a second (to the second is all it needs), room at once.
-            if now >= self._next_expiry_ms or len(recent) > self.limits.max_states:
+            if now >= self._next_expiry_ms or len(self._states) > self.limits.max_states:
                 self._next_expiry_ms = now + 1000
                 self._bound(now)
 
@@ -273,14 +274,18 @@ class Producers:
     def forget(self, stream_id: int) -> None:
         """The stream was deleted here: drop its state."""
         with self._lock:
-            for key in [k for k in self._recent if k[0] == stream_id]:
-                del self._recent[key]
+            for key in [k for k in self._states if k[0] == stream_id]:
+                del self._states[key]
             for rkey in [k for k in self._ranges if k[0] == stream_id]:
                 del self._ranges[rkey]
+            self._last = None
 
     # -- inside ------------------------------------------------------------------------------
 
     def _range(self, rlog: ProducerLog) -> _RangeState:
+        last = self._last  # one read: the pair is replaced whole, never changed
+        if last is not None and last[0] is rlog:
+            return last[1]
         rkey = (rlog.stream_id, rlog.range_index)
         state = self._ranges.get(rkey)  # a dict read is atomic: no lock on the hot path
         if state is None:
@@ -288,6 +293,7 @@ class Producers:
                 state = self._ranges.get(rkey)
                 if state is None:
                     state = self._ranges[rkey] = _RangeState()
+        self._last = (rlog, state)
         return state
 
     def _load(self, rlog: ProducerLog, state: _RangeState) -> None:
@@ -306,24 +312,34 @@ class Producers:
 
     def _bound(self, now: int) -> None:
         """Drop expired states and, past ``max_states``, the least recently used (under
-        ``_lock``)."""
+        ``_lock``). A look over every state (at most ``max_states`` and the few just
+        begun), once a second or when a new producer finds no room."""
         cutoff = now - int(self.limits.expiry_s * 1000)
-        recent = self._recent
-        while recent:
-            key, oldest = next(iter(recent.items()))
-            if oldest.last_ms >= cutoff and len(recent) <= self.limits.max_states:
-                break
-            del recent[key]
-            rstate = self._ranges.get(key[:2])
-            if rstate is not None:
-                # Its range's guard is not held here: a dict change is atomic, and a check
-                # that still saw the state judged by what was true a moment before.
-                rstate.producers.pop(key[2], None)
-                if oldest.last_ms >= cutoff:
-                    # Dropped while active, to make room: the range can no longer tell a
-                    # new producer from one it forgot. (An expired one, idle for the
-                    # expiry period, sends nothing it sent before: its calls ended long ago.)
-                    rstate.complete = False
+        states = self._states
+        expired = [key for key, state in states.items() if state.last_ms < cutoff]
+        for key in expired:
+            self._drop(key, states.pop(key), for_room=False)
+        excess = len(states) - self.limits.max_states
+        if excess > 0:
+            # The least recently appended first; ties in the order the states began.
+            for key, state in heapq.nsmallest(excess, states.items(),
+                                              key=lambda item: item[1].last_ms):
+                del states[key]
+                self._drop(key, state, for_room=True)
+
+    def _drop(self, key: tuple[int, int, int], state: _ProducerState, for_room: bool) -> None:
+        rstate = self._ranges.get(key[:2])
+        if rstate is None:
+            return
+        # Its range's guard is not held here: a dict change is atomic, and a check that
+        # still saw the state judged by what was true a moment before.
+        if rstate.producers.get(key[2]) is state:
+            rstate.producers.pop(key[2], None)
+        if for_room:
+            # Dropped while active, to make room: the range can no longer tell a new
+            # producer from one it forgot. (An expired one, idle for the expiry period,
+            # sends nothing it sent before: its calls ended long ago.)
+            rstate.complete = False
 
 
 class Lookups:
