@@ -10,6 +10,20 @@ import os
 import secrets
 import threading
 
+# How many times this process was forked off (``os.register_at_fork``): os.fork, which Spark's
+# Python workers and multiprocessing use. A producer made before the last fork begins anew in
+# the child; comparing a counter costs nothing next to asking the kernel for the pid at every
+# append.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Producer:
     """A producer id and its sequence counters, per (stream, range); thread-safe.
@@ -30,7 +44,7 @@ class Producer:
         # and two clients meet on one id with odds of about n^2 / 2^64.
         self._id = self._fixed if self._fixed is not None else secrets.randbits(63)
         self._next: dict[tuple[int, int], int] = {}
-        self._pid = os.getpid()
+        self._born = _forks
 
     def __repr__(self) -> str:
         return f"Producer({self.producer_id:#x})"
@@ -38,9 +52,9 @@ class Producer:
     @property
     def producer_id(self) -> int:
         """This process's producer id."""
-        if self._pid != os.getpid():
+        if self._born != _forks:
             with self._lock:
-                if self._pid != os.getpid():
+                if self._born != _forks:
                     self._begin()
         return self._id
 
@@ -52,7 +66,7 @@ class Producer:
         sequence given out twice there would be answered as the other batch, not stored."""
         key = (stream_id, range_index)
         with self._lock:
-            if self._pid != os.getpid():
+            if self._born != _forks:
                 self._begin()
             first = self._next.get(key, 0)
             self._next[key] = first + count

@@ -460,6 +460,13 @@ class _AppendCall:
         if producer is None:
             return None
         sequences = self.sequences
+        if len(self.pending) == 1:  # a lone batch: most calls
+            index = self.pending[0]
+            sent = sequences.get(index)
+            if sent is None or sent[0] != range_index:
+                pid, first = producer.take(self.stream_id, range_index, 1)
+                sent = sequences[index] = (range_index, first, pid)
+            return [ProducerSequence(sent[2], sent[1], range_index)]
         new = [i for i in self.pending if sequences.get(i, (-1, 0, 0))[0] != range_index]
         if new:
             pid, first = producer.take(self.stream_id, range_index, len(new))

@@ -135,6 +135,9 @@ def _produced_struct(n: int) -> struct.Struct:
     return compiled
 
 
+_ONE_PRODUCED = _produced_struct(1)
+
+
 def entries_sent_as_tables(buf: Any, size: int, pos: int, n: int,
                            own: Sequence[tuple[int, int]] = ()) -> str | None:
     """Why the ``n``-element vector at ``pos`` holds offsets to tables rather than AppendEntry
@@ -227,6 +230,12 @@ class PackedEntriesCodec(Codec):
             n = len(entries)
             if len(producers) != n:  # not a client's append: the generic layout writes it
                 return super().encode(msg)
+            if n == 1:  # a lone writer's append: no iterators
+                e, p = entries[0], producers[0]
+                return _ONE_PRODUCED.pack(
+                    20, *_PRODUCED_VTABLE, 16, msg.timeout_ms, 8, 28, 1, e.stream_id,
+                    e.request_index, e.batch_length, 1, p.producer_id, p.sequence,
+                    p.range_index)
             return _produced_struct(n).pack(
                 20, *_PRODUCED_VTABLE, 16, msg.timeout_ms, 8, 12 + 16 * n, n,
                 *chain.from_iterable(map(self._entry_fields, entries)), n,

@@ -568,7 +568,8 @@ class AppendPath:
         """Store one group's batches; returns their base offsets and the parts to wait for."""
         rlog = group.rlog
         parts: list[Part] = []
-        producers = [(p.producer_id, p.sequence) for p in group.producers] or None
+        producers = [(p.producer_id, p.sequence) for p in group.producers] \
+            if group.producers else None
         if group.replicated or not self._roles.secondaries(rlog):
             bases, target = rlog.append(group.batches, now, replicated=group.replicated,
                                         crcs=crcs, producers=producers)
@@ -578,10 +579,14 @@ class AppendPath:
             bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
             parts.append(replication)
         if producers:
-            self._producers.record(rlog, [
-                (pid, seq, base, base + header.record_count)
-                for (pid, seq), base, (header, _) in zip(producers, bases, group.batches,
-                                                         strict=True)], now)
+            if len(producers) == 1:  # a lone batch: no iterators
+                (pid, seq), base = producers[0], bases[0]
+                stored = [(pid, seq, base, base + group.batches[0][0].record_count)]
+            else:
+                stored = [(pid, seq, base, base + header.record_count)
+                          for (pid, seq), base, (header, _) in zip(producers, bases,
+                                                                   group.batches, strict=True)]
+            self._producers.record(rlog, stored, now)
         if rlog.next_offset < target:
             parts.insert(0, LocalDurability(rlog, group.indexes, target,
                                             self._durability.when_durable))

@@ -47,7 +47,9 @@ _HEADER_CRC_SPAN = STORAGE_HEADER_SIZE - 4
 PRODUCER_EXTENSION = struct.Struct(">qiI")
 PRODUCER_EXTENSION_SIZE = PRODUCER_EXTENSION.size  # 16
 _PRODUCER_FLAG = 0x80000000
-_HEADER_AND_PRODUCER = struct.Struct(">IIqiqIqiI")  # both, as pack_storage_header writes them
+# What each CRC covers: the header and the extension, each without its CRC.
+_HEADER_BEFORE_CRC = struct.Struct(">IIqiq")
+_PRODUCER_BEFORE_CRC = struct.Struct(">qi")
 
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
@@ -94,19 +96,13 @@ def pack_storage_header(batch_length: int, batch_crc: int, base_offset: int,
     """The storage header of one batch; with ``producer`` (producer_id, sequence), followed
     by its producer extension."""
     if producer is None:
-        head = STORAGE_HEADER.pack(batch_length, batch_crc, base_offset, record_count,
-                                   append_time_ms, 0)
-        return head[:_HEADER_CRC_SPAN] + _U32.pack(crc32(memoryview(head)[:_HEADER_CRC_SPAN]))
-    # Header and extension in one buffer, each CRC written into its slot.
-    out = bytearray(STORAGE_HEADER_SIZE + PRODUCER_EXTENSION_SIZE)
-    _HEADER_AND_PRODUCER.pack_into(out, 0, batch_length | _PRODUCER_FLAG, batch_crc,
-                                   base_offset, record_count, append_time_ms, 0, producer[0],
-                                   producer[1], 0)
-    view = memoryview(out)
-    _U32.pack_into(out, _HEADER_CRC_SPAN, crc32(view[:_HEADER_CRC_SPAN]))
-    _U32.pack_into(out, len(out) - 4, crc32(view[STORAGE_HEADER_SIZE:-4]))
-    view.release()
-    return bytes(out)
+        head = _HEADER_BEFORE_CRC.pack(batch_length, batch_crc, base_offset, record_count,
+                                       append_time_ms)
+        return head + _U32.pack(crc32(head))
+    head = _HEADER_BEFORE_CRC.pack(batch_length | _PRODUCER_FLAG, batch_crc, base_offset,
+                                   record_count, append_time_ms)
+    ext = _PRODUCER_BEFORE_CRC.pack(*producer)
+    return b"".join((head, _U32.pack(crc32(head)), ext, _U32.pack(crc32(ext))))
 
 
 def unpack_storage_header(buf, pos: int = 0) -> tuple[int, int, int, int, int, int] | None:
