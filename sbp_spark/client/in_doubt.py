@@ -39,7 +39,11 @@ def held_in_sealed_range(rng: Range, producer_id: int, sequences: Sequence[int],
     rid = RangeId(rng.stream_id, rng.range_index)
     pending: SbpError | None = None
     failures: list[str] = []
-    for server in rng.servers:
+    # The secondaries first: a range is sealed under a writer mostly because its primary
+    # could not be reached (dead, or cut off from the writer), and a question to it would
+    # wait out the call's timeout before the next replica is asked. Every replica the seal
+    # heard from holds the range to its end.
+    for server in sorted(rng.servers, key=lambda replica: replica.is_primary):
         address = server.server.advertise_addr
         if not address:
             continue

@@ -143,7 +143,9 @@ class StreamWriter:
         call = _AppendCall(self, batches, before_resend, deadline)
         if not call.pending:
             return []
-        retrier = Retrier(self.config, on_error=self._on_error, deadline=deadline)
+        retrier = Retrier(self.config, deadline=deadline)
+        retrier.on_error = lambda error: self._after_failure(error, call, retrier)
+        call.on_new_range = retrier.progressed
         try:
             retrier.run(call.attempt)
         except SbpError as exc:
@@ -324,6 +326,21 @@ class StreamWriter:
         with self._lock:
             self._range = opened
 
+    def _after_failure(self, error: SbpError, call: _AppendCall, retrier: Retrier) -> bool:
+        """After an attempt of ``call`` failed (``Retrier.on_error``): True to try again at
+        once. So it does when the stream went on past the range the attempt tried (this
+        writer sealed it, its primary unreached): the next range's primary has failed
+        nothing yet, and the backoff the failures before it grew (up to
+        ``retry_backoff_max_ms``) would only hold the writer up. The nemesis saw writers wait
+        up to 5 s more in the new range that way."""
+        current = self._range  # before ``_on_error``, which may forget it
+        immediate = self._on_error(error)
+        if call.tried is not None and current is not None and \
+                current.range_index > call.tried:
+            retrier.progressed()
+            return True
+        return immediate
+
     def _on_error(self, error: SbpError) -> bool:
         # The flag, not a list of classes: a primary that went silent (a timeout) may have
         # been failed over, and only the PD knows where the open range is now.
@@ -351,6 +368,10 @@ class _AppendCall:
         self.in_doubt: dict[int, set[int]] = {}
         self.before_resend = before_resend
         self.attempts = 0
+        # The range the last attempt went to, and what to call when an attempt goes to a
+        # later one (the retry loop's ``progressed``: its backoff starts over).
+        self.tried: int | None = None
+        self.on_new_range: Callable[[], None] = lambda: None
         # Batch index -> (range_index, sequence, producer_id) it was last sent under
         # (idempotent appends): sent again to that range, it keeps its sequence, and the
         # range stores it once.
@@ -366,6 +387,9 @@ class _AppendCall:
         # fenced by a failed replication hides a tail that may stay in the range, so a check
         # before the seal would miss batches that then land twice.
         target = writer._open_range(self.deadline)
+        if self.tried is not None and target.range_index > self.tried:
+            self.on_new_range()  # a failover or a seal moved the stream on meanwhile
+        self.tried = target.range_index
         self._look_before_resending(target.range_index)
         if not self.pending:
             return

@@ -68,3 +68,34 @@ def test_a_writer_cut_off_from_a_healthy_primary_seals_and_moves_on(tmp_path):
     holder = ranges[after.range_index]
     assert holder.start_offset <= after.base_offset < (
         holder.end_offset if holder.end_offset >= 0 else after.base_offset + 1)
+
+
+def test_the_writer_tries_the_next_range_without_the_backoff_its_failures_grew(tmp_path, caplog):
+    # Long backoffs (1-2 s, then 2-4 s): the failed attempts against the unreached primary
+    # used to leave the writer waiting that long before its first try in the range it had
+    # just sealed its way into (the nemesis saw 8-10 s stalls made of such waits).
+    config = ClientConfig(connect_timeout_s=2, request_timeout_s=5, server_timeout_ms=5000,
+                          retry_backoff_ms=2000, retry_backoff_max_ms=8000,
+                          retry_deadline_s=30, probe_interval_s=PROBE_S,
+                          unreachable_primary_s=GIVE_UP_S)
+    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=3) as cluster, \
+            ConnectionPool(config) as pool:
+        client = ProxiedClient(cluster.pd_address, config, pool)
+        (stream,) = client.create_streams(1, replicas=2)
+        sid = stream.stream_id
+        cut_off = client.list_ranges(sid)[0].primary.advertise_addr
+        proxy = DeafeningProxy(cut_off)
+        client.proxy, client.proxy_for = proxy, cut_off
+        try:
+            writer = client.open_stream(sid)
+            writer.append([batch_bytes(b"before")])
+            proxy.deafen()
+            with caplog.at_level("WARNING", logger="sbp_spark.client.writer"):
+                (after,) = writer.append([batch_bytes(b"after")])
+            acked = time.time()
+        finally:
+            proxy.close()
+    [sealed] = [r for r in caplog.records if "writes go on in range" in r.getMessage()]
+    assert after.stream_id == sid
+    # At once in the new range, not after a backoff of 2 s or more.
+    assert acked - sealed.created < 1.0, acked - sealed.created
