@@ -54,19 +54,22 @@ def test_a_pd_outage_is_one_warning_and_one_line_when_the_pd_is_back(tmp_path):
 def test_a_range_server_started_before_its_pd_warns_once_while_it_waits(tmp_path):
     # Started before its PD, a range server warned once per attempt to get a server id
     # (0.2 s, 0.4 s, 0.8 s apart...), naming itself by nothing but "allocating ... failed".
-    with socket.socket() as probe:  # a port nobody listens on
+    # A port bound and never listened on: connections to it are refused, and no other
+    # process can take it while the test runs (a port closed again was once taken by another
+    # test's server, whose answers the range server then reported instead).
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         pd_port = probe.getsockname()[1]
-    data_dir = tmp_path / "rs"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sbp_spark.cli", "range-server", "--pd", f"127.0.0.1:{pd_port}",
-         "--data-dir", str(data_dir), "--port", "0"],
-        stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(4)  # about five attempts
-    finally:
-        server.send_signal(signal.SIGTERM)
-        _, stderr = server.communicate(timeout=30)
+        data_dir = tmp_path / "rs"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sbp_spark.cli", "range-server", "--pd",
+             f"127.0.0.1:{pd_port}", "--data-dir", str(data_dir), "--port", "0"],
+            stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(4)  # about five attempts
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _, stderr = server.communicate(timeout=30)
     (warning,) = warnings_of(stderr)
     assert f"range server with data in {data_dir} (no server id yet): ALLOCATE_ID to the " \
            f"PD failed" in warning, warning
