@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 from sbp_spark.client import ClientConfig, ConnectionPool, RangeServerClient
 from sbp_spark.client.config import DEFAULT_PROBE_INTERVAL_S
@@ -37,25 +38,15 @@ def silent(peer: Peer) -> None:
 
 
 def test_a_silent_secondary_fails_the_append_within_the_writer_s_timeout(tmp_path):
-    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
-    with FakeServer(silent) as secondary, ConnectionPool(config) as pool:
-        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
-                                           storage=StorageConfig(fsync="never"))).start()
-        try:
-            sync_range(primary, STREAM, [
-                RangeReplica(RangeServer(1, primary.advertise_addr), True),
-                RangeReplica(RangeServer(2, secondary.address), False)])
-            client = RangeServerClient(primary.advertise_addr, config, pool)
-            began = time.monotonic()
-            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=1500)
-            waited = time.monotonic() - began
-            assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
-            assert "ReadTimeoutError" in result.status.message
-            # The writer's 1.5 s, not the 30 s replication timeout (and no client timeout).
-            assert waited < DEFAULT_REPLICATION_TIMEOUT_S / 2
-            assert primary.storage.get_range(STREAM, 0).sealed
-        finally:
-            primary.stop()
+    with _primary_of(tmp_path, silent) as (primary, client, _):
+        began = time.monotonic()
+        [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=1500)
+        waited = time.monotonic() - began
+        assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
+        assert "ReadTimeoutError" in result.status.message
+        # The writer's 1.5 s, not the 30 s replication timeout (and no client timeout).
+        assert waited < DEFAULT_REPLICATION_TIMEOUT_S / 2
+        assert primary.storage.get_range(STREAM, 0).sealed
 
 
 def deaf(peer: Peer) -> None:
@@ -79,13 +70,14 @@ def slow_but_there(peer: Peer) -> None:
         threading.Timer(SLOW_S, peer.reply, (frame, answer)).start()
 
 
-def _append_through(tmp_path, secondary_handler, timeout_ms: int, secondaries: int = 1):
-    """One append to a primary whose ``secondaries`` secondaries are ``secondary_handler``:
-    (its result, the seconds it took, whether the primary sealed the range)."""
+@contextmanager
+def _primary_of(tmp_path, *handlers) -> Iterator[tuple[Server, RangeServerClient,
+                                                        ConnectionPool]]:
+    """A primary of ``STREAM``'s range 0 whose secondaries (ids 2, 3, ...) are fakes run by
+    ``handlers``: (the primary, a client of it, the client's pool)."""
     config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
     with ExitStack() as stack:
-        fakes = [stack.enter_context(FakeServer(secondary_handler))
-                 for _ in range(secondaries)]
+        fakes = [stack.enter_context(FakeServer(handler)) for handler in handlers]
         pool = stack.enter_context(ConnectionPool(config))
         primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
                                            storage=StorageConfig(fsync="never"))).start()
@@ -94,12 +86,26 @@ def _append_through(tmp_path, secondary_handler, timeout_ms: int, secondaries: i
                 RangeReplica(RangeServer(1, primary.advertise_addr), True),
                 *(RangeReplica(RangeServer(2 + i, fake.address), False)
                   for i, fake in enumerate(fakes))])
-            client = RangeServerClient(primary.advertise_addr, config, pool)
-            began = time.monotonic()
-            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=timeout_ms)
-            return result, time.monotonic() - began, primary.storage.get_range(STREAM, 0).sealed
+            yield primary, RangeServerClient(primary.advertise_addr, config, pool), pool
         finally:
             primary.stop()
+
+
+def _append_through(tmp_path, secondary_handler, timeout_ms: int, secondaries: int = 1):
+    """One append to a primary whose ``secondaries`` secondaries are ``secondary_handler``:
+    (its result, the seconds it took, whether the primary sealed the range)."""
+    with _primary_of(tmp_path, *[secondary_handler] * secondaries) as (primary, client, _):
+        began = time.monotonic()
+        [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=timeout_ms)
+        return result, time.monotonic() - began, primary.storage.get_range(STREAM, 0).sealed
+
+
+def _seal_answer(pool: ConnectionPool, primary: Server) -> m.SealRangesResult:
+    """The primary's answer to the PD's seal of ``STREAM``'s range 0."""
+    answer, _ = pool.get(primary.advertise_addr).call(
+        m.SealRangesRequest(5000, [m.RangeId(STREAM, 0)]))
+    [sealed] = answer.seal_responses
+    return sealed
 
 
 def test_a_secondary_that_answers_no_ping_fails_the_append_within_seconds(tmp_path):
@@ -142,44 +148,18 @@ def answering(peer: Peer) -> None:
 def test_the_primary_s_seal_answer_names_the_secondary_it_could_not_reach(tmp_path):
     # The PD keeps the next range away from both ends of the broken link (the nemesis saw a
     # range placed on the other end of one, and its writers wait out the give-up time twice).
-    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
-    with FakeServer(deaf) as cut_off, FakeServer(answering) as reachable, \
-            ConnectionPool(config) as pool:
-        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
-                                           storage=StorageConfig(fsync="never"))).start()
-        try:
-            sync_range(primary, STREAM, [
-                RangeReplica(RangeServer(1, primary.advertise_addr), True),
-                RangeReplica(RangeServer(2, reachable.address), False),
-                RangeReplica(RangeServer(3, cut_off.address), False)])
-            client = RangeServerClient(primary.advertise_addr, config, pool)
-            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
-            assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
-            answer, _ = pool.get(primary.advertise_addr).call(
-                m.SealRangesRequest(5000, [m.RangeId(STREAM, 0)]))
-            [sealed] = answer.seal_responses
-            assert sealed.status.ok and sealed.range.end_offset == 0, sealed
-            assert sealed.unreachable == [3]
-        finally:
-            primary.stop()
+    with _primary_of(tmp_path, answering, deaf) as (primary, client, pool):
+        [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
+        assert result.status.code == ErrorCode.REPLICATION_FAILED, result.status
+        sealed = _seal_answer(pool, primary)
+        assert sealed.status.ok and sealed.range.end_offset == 0, sealed
+        assert sealed.unreachable == [3]
 
 
 def test_a_seal_answer_names_nobody_when_every_secondary_answered(tmp_path):
-    config = ClientConfig(request_timeout_s=DEFAULT_REPLICATION_TIMEOUT_S, retries=0)
-    with FakeServer(answering) as secondary, ConnectionPool(config) as pool:
-        primary = Server(RangeServerConfig(data_dir=str(tmp_path), server_id=1,
-                                           storage=StorageConfig(fsync="never"))).start()
-        try:
-            sync_range(primary, STREAM, [
-                RangeReplica(RangeServer(1, primary.advertise_addr), True),
-                RangeReplica(RangeServer(2, secondary.address), False)])
-            client = RangeServerClient(primary.advertise_addr, config, pool)
-            [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
-            assert result.ok, result.status
-            answer, _ = pool.get(primary.advertise_addr).call(
-                m.SealRangesRequest(5000, [m.RangeId(STREAM, 0)]))
-            [sealed] = answer.seal_responses
-            assert sealed.status.ok and sealed.range.end_offset == 1, sealed
-            assert sealed.unreachable == []
-        finally:
-            primary.stop()
+    with _primary_of(tmp_path, answering) as (primary, client, pool):
+        [result] = client.append([(STREAM, batch_bytes(b"x"))], timeout_ms=30_000)
+        assert result.ok, result.status
+        sealed = _seal_answer(pool, primary)
+        assert sealed.status.ok and sealed.range.end_offset == 1, sealed
+        assert sealed.unreachable == []
