@@ -215,11 +215,7 @@ class Producers:
                 state = producers[producer_id] = _ProducerState(now)
                 began.append((producer_id, state))
             state.last_ms = now
-            kept = state.held  # ``_ProducerState.add``, inline: once per stored batch
-            if len(kept) >= window:
-                state.add(sequence, (base, end), window)
-            else:
-                kept[sequence] = (base, end)
+            state.add(sequence, (base, end), window)
         if not began and now < self._next_expiry_ms:
             return  # the common case: known producers, expiry looked at within the second
         stream_id, range_index = rlog.stream_id, rlog.range_index
