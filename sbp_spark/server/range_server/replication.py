@@ -265,13 +265,16 @@ class Replicator:
 
         A late answer stops being waited for once ``rlog`` is sealed here (see
         ``_settled_answer_of``). The secondaries are waited for one after the other, each
-        answer's lateness counted from when the forwards went out: two secondaries cut off
-        from this primary fail the append as soon as one would (it used to take twice the
-        give-up time, 12 s, as the second wait began when the first ended).
+        answer's lateness counted from when the forwards went out, and once one secondary
+        is found unreachable the others' answers are taken only if they are in already: two
+        secondaries cut off from this primary fail the append as soon as one would (it used
+        to take twice the give-up time, 12 s, as the second wait began when the first ended,
+        and then a second more for the second one's PING).
 
         The secondaries that could not be reached (no connection, or no answer nor PING
         answer in time) are remembered for the range (``unreachable``): the primary seals it
-        then, and the PD keeps the next range away from them."""
+        then, and the PD keeps the next range away from them (and away from the primary,
+        which is what a link broken between it and any secondary needs)."""
         problems = []
         unreachable = []
         for fw in forwards:
@@ -281,8 +284,14 @@ class Replicator:
                 problems.append(f"{where}: {fw.error}")
                 unreachable.append(sid)
                 continue
-            answer = _settled_answer_of(fw.stream, rlog, fw.conn,
-                                        self.pool.config.probe_interval_s, fw.sent_at)
+            if unreachable:
+                # The append fails already, and the range will be sealed: an answer that
+                # is not in yet is not waited for (nor PINGed for: a primary cut off from
+                # both secondaries used to fail a second later than from one).
+                answer = _answer_by_now(fw.stream)
+            else:
+                answer = _settled_answer_of(fw.stream, rlog, fw.conn,
+                                            self.pool.config.probe_interval_s, fw.sent_at)
             if isinstance(answer, Unanswered):
                 problems.append(f"{where}: {answer.why}")
                 unreachable.append(sid)
@@ -361,6 +370,19 @@ def _settled_answer_of(answers: ResponseStream, rlog: RangeLog,
                 frame = answers.poll(min(SEALED_CHECK_S, left))
     except (SbpError, StopIteration) as exc:
         return Unanswered(repr(exc))
+    return _decoded(frame)
+
+
+def _answer_by_now(answers: ResponseStream) -> AppendResponse | str:
+    """A secondary's answer if it has come in (as ``_answer_of``), else why it is not
+    waited for."""
+    try:
+        with answers:
+            frame = answers.poll(0.0)
+    except (SbpError, StopIteration) as exc:
+        return repr(exc)
+    if frame is None:
+        return "no answer yet when another secondary was found unreachable"
     return _decoded(frame)
 
 
