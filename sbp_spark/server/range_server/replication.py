@@ -284,6 +284,7 @@ class Replicator:
                 problems.append(f"{where}: {fw.error}")
                 unreachable.append(sid)
                 continue
+            answer: AppendResponse | Unanswered | str
             if unreachable:
                 # The append fails already, and the range will be sealed: an answer that
                 # is not in yet is not waited for (nor PINGed for: a primary cut off from
