@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 from sbp_spark.protocol.errors import ErrorCode, SequencePendingError, UnknownProducerError
@@ -234,6 +235,22 @@ def test_idle_producers_expire_and_the_least_recent_makes_room():
     assert _verdict(producers, rlog, 4, 0) == (None, None)
     producers.record(rlog, [(3, 1, 3, 4)], now_ms=70_000)  # producer 2 idle for 68 s: gone
     assert len(producers) == 1 and _verdict(producers, rlog, 3, 1).held == (3, 4)
+
+
+def test_one_batch_is_recorded_as_a_list_of_one_is():
+    # record_one, the lone writer's path: windows, new producers and expiry as record does.
+    producers = Producers(ProducerLimits(expiry_s=60, window=2))
+    rlog = _Log()
+    producers.guard(rlog)  # loaded (nothing in its log) at the time of day
+    t = time.time_ns() // 1_000_000
+    producers.record_one(rlog, 1, 0, 0, 1, now_ms=t)  # new to the range
+    producers.record_one(rlog, 1, 1, 1, 2, now_ms=t + 100)
+    producers.record_one(rlog, 1, 2, 2, 5, now_ms=t + 200)  # sequence 0 leaves the window
+    assert _verdict(producers, rlog, 1, 2).held == (2, 5)
+    assert isinstance(_verdict(producers, rlog, 1, 0).error, UnknownProducerError)
+    producers.record_one(rlog, 2, 0, 5, 6, now_ms=t + 1_000)
+    producers.record_one(rlog, 2, 1, 6, 7, now_ms=t + 90_000)  # producer 1 idle 89 s: expired
+    assert len(producers) == 1 and _verdict(producers, rlog, 2, 1).held == (6, 7)
 
 
 def test_a_producer_expired_for_idleness_is_new_again_but_one_dropped_for_room_is_not():

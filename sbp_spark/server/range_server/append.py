@@ -107,6 +107,9 @@ class ProducerState(Protocol):
     def record(self, rlog: ProducerLog, batches: Iterable[tuple[int, int, int, int]],
                now_ms: int | None = None) -> None: ...
 
+    def record_one(self, rlog: ProducerLog, producer_id: int, sequence: int, base: int,
+                   end: int, now_ms: int) -> None: ...
+
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -576,24 +579,28 @@ class AppendPath:
             if group.replicated and committed >= 0:
                 rlog.cap.learn(committed, rlog.written_offset)
         else:
-            bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms)
+            bases, target, replication = self._store_and_forward(group, now, crcs, timeout_ms,
+                                                                 producers)
             parts.append(replication)
         if producers:
             if len(producers) == 1:  # a lone batch: no iterators
                 (pid, seq), base = producers[0], bases[0]
-                stored = [(pid, seq, base, base + group.batches[0][0].record_count)]
+                self._producers.record_one(rlog, pid, seq, base,
+                                           base + group.batches[0][0].record_count, now)
             else:
-                stored = [(pid, seq, base, base + header.record_count)
-                          for (pid, seq), base, (header, _) in zip(producers, bases,
-                                                                   group.batches, strict=True)]
-            self._producers.record(rlog, stored, now)
+                self._producers.record(
+                    rlog, [(pid, seq, base, base + header.record_count)
+                           for (pid, seq), base, (header, _) in zip(producers, bases,
+                                                                    group.batches, strict=True)],
+                    now)
         if rlog.next_offset < target:
             parts.insert(0, LocalDurability(rlog, group.indexes, target,
                                             self._durability.when_durable))
         return bases, parts
 
     def _store_and_forward(self, group: RangeBatches, now: int, crcs: list[int | None] | None,
-                           timeout_ms: int) -> tuple[list[int], int, Replication]:
+                           timeout_ms: int, producers: list[tuple[int, int]] | None
+                           ) -> tuple[list[int], int, Replication]:
         """On the primary of a replicated range: store the batches and forward them, as
         stored, to every secondary, in one order for all (see replication.py)."""
         rlog, replicator = group.rlog, self._replicator
@@ -603,9 +610,8 @@ class AppendPath:
             start = rlog.written_offset
             rlog.cap.hold(start)
             try:
-                bases, target = rlog.append(
-                    group.batches, now, stored=stored, crcs=crcs,
-                    producers=[(p.producer_id, p.sequence) for p in group.producers] or None)
+                bases, target = rlog.append(group.batches, now, stored=stored, crcs=crcs,
+                                            producers=producers)
             except BaseException:
                 rlog.cap.release(start, None)
                 raise

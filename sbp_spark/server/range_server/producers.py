@@ -227,6 +227,17 @@ class Producers:
                 self._next_expiry_ms = now + 1000
                 self._bound(now)
 
+    def record_one(self, rlog: ProducerLog, producer_id: int, sequence: int, base: int,
+                   end: int, now_ms: int) -> None:
+        """``record`` of one batch (a lone writer's append, the common case): the same,
+        without the iterations."""
+        state = self._range(rlog).producers.get(producer_id)
+        if state is None or now_ms >= self._next_expiry_ms:
+            self.record(rlog, ((producer_id, sequence, base, end),), now_ms)
+            return
+        state.last_ms = now_ms
+        state.add(sequence, (base, end), self.limits.window)
+
     def held(self, rlog: ProducerLog, producer_id: int, sequences: Iterable[int]
              ) -> dict[int, Held | None]:
         """For each of ``sequences``: where the range holds that batch of ``producer_id``,
