@@ -71,6 +71,13 @@ from .types import ItemResult
 # These failures do not count against ClientConfig.retries when that caps the retries; the
 # call's deadline still ends the wait.
 PD_ELECTION_WAIT_S = 10.0
+# The longest wait between two tries while the PD cluster elects a leader (the call's
+# backoff grows to ``retry_backoff_max_ms``, 2 s, otherwise): the nemesis saw writers go on
+# up to 2 s after the new leader served, their streams stalled meanwhile. A try then costs a
+# PD node one PD_NOT_LEADER answer (or a refused connection) at most four times a second per
+# waiting call; Kafka's clients refresh metadata every 100 ms (retry.backoff.ms) as leaders
+# change.
+PD_ELECTION_BACKOFF_MAX_MS = 250
 # A PD node whose process is stopped or hung still accepts connections (the kernel completes
 # the handshake) and takes requests, but answers nothing: without a check every call sent to
 # it would wait the whole request timeout (30 s) before trying another node. A node's network
@@ -154,7 +161,8 @@ class PdClient:
         ``check(response, address)`` may refuse an answer by raising, as if the node had."""
         call = _PdCall(self, msg, resend, check)
         retrier = Retrier(self.config, on_error=self._on_error, deadline=deadline,
-                          spare=call.electing if self.wait_for_election else None)
+                          spare=call.electing if self.wait_for_election else None,
+                          spare_backoff_max_ms=PD_ELECTION_BACKOFF_MAX_MS)
         try:
             answer = retrier.run(call.attempt)
         except (ConnectError, PdNotLeaderError) as exc:

@@ -42,9 +42,12 @@ def throttle_ms(error: BaseException) -> int:
     return int(getattr(error, "throttle_time_ms", 0) or 0)
 
 
-def backoff_s(attempt: int, config: ClientConfig) -> float:
-    """Wait before retry number ``attempt`` (0-based): exponential, capped, half jittered."""
-    ceiling = min(config.retry_backoff_max_ms, config.retry_backoff_ms * (2 ** min(attempt, 30)))
+def backoff_s(attempt: int, config: ClientConfig, max_ms: int | None = None) -> float:
+    """Wait before retry number ``attempt`` (0-based): exponential, capped (at ``max_ms`` if
+    lower than the config's cap), half jittered."""
+    top = config.retry_backoff_max_ms if max_ms is None else min(max_ms,
+                                                                  config.retry_backoff_max_ms)
+    ceiling = min(top, config.retry_backoff_ms * (2 ** min(attempt, 30)))
     return (ceiling / 2 + random.uniform(0, ceiling / 2)) / 1000.0
 
 
@@ -55,8 +58,10 @@ class Retrier:
     to another replica); returning True retries at once, without backoff (a redirect, not a
     failure). ``spare(error)``, asked first, says whether the failure belongs to a passing
     state of the service that the caller knows to wait for (a PD cluster electing a leader):
-    such a failure is backed off as usual but not counted against ``config.retries``. A
-    server's throttle time is always honoured, up to the deadline.
+    such a failure is not counted against ``config.retries``, and backed off up to
+    ``spare_backoff_max_ms`` (when given) instead of the config's cap: a passing state is
+    asked about often, so the call goes on soon after it passed. A server's throttle time is
+    always honoured, up to the deadline.
     """
 
     # Redirects cost no wait, but only a few in a row: a ring of PDs that keep naming each
@@ -69,10 +74,12 @@ class Retrier:
         on_error: Callable[[SbpError], bool] | None = None,
         deadline: float | None = None,
         spare: Callable[[SbpError], bool] | None = None,
+        spare_backoff_max_ms: int | None = None,
     ) -> None:
         self.config = config
         self.on_error = on_error
         self.spare = spare
+        self.spare_backoff_max_ms = spare_backoff_max_ms
         self._own_deadline = deadline is None
         self.started = time.monotonic()
         self.deadline = (self.started + config.retry_deadline_s if deadline is None
@@ -125,7 +132,7 @@ class Retrier:
             delay = 0.0
         elif spared:
             self._immediate = 0
-            delay = backoff_s(self._spared, self.config)
+            delay = backoff_s(self._spared, self.config, self.spare_backoff_max_ms)
             self._spared += 1
         else:
             self._immediate = 0

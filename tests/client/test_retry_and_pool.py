@@ -106,6 +106,21 @@ def test_spared_failures_stop_at_the_deadline_and_not_retriable_ones_at_once():
     assert len(calls) == 1
 
 
+def test_spared_failures_back_off_up_to_their_own_cap(monkeypatch):
+    # A PD cluster electing a leader is asked about often: its failures wait at most
+    # spare_backoff_max_ms, the others grow to the config's cap.
+    config = ClientConfig(retries=None, retry_backoff_ms=50, retry_backoff_max_ms=2000)
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    op, _ = failing([TransportError("electing")] * 12)
+    Retrier(config, spare=lambda e: True, spare_backoff_max_ms=250).run(op)
+    assert len(waits) == 12 and max(waits) <= 0.25 and max(waits[6:]) >= 0.125
+    waits.clear()
+    op, _ = failing([TransportError("down")] * 12)
+    Retrier(config, spare=lambda e: False, spare_backoff_max_ms=250).run(op)
+    assert max(waits[6:]) >= 1.0
+
+
 def test_which_errors_are_retriable():
     assert is_retriable(TransportError("x"))
     assert is_retriable(ChecksumError("x"))
