@@ -85,12 +85,13 @@ server and one PD node or etcd member are impaired at once). The history checker
 exactly-once check and the nemesis's own accounting give the figures below; the definition
 of done of issue 43 asks for 0 lost, 0 divergent, 0 give-ups, 0 duplicates from the client's
 own resends, and no stall over 8 s from a single fault. Stalls are counted in two kinds: those
-while one fault at a time was in place, and those while a range-server fault and a
-control-plane fault overlapped (say, a primary cut off from its secondaries, then the PD leader
-killed before the writers had their new range: the PD's election, 3-4 s, adds to the
-primary's give-up time, 6 s). Only a PD follower's death never counts as the second fault.
-Each run lists the longest stall of each kind, and of one fault at a time by the kind of
-fault. Duplicates are told apart by cause: every batch and Spark
+of one fault at a time, and those during which a second fault hit before they had lasted 8 s
+(say, a primary cut off from its secondaries, then the PD leader killed or an etcd member
+paused before the writers had their new range: the PD's election, 3-4 s, adds to the
+primary's give-up time, 6 s). The schedule lets a range-server fault and a control-plane
+fault come together. A fault that ended before the stall began does not count as a second
+one, nor does a PD follower's death (no writer waits on a follower). Each run lists the
+longest stall of each kind, and of one fault at a time by the kind of fault. Duplicates are told apart by cause: every batch and Spark
 row carries its writer, call (or job) and try, and the Spark task attempt that wrote it. A
 run's seed replays its schedule; `integration/nemesis/test_nemesis.py` is the 10-minute run
 as a test (`-m slow`). `--record` (or the test with `SBP_FAULTS_REPORT=1`) keeps the last run

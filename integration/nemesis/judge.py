@@ -14,10 +14,10 @@ writers' streams; this adds what the nemesis measures across the whole run:
 - stalls: each writer's waits between two acknowledged appends, with the faults in place
   meanwhile. The issue's target is about single faults (no single fault stalls a stream's
   writes for more than 8 s), and the schedule lets a range-server fault and a control-plane
-  fault overlap: a stall while two faults were in place at once (a primary cut off from its
-  secondaries, and the PD leader killed before the writers got their new range) is counted
-  apart, and the definition of done is checked on the others. Only a PD follower's death
-  never makes a stall one of two faults: no writer waits on a follower.
+  fault overlap: a stall during which a second fault hit before it had lasted 8 s (a primary
+  cut off from its secondaries, and the PD leader killed before the writers got their new
+  range) is counted apart, and the definition of done is checked on the others. Only a PD
+  follower's death never makes a stall one of two faults: no writer waits on a follower.
 - give-ups: append calls that failed, Spark write jobs and reads that failed, relay query
   failures, each with its time and the faults around it.
 
@@ -138,21 +138,29 @@ class Stall:
     end: float
     faults: tuple[Injected, ...]
 
+    def _during(self) -> list[Injected]:
+        """The faults that can hold up a writer and were in place during the stall itself,
+        in the order they began."""
+        return sorted((f for f in self.faults if f.kind not in HARMLESS_TO_WRITERS
+                       and f.overlaps(self.start, self.end)), key=lambda f: f.start)
+
     @property
     def overlapping(self) -> bool:
-        """Whether two faults around it that can hold up a writer were in place at once."""
-        hit = [f for f in self.faults if f.kind not in HARMLESS_TO_WRITERS]
-        return any(a.overlaps(b.start, b.end if b.end is not None else self.end)
-                   for i, a in enumerate(hit) for b in hit[i + 1:])
+        """Whether a second fault hit while the stall went on, before it had lasted
+        ``STALL_LIMIT_S``: two faults in place during it, the later of them begun by then
+        (a fault that ended before the stall began is its lead-up, not a second fault)."""
+        during = self._during()
+        return len(during) > 1 and during[1].start < self.start + STALL_LIMIT_S
 
     @property
     def cause(self) -> str:
-        """The kind of the fault behind it: the last to begin before the stall did (or the
-        first during it), "no fault" when none was around."""
-        before = [f for f in self.faults if f.start <= self.start]
-        if before:
-            return max(before, key=lambda f: f.start).kind
-        return self.faults[0].kind if self.faults else "no fault"
+        """The kind of the fault behind it: the first in place during it, else the last to
+        begin before it (its failover outlasting it), "no fault" when none was around."""
+        during = self._during()
+        if during:
+            return during[0].kind
+        before = [f for f in self.faults if f.kind not in HARMLESS_TO_WRITERS]
+        return max(before, key=lambda f: f.start).kind if before else "no fault"
 
 
 def stalls_of(writers: Sequence[WriterRecord], faults: Sequence[Injected]) -> list[Stall]:

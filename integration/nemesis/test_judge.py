@@ -175,13 +175,26 @@ def test_a_stall_while_two_faults_overlapped_is_counted_apart():
     assert report.figures["longest stall with one fault at a time"] == "none over 1 s"
 
 
+def test_a_second_fault_that_hits_after_the_cut_healed_but_before_the_writers_went_on():
+    # An etcd member paused just after the cut healed, while the writers still waited for
+    # the seal of the cut-off range (the nemesis saw this): both were in place during the
+    # stall, the second before it had lasted 8 s.
+    cut = _fault(1, "cut-primary-from-secondaries", 10.0, 16.0)
+    etcd = _fault(2, "pause-etcd-member", 16.3, 18.0)
+    report = _stall_report([cut, etcd], (9.9, 19.8))
+    assert report.ok, report.failures()
+    assert report.figures["stalls over 8 s"].endswith("1 while two faults overlapped")
+
+
 def test_a_stall_of_one_fault_counts_against_the_definition_of_done():
     # The PD leader's death ended 2 s before the cut began: in the stall's lead time, but
-    # not in place with it. And a PD follower's death holds up no writer.
+    # not in place during it. A PD follower's death holds up no writer. And the etcd pause
+    # came when the stall had lasted 8 s already.
     leader = _fault(1, "kill-pd-leader", 5.0, 8.0)
     cut = _fault(2, "cut-primary-from-secondaries", 10.0, 20.0)
     follower = _fault(3, "kill-pd-follower", 12.0, 15.0)
-    report = _stall_report([leader, cut, follower], (10.0, 19.5))
+    etcd = _fault(4, "pause-etcd-member", 18.5, 19.0)
+    report = _stall_report([leader, cut, follower, etcd], (10.0, 19.5))
     assert not report.ok
     [failure] = report.failures()
     assert failure.startswith("stalls over 8 s with one fault at a time: 1 (allowed: 0)")
