@@ -391,6 +391,11 @@ class Connection:
         self._session.last_active = time.monotonic()
         self._outgoing = 0
         self._send_started: float | None = None  # for the stuck-send watchdog
+        # A GOAWAY the session asked for and not written yet, and the close that waits for it
+        # (its reason): the last answer in flight may end the connection before the thread
+        # that sent the GOAWAY got to write it, and the peer saw the connection end unsaid.
+        self._goaway_pending = False
+        self._close_deferred: str | None = None
         self.reader: threading.Thread | None = None
         # Requests for the ordered handler thread (started on first use); None ends it.
         self._ordered: SimpleQueue[tuple[RequestContext, Callable] | None] = SimpleQueue()
@@ -546,6 +551,8 @@ class Connection:
         reads no more requests, and closes once those in flight are answered."""
         with self._state:
             actions = self._session.send_goaway()
+            if Action.SEND_GOAWAY in actions:
+                self._goaway_pending = True
             self._state.notify_all()
         self._carry_out(actions, reason)
 
@@ -581,11 +588,23 @@ class Connection:
         for action in actions:
             if action is Action.SEND_GOAWAY:
                 self._write_goaway(reason)
+                with self._state:
+                    self._goaway_pending = False
+                    deferred, self._close_deferred = self._close_deferred, None
+                if deferred is not None:
+                    self._shut_down(deferred)
             elif action is Action.CLOSE:
-                log.debug("closing %r: %s", self, reason or self._session.error
-                          or "nothing left in flight")
-                with contextlib.suppress(OSError):
-                    self.sock.shutdown(socket.SHUT_RDWR)
+                why = reason or str(self._session.error or "") or "nothing left in flight"
+                with self._state:
+                    if self._goaway_pending:  # the GOAWAY goes out first, then this
+                        self._close_deferred = why
+                        continue
+                self._shut_down(why)
+
+    def _shut_down(self, why: str) -> None:
+        log.debug("closing %r: %s", self, why)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
     # -- authentication --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from sbp_spark.protocol.messages import (
     decode_response,
 )
 from sbp_spark.protocol.records import ENVELOPE_SIZE, batch_bytes, iter_batches, parse_header
+from sbp_spark.server import net
 from sbp_spark.server.range_server import RangeServer as Server
 from sbp_spark.server.range_server import RangeServerConfig
 from sbp_spark.server.storage import StorageConfig
@@ -402,6 +403,25 @@ def test_heartbeat_is_answered_with_this_server(server, peer):
 
 
 def test_shutdown_ends_long_polls_early_and_says_goaway(tmp_path):
+    _stop_during_a_long_poll(tmp_path)
+
+
+def test_a_goaway_slow_to_go_out_still_comes_before_the_connection_ends(tmp_path,
+                                                                         monkeypatch):
+    # The stopping thread marks the connection as going away, then writes the GOAWAY; the
+    # long poll it woke may answer and end the connection in between (seen under load: the
+    # peer got the answer and then the end of the connection, never the GOAWAY).
+    write = net.Connection._write_goaway
+
+    def slow_write(conn, reason: str) -> None:
+        time.sleep(0.3)
+        write(conn, reason)
+
+    monkeypatch.setattr(net.Connection, "_write_goaway", slow_write)
+    _stop_during_a_long_poll(tmp_path)
+
+
+def _stop_during_a_long_poll(tmp_path) -> None:
     srv = Server(_config(tmp_path)).start()
     with RawPeer(srv.address) as peer:
         _sync(peer, _range(1))
