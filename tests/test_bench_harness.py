@@ -318,6 +318,8 @@ def test_latency_section_times_every_policy_next_to_its_floor(tmp_path):
     cost = by_name["one writer, 1 KiB batches, fsync never, idempotent appends: p50"]
     assert cost.ceiling_name == "the same, idempotent appends off"
     assert cost.target is not None and cost.extra["plain_appends"] > 0
+    # They take turns append by append: as many appends each.
+    assert cost.extra["appends"] == cost.extra["plain_appends"]
 
 
 def test_scaling_section_loads_the_default_policy_beside_interval(tmp_path):
