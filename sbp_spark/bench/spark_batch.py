@@ -39,10 +39,11 @@ WRITE_TARGET = Target(AT_LEAST_RATIO, 0.6)
 # Issue 43: idempotent appends cost the Spark write at most 3% of its throughput.
 IDEMPOTENCE_COST = Target(AT_LEAST_RATIO, 0.97)
 # Pairs of writes (idempotent appends on, then off, or the other way round) behind that figure,
-# the timed rounds' included. One write's time varies by about 10% from run to run here, so a
-# median of two cannot tell 3% apart: in 20 pairs measured here, the two kinds came out even
-# (the median pair 1.01x), and a median of 8 of those pairs fell under 0.97x 3 times in 100,
-# of 2 pairs (a quick run's timed rounds) more than 1 time in 4.
+# the timed rounds' included. One write's time varies by about 10% from run to run here, so
+# two pairs cannot tell 3% apart: in 20 pairs measured here the two kinds came out even (the
+# median of each kind's times 1.03x, the median pair 1.01x). Drawn from those pairs, 8 pairs'
+# median fell under 0.97x 3 times in 100; 2 pairs' (a quick run's timed rounds), more than 1
+# time in 4.
 IDEMPOTENCE_PAIRS = 8
 CEILING_BATCH_ROWS = 65_536
 SAMPLE_INTERVAL_S = 0.5
