@@ -216,10 +216,10 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
     from .spark_sources import NAME
 
     ctx = bench.ctx
+    warmups = ctx.config.spark_write_warmups
     pq_dir = ctx.workdir / "parquet"
     writes = _Writes(_Timed("Arrow-writer ceiling"), _Timed("sbp write"),
-                     _Timed("parquet write"), [],
-                     str(pq_dir / f"write-{ctx.config.spark_write_warmups + bench.runs - 1}"))
+                     _Timed("parquet write"), [], str(pq_dir / f"write-{warmups + bench.runs - 1}"))
 
     def sbp_write(idempotent: bool = True) -> Callable[[], None]:
         def write() -> None:
@@ -249,7 +249,6 @@ def _measure_writes(bench: _Bench, source: Any) -> _Writes:
             _time(writes.sbp if idempotent else writes.plain, sbp_write(idempotent), ctx,
                   tag, record)
 
-    warmups = ctx.config.spark_write_warmups
     for n, tag, record in bench.rounds(warmups):
         _time(writes.ceiling, lambda: source.write.format(NAME).mode("append").save(), ctx,
               tag, record)
