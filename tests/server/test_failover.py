@@ -8,6 +8,7 @@ the end offset the PD picks can be checked exactly. The last test runs real rang
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -158,6 +159,64 @@ def test_unreachable_survivor_is_retried(cluster):
     secondary.ranges[(sid, 0)] = saved
     poll(lambda: len(list_ranges(conn, sid)) == 2, what="the retried failover")
     assert list_ranges(conn, sid)[0].end_offset == 2
+
+
+def seal(conn: Connection, sid: int, range_index: int, timeout_ms: int) -> m.Range:
+    """SEAL_RANGES as a writer asks it (short calls to the replicas): the open range after."""
+    resp, _ = conn.call(m.SealRangesRequest(timeout_ms=timeout_ms,
+                                            ranges=[m.RangeId(sid, range_index)]), timeout=30)
+    [res] = resp.seal_responses
+    res.status.raise_for_status()
+    assert res.range is not None
+    return res.range
+
+
+def test_a_seal_does_not_ask_a_secondary_the_pd_no_longer_hears(cluster):
+    """A writer's seal (its primary gave up on a stopped secondary) skips a secondary that
+    went silent, as the failover would: asking it would hold the seal, and the stream's lock,
+    for the whole timeout. It is not pushed the end either, but owed a resync."""
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 3)
+    primary, other, stopped = by_id(servers, ids)
+    primary.next_offsets[(sid, 0)] = 7
+    other.next_offsets[(sid, 0)] = 6
+    pushes_before = stopped.syncs
+    stopped.answering.clear()
+    try:
+        beater.live.remove(stopped)
+        poll(lambda: pd.liveness.went_silent(stopped.server_id), what="the silence")
+        opened = seal(conn, sid, 0, timeout_ms=10_000)
+        sealed = list_ranges(conn, sid)[0]
+        assert sealed.end_offset == 6 and opened.start_offset == 6
+        assert stopped.server_id not in {r.server.server_id for r in opened.servers}
+        assert stopped.seals == 0 and stopped.syncs == pushes_before
+        assert pd.pushes.resync_owed(stopped.server_id)
+    finally:
+        stopped.answering.set()
+
+
+def test_stopped_secondaries_the_pd_still_hears_cost_a_seal_one_timeout(cluster):
+    """Secondaries that still heartbeat but answer nothing (stopped a moment ago) are asked
+    all at once, each for one bounded try: the seal takes about one timeout, not one per
+    secondary, nor two tries each. The range ends where the primary ended it."""
+    pd, conn, servers, beater = cluster
+    sid, ids = new_stream(conn, 3)
+    primary, *stopped = by_id(servers, ids)
+    primary.next_offsets[(sid, 0)] = 4
+    for rs in stopped:
+        rs.answering.clear()
+    try:
+        began = time.monotonic()
+        opened = seal(conn, sid, 0, timeout_ms=1500)
+        took = time.monotonic() - began
+        assert list_ranges(conn, sid)[0].end_offset == 4 and opened.start_offset == 4
+        # Asked in turn, or twice each, or pushed the end afterwards (they still heartbeat,
+        # so their resync comes later, off the seal's path), it would take 3 s or more.
+        assert took < 2.9, took
+        assert [rs.seals for rs in stopped] == [1, 1]
+    finally:
+        for rs in stopped:
+            rs.answering.set()
 
 
 def test_servers_silent_since_a_pd_restart_are_failed_over(tmp_path):

@@ -42,6 +42,11 @@ class FakeRangeServer(RequestHandler):
         self.trims: list[tuple[int, int]] = []
         self.syncs = 0
         self.fail_sync = False
+        self.seals = 0  # SEAL_RANGES requests received, answered or not
+        # Cleared: requests are held unanswered until it is set (a stopped server, whose
+        # kernel still takes the connection and the frames).
+        self.answering = threading.Event()
+        self.answering.set()
         self.lock = threading.Lock()
         self.server = FrameServer(self, NetConfig(port=0, name="fake-rs")).start()
         self.server_id = -1
@@ -52,6 +57,10 @@ class FakeRangeServer(RequestHandler):
 
     def handle(self, ctx: RequestContext) -> None:
         req = m.decode_request(ctx.frame)
+        if isinstance(req, m.SealRangesRequest):
+            with self.lock:
+                self.seals += 1
+        self.answering.wait(60)
         with self.lock:
             if isinstance(req, m.SyncRangesRequest):
                 if self.fail_sync:

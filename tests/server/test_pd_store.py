@@ -291,6 +291,26 @@ def test_liveness_timeout_and_expiry():
         Liveness(0)
 
 
+def test_liveness_says_a_server_went_silent_only_on_evidence():
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    assert not live.went_silent(1)  # never heard in this view: unknown, not silent
+    live.beat(1, "a:1")
+    live.beat(2, "b:1")
+    clock.now += 2.5
+    live.beat(2, "b:1")
+    assert not live.went_silent(1)  # quiet for less than the timeout
+    clock.now += 1.0
+    live.beat(2, "b:1")
+    assert live.went_silent(1) and not live.went_silent(2)
+    clock.now += 3.5  # nobody heard for the timeout: the PD may be the one cut off
+    assert not live.went_silent(1)
+    live.beat(1, "a:1")
+    assert not live.went_silent(1)
+    live.clear()  # a PD taking office knows nobody yet
+    assert not live.went_silent(1) and not live.went_silent(2)
+
+
 def test_liveness_blames_nobody_while_it_hears_nobody():
     # The PD cut off from every server: silence everywhere is no evidence against any of them.
     clock = FakeClock()

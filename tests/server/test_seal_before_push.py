@@ -14,7 +14,7 @@ their servers. The fake servers refuse to seal a range nobody pushed them, as re
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import RangeNotFoundError
@@ -50,7 +50,8 @@ class FakeRangeServers:
                        timeout_s: float | None = None) -> None:
         raise AssertionError("no stream is deleted here")
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> SealedEnd:
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None,
+                        skip: Iterable[int] = ()) -> SealedEnd:
         self.before_seal(rng)
         primary = rng.primary
         assert primary is not None
@@ -91,7 +92,7 @@ def test_a_seal_right_behind_another_finds_the_range_on_its_servers(tmp_path):
         placement = Placement(liveness, store)
         pushes = RangePushes(servers, store)
         ranges = RangeOperations(store, servers, Succession(store, placement, pushes),
-                                 StreamLocks())
+                                 StreamLocks(), liveness.went_silent)
         stream, first_range = placement.place(2, lambda chosen: store.create_stream(2, -1,
                                                                                    chosen))
         pushes.push([first_range])

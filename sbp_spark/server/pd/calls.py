@@ -9,9 +9,12 @@ is told about), ``ranges.py`` and ``failover.py`` (which replicas a seal asks).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sbp_spark.client.config import ClientConfig
@@ -43,6 +46,13 @@ class RangeServerCalls:
     def close(self) -> None:
         self._pool.close()
 
+    def _bounded(self, left: float) -> ClientConfig:
+        """The pool's settings with connects (and TLS handshakes) bounded by ``left``."""
+        config = self._pool.config
+        if config.connect_timeout_s <= left:
+            return config
+        return dataclasses.replace(config, connect_timeout_s=left)
+
     def _timeout_ms(self, timeout_s: float | None) -> int:
         """The timeout_ms a request carries: the server's share of the call's bound."""
         return int((timeout_s or self._timeout_s) * 1000)
@@ -58,13 +68,19 @@ class RangeServerCalls:
             raise RequestTimeoutError(
                 f"range server {server_id} has never announced an address")
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
         failure: SbpError | None = None
-        # Two tries: a pooled connection may have died with a server restart.
+        # Two tries: a pooled connection may have died with a server restart. Both within
+        # the one bound: a server that let the first try time out (stopped, cut off) would
+        # only hold the caller, often under a stream's lock, as long again.
         for _ in range(2):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             conn = None
             try:
-                conn = self._pool.get(addr)
-                response, _ = conn.call(msg, timeout=timeout)
+                conn = self._pool.get(addr, self._bounded(left))
+                response, _ = conn.call(msg, timeout=left)
                 return response
             except ServerError:
                 raise
@@ -75,14 +91,18 @@ class RangeServerCalls:
         raise RequestTimeoutError(
             f"range server {server_id} at {addr} did not answer: {failure}") from failure
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None) -> SealedEnd:
-        """Seal ``rng`` on its primary, which must answer, then on its secondaries; the range
-        ends at the smallest end the replicas that answered report. The secondaries the
-        primary says it could not reach come back with it.
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None,
+                        skip: Iterable[int] = ()) -> SealedEnd:
+        """Seal ``rng`` on its primary, which must answer, then on its secondaries at once
+        (``skip``: those not to ask, known to be down); the range ends at the smallest end
+        the replicas that answered report. The secondaries the primary says it could not
+        reach come back with it, and those that did not seal (asked or not).
 
         Every acknowledged record, and every record a reader may have seen, is on every
         replica, so that end keeps them all. Records past it reached some replicas only
-        (their appends failed), so no reader saw them and their writers retry them.
+        (their appends failed), so no reader saw them and their writers retry them. A
+        secondary that did not seal stays capped until it hears the end (the push, or its
+        resync), so it shows nothing past it meanwhile.
         """
         primary = rng.primary
         if primary is None:
@@ -90,12 +110,19 @@ class RangeServerCalls:
                                "has no primary in the metadata")
         on_primary = self.seal(primary, rng, timeout_s)
         ends = {primary: on_primary.end}
-        for sid in rng.server_ids:
-            if sid == primary:
-                continue
+        skip = set(skip)
+        asked = [sid for sid in rng.server_ids if sid != primary and sid not in skip]
+        missed = [sid for sid in rng.server_ids if sid != primary and sid in skip]
+        # One thread each: a stopped secondary costs the seal one timeout, not one per
+        # secondary, while the caller holds the stream's lock.
+        with ThreadPoolExecutor(max_workers=max(1, len(asked)),
+                                thread_name_prefix="pd-seal") as pool:
+            tries = {sid: pool.submit(self.seal, sid, rng, timeout_s) for sid in asked}
+        for sid, done in tries.items():
             try:
-                ends[sid] = self.seal(sid, rng, timeout_s).end
+                ends[sid] = done.result().end
             except SbpError as exc:
+                missed.append(sid)
                 log.warning("secondary %d of range %d of stream %d did not seal: %s", sid,
                             rng.range_index, rng.stream_id, exc)
         if len(set(ends.values())) > 1:
@@ -104,7 +131,7 @@ class RangeServerCalls:
         if on_primary.unreachable:
             log.info("range %d of stream %d: its primary %d could not reach secondaries %s",
                      rng.range_index, rng.stream_id, primary, list(on_primary.unreachable))
-        return SealedEnd(min(ends.values()), on_primary.unreachable)
+        return SealedEnd(min(ends.values()), on_primary.unreachable, tuple(missed))
 
     def seal(self, server_id: int, rng: RangeMeta, timeout_s: float | None = None
              ) -> SealedEnd:

@@ -140,7 +140,8 @@ class PlacementDriver:
         self.streams = StreamOperations(
             self.store, placement, self.pushes, self._calls, self.locks,
             ConsumerFloor(self.consumers, self._offset_for_time, self._retained_start))
-        self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks)
+        self.ranges = RangeOperations(self.store, self._calls, self.succession, self.locks,
+                                      self.liveness.went_silent)
         range_failover = RangeFailover(self.store, self.liveness.is_live, self._calls,
                                        self.succession, self.locks)
 

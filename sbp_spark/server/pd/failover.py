@@ -253,6 +253,8 @@ class RangeFailover:
             # Among the servers live now, with no wait for others: this runs on the sweep
             # thread, which a wait would hold up for every other failover owed. Writers that
             # find no successor open it through SEAL_RANGES, which waits.
-            self._succession.seal_and_open_next(rng, end, skip={dead}, wait_for_servers=False,
-                                                announce=announce)
+            # The replicas that did not seal (the dead one, any other not live) are not
+            # pushed to: each would hold the stream's lock for a timeout. They are resynced.
+            self._succession.seal_and_open_next(rng, end, skip=set(rng.server_ids) - ends.keys(),
+                                                wait_for_servers=False, announce=announce)
         return True

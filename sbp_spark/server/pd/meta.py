@@ -345,8 +345,11 @@ class MetadataStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SealedEnd:
-    """Where a seal ended a range, and the secondaries its primary could not reach lately
-    (``SealRangesResult.unreachable``: why the primary had sealed the range itself)."""
+    """Where a seal ended a range, the secondaries its primary could not reach lately
+    (``SealRangesResult.unreachable``: why the primary had sealed the range itself), and the
+    secondaries that did not seal (down, or not answering in time): pushes skip them, and
+    they are resynced when they next heartbeat."""
 
     end: int
     unreachable: tuple[int, ...] = ()
+    missed: tuple[int, ...] = ()

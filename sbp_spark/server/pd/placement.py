@@ -131,6 +131,19 @@ class Liveness:
             st = self._servers.get(server_id)
             return st is not None and self._fresh(st, now)
 
+    def went_silent(self, server_id: int) -> bool:
+        """Whether this view has evidence that ``server_id`` is down or cut off: it heard the
+        server, then nothing for ``timeout_s`` while it kept hearing others (the evidence
+        failover acts on). A server not heard yet in this view (a PD that just took office)
+        is not silent, only unknown."""
+        now = self._clock()
+        with self._lock:
+            st = self._servers.get(server_id)
+            if st is None or self._fresh(st, now):
+                return False
+            return self._heard is not None and now - self._heard <= self.timeout_s \
+                and self._heard - st.last_seen > self.timeout_s
+
     def live(self) -> list[ServerState]:
         """Live servers in id order."""
         now = self._clock()

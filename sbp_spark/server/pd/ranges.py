@@ -4,6 +4,7 @@ server's ranges."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from sbp_spark.protocol import messages as m
@@ -33,19 +34,22 @@ class SealCalls(Protocol):
     """How a seal reaches a range's replicas (``calls.RangeServerCalls``): the primary must
     answer; the range ends where they say."""
 
-    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None
-                        ) -> SealedEnd: ...
+    def seal_on_servers(self, rng: RangeMeta, timeout_s: float | None = None,
+                        skip: Iterable[int] = ()) -> SealedEnd: ...
 
 
 class RangeOperations:
-    """SEAL_RANGES, CREATE_RANGE and LIST_RANGES by server; refusals raise ``ServerError``s."""
+    """SEAL_RANGES, CREATE_RANGE and LIST_RANGES by server; refusals raise ``ServerError``s.
+    ``went_silent`` says which servers liveness has evidence are down or cut off
+    (``Liveness.went_silent``): a seal does not wait on them."""
 
     def __init__(self, records: RangeRecords, calls: SealCalls, succession: Succession,
-                 locks: StreamLocks) -> None:
+                 locks: StreamLocks, went_silent: Callable[[int], bool]) -> None:
         self._records = records
         self._calls = calls
         self._succession = succession
         self._locks = locks
+        self._went_silent = went_silent
 
     def on_server(self, server: m.RangeServer) -> tuple[int, list[RangeMeta]]:
         """The server's id (looked up by address when the id is unset) and its ranges."""
@@ -79,9 +83,14 @@ class RangeOperations:
                 if last.is_open:
                     return last
                 return self._succession.open_next(stream_id, timeout_s)
-            sealed = self._calls.seal_on_servers(last, timeout_s)
+            # A secondary that went silent is not asked, as a failover would not ask it: a
+            # stopped one would hold this seal, and the stream's lock, for the whole timeout.
+            # Those that did not seal are not pushed the end either; they are resynced.
+            silent = [sid for sid in last.server_ids
+                      if sid != last.primary and self._went_silent(sid)]
+            sealed = self._calls.seal_on_servers(last, timeout_s, skip=silent)
             done = self._succession.seal_and_open_next(last, sealed.end, timeout_s=timeout_s,
-                                                       announce=_log_seal,
+                                                       skip=sealed.missed, announce=_log_seal,
                                                        unreachable=sealed.unreachable)
         if done.opened is None:
             assert done.unplaced is not None
