@@ -91,12 +91,15 @@ SEALED_CHECK_S = 0.25
 # How long a secondary may take to answer a cap notice.
 NOTICE_TIMEOUT_S = 10.0
 
-# A forward's answer this late, from a secondary that then lets a PING go unanswered too,
-# fails the forward (``_settled_answer_of``). Past the PD's liveness timeout (3 s) and its
-# sweep: a secondary that is stopped or dead is failed over by the PD first, whose seal ends
-# the wait as above, and no writer asks for a seal that would wait on that secondary. One the
-# PD still hears then is cut off from this primary only.
-SECONDARY_GIVE_UP_S = 5.0
+# A forward's answer this late, from a secondary that then lets a PING go unanswered too
+# (one probe interval, 1 s), fails the forward (``_settled_answer_of``): about 3 s in all,
+# the PD's liveness timeout. The writers then ask the PD to seal the range; that seal does
+# not wait on a stopped secondary (the PD skips one it no longer hears, and gives any other
+# one bounded try, all secondaries at once), so a stopped secondary costs no more than its
+# failover would. It used to be 5 s, past the failover, when a seal waited twice the PD's
+# timeout on each stopped secondary in turn; a primary cut off from its secondaries then
+# held its writers about 7 s.
+SECONDARY_GIVE_UP_S = 2.0
 
 
 # How many ranges' unreachable secondaries a primary remembers (``Replicator.unreachable``):
