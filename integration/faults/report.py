@@ -88,7 +88,7 @@ own resends, and no stall over 8 s from a single fault. Stalls are counted in tw
 of one fault at a time, and those during which a second fault hit before they had lasted 8 s
 (say, a primary cut off from its secondaries, then the PD leader killed or an etcd member
 paused before the writers had their new range: the PD's election, 3-4 s, adds to the
-primary's give-up time, 6 s). The schedule lets a range-server fault and a control-plane
+primary's give-up time, about 3 s). The schedule lets a range-server fault and a control-plane
 fault come together. A fault that ended before the stall began does not count as a second
 one, nor does a PD follower's death (no writer waits on a follower). Each run lists the
 longest stall of each kind, and of one fault at a time by the kind of fault. Duplicates are told apart by cause: every batch and Spark
