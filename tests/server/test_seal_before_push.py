@@ -38,6 +38,7 @@ class FakeRangeServers:
         self.lock = threading.Lock()
         self.before_sync: Callable[[int, Sequence[RangeMeta]], None] = lambda sid, ranges: None
         self.before_seal: Callable[[RangeMeta], None] = lambda rng: None
+        self.missed: tuple[int, ...] = ()  # secondaries that do not answer a seal
 
     def sync(self, server_id: int, ranges: Sequence[RangeMeta],
              timeout_s: float | None = None) -> None:
@@ -58,7 +59,8 @@ class FakeRangeServers:
         if self.holding(primary, rng.stream_id, rng.range_index) is None:
             raise RangeNotFoundError(f"range {rng.stream_id}/{rng.range_index} is not on "
                                      f"server {primary}")
-        return SealedEnd(rng.start_offset)
+        return SealedEnd(rng.start_offset,
+                         missed=tuple(sid for sid in self.missed if sid in rng.server_ids))
 
     def holding(self, server_id: int, stream_id: int, range_index: int) -> RangeMeta | None:
         with self.lock:

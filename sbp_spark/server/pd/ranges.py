@@ -85,13 +85,16 @@ class RangeOperations:
                 return self._succession.open_next(stream_id, timeout_s)
             # A secondary that went silent is not asked, as a failover would not ask it: a
             # stopped one would hold this seal, and the stream's lock, for the whole timeout.
-            # Those that did not seal are not pushed the end either; they are resynced.
+            # Those that did not seal are not pushed the end either (they are resynced), and
+            # are kept away from the next range with the secondaries the primary could not
+            # reach: one that the PD still counts live may be stopped all the same, and the
+            # next range's appends would wait on it again.
             silent = [sid for sid in last.server_ids
                       if sid != last.primary and self._went_silent(sid)]
             sealed = self._calls.seal_on_servers(last, timeout_s, skip=silent)
-            done = self._succession.seal_and_open_next(last, sealed.end, timeout_s=timeout_s,
-                                                       skip=sealed.missed, announce=_log_seal,
-                                                       unreachable=sealed.unreachable)
+            done = self._succession.seal_and_open_next(
+                last, sealed.end, timeout_s=timeout_s, skip=sealed.missed, announce=_log_seal,
+                unreachable=tuple(dict.fromkeys(sealed.unreachable + sealed.missed)))
         if done.opened is None:
             assert done.unplaced is not None
             raise done.unplaced
