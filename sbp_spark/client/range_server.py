@@ -402,7 +402,7 @@ class RangeServerClient:
         max_wait_ms: int = 0,
         min_bytes: int = 0,
         timeout: float | None = None,
-    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+    ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Stream the batches of ``stream_id`` from ``fetch_offset`` (up to ``end_offset``,
         -1 = no bound) with one FETCH request; ``batch_max_bytes`` bounds the whole answer.
 
@@ -414,7 +414,7 @@ class RangeServerClient:
         return self._single_fetch(chunks, stream_id)
 
     def _single_fetch(self, chunks: Generator[FetchChunk, None, None], stream_id: int
-                      ) -> Iterator[tuple[BatchHeader, memoryview]]:
+                      ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         try:
             for chunk in chunks:
                 if chunk.status.code:

@@ -14,7 +14,7 @@ from contextlib import closing
 from typing import TYPE_CHECKING
 
 from sbp_spark.client import FetchedBatch, SbpClient, known_range
-from sbp_spark.protocol.errors import SbpError, StreamNotFoundError
+from sbp_spark.protocol.errors import OffsetOutOfRangeError, SbpError, StreamNotFoundError
 
 from .options import ClientOptions
 from .planning import RangeLayout, ReplicaLocation, SbpPartition, StreamLayout
@@ -133,26 +133,47 @@ def stream_layouts(client: SbpClient, stream_ids: Sequence[int], pd: Sequence[st
     return layouts
 
 
-def authoritative_end(client: SbpClient, layout: StreamLayout) -> int | None:
-    """Where the stream ends as only its authority can say: the end of a sealed last range, or
-    the open range's next offset from its primary. None when the primary does not answer:
-    ``stream_layouts`` then settles for what a secondary vouches for, which may lag what the
-    primary acknowledged."""
+def authoritative_end(client: SbpClient, layout: StreamLayout, needed: int) -> int | None:
+    """Where the stream ends as only its authority can say, asked because ``layout`` ends
+    below ``needed`` (an offset the query read or planned to): the end of a sealed last range,
+    or the open range's next offset from its primary. None when that is not known: the primary
+    does not answer (``stream_layouts`` then settled for what a secondary vouches for, which
+    may lag what the primary acknowledged), or it shows less than ``needed`` but still stores
+    that far.
+
+    A primary's next offset is how far its readers may see. A primary that restarted starts
+    with the open range capped at its start, below records readers saw before, until every
+    secondary said it holds them too (cap_notices.py); its FETCH still takes an offset it
+    stores. So an end below ``needed`` counts only when the primary refuses a FETCH at
+    ``needed`` (OFFSET_OUT_OF_RANGE): it does not hold those records (a rebuilt cluster)."""
     tail = layout.ranges[-1] if layout.ranges else None
     if tail is None or not tail.is_open:
         return layout.end_offset
     primary = next((r for r in tail.replicas if r.is_primary), None)
     if primary is None:
         return None
+    server = client.range_server(primary.address)
     try:
-        (result,) = client.range_server(primary.address).describe_ranges(
-            [(layout.stream_id, tail.range_index)])
+        (result,) = server.describe_ranges([(layout.stream_id, tail.range_index)])
         described = result.unwrap()
     except SbpError:
         return None
     if described is None:
         return None
-    return described.next_offset if described.is_open else described.end_offset
+    end = described.next_offset if described.is_open else described.end_offset
+    if not described.is_open or end >= needed:
+        return end
+    try:
+        with closing(server.fetch(layout.stream_id, needed, batch_max_bytes=1)) as batches:
+            next(batches, None)
+    except OffsetOutOfRangeError:
+        return end
+    except SbpError:
+        return None
+    log.info("sbp: stream %d: the primary of its open range %d shows records up to offset %d "
+             "only, but stores them up to %d (it restarted and has not heard from every "
+             "secondary yet); waiting for it", layout.stream_id, tail.range_index, end, needed)
+    return None
 
 
 def replica_start(client: SbpClient, partition: SbpPartition) -> int | None:

@@ -222,7 +222,7 @@ class MicroBatchPlanner:
                     sid, hi, cut, "the range that held its last record"))
                 hi = cut
             elif data_loss.needs_stream_end(layout, hi) and (
-                    (stream_end := cluster_access.authoritative_end(self.client, layout))
+                    (stream_end := cluster_access.authoritative_end(self.client, layout, hi))
                     is not None and stream_end < hi):
                 self._lost(data_loss.planned_end_cut(sid, hi, stream_end, "the stream"))
                 hi = stream_end
@@ -311,7 +311,8 @@ class MicroBatchPlanner:
         loss = data_loss.range_sealed_below(sid, position, range_index, layout)
         if loss is None and data_loss.needs_stream_end(layout, position):
             loss = data_loss.stream_ends_below_read(
-                sid, position, range_index, cluster_access.authoritative_end(self.client, layout))
+                sid, position, range_index,
+                cluster_access.authoritative_end(self.client, layout, position))
         if loss is None:
             return position
         self._lost(loss)

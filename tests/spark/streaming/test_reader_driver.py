@@ -288,6 +288,43 @@ def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
     assert from_spark(latest(reader, read_to)) == {sid: 10}
 
 
+def test_a_restarted_primary_still_capped_is_not_data_loss(pd, sbp_client, monkeypatch):
+    # A primary that restarted shows its open replicated range only up to the range's start
+    # until every secondary said it holds the records too. Taken for the stream's end, that
+    # failed a relay in the nemesis with "history rewritten" while no record was lost: the
+    # primary still takes a FETCH at the offset the query read to, so the end is not known
+    # yet, and the query waits. (The stream here has one replica; the primary's answer is
+    # made to look like a restarted one's.)
+    from dataclasses import replace
+
+    from sbp_spark.client.range_server import RangeServerClient
+    from sbp_spark.spark import cluster_access
+
+    sid = new_stream(sbp_client)
+    append_values(sbp_client, sid, ["x"] * 10)
+    reader = make_reader(pd, [sid], startingOffsets="earliest")
+    read_to = latest(reader, reader.initialOffset())
+    assert from_spark(read_to) == {sid: 10}
+    real_layouts, real_describe = cluster_access.stream_layouts, RangeServerClient.describe_ranges
+
+    def capped_layouts(*args):
+        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=0),))
+                for lay in real_layouts(*args)]
+
+    def capped_describe(self, ranges):
+        return [replace(item, value=replace(item.value, next_offset=item.value.start_offset))
+                for item in real_describe(self, ranges)]
+
+    monkeypatch.setattr(cluster_access, "stream_layouts", capped_layouts)
+    monkeypatch.setattr(RangeServerClient, "describe_ranges", capped_describe)
+    assert from_spark(latest(reader, read_to)) == {sid: 10}
+    # Past what the primary stores, it is data loss as before.
+    ahead = {str(sid): 12, "ranges": {str(sid): 0}}
+    with pytest.raises(DataLossError, match=rf"history rewritten in stream {sid}: it now ends "
+                       r"at offset 0, but this query had already read it up to offset 12"):
+        latest(make_reader(pd, [sid]), ahead)
+
+
 def test_a_planned_end_past_the_end_of_an_open_stream_is_data_loss(pd, sbp_client):
     # A micro-batch planned up to offset 10 (then the query stopped before it ran) is replayed
     # against a stream that now ends at 3 in an open range: a rebuilt cluster, say. This failed
