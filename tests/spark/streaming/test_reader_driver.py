@@ -265,10 +265,10 @@ def test_a_stream_deleted_after_planning(pd, sbp_client):
     assert list(tolerant.read(partition)) == []
 
 
-def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
-    # When the primary does not answer, a stream's layout gives the open range's end that a
-    # secondary vouches for, which may lag what the query already read. Only the primary's
-    # word may make that data loss; here it still holds every record.
+def read_ten_then_end_layouts_at(pd, sbp_client, monkeypatch, end: int):
+    """A reader that read a new stream's 10 records, after which the stream's layouts show
+    its open range ending at ``end`` (what a secondary, or a restarted primary, may say):
+    (stream id, the reader, the offsets it read to)."""
     from dataclasses import replace
 
     from sbp_spark.spark import cluster_access
@@ -280,11 +280,19 @@ def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
     assert from_spark(read_to) == {sid: 10}
     real = cluster_access.stream_layouts
 
-    def lagging(*args):
-        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=6),))
+    def lowered(*args):
+        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=end),))
                 for lay in real(*args)]
 
-    monkeypatch.setattr(cluster_access, "stream_layouts", lagging)
+    monkeypatch.setattr(cluster_access, "stream_layouts", lowered)
+    return sid, reader, read_to
+
+
+def test_a_lagging_secondary_end_is_not_data_loss(pd, sbp_client, monkeypatch):
+    # When the primary does not answer, a stream's layout gives the open range's end that a
+    # secondary vouches for, which may lag what the query already read. Only the primary's
+    # word may make that data loss; here it still holds every record.
+    sid, reader, read_to = read_ten_then_end_layouts_at(pd, sbp_client, monkeypatch, 6)
     assert from_spark(latest(reader, read_to)) == {sid: 10}
 
 
@@ -298,24 +306,14 @@ def test_a_restarted_primary_still_capped_is_not_data_loss(pd, sbp_client, monke
     from dataclasses import replace
 
     from sbp_spark.client.range_server import RangeServerClient
-    from sbp_spark.spark import cluster_access
 
-    sid = new_stream(sbp_client)
-    append_values(sbp_client, sid, ["x"] * 10)
-    reader = make_reader(pd, [sid], startingOffsets="earliest")
-    read_to = latest(reader, reader.initialOffset())
-    assert from_spark(read_to) == {sid: 10}
-    real_layouts, real_describe = cluster_access.stream_layouts, RangeServerClient.describe_ranges
-
-    def capped_layouts(*args):
-        return [replace(lay, ranges=lay.ranges[:-1] + (replace(lay.ranges[-1], end_offset=0),))
-                for lay in real_layouts(*args)]
+    sid, reader, read_to = read_ten_then_end_layouts_at(pd, sbp_client, monkeypatch, 0)
+    real_describe = RangeServerClient.describe_ranges
 
     def capped_describe(self, ranges):
         return [replace(item, value=replace(item.value, next_offset=item.value.start_offset))
                 for item in real_describe(self, ranges)]
 
-    monkeypatch.setattr(cluster_access, "stream_layouts", capped_layouts)
     monkeypatch.setattr(RangeServerClient, "describe_ranges", capped_describe)
     assert from_spark(latest(reader, read_to)) == {sid: 10}
     # Past what the primary stores, it is data loss as before.
