@@ -88,12 +88,13 @@ def test_ranges_from_the_pd_take_appends_and_retention_trims_reach_the_pd(tmp_pa
         assert frame.is_end
 
 
-def _unregistered(tmp_path) -> LinkedServer:
-    """A range server as its PD link sees it, before the PD gave it an id."""
+def _unregistered(tmp_path, server_id: int = -1) -> LinkedServer:
+    """A range server as its PD link sees it, before the PD gave it an id (or with
+    ``server_id``, after)."""
     return LinkedServer(
         data_dir=str(tmp_path), server_file=str(tmp_path / "server.json"),
         heartbeat_interval_s=1.0, metrics_interval_s=5.0, streams_interval_s=30.0,
-        server_id=lambda: -1, set_server_id=lambda server_id: None,
+        server_id=lambda: server_id, set_server_id=lambda server_id: None,
         advertise_addr=lambda: "127.0.0.1:1", stream_ids=list,
         stream_settings=lambda stream_id, retention_ms, deleted: None,
         load=lambda: LoadSample(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0))
@@ -128,3 +129,38 @@ def test_registration_backs_off_while_the_pd_is_unreachable(tmp_path):
     finally:
         link.stop()
     assert waits == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+
+
+def test_a_failed_heartbeat_is_sent_again_within_a_quarter_second(tmp_path, monkeypatch):
+    # While a PD cluster elects a leader every heartbeat fails, and the new leader places no
+    # range on a server (nor resyncs it) before one reaches it: a server that waited its whole
+    # interval after each failure left the new leader without it for up to a second.
+    from sbp_spark.protocol.errors import PdNotLeaderError
+    from sbp_spark.server.range_server import registration
+
+    now = [0.0]
+    beats: list[float] = []
+    monkeypatch.setattr(registration.time, "monotonic", lambda: now[0])
+
+    class FakeTimeStop(registration.threading.Event):
+        def wait(self, timeout=None):
+            if len(beats) >= 7:
+                self.set()
+            if timeout is not None and not self.is_set():
+                now[0] += timeout  # the pause passes at once, on the link's clock
+                return False
+            return self.is_set()
+
+    link = PdLink(_unregistered(tmp_path, server_id=5), ["127.0.0.1:1"], stop=FakeTimeStop())
+
+    def heartbeat() -> None:
+        beats.append(round(now[0], 3))
+        if len(beats) <= 3:  # three fail (an election), then the new leader answers
+            raise PdNotLeaderError("no leader yet")
+
+    monkeypatch.setattr(link, "_heartbeat", heartbeat)
+    monkeypatch.setattr(link, "_report_metrics", lambda: None)
+    monkeypatch.setattr(link, "_refresh_streams", lambda: None)
+    link._run()
+    link.pool.close()
+    assert beats == [0.0, 0.25, 0.5, 0.75, 1.75, 2.75, 3.75]

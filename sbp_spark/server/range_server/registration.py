@@ -45,6 +45,13 @@ _LINK_CLIENT = ClientConfig(connect_timeout_s=2.0, request_timeout_s=5.0, retrie
 # is down for long does not get (nor the log show) several attempts a second.
 _REGISTER_BACKOFF_S = 0.2
 _REGISTER_BACKOFF_MAX_S = 5.0
+# After a failed HEARTBEAT the next comes this soon, not a whole interval later: while a PD
+# cluster elects a leader every heartbeat fails, and the new leader knows nothing of this
+# server (it places no range here, and sends the ranges it owes no resync) until one reaches
+# it. A new leader then hears every server within a quarter second of taking office, where it
+# took up to a heartbeat interval; a writer that waited for it to seal its range, and then
+# for the new range to reach its servers, waited that long more (the nemesis saw it).
+HEARTBEAT_RETRY_S = 0.25
 _INT16_MAX = (1 << 15) - 1
 
 
@@ -182,10 +189,11 @@ class PdLink:
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_heartbeat:
-                next_heartbeat = now + cfg.heartbeat_interval_s
-                self._guarded("HEARTBEAT", self._heartbeat)
+                beat = self._guarded("HEARTBEAT", self._heartbeat)
                 if self.refusal is not None:
                     return
+                next_heartbeat = now + (cfg.heartbeat_interval_s if beat else
+                                        min(cfg.heartbeat_interval_s, HEARTBEAT_RETRY_S))
             if now >= next_metrics:
                 next_metrics = now + cfg.metrics_interval_s
                 self._guarded("REPORT_METRICS", self._report_metrics)
@@ -196,7 +204,9 @@ class PdLink:
             wake = min(next_heartbeat, next_metrics, next_streams) - time.monotonic()
             self._stop.wait(max(0.0, min(wake, 0.5)))
 
-    def _guarded(self, what: str, fn) -> None:
+    def _guarded(self, what: str, fn) -> bool:
+        """Run the PD call ``fn``; a failure is logged (once per outage), not raised.
+        Whether it succeeded."""
         try:
             fn()
         except SbpError as exc:
@@ -206,6 +216,8 @@ class PdLink:
                           what)
         else:
             self.outage.succeeded(what)
+            return True
+        return False
 
     def _register(self) -> bool:
         """Make sure the server has an id; False if stopped first."""
