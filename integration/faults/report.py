@@ -72,30 +72,31 @@ Run:
 NEMESIS_INTRO = """\
 ## Nemesis: every fault at random, for minutes on end
 
-`python -m integration.nemesis --minutes 60 --seed N --record` (`integration/nemesis`) runs a
-cluster of 3 etcd members, 3 PD nodes and 5 range servers, each on a network node of its own,
-with four writers and two tails (the client's default settings; a writer sends a failed
-call's batches again until they are stored) and a Spark process of its own (a write-then-read
-batch loop, and a streaming relay into an idempotent sink), while faults chosen from the seed
-hit it: kill -9 and restart of a primary, of the PD leader, of a PD follower, of an etcd
-member; SIGSTOP pauses of 1-8 s of any server; partitions of a primary from the PD, from its
-secondaries, from the writers. At most one fault at a time hits the range servers and one the
-PD nodes and etcd members, each only once the cluster is whole again (so at most one range
-server and one PD node or etcd member are impaired at once). The history checker, the relay's
-exactly-once check and the nemesis's own accounting give the figures below; the definition
-of done of issue 43 asks for 0 lost, 0 divergent, 0 give-ups, 0 duplicates from the client's
-own resends, and no stall over 8 s from a single fault. Stalls are counted in two kinds: those
-of one fault at a time, and those during which a second fault hit before they had lasted 8 s
-(say, a primary cut off from its secondaries, then the PD leader killed or an etcd member
-paused before the writers had their new range: the PD's election, 3-4 s, adds to the
-primary's give-up time, about 3 s). The schedule lets a range-server fault and a control-plane
-fault come together. A fault that ended before the stall began does not count as a second
-one, nor does a PD follower's death (no writer waits on a follower). Each run lists the
-longest stall of each kind, and of one fault at a time by the kind of fault. Duplicates are told apart by cause: every batch and Spark
-row carries its writer, call (or job) and try, and the Spark task attempt that wrote it. A
-run's seed replays its schedule; `integration/nemesis/test_nemesis.py` is the 10-minute run
-as a test (`-m slow`). `--record` (or the test with `SBP_FAULTS_REPORT=1`) keeps the last run
-of each length in `nemesis.json` and rewrites this page.
+`python -m integration.nemesis --minutes 60 --seed N --record` (`integration/nemesis`) runs
+a cluster of 3 etcd members, 3 PD nodes and 5 range servers, each on a network node of its
+own, with four writers and two tails (the client's default settings; a writer sends a failed
+call's batches again until they are stored) and a Spark process of its own (a
+write-then-read batch loop, and a streaming relay into an idempotent sink), while faults
+chosen from the seed hit it: kill -9 and restart of a primary, of the PD leader, of a PD
+follower, of an etcd member; SIGSTOP pauses of 1-8 s of any server; partitions of a primary
+from the PD, from its secondaries, from the writers. At most one fault at a time hits the
+range servers and one the PD nodes and etcd members, each only once the cluster is whole
+again (so at most one range server and one PD node or etcd member are impaired at once). The
+history checker, the relay's exactly-once check and the nemesis's own accounting give the
+figures below; the definition of done of issue 43 asks for 0 lost, 0 divergent, 0 give-ups,
+0 duplicates from the client's own resends, and no stall over 8 s from a single fault.
+Stalls are counted in two kinds: those of one fault at a time, and those during which a
+second fault hit before they had lasted 8 s (say, a primary cut off from its secondaries,
+then the PD leader killed or an etcd member paused before the writers had their new range:
+the PD's election, 3-4 s, adds to the primary's give-up time, about 2 s). The schedule lets
+a range-server fault and a control-plane fault come together. A fault that ended before the
+stall began does not count as a second one, nor does a PD follower's death (no writer waits
+on a follower). Each run lists the longest stall of each kind, and of one fault at a time by
+the kind of fault. Duplicates are told apart by cause: every batch and Spark row carries its
+writer, call (or job) and try, and the Spark task attempt that wrote it. A run's seed
+replays its schedule; `integration/nemesis/test_nemesis.py` is the 10-minute run as a test
+(`-m slow`). `--record` (or the test with `SBP_FAULTS_REPORT=1`) keeps the last run of each
+length in `nemesis.json` and rewrites this page.
 """
 
 

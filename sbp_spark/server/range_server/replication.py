@@ -92,14 +92,16 @@ SEALED_CHECK_S = 0.25
 NOTICE_TIMEOUT_S = 10.0
 
 # A forward's answer this late, from a secondary that then lets a PING go unanswered too
-# (one probe interval, 1 s), fails the forward (``_settled_answer_of``): about 3 s in all,
-# the PD's liveness timeout. The writers then ask the PD to seal the range; that seal does
-# not wait on a stopped secondary (the PD skips one it no longer hears, and gives any other
-# one bounded try, all secondaries at once), so a stopped secondary costs no more than its
-# failover would. It used to be 5 s, past the failover, when a seal waited twice the PD's
-# timeout on each stopped secondary in turn; a primary cut off from its secondaries then
-# held its writers about 7 s.
-SECONDARY_GIVE_UP_S = 2.0
+# (one probe interval, 1 s), fails the forward (``_settled_answer_of``): about 2 s in all.
+# The PING is what tells a broken link or a stopped server from a slow one (a secondary
+# waiting for its disk answers it from its network core at once), so its wait need not be
+# long. The writers then ask the PD to seal the range; that seal does not wait on a stopped
+# secondary past one bounded try (the PD skips one it no longer hears, and asks the others
+# all at once). It was 5 s when a seal waited twice the PD's timeout on each stopped
+# secondary in turn (a primary cut off from its secondaries held its writers about 7 s), then
+# 2 s (about 4 s); the nemesis still saw writers wait over 8 s when the PD leader died as the
+# writers asked for the seal: the PD's election (up to its 3 s lease) comes on top of this.
+SECONDARY_GIVE_UP_S = 1.0
 
 
 # How many ranges' unreachable secondaries a primary remembers (``Replicator.unreachable``):
