@@ -39,6 +39,8 @@ class FakeRangeServers:
         self.before_sync: Callable[[int, Sequence[RangeMeta]], None] = lambda sid, ranges: None
         self.before_seal: Callable[[RangeMeta], None] = lambda rng: None
         self.missed: tuple[int, ...] = ()  # secondaries that do not answer a seal
+        # secondaries the primary says it could not reach (its answer to the seal)
+        self.unreachable: tuple[int, ...] = ()
 
     def sync(self, server_id: int, ranges: Sequence[RangeMeta],
              timeout_s: float | None = None) -> None:
@@ -60,6 +62,7 @@ class FakeRangeServers:
             raise RangeNotFoundError(f"range {rng.stream_id}/{rng.range_index} is not on "
                                      f"server {primary}")
         return SealedEnd(rng.start_offset,
+                         unreachable=tuple(s for s in self.unreachable if s in rng.server_ids),
                          missed=tuple(sid for sid in self.missed if sid in rng.server_ids))
 
     def holding(self, server_id: int, stream_id: int, range_index: int) -> RangeMeta | None:

@@ -9,6 +9,9 @@ fakes of ``test_seal_before_push``.
 
 from __future__ import annotations
 
+import threading
+import time
+
 from sbp_spark.server.pd.placement import Liveness, Placement
 from sbp_spark.server.pd.pushes import RangePushes
 from sbp_spark.server.pd.ranges import RangeOperations
@@ -45,3 +48,36 @@ def test_a_secondary_that_did_not_seal_is_kept_away_from_the_next_range(tmp_path
         assert pushes.resync_owed(stopped)
         held = servers.holding(stopped, stream.stream_id, 0)
         assert held is not None and held.is_open
+
+
+def test_a_new_leader_waits_for_a_server_it_has_not_heard_before_reusing_the_sealed_ones(
+        tmp_path):
+    # A primary cut off from its secondaries, and the PD leader killed as the writers asked for
+    # the seal: the new leader had heard those three servers first (a quarter second after
+    # taking office) and put the next range back on them, so its primary could not reach the
+    # old one either, and the writers waited out a second give-up (the fault suite: 9.6 s).
+    servers = FakeRangeServers()
+    with PdStore(tmp_path / "pd.sqlite", fsync=False) as store:
+        liveness = Liveness(3.0)  # a view that just began: this PD just took office
+        ids = [store.allocate_server_id("test") for _ in range(4)]
+        primary, second, third, unheard = ids
+        for server_id in ids:  # all four heartbeated to the old leader
+            store.record_heartbeat(server_id, f"127.0.0.1:{7000 + server_id}")
+        for server_id in (primary, second, third):
+            liveness.beat(server_id, f"127.0.0.1:{7000 + server_id}")
+        ranges = RangeOperations(store, servers,
+                                 Succession(store, Placement(liveness, store),
+                                            RangePushes(servers, store)),
+                                 StreamLocks(), liveness.went_silent)
+        stream, first = store.create_stream(3, -1, [primary, second, third])
+        RangePushes(servers, store).push([first])
+        servers.unreachable = (second, third)
+        later = threading.Timer(0.3, liveness.beat, (unheard, f"127.0.0.1:{7000 + unheard}"))
+        later.start()
+        began = time.monotonic()
+        opened = ranges.seal(stream.stream_id, 0, timeout_s=1.0)
+        waited = time.monotonic() - began
+        later.join()
+
+        assert opened.server_ids[0] == unheard, opened.server_ids
+        assert 0.2 <= waited < 2.5

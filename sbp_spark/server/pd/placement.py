@@ -97,23 +97,34 @@ class Liveness:
             self._contact_since = 0.0
             self._since = self._clock()
 
-    def wait_for_live(self, count: int, known: Iterable[int]) -> bool:
+    def wait_for_live(self, count: int, known: Iterable[int], rather_not: Iterable[int] = ()
+                      ) -> bool:
         """Whether ``count`` servers are live, after waiting, while this view is younger than
         the timeout, for those of the ``known`` servers (ids the PD issued) it has not heard
         from yet: they may be alive and still looking for this PD. No wait when they could not
         make up ``count`` even then (a server that said goodbye or went silent in this view
-        is not waited for), and none once the view is ``timeout_s`` old."""
+        is not waited for), and none once the view is ``timeout_s`` old.
+
+        ``rather_not``: servers a placement uses only when it must (``choose_servers``'s
+        ``succeeding``). While fewer than ``count`` others are live, the unheard ones among
+        the others are waited for too, even with ``count`` live: each one heard gives the
+        placement a better choice."""
         known = set(known)
+        rather_not = set(rather_not)
         with self._lock:
             # The wait is bounded on the real clock: the liveness clock may be a test's.
             deadline = time.monotonic() + (self._since + self.timeout_s - self._clock())
             while True:
-                live = len(self._live_locked(self._clock()))
-                unheard = sum(1 for sid in known
-                              if sid not in self._servers and sid not in self._left)
+                live = [st.server_id for st in self._live_locked(self._clock())]
+                unheard = [sid for sid in known
+                           if sid not in self._servers and sid not in self._left]
+                possible = len(live) + len(unheard) >= count
+                lacking = len(live) < count
+                better = sum(1 for sid in live if sid not in rather_not) < count and \
+                    any(sid not in rather_not for sid in unheard)
                 left = deadline - time.monotonic()
-                if live >= count or live + unheard < count or left <= 0:
-                    return live >= count
+                if not possible or not (lacking or better) or left <= 0:
+                    return len(live) >= count
                 self._changed.wait(left)
 
     def in_contact_for(self) -> float:
@@ -243,7 +254,7 @@ class Placement:
         ``succeeding``: the primaries of the ranges the new one follows that were sealed
         lately, newest first (``choose_servers``)."""
         if wait:
-            self._await_live(count)
+            self._await_live(count, succeeding)
         with self._lock:
             try:
                 servers: list[int] | None = self._choose(count, succeeding)
@@ -252,15 +263,22 @@ class Placement:
                 servers, refusal = None, exc
             return record(servers), refusal
 
-    def _await_live(self, count: int) -> None:
+    def _await_live(self, count: int, avoid: Sequence[int] = ()) -> None:
         """Before placing ``count`` replicas: a PD that just started or took office has not
         heard yet from every server that is alive (their heartbeats went elsewhere, or not yet
         anywhere); the registered servers it has not heard from get the rest of one liveness
-        timeout to find it (``Liveness.wait_for_live``). The choice is made after that."""
-        if len(self._liveness.live()) >= count:
+        timeout to find it (``Liveness.wait_for_live``). The choice is made after that.
+
+        ``avoid``: servers the range should go to only when too few others are live (the
+        primaries sealed lately, ``choose_servers``); the unheard servers are waited for
+        until enough others are live. A new leader asked to seal-and-new a range whose primary
+        was cut off from its secondaries otherwise put the next range back on those three
+        servers when it had heard them first, and the writers waited out a second give-up."""
+        avoided = set(avoid)
+        if sum(1 for s in self._liveness.live() if s.server_id not in avoided) >= count:
             return
         known = [s.server_id for s in self._load.list_servers() if s.registered]
-        self._liveness.wait_for_live(count, known)
+        self._liveness.wait_for_live(count, known, rather_not=avoided)
 
     def _choose(self, count: int, succeeding: Sequence[int] = ()) -> list[int]:
         live = [s.server_id for s in self._liveness.live()]
