@@ -16,7 +16,9 @@ import time
 
 import pytest
 
+from sbp_spark.client.config import DEFAULT_PROBE_INTERVAL_S
 from sbp_spark.protocol.records import ENVELOPE_SIZE, body_to_arrow
+from sbp_spark.server.range_server.replication import SECONDARY_GIVE_UP_S
 from tests.etcd import require_etcd
 
 from .helpers import wait_until
@@ -40,6 +42,9 @@ PD_CUT_S = 20.0
 # (issue 43): a writer does not wait for a network to heal (docs/reliability.md,
 # "Partitions"). Checked in every case with writers (``assert_no_long_wait``).
 LONGEST_WAIT_S = 8.0
+# When a primary whose forwards go unanswered gives up on its secondaries: the forward's answer
+# late by the give-up time, then its PING unanswered for a probe interval.
+GIVE_UP_S = SECONDARY_GIVE_UP_S + DEFAULT_PROBE_INTERVAL_S
 # The writer's link to its primary stays cut this long: twice the bound, so a writer that
 # waited for the heal would fail the check.
 WRITER_CUT_S = 2 * LONGEST_WAIT_S
@@ -155,6 +160,48 @@ def test_primary_cut_off_from_its_secondaries(tmp_path, figures):
         hold()
         heal_and_judge(lab, sid, fault, writers, figures, **{
             "writes went on after": f"{resumed_s:.1f} s"}).assert_ok()
+        assert_no_long_wait(lab)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.fault_case(
+    "primary cut off from its secondaries, then the PD leader killed (R=3)",
+    "4 range servers, 3 PD nodes on etcd, a 3-replica stream; drop everything between the "
+    "primary of its open range and its two secondaries while 2 writers (the client's default "
+    "settings) append and a tail reads; kill -9 the PD leader as the primary gives up on its "
+    f"secondaries and the writers ask for the seal ({GIVE_UP_S:g} s into the cut); hold the cut "
+    f"{HOLD_S:g} s past the time writes went on, then heal and restart the PD node",
+    "no writer waits more than 8 s for an acknowledgement, though the give-up, the PD's "
+    "election and the new leader's seal come one after the other; the history, as above")
+def test_primary_cut_off_from_its_secondaries_then_the_pd_leader_killed(tmp_path, figures):
+    require_etcd()
+    with Lab(tmp_path, range_servers=4, clients=["w1", "w2", "r1"], pd_nodes=3) as lab:
+        [stream] = lab.client.create_streams(1, replicas=3)
+        sid = stream.stream_id
+        primary, secondaries = lab.primary_node(sid), lab.secondary_nodes(sid)
+        writers = [lab.writer("w1", sid, client="default"),
+                   lab.writer("w2", sid, client="default")]
+        lab.tail("r1", sid)
+        for w in writers:
+            w.wait_for(BEFORE)
+        leader = lab.pd_leader()
+        assert leader is not None
+        cut = time.monotonic()
+        fault = lab.net.partition(primary, secondaries)
+        time.sleep(GIVE_UP_S)
+        index = int(leader.removeprefix("pd"))
+        lab.cluster.kill_pd_node(index)
+        for w in writers:
+            w.wait_for(DURING, timeout=30)
+        resumed_s = time.monotonic() - cut
+        new_leader = lab.pd_leader()
+        hold()
+        verdict = heal_and_judge(lab, sid, fault, writers, figures, **{
+            "PD leader killed after": f"{GIVE_UP_S:g} s",
+            "new leader": new_leader,
+            "writes went on after": f"{resumed_s:.1f} s"})
+        lab.cluster.start_pd_node(index)
+        verdict.assert_ok()
         assert_no_long_wait(lab)
 
 
