@@ -20,7 +20,7 @@ from sbp_spark.protocol.errors import ErrorCode
 from sbp_spark.protocol.records import batch_bytes
 from sbp_spark.server.cluster import EmbeddedCluster
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd.failover import Failover
+from sbp_spark.server.pd.failover import ABSENT_GRACE_S, Failover
 from sbp_spark.server.pd.placement import Liveness
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
@@ -260,8 +260,8 @@ def test_servers_slow_to_find_a_new_pd_are_not_failed_over():
     PD is gone only once the others were heard for a full timeout, not one timeout after the
     PD took office."""
     clock = FakeClock()
-    registered = [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True)
-                  for sid in (1, 2, 3)]
+    registered = [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True,
+                                  last_heartbeat_ms=0) for sid in (1, 2, 3)]
     liveness = Liveness(3.0, clock=clock)
     failover, failed_over = recording_failover(liveness, registered)
     failover.took_office()
@@ -311,3 +311,32 @@ def test_writer_carries_on_after_its_primary_dies(tmp_path):
         assert primary not in {r.server.server_id for r in ranges[-1].servers}
         stored = [b.header.base_offset for b in client.read(stream.stream_id)]
         assert stored == list(range(20)) and acked == set(range(20))
+
+
+def test_a_server_the_old_leader_no_longer_heard_is_failed_over_sooner():
+    """A primary killed shortly before the PD leader: the old leader had heard nothing from it
+    for a while, as the heartbeats it recorded show, and that silence counts toward the new
+    leader's timeout (down to ``ABSENT_GRACE_S`` of hearing others). A server the old leader
+    heard up to the end gets the whole timeout, as before."""
+    clock = FakeClock()
+    last = 50_000  # when the old leader recorded its last heartbeat (its clock, ms)
+    registered = [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True,
+                                  last_heartbeat_ms=last - lag_ms)
+                  for sid, lag_ms in ((1, 0), (2, 2_500), (3, 300), (4, 200))]
+    liveness = Liveness(3.0, clock=clock)
+    failover, failed_over = recording_failover(liveness, registered)
+    failover.took_office()
+    heard, gone_after = 0.0, None
+    while heard < 3.5:
+        for sid in (1, 3):  # 2 died before the old leader; 4 is alive, slow to find this PD
+            liveness.beat(sid, f"s:{sid}")
+        if heard >= 2.0:
+            liveness.beat(4, "s:4")
+        failover.sweep_once()
+        if failed_over and gone_after is None:
+            gone_after = heard
+        clock.now += 0.25
+        heard += 0.25
+    assert failed_over == [2]
+    # Silent for long under the old leader: gone once the grace ran out, not the timeout.
+    assert gone_after is not None and ABSENT_GRACE_S < gone_after <= ABSENT_GRACE_S + 0.25

@@ -7,6 +7,12 @@ sweep fails over the open ranges of the servers owed one that are still not live
 (``RangeFailover``). A lone PD takes office when it starts; a node of a PD cluster when it is
 elected, so range servers whose heartbeats went to the old leader get one liveness timeout,
 counted from when the first of them reached this node, to find it before they count as gone.
+
+Less for a server the old leader had already heard nothing from for a while, as the
+heartbeats it recorded show: its silence then counts toward the timeout, down to
+``ABSENT_GRACE_S`` of hearing others. A primary killed shortly before the PD leader was failed
+over one whole liveness timeout after the election, its writers waiting through both (11 s in
+the 1-hour nemesis).
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ log = logging.getLogger(__package__)
 
 # Ranges a failover's log line names, at most (it counts the rest).
 STRANDED_SHOWN = 10
+# The least a new leader hears others before it counts a registered server it has not heard
+# as gone, however long the old leader had heard nothing from it: a live range server sends
+# a failed heartbeat again within a quarter second, and a call to a PD node that is stopped
+# is given up after a one-second PING.
+ABSENT_GRACE_S = 1.5
+# How often the sweep looks for such servers until it has decided on every one.
+ABSENT_SWEEP_S = 0.25
 
 
 class Failover:
@@ -53,13 +66,25 @@ class Failover:
         self._thread: threading.Thread | None = None
         self._in_office = False  # this PD leads (it took office and has not left)
         self._checked_absent = False
+        # Registered servers the old leader had heard nothing from, by how long before it
+        # last heard anyone (seconds, by the heartbeats it recorded), as this PD took office;
+        # and those of them owed a failover since.
+        self._silent_before: dict[int, float] = {}
+        self._absent_owed: set[int] = set()
 
     def took_office(self) -> None:
         """This PD leads from now on: start the grace period, forget older debts."""
+        try:
+            silent_before = _silent_before(self._registered())
+        except Exception as exc:  # the metadata store failed: every server gets the timeout
+            log.warning("PD %s: the servers' last heartbeats could not be read (%s): every "
+                        "server it does not hear gets a full liveness timeout", self._name, exc)
+            silent_before = {}
         with self._lock:
             self._owed.clear()
             self._stopped.clear()
             self._in_office, self._checked_absent = True, False
+            self._silent_before, self._absent_owed = silent_before, set()
 
     def left_office(self) -> None:
         """This PD no longer leads: sweep nothing until it leads again."""
@@ -83,7 +108,8 @@ class Failover:
     def _sweep(self) -> None:
         """Every third of a liveness timeout: notice servers that went silent, fail them over."""
         interval = max(0.05, self._timeout_s / 3)
-        while not self._stop.wait(interval):
+        while not self._stop.wait(interval if self._checked_absent
+                                  else min(interval, ABSENT_SWEEP_S)):
             if self._in_office and self._leads():
                 self.sweep_once()
 
@@ -98,16 +124,34 @@ class Failover:
             self.owe(gone.server_id)
         # Servers that heartbeated to the old leader find the new one at their own pace (a
         # call to the old leader, cut off, may hang for its whole timeout first), so an absent
-        # server counts as gone only once the PD has heard others for a full timeout.
-        if not self._checked_absent and self._in_office and \
-                self._liveness.in_contact_for() > timeout:
-            self._checked_absent = True
-            for server in self._registered():
-                if server.registered and not self._liveness.is_live(server.server_id):
-                    log.warning("range server %d (%s) has not heartbeated since this PD took "
-                                "office: not live", server.server_id, server.advertise_addr)
-                    self.owe(server.server_id)
+        # server counts as gone only once the PD has heard others for a full timeout, less
+        # the time the old leader had already heard nothing from it (``ABSENT_GRACE_S`` at
+        # the least).
+        if not self._checked_absent and self._in_office:
+            self._check_absent(self._liveness.in_contact_for())
         self.run_failovers()
+
+    def _check_absent(self, heard_for: float) -> None:
+        """Owe a failover to each registered server this PD has not heard, once it has heard
+        others long enough for that server (see ``sweep_once``)."""
+        if heard_for <= 0:
+            return
+        timeout = self._timeout_s
+        for server in self._registered():
+            sid = server.server_id
+            if not server.registered or sid in self._absent_owed or \
+                    self._liveness.is_live(sid):
+                continue
+            before = self._silent_before.get(sid, 0.0)
+            if heard_for > max(ABSENT_GRACE_S, timeout - before):
+                self._absent_owed.add(sid)
+                log.warning("range server %d (%s) has not heartbeated since this PD took "
+                            "office (%.1f s of hearing others; the old leader had heard "
+                            "nothing from it for %.1f s): not live", sid,
+                            server.advertise_addr, heard_for, before)
+                self.owe(sid)
+        if heard_for > timeout:
+            self._checked_absent = True
 
     def owe(self, server_id: int, stopped: bool = False) -> None:
         """``server_id`` is gone: fail its open ranges over. ``stopped``: it said it stops (an
@@ -144,6 +188,18 @@ class Failover:
                 with self._lock:
                     self._owed.discard(server_id)
                     self._stopped.discard(server_id)
+
+
+def _silent_before(servers: Iterable[ServerMeta]) -> dict[int, float]:
+    """For each registered server, how long before the newest heartbeat recorded (of any
+    server) its own last one was recorded, in seconds: the silence the PD that recorded them
+    had seen. Heartbeats are stamped by the PD node that took them, so the stamps of one
+    leader's tenure compare without clock skew."""
+    stamps = {s.server_id: s.last_heartbeat_ms for s in servers if s.registered}
+    if not stamps:
+        return {}
+    newest = max(stamps.values())
+    return {sid: (newest - ms) / 1000 for sid, ms in stamps.items()}
 
 
 class FailoverRecords(Protocol):
