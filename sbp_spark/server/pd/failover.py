@@ -36,7 +36,7 @@ STRANDED_SHOWN = 10
 # as gone, however long the old leader had heard nothing from it: a live range server sends
 # a failed heartbeat again within a quarter second, and a call to a PD node that is stopped
 # is given up after a one-second PING.
-ABSENT_GRACE_S = 1.5
+ABSENT_GRACE_S = 1.0
 # How often the sweep looks for such servers until it has decided on every one.
 ABSENT_SWEEP_S = 0.25
 
