@@ -19,8 +19,8 @@ from sbp_spark.protocol.errors import (
 )
 from sbp_spark.server.etcd_client import EtcdClient
 from sbp_spark.server.pd.etcd_store import EtcdStore
-from sbp_spark.server.pd.meta import UNKNOWN_SERVER_ID, RangeHolder
-from sbp_spark.server.pd.placement import Liveness, choose_servers
+from sbp_spark.server.pd.meta import UNKNOWN_SERVER_ID, RangeHolder, ServerMeta
+from sbp_spark.server.pd.placement import Liveness, Placement, choose_servers
 from sbp_spark.server.pd.sqlite_store import PdStore
 
 
@@ -392,6 +392,48 @@ def test_a_young_view_waits_no_longer_than_the_timeout():
     start = time.monotonic()
     assert live.wait_for_live(1, known=[7]) is False  # the view is old now: no wait
     assert time.monotonic() - start < 0.1
+
+
+class CountingLoad:
+    """The metadata placement reads, counting how often it asks for the registered servers."""
+
+    def __init__(self, registered: list[int]) -> None:
+        self.registered = registered
+        self.server_reads = 0
+
+    def open_range_counts(self) -> dict[int, int]:
+        return {}
+
+    def list_servers(self) -> list[ServerMeta]:
+        self.server_reads += 1
+        return [ServerMeta(sid, "test", f"s:{sid}", 0) for sid in self.registered]
+
+
+def test_a_placement_on_an_old_view_reads_no_registered_servers():
+    # Only a young view waits for servers it has not heard: once the view is a timeout old, a
+    # placement short of other servers places at once, without a metadata read (an etcd
+    # round trip) on every seal whose sealed primaries it should avoid.
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    load = CountingLoad([1, 2, 3])
+    for sid in (1, 2, 3):
+        live.beat(sid, f"s:{sid}")
+    placement = Placement(live, load)
+    assert live.young()
+    placement.place_if_possible(3, lambda servers: servers, wait=True, succeeding=[1])
+    assert load.server_reads == 1  # young: it looked for registered servers not heard yet
+    clock.now += 3.5
+    for sid in (1, 2, 3):
+        live.beat(sid, f"s:{sid}")
+    assert not live.young()
+    start = time.monotonic()
+    servers, refusal = placement.place_if_possible(3, lambda servers: servers, wait=True,
+                                                   succeeding=[1])
+    assert time.monotonic() - start < 0.5
+    assert refusal is None and servers == [2, 3, 1]
+    assert load.server_reads == 1  # old: no read
+    live.clear()  # taking office again starts a young view, which looks again
+    assert live.young()
 
 
 def test_create_with_explicit_id(store):

@@ -97,6 +97,18 @@ class Liveness:
             self._contact_since = 0.0
             self._since = self._clock()
 
+    def young(self) -> bool:
+        """Whether this view is younger than the timeout: a server that is alive may not have
+        reached it yet, so a placement short of servers has reason to wait (``wait_for_live``).
+        Once it is old, every live server has had a whole timeout to be heard."""
+        with self._lock:
+            return self._young_for_locked() > 0
+
+    def _young_for_locked(self) -> float:
+        """Seconds until this view is ``timeout_s`` old, on the liveness clock (caller holds
+        ``_lock``); 0 or less once it is."""
+        return self._since + self.timeout_s - self._clock()
+
     def wait_for_live(self, count: int, known: Iterable[int], rather_not: Iterable[int] = ()
                       ) -> bool:
         """Whether ``count`` servers are live, after waiting, while this view is younger than
@@ -113,7 +125,7 @@ class Liveness:
         rather_not = set(rather_not)
         with self._lock:
             # The wait is bounded on the real clock: the liveness clock may be a test's.
-            deadline = time.monotonic() + (self._since + self.timeout_s - self._clock())
+            deadline = time.monotonic() + self._young_for_locked()
             while True:
                 live = [st.server_id for st in self._live_locked(self._clock())]
                 unheard = [sid for sid in known
@@ -274,6 +286,8 @@ class Placement:
         until enough others are live. A new leader asked to seal-and-new a range whose primary
         was cut off from its secondaries otherwise put the next range back on those three
         servers when it had heard them first, and the writers waited out a second give-up."""
+        if not self._liveness.young():
+            return  # every live server has been heard: nobody to wait for, no metadata read
         avoided = set(avoid)
         if sum(1 for s in self._liveness.live() if s.server_id not in avoided) >= count:
             return
