@@ -134,7 +134,7 @@ class Failover:
     def _check_absent(self, heard_for: float) -> None:
         """Owe a failover to each registered server this PD has not heard, once it has heard
         others long enough for that server (see ``sweep_once``)."""
-        if heard_for <= 0:
+        if heard_for <= ABSENT_GRACE_S:  # no server can be owed before (the rule below)
             return
         timeout = self._timeout_s
         for server in self._registered():
