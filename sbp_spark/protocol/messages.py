@@ -361,6 +361,9 @@ class RangeServerState(Message):
     open_ranges: int = 0
     metrics: ReportMetricsRequest | None = None  # None before its first report
     metrics_ms: int = -1
+    # How long ago the PD leader last heard the server (its own monotonic clock, so no clocks
+    # are compared); -1 when it has not heard it since it took office.
+    silent_ms: int = -1
 
 
 @dataclass(slots=True)

@@ -74,8 +74,15 @@ class RangeServerState(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return -1
 
+    # RangeServerState
+    def SilentMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def RangeServerStateStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder):
     RangeServerStateStart(builder)
@@ -115,6 +122,12 @@ def RangeServerStateAddMetricsMs(builder, metricsMs):
 
 def AddMetricsMs(builder, metricsMs):
     RangeServerStateAddMetricsMs(builder, metricsMs)
+
+def RangeServerStateAddSilentMs(builder, silentMs):
+    builder.PrependInt64Slot(6, silentMs, -1)
+
+def AddSilentMs(builder, silentMs):
+    RangeServerStateAddSilentMs(builder, silentMs)
 
 def RangeServerStateEnd(builder):
     return builder.EndObject()

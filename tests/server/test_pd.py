@@ -637,7 +637,10 @@ def test_liveness_timeout(tmp_path):
         with PlacementDriver(cfg) as pd, Connection(pd.address) as c:
             register(c, rs)
             assert [s.live for s in pd.servers.states()] == [True]
+            assert 0 <= pd.servers.states()[0].silent_ms < 300
             poll(lambda: not pd.servers.states()[0].live, what="the server to be declared dead")
+            # Not live, and the PD says how long ago it heard the server: past its timeout.
+            assert pd.servers.states()[0].silent_ms >= 300
             [res] = create(c, m.Stream())
             assert res.status.code == ErrorCode.NOT_ENOUGH_SERVERS
             beat(c, rs)

@@ -311,6 +311,21 @@ def test_liveness_says_a_server_went_silent_only_on_evidence():
     assert not live.went_silent(1) and not live.went_silent(2)
 
 
+def test_liveness_says_how_long_ago_it_heard_each_server():
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    assert live.silent_for(1) is None  # never heard in this view
+    live.beat(1, "a:1")
+    clock.now += 1.5
+    assert live.silent_for(1) == 1.5
+    clock.now += 2.0  # past the timeout: no longer live, still known
+    assert live.silent_for(1) == 3.5 and not live.is_live(1)
+    live.beat(1, "a:1")
+    assert live.silent_for(1) == 0.0
+    live.clear()  # a PD taking office has heard nobody yet
+    assert live.silent_for(1) is None
+
+
 def test_liveness_blames_nobody_while_it_hears_nobody():
     # The PD cut off from every server: silence everywhere is no evidence against any of them.
     clock = FakeClock()

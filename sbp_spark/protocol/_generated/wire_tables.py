@@ -305,6 +305,7 @@ TABLES = {
         ('open_ranges', 3, 'int', 0, False),
         ('metrics', 4, 'ReportMetricsRequest', None, False),
         ('metrics_ms', 5, 'long', -1, False),
+        ('silent_ms', 6, 'long', -1, False),
     ),
     'ReportMetricsRequest': (
         ('range_server', 0, 'RangeServer', None, False),

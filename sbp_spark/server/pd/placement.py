@@ -154,6 +154,16 @@ class Liveness:
             st = self._servers.get(server_id)
             return st is not None and self._fresh(st, now)
 
+    def silent_for(self, server_id: int) -> float | None:
+        """Seconds since this view last heard ``server_id`` (None: not heard in this view).
+        A writer that lost its primary asks whether the PD heard it after that
+        (``RangeServerState.silent_ms``): only then is the link between the two broken
+        rather than the server stopped."""
+        now = self._clock()
+        with self._lock:
+            st = self._servers.get(server_id)
+            return None if st is None else now - st.last_seen
+
     def went_silent(self, server_id: int) -> bool:
         """Whether this view has evidence that ``server_id`` is down or cut off: it heard the
         server, then nothing for ``timeout_s`` while it kept hearing others (the evidence

@@ -131,8 +131,8 @@ class RangeServerRegistry:
         self._records.record_metrics(report.range_server.server_id, metrics)
 
     def states(self) -> list[m.RangeServerState]:
-        """Every range server that ever heartbeated, with liveness, load and its last
-        metrics, as DESCRIBE_PD_CLUSTER reports them."""
+        """Every range server that ever heartbeated, with liveness, how long ago this view
+        heard it, load and its last metrics, as DESCRIBE_PD_CLUSTER reports them."""
         load = self._records.open_range_counts()
         out = []
         for s in self._records.list_servers():
@@ -143,8 +143,10 @@ class RangeServerRegistry:
             if s.metrics_ms >= 0:
                 known = {k: v for k, v in s.metrics.items() if k in METRIC_FIELDS}
                 metrics = m.ReportMetricsRequest(range_server=server, **known)
+            silent = self._liveness.silent_for(s.server_id)
             out.append(m.RangeServerState(
                 server=server, live=self._liveness.is_live(s.server_id),
                 last_heartbeat_ms=s.last_heartbeat_ms, open_ranges=load.get(s.server_id, 0),
-                metrics=metrics, metrics_ms=s.metrics_ms))
+                metrics=metrics, metrics_ms=s.metrics_ms,
+                silent_ms=-1 if silent is None else int(silent * 1000)))
         return out
