@@ -36,9 +36,11 @@ DEFAULT_MAX_INFLIGHT_FRAMES = 32
 # APPEND waits for its fsync or its secondaries, so one that lets a PING go unanswered for
 # this long is taken as stopped.
 DEFAULT_PROBE_INTERVAL_S = 1.0
-# Two probe intervals: with the first late answer and its unanswered PING before it, a writer
-# cut off from a healthy primary moves on about 4 s after its append (the bound is 8 s),
-# and usually after the PD's own failover (3 s of silence) when the server is down instead.
+# Two probe intervals, counted from the append that got no answer: a writer cut off from a
+# healthy primary asks for the seal when its first PING goes unanswered, about 2 s after the
+# append (the bound is 8 s). It must exceed the range servers' heartbeat interval (1 s): the
+# writer seals only once the PD has heard the server since the append (a server stopped or
+# killed instead is the PD's failover's, after 3 s of silence).
 DEFAULT_UNREACHABLE_PRIMARY_S = 2.0
 # How long a call retries by default (see ClientConfig.retry_deadline_s).
 DEFAULT_RETRY_DEADLINE_S = 60.0
@@ -83,8 +85,9 @@ class ClientConfig:
     # request_timeout_s. A server that answers PINGs is waited for up to request_timeout_s.
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     # A writer that has had no answer from the primary of its stream's open range (nor to a
-    # PING, nor a connection) for this long, while the PD still lists that server as the
-    # primary (the PD hears it: only the link between the two is broken), asks the PD to
+    # PING, nor a connection) for this long since it sent the request, while the PD still
+    # lists that server as the primary and has heard it since (only the link between the
+    # two is broken), asks the PD to
     # seal the range and goes on in the next one, placed away from that server
     # (docs/reliability.md, "Partitions"), instead of waiting for the network to heal.
     unreachable_primary_s: float = DEFAULT_UNREACHABLE_PRIMARY_S

@@ -476,7 +476,8 @@ class Connection:
         return frame
 
     def late_answer(self, stream: ResponseStream, probe_s: float, give_up: float,
-                    waited: float, keep_waiting: Callable[[], bool] | None = None) -> Frame:
+                    waited: float, keep_waiting: Callable[[float], bool] | None = None
+                    ) -> Frame:
         """The next frame of ``stream``, already ``waited`` seconds late (``probe_s`` or more,
         unless ``give_up`` was that near): PING the server, and while it answers, wait again,
         ``probe_s`` at a time, until ``give_up`` (a ``time.monotonic()`` value). Raises
@@ -484,11 +485,14 @@ class Connection:
         ``probe_s`` either (``_answers_ping``): the server accepts connections and takes
         requests (its kernel does) but does not answer, as a stopped or hung process.
 
-        ``keep_waiting``, when given, is asked each time a PING goes unanswered: True waits on
-        (until ``give_up``). A server's reader that holds back from reading (its backpressure,
-        while a slow disk holds the requests before the PING) cannot answer a PING, so a
-        caller for whom giving up too early costs more than waiting (an APPEND sent again may
-        be stored twice) asks someone else, the PD, whether the server is still there.
+        ``keep_waiting``, when given, is asked each time a PING goes unanswered, with the
+        time (``time.monotonic()``) since which the server has sent nothing for this wait:
+        when the wait began, or the server's last word on this connection if later. True
+        waits on (until ``give_up``). A server's reader that holds back from reading (its
+        backpressure, while a slow disk holds the requests before the PING) cannot answer a
+        PING, so a caller for whom giving up too early costs more than waiting (an APPEND sent
+        again may be stored twice) asks someone else, the PD, whether the server is still
+        there.
 
         Callers wait for the frame themselves first (``stream.poll``), so an answer that comes
         in time costs no more than waiting for it. Only for requests the caller would send
@@ -497,8 +501,9 @@ class Connection:
         while True:
             if time.monotonic() >= give_up:
                 raise stream.give_up(f"within {time.monotonic() - began:.1f}s")
-            if not self._answers_ping(probe_s) and (keep_waiting is None
-                                                     or not keep_waiting()):
+            if not self._answers_ping(probe_s) and (
+                    keep_waiting is None
+                    or not keep_waiting(max(began, self._session.last_heard))):
                 raise stream.give_up(
                     f"within {time.monotonic() - began:.1f}s, nor to a PING within "
                     f"{probe_s:g}s: the server accepts connections but does not answer (its "

@@ -153,7 +153,7 @@ class RangeServerClient:
         entries: Sequence[tuple[int, BatchLike]],
         timeout_ms: int | None = None,
         max_inflight_frames: int | None = None,
-        still_primary: Callable[[], bool] | None = None,
+        still_primary: Callable[[float], bool] | None = None,
         producers: Sequence[ProducerSequence] | None = None,
     ) -> list[ItemResult[AppendResult]]:
         """Append ``(stream_id, batch)`` entries; one result per entry, in input order.
@@ -167,8 +167,9 @@ class RangeServerClient:
 
         An answer ``config.probe_interval_s`` late PINGs the server; when the PING goes
         unanswered, the frames in flight fail at once (retriable), unless ``still_primary``
-        (asked then) says the server is still where the entries belong: then they are waited
-        for up to the request timeout (see ``Connection.late_answer``).
+        (asked then, with the time since which the server has been silent) says the server
+        is still where the entries belong: then they are waited for up to the request timeout
+        (see ``Connection.late_answer``).
         """
         count = len(entries)
         if count > _INT32_MAX:
@@ -255,7 +256,7 @@ class RangeServerClient:
     def _collect_append(self, conn: Connection, stream: ResponseStream, indices: list[int],
                         results: list, due: float, wait: float, probe_s: float,
                         lost: SbpError | None = None,
-                        still_primary: Callable[[], bool] | None = None) -> SbpError | None:
+                        still_primary: Callable[[float], bool] | None = None) -> SbpError | None:
         """Read one frame's answer into ``results``; returns the error that failed it, if
         any. The first answer frame is awaited only until ``due`` (``wait`` after the frame
         was sent, not after the frames before it were answered: on a dead connection, frames

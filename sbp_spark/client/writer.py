@@ -24,7 +24,7 @@ from ._calls import unwrap
 from .config import ClientConfig
 from .in_doubt import held_in_sealed_range
 from .pd import PdClient
-from .primary_reach import PrimaryReach, is_unreached
+from .primary_reach import PrimaryReach, heard_since, is_unreached
 from .producer import Producer
 from .range_server import BatchLike, RangeServerClient, batch_buffers
 from .retry import Retrier, is_retriable
@@ -169,8 +169,8 @@ class StreamWriter:
         """
         server = self._range_server(address)
 
-        def still_primary() -> bool:
-            return self._still_primary(target, address)
+        def still_primary(silent_since: float) -> bool:
+            return self._still_primary(target, address, silent_since)
 
         if self._reached.get(self.stream_id) == target.range_index or len(entries) == 1:
             return server.append(entries, still_primary=still_primary, producers=producers)
@@ -185,21 +185,22 @@ class StreamWriter:
         return [first, *server.append(entries[1:], still_primary=still_primary,
                                       producers=producers[1:] if producers else None)]
 
-    def _still_primary(self, target: Range, address: str) -> bool:
+    def _still_primary(self, target: Range, address: str, silent_since: float) -> bool:
         """Asked when ``address``, appended to as ``target``'s primary, lets a PING go
-        unanswered: True while the PD still lists ``target`` open with that primary.
+        unanswered (it has sent nothing since ``silent_since``, a ``time.monotonic()``
+        value): True while the PD still lists ``target`` open with that primary.
 
         A stopped server and a busy one whose reader holds back (its backpressure, while a
         slow disk holds the requests queued before the PING) look alike from here, and the
         batches in flight, sent again, could be stored twice. Sending them elsewhere helps
         only once the PD has moved the range (after the server's heartbeats stopped), so until
         then the writer keeps waiting; a PD that cannot be asked counts as a yes. Except past
-        ``unreachable_primary_s`` (``PrimaryReach``) while the PD still hears the server (it
-        counts it live): only the link between the two is broken, nothing will fail the range
-        over, and the writer seals it and moves on (``_note_reach``). The PD's seal settles
-        what the frames in flight became, so sending them again elsewhere is as safe as after
-        a failover."""
-        unreached_s = self._reach.unreached(address)
+        ``unreachable_primary_s`` (``PrimaryReach``) while the PD has heard the server since
+        (``_pd_heard_since_lost``): only the link between the two is broken, nothing will fail
+        the range over, and the writer seals it and moves on (``_note_reach``). The PD's seal
+        settles what the frames in flight became, so sending them again elsewhere is as safe
+        as after a failover."""
+        unreached_s = self._reach.unreached(address, since=silent_since)
         deadline = time.monotonic() + self.config.probe_interval_s
         try:
             ranges = self._list_ranges(deadline)
@@ -211,23 +212,34 @@ class StreamWriter:
         if listed is None or not listed.is_open or listed.primary is None or \
                 listed.primary.advertise_addr != address:
             return False
-        if unreached_s >= self._reach.after_s and self._pd_hears(address, deadline):
+        if unreached_s >= self._reach.after_s and \
+                self._pd_heard_since_lost(address, deadline):
             _log.info("stream %d: %s, the primary of range %d, has not answered for %.1f s "
                       "while the PD hears it: giving up on it", self.stream_id, address,
                       target.range_index, unreached_s)
             return False
         return True
 
-    def _pd_hears(self, address: str, deadline: float) -> bool:
-        """Whether the PD counts the range server at ``address`` live (heard within its
-        liveness timeout); False when the PD cannot say."""
+    def _pd_heard_since_lost(self, address: str, deadline: float) -> bool:
+        """Whether the PD has heard the range server at ``address`` since this writer last
+        did (``primary_reach.heard_since``): it counts the server live, and its last heartbeat
+        came after the request this writer has had no answer to was sent. Then the server
+        is up and only the link between the two is broken. A server stopped or killed since
+        (the PD still counts it live for its liveness timeout) is not: its failover moves the
+        range, and a seal would only wait on it meanwhile, holding the stream's lock the
+        failover needs. The PD says how long ago it heard the server by its own clock, so no
+        clocks are compared. False when the PD cannot say; a PD that reports liveness only
+        (``silent_ms`` -1) is taken at its word."""
         try:
-            return any(state.live and state.server.advertise_addr == address
-                       for state in self.pd.range_servers(deadline))
+            states = self.pd.range_servers(deadline)
         except SbpError as exc:
             _log.info("stream %d: could not ask the PD whether it hears %s: %s",
                       self.stream_id, address, exc)
             return False
+        unreached_s = self._reach.unreached_for(address)
+        return any(state.server.advertise_addr == address
+                   and heard_since(state.live, state.silent_ms, unreached_s)
+                   for state in states)
 
     def _seal_timeout_ms(self) -> int:
         """The bound of the PD's calls to a range's replicas when this writer asks for a
@@ -272,16 +284,17 @@ class StreamWriter:
         return True
 
     def _note_reach(self, target: Range, address: str, outcomes: Sequence[ItemResult],
-                    deadline: float) -> None:
-        """After an APPEND to ``target``'s primary at ``address``: any answer shows the
-        server reachable; none at all (every outcome a connection failure or a timeout) counts
-        towards giving up on it, and once it went unreached for ``unreachable_primary_s`` the
-        range is sealed (``_seal_unreached``)."""
+                    deadline: float, sent_at: float) -> None:
+        """After an APPEND to ``target``'s primary at ``address``, sent at ``sent_at`` (a
+        ``time.monotonic()`` value): any answer shows the server reachable; none at all (every
+        outcome a connection failure or a timeout) counts towards giving up on it, from when
+        it was sent, and once it went unreached for ``unreachable_primary_s`` the range is
+        sealed (``_seal_unreached``)."""
         errors = [o.exception() for o in outcomes]
         if any(error is None or not is_unreached(error) for error in errors):
             self._reach.reached(address)
             return
-        self._reach.unreached(address)
+        self._reach.unreached(address, since=sent_at)
         if self._reach.overdue(address):
             self._seal_unreached(target, address, deadline)
 
@@ -295,10 +308,10 @@ class StreamWriter:
         sealed (a failover, another writer) is not sealed again: the answer is the open range
         after it. The seal's calls to the replicas get a short timeout: a server that is
         really down is the PD's failover's to deal with, which a seal waiting on that server
-        would hold up (both take the stream's lock). For the same reason a server the PD no
-        longer counts live (silent for its liveness timeout: stopped, dead or cut off from
-        the PD too) is left to the failover, and nothing is sealed here."""
-        if not self._pd_hears(address, deadline):
+        would hold up (both take the stream's lock). For the same reason a server the PD has
+        not heard since this writer lost it (stopped, dead or cut off from the PD too) is left
+        to the failover, and nothing is sealed here."""
+        if not self._pd_heard_since_lost(address, deadline):
             _log.info("stream %d: the PD does not hear %s, the unreached primary of range %d, "
                       "either: its failover moves the range", self.stream_id, address,
                       target.range_index)
@@ -398,10 +411,11 @@ class _AppendCall:
             writer.refresh()
             raise RangeSealedError(
                 f"open range {self.stream_id}/{target.range_index} lists no primary")
+        sent_at = time.monotonic()
         outcomes = writer._send(target, primary.advertise_addr,
                                 [(self.stream_id, self.items[i][0]) for i in self.pending],
                                 self._producers(target.range_index))
-        writer._note_reach(target, primary.advertise_addr, outcomes, self.deadline)
+        writer._note_reach(target, primary.advertise_addr, outcomes, self.deadline, sent_at)
         # Every outcome is taken in before a failure is raised: what the others did counts.
         retry_error: SbpError | None = None
         final_error: SbpError | None = None
