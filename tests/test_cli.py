@@ -423,6 +423,8 @@ def test_cluster_shows_members_and_range_servers(sbp, cluster):
     addresses = {s["address"] for s in facts["range_servers"]}
     assert addresses == set(cluster.range_server_addresses)
     assert all(s["ping_ms"] is not None and s["live"] for s in facts["range_servers"])
+    # How long ago the leader heard each one, by its own clock: within the liveness timeout.
+    assert all(0 <= s["heartbeat_age_ms"] <= 3000 for s in facts["range_servers"])
     assert sum(s["primary_of"] for s in facts["range_servers"]) >= 1
     # Range servers report their metrics as soon as they register.
     assert all(s["metrics"]["disk_free_space"] > 0 and s["metrics"]["memory_used"] > 0

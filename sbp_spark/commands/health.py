@@ -73,7 +73,9 @@ def gather(client: Any, pd_only: bool = False, range_server: str | None = None
             continue
         view = ServerView(state.server.server_id, state.server.advertise_addr, live=state.live,
                           open_ranges=state.open_ranges)
-        if state.last_heartbeat_ms >= 0:
+        if state.silent_ms >= 0:  # the leader's own clock: no clocks compared
+            view.heartbeat_age_ms = state.silent_ms
+        elif state.last_heartbeat_ms >= 0:  # a leader that has not heard it yet: its record
             view.heartbeat_age_ms = max(now_ms - state.last_heartbeat_ms, 0)
         if state.metrics is not None:
             view.metrics = {f.name: getattr(state.metrics, f.name)
