@@ -87,9 +87,9 @@ class ClientConfig:
     # A writer that has had no answer from the primary of its stream's open range (nor to a
     # PING, nor a connection) for this long since it sent the request, while the PD still
     # lists that server as the primary and has heard it since (only the link between the
-    # two is broken), asks the PD to
-    # seal the range and goes on in the next one, placed away from that server
-    # (docs/reliability.md, "Partitions"), instead of waiting for the network to heal.
+    # two is broken), asks the PD to seal the range and goes on in the next one, placed away
+    # from that server (docs/reliability.md, "Partitions"), instead of waiting for the
+    # network to heal.
     unreachable_primary_s: float = DEFAULT_UNREACHABLE_PRIMARY_S
     # Appends are idempotent (docs/reliability.md, "Duplicates"): each SbpClient appends under
     # a producer id and per-range sequence numbers, and a range server stores a batch sent
