@@ -17,10 +17,11 @@ from sbp_spark.client import ClientConfig, ConnectionPool, SbpClient
 from sbp_spark.client.connection import Connection
 from sbp_spark.protocol import messages as m
 from sbp_spark.protocol.errors import ErrorCode
-from sbp_spark.protocol.records import batch_bytes
-from sbp_spark.server.cluster import EmbeddedCluster
+from sbp_spark.protocol.records import batch_body, batch_bytes
+from sbp_spark.server.cluster import EmbeddedCluster, ProcessCluster
 from sbp_spark.server.pd import PdConfig, PlacementDriver
-from sbp_spark.server.pd.failover import ABSENT_GRACE_S, Failover
+from sbp_spark.server.pd.failover import ABSENT_GRACE_S, QUIET_PART, Failover
+from sbp_spark.server.pd.listening import refuses_connections
 from sbp_spark.server.pd.placement import Liveness
 
 from .test_pd import FakeRangeServer, beat, create, list_ranges, poll, register
@@ -242,8 +243,11 @@ def test_servers_silent_since_a_pd_restart_are_failed_over(tmp_path):
             rs.stop()
 
 
-def recording_failover(liveness: Liveness, registered: list) -> tuple[Failover, list[int]]:
-    """The sweep's decisions, without ranges to act on: who is failed over."""
+def recording_failover(liveness: Liveness, registered: list,
+                       refuses=lambda address: False) -> tuple[Failover, list[int]]:
+    """The sweep's decisions, without ranges to act on: who is failed over. ``refuses``: the
+    probe of a quiet server's port (by default every port takes connections: no process is
+    known dead)."""
     failed_over: list[int] = []
 
     def fail_over(server_id: int, stopped: bool) -> bool:
@@ -251,7 +255,124 @@ def recording_failover(liveness: Liveness, registered: list) -> tuple[Failover, 
         return True
 
     return Failover(liveness, lambda: registered, fail_over, lambda: True, 3.0,
-                    "test"), failed_over
+                    "test", refuses=refuses), failed_over
+
+
+def servers_on_record(*ids: int) -> list:
+    return [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True,
+                            last_heartbeat_ms=0) for sid in ids]
+
+
+def sweep_until_failed_over(failover, failed_over, liveness, clock, beating, limit_s):
+    """Sweep every 0.25 s (the fake clock) while ``beating`` servers heartbeat; the seconds
+    until the first failover, or None within ``limit_s``."""
+    waited = 0.0
+    while waited < limit_s:
+        clock.now += 0.25
+        waited += 0.25
+        for sid in beating:
+            liveness.beat(sid, f"s:{sid}")
+        failover.sweep_once()
+        if failed_over:
+            return waited
+    return None
+
+
+def test_a_quiet_server_whose_port_refuses_connections_is_failed_over_at_once():
+    """Killed: its port refuses connections, the evidence that no process is there. It is
+    failed over after one missed heartbeat, not the liveness timeout, and is not live until
+    it heartbeats again (a restart)."""
+    clock = FakeClock()
+    liveness = Liveness(3.0, clock=clock)
+    asked: list[str] = []
+
+    def refuses(address: str) -> bool:
+        asked.append(address)
+        return address == "s:2"
+
+    failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3), refuses)
+    failover.took_office()
+    for sid in (1, 2, 3):
+        liveness.beat(sid, f"s:{sid}")
+    took = sweep_until_failed_over(failover, failed_over, liveness, clock, (1, 3), 3.0)
+    assert failed_over == [2] and asked == ["s:2"]
+    assert took is not None and QUIET_PART * 3.0 < took <= QUIET_PART * 3.0 + 0.25
+    assert not liveness.is_live(2)
+    for _ in range(8):  # dead and failed over: not asked again, nor failed over again
+        clock.now += 0.5
+        for sid in (1, 3):
+            liveness.beat(sid, f"s:{sid}")
+        failover.sweep_once()
+    assert failed_over == [2] and asked == ["s:2"]
+    liveness.beat(2, "s:2")  # restarted
+    assert liveness.is_live(2)
+
+
+def test_a_quiet_server_whose_port_takes_connections_gets_the_whole_timeout():
+    """Stopped (SIGSTOP) or slow: its kernel still takes connections, which is no evidence;
+    it is failed over when its heartbeats have been missing for the liveness timeout."""
+    clock = FakeClock()
+    liveness = Liveness(3.0, clock=clock)
+    asked: list[str] = []
+
+    def refuses(address: str) -> bool:
+        asked.append(address)
+        return False
+
+    failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3), refuses)
+    failover.took_office()
+    for sid in (1, 2, 3):
+        liveness.beat(sid, f"s:{sid}")
+    took = sweep_until_failed_over(failover, failed_over, liveness, clock, (1, 3), 5.0)
+    assert failed_over == [2] and "s:2" in asked
+    assert took is not None and took > 3.0
+
+
+def test_a_new_leader_fails_over_a_dead_server_without_its_grace():
+    """A primary and the PD leader killed together: the old leader's heartbeats show no
+    silence, so the dead server used to get the whole timeout after the election. Its port
+    refuses connections: the new leader fails it over on its first sweep. A server that is
+    alive and slow to find the new leader (its port takes connections) still gets the
+    grace."""
+    clock = FakeClock()
+    liveness = Liveness(3.0, clock=clock)
+    failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3, 4),
+                                               lambda address: address == "s:2")
+    failover.took_office()
+    took = sweep_until_failed_over(failover, failed_over, liveness, clock, (1, 3), 1.0)
+    assert failed_over == [2] and took == 0.25
+    sweep_until_failed_over(failover, [], liveness, clock, (1, 3), 2.0)
+    assert failed_over == [2]  # 4 is waited for: not yet the grace
+
+
+def test_a_server_heard_while_its_port_was_asked_is_not_failed_over():
+    """It restarted between the probe and the decision: it heartbeats again, live."""
+    clock = FakeClock()
+    liveness = Liveness(3.0, clock=clock)
+
+    def refuses(address: str) -> bool:
+        liveness.beat(2, "s:2")  # the restarted server's first heartbeat arrives meanwhile
+        return True
+
+    failover, failed_over = recording_failover(liveness, servers_on_record(1, 2), refuses)
+    failover.took_office()
+    liveness.beat(1, "s:1")
+    liveness.beat(2, "s:2")
+    clock.now += 2.0
+    liveness.beat(1, "s:1")
+    failover.sweep_once()
+    assert failed_over == [] and liveness.is_live(2)
+
+
+def test_a_port_refuses_connections_only_when_nothing_listens_there():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert not refuses_connections(address)  # a process listens (even one that is stopped)
+    assert refuses_connections(address)  # closed: the kernel refuses
+    assert not refuses_connections("not an address")
+    assert not refuses_connections("")
 
 
 def test_servers_slow_to_find_a_new_pd_are_not_failed_over():
@@ -340,3 +461,71 @@ def test_a_server_the_old_leader_no_longer_heard_is_failed_over_sooner():
     assert failed_over == [2]
     # Silent for long under the old leader: gone once the grace ran out, not the timeout.
     assert gone_after is not None and ABSENT_GRACE_S < gone_after <= ABSENT_GRACE_S + 0.25
+
+
+# -- real processes: a range server killed (SIGKILL), with and without a restart -------------
+
+def _primary_index(cluster: ProcessCluster, client: SbpClient, stream_id: int) -> int:
+    primary = client.list_ranges(stream_id)[-1].primary
+    return next(i for i, proc in enumerate(cluster.range_servers)
+                if proc is not None and proc.info["range_server"] == primary.advertise_addr)
+
+
+def _killed_primary_cluster(tmp_path):
+    """A process cluster with the PD's default liveness (heartbeats every second, 3 s
+    timeout), a 2-replica stream holding five batches, a writer, and its primary's index."""
+    cluster = ProcessCluster(tmp_path / "cluster", range_servers=3).start()
+    config = ClientConfig(retry_deadline_s=30)
+    pool = ConnectionPool(config)
+    client = SbpClient(cluster.pd_address, config, pool)
+    (stream,) = client.create_streams(1, replicas=2)
+    writer = client.open_stream(stream.stream_id)
+    writer.append([batch_bytes(b"before-%d" % i) for i in range(5)])
+    return cluster, pool, client, writer, stream.stream_id
+
+
+@pytest.mark.slow
+def test_a_killed_primary_is_failed_over_before_the_liveness_timeout(tmp_path):
+    cluster, pool, client, writer, sid = _killed_primary_cluster(tmp_path)
+    try:
+        cluster.kill_range_server(_primary_index(cluster, client, sid))
+        killed = time.monotonic()
+        poll(lambda: len(client.list_ranges(sid)) == 2, what="the failover", timeout=10)
+        took = time.monotonic() - killed
+        writer.append([batch_bytes(b"after")])
+        bodies = [bytes(batch_body(b.data)) for b in client.read(sid)]
+        log = (tmp_path / "cluster" / "pd.log").read_text()
+    finally:
+        pool.close()
+        cluster.stop()
+    assert bodies == [b"before-%d" % i for i in range(5)] + [b"after"]
+    assert "refuses connections after" in log and "no process listens there" in log
+    # One missed heartbeat and a sweep (about 2 s), not the 3 s timeout and a sweep.
+    assert took < 3.0, took
+
+
+@pytest.mark.slow
+def test_a_primary_killed_and_restarted_at_once_is_sealed_once_at_most(tmp_path):
+    """Killed and started again on the same port within a heartbeat or two: whether or not
+    the PD saw the port refuse connections in between (and failed it over), the stream ends
+    up with one open range, everything written before and after is there once, and nothing
+    is sealed again once the server is back."""
+    cluster, pool, client, writer, sid = _killed_primary_cluster(tmp_path)
+    try:
+        index = _primary_index(cluster, client, sid)
+        port = cluster.range_server_addresses  # before the kill
+        cluster.kill_range_server(index)
+        cluster.start_range_server(index)
+        writer.append([batch_bytes(b"after-%d" % i) for i in range(5)])
+        time.sleep(4.0)  # past the liveness timeout: any failover owed has happened
+        ranges = client.list_ranges(sid)
+        writer.append([batch_bytes(b"later")])
+        bodies = [bytes(batch_body(b.data)) for b in client.read(sid)]
+        again = cluster.range_server_addresses
+    finally:
+        pool.close()
+        cluster.stop()
+    assert sorted(port) == sorted(again)  # it came back on its port
+    assert len(ranges) <= 2 and ranges[-1].is_open
+    assert bodies == ([b"before-%d" % i for i in range(5)] +
+                      [b"after-%d" % i for i in range(5)] + [b"later"])

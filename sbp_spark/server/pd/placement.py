@@ -164,6 +164,14 @@ class Liveness:
             st = self._servers.get(server_id)
             return None if st is None else now - st.last_seen
 
+    def quiet(self, longer_than: float) -> list[ServerState]:
+        """Servers heard in this view and not since ``longer_than`` seconds (short of the
+        timeout, it may be a missed heartbeat), not yet reported by ``expire``."""
+        now = self._clock()
+        with self._lock:
+            return [s for s in self._servers.values() if s.server_id not in self._dead
+                    and now - s.last_seen > longer_than]
+
     def went_silent(self, server_id: int) -> bool:
         """Whether this view has evidence that ``server_id`` is down or cut off: it heard the
         server, then nothing for ``timeout_s`` while it kept hearing others (the evidence
