@@ -331,18 +331,35 @@ def test_a_quiet_server_whose_port_takes_connections_gets_the_whole_timeout():
 def test_a_new_leader_fails_over_a_dead_server_without_its_grace():
     """A primary and the PD leader killed together: the old leader's heartbeats show no
     silence, so the dead server used to get the whole timeout after the election. Its port
-    refuses connections: the new leader fails it over on its first sweep. A server that is
-    alive and slow to find the new leader (its port takes connections) still gets the
-    grace."""
+    refuses connections: the new leader fails it over once it has heard the others for
+    ``ABSENT_GRACE_S`` (not before: the failover seals the dead server's ranges on the
+    replicas it hears, and with none heard yet it left them open). A server that is alive and
+    slow to find the new leader (its port takes connections) still gets the grace."""
     clock = FakeClock()
     liveness = Liveness(3.0, clock=clock)
+    asked: list[str] = []
+
+    def refuses(address: str) -> bool:
+        asked.append(address)
+        return address == "s:2"
+
     failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3, 4),
-                                               lambda address: address == "s:2")
+                                               refuses)
     failover.took_office()
-    took = sweep_until_failed_over(failover, failed_over, liveness, clock, (1, 3), 1.0)
-    assert failed_over == [2] and took == 0.25
-    sweep_until_failed_over(failover, [], liveness, clock, (1, 3), 2.0)
-    assert failed_over == [2]  # 4 is waited for: not yet the grace
+    failover.sweep_once()  # nobody heard yet: nobody is asked
+    assert asked == []
+    took = sweep_until_failed_over(failover, failed_over, liveness, clock, (1, 3), 3.0)
+    assert failed_over == [2] and sorted(set(asked)) == ["s:2", "s:4"]
+    # One second of hearing the others and a sweep; not the three of the grace.
+    assert took is not None and ABSENT_GRACE_S < took <= ABSENT_GRACE_S + 0.5
+    waited = 0.0
+    while waited < 1.0:
+        clock.now += 0.25
+        waited += 0.25
+        for sid in (1, 3):
+            liveness.beat(sid, f"s:{sid}")
+        failover.sweep_once()
+    assert failed_over == [2]  # 4 is waited for: its port takes connections
 
 
 def test_a_server_heard_while_its_port_was_asked_is_not_failed_over():

@@ -164,7 +164,8 @@ class Failover:
 
     def _probe_quiet(self) -> None:
         """Owe a failover at once to each server that is quiet (for ``QUIET_PART`` of the
-        liveness timeout, or not heard since this PD took office) and whose port refuses
+        liveness timeout, or not heard since this PD took office while it has heard others for
+        ``ABSENT_GRACE_S``) and whose port refuses
         connections: no process listens there, so it is dead, and waiting out the timeout
         (or a new leader's grace) would only keep its writers waiting. The server is no
         longer live from then on (as after its goodbye); its next heartbeat, after a restart,
@@ -177,6 +178,12 @@ class Failover:
             owed = set(self._owed)
             unheard = {sid: addr for sid, addr in self._recorded.items()
                        if sid not in self._absent_owed}
+        # A registered server this PD has not heard is asked only once it has heard others
+        # for ``ABSENT_GRACE_S``: its failover seals its ranges on the replicas this PD hears,
+        # and a new leader that has heard none yet would find them "no other live replica"
+        # and leave them open until the dead server returns.
+        if self._liveness.in_contact_for() <= ABSENT_GRACE_S:
+            unheard = {}
         for sid, addr in unheard.items():
             if self._liveness.silent_for(sid) is None:  # not heard since this PD took office
                 quiet.setdefault(sid, addr)
