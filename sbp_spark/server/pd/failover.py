@@ -165,9 +165,9 @@ class Failover:
     def _probe_quiet(self) -> None:
         """Owe a failover at once to each server that is quiet (for ``QUIET_PART`` of the
         liveness timeout, or not heard since this PD took office while it has heard others for
-        ``ABSENT_GRACE_S``) and whose port refuses
-        connections: no process listens there, so it is dead, and waiting out the timeout
-        (or a new leader's grace) would only keep its writers waiting. The server is no
+        ``ABSENT_GRACE_S``) and whose port refuses connections: no process listens there, so
+        it is dead, and waiting out the timeout (or a new leader's grace) would only keep its
+        writers waiting. The server is no
         longer live from then on (as after its goodbye); its next heartbeat, after a restart,
         makes it live again. Each quiet server is asked at most every ``PROBE_EVERY_S``, all
         of them at once (a partition makes each probe wait out its timeout)."""
