@@ -7,6 +7,7 @@ in the next one, which the PD places away from that server. It used to wait on t
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from sbp_spark.client import ClientConfig, ConnectionPool
 from sbp_spark.client.primary_reach import HEARD_MARGIN_S, PrimaryReach, heard_since
@@ -22,6 +23,25 @@ GIVE_UP_S = 0.4
 CONFIG = ClientConfig(connect_timeout_s=2, request_timeout_s=5, server_timeout_ms=5000,
                       retry_backoff_ms=10, retry_backoff_max_ms=100, retry_deadline_s=30,
                       probe_interval_s=PROBE_S, unreachable_primary_s=GIVE_UP_S)
+
+
+@contextmanager
+def cut_off_stream(tmp_path, config: ClientConfig):
+    """A cluster of 3 range servers and a 2-replica stream whose client reaches the primary
+    through a ``DeafeningProxy`` (``proxy.deafen()`` cuts the answers off; the PD still hears
+    the server): the client, the stream's id, the primary's address and the proxy."""
+    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=3) as cluster, \
+            ConnectionPool(config) as pool:
+        client = ProxiedClient(cluster.pd_address, config, pool)
+        (stream,) = client.create_streams(1, replicas=2)
+        sid = stream.stream_id
+        cut_off = client.list_ranges(sid)[0].primary.advertise_addr
+        proxy = DeafeningProxy(cut_off)
+        client.proxy, client.proxy_for = proxy, cut_off
+        try:
+            yield client, sid, cut_off, proxy
+        finally:
+            proxy.close()
 
 
 def test_config_refuses_a_give_up_time_that_is_not_positive():
@@ -105,14 +125,7 @@ def test_the_writer_tries_the_next_range_without_the_backoff_its_failures_grew(t
                           retry_backoff_ms=2000, retry_backoff_max_ms=8000,
                           retry_deadline_s=30, probe_interval_s=PROBE_S,
                           unreachable_primary_s=GIVE_UP_S)
-    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=3) as cluster, \
-            ConnectionPool(config) as pool:
-        client = ProxiedClient(cluster.pd_address, config, pool)
-        (stream,) = client.create_streams(1, replicas=2)
-        sid = stream.stream_id
-        cut_off = client.list_ranges(sid)[0].primary.advertise_addr
-        proxy = DeafeningProxy(cut_off)
-        client.proxy, client.proxy_for = proxy, cut_off
+    with cut_off_stream(tmp_path, config) as (client, sid, cut_off, proxy):
         try:
             writer = client.open_stream(sid)
             writer.append([batch_bytes(b"before")])
@@ -136,14 +149,7 @@ def test_with_the_default_settings_the_seal_comes_at_the_first_unanswered_ping(t
     # since (its heartbeats every second). Counted from the failed attempt instead, the
     # writer sealed only at the next unanswered PING, about 4.2 s after the append.
     config = ClientConfig(retry_deadline_s=30)
-    with EmbeddedCluster(str(tmp_path / "cluster"), range_servers=3) as cluster, \
-            ConnectionPool(config) as pool:
-        client = ProxiedClient(cluster.pd_address, config, pool)
-        (stream,) = client.create_streams(1, replicas=2)
-        sid = stream.stream_id
-        cut_off = client.list_ranges(sid)[0].primary.advertise_addr
-        proxy = DeafeningProxy(cut_off)
-        client.proxy, client.proxy_for = proxy, cut_off
+    with cut_off_stream(tmp_path, config) as (client, sid, cut_off, proxy):
         try:
             writer = client.open_stream(sid)
             writer.append([batch_bytes(b"before")])

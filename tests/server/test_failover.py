@@ -263,9 +263,9 @@ def servers_on_record(*ids: int) -> list:
                             last_heartbeat_ms=0) for sid in ids]
 
 
-def sweep_until_failed_over(failover, failed_over, liveness, clock, beating, limit_s):
-    """Sweep every 0.25 s (the fake clock) while ``beating`` servers heartbeat; the seconds
-    until the first failover, or None within ``limit_s``."""
+def sweep_for(failover, liveness, clock, beating, limit_s, until=lambda: False):
+    """Sweep every 0.25 s (the fake clock) for ``limit_s`` while ``beating`` servers
+    heartbeat; the seconds until ``until()`` held, or None if it did not."""
     waited = 0.0
     while waited < limit_s:
         clock.now += 0.25
@@ -273,9 +273,14 @@ def sweep_until_failed_over(failover, failed_over, liveness, clock, beating, lim
         for sid in beating:
             liveness.beat(sid, f"s:{sid}")
         failover.sweep_once()
-        if failed_over:
+        if until():
             return waited
     return None
+
+
+def sweep_until_failed_over(failover, failed_over, liveness, clock, beating, limit_s):
+    """``sweep_for`` until the first failover: the seconds it took, or None."""
+    return sweep_for(failover, liveness, clock, beating, limit_s, lambda: bool(failed_over))
 
 
 def test_a_quiet_server_whose_port_refuses_connections_is_failed_over_at_once():
@@ -298,11 +303,8 @@ def test_a_quiet_server_whose_port_refuses_connections_is_failed_over_at_once():
     assert failed_over == [2] and asked == ["s:2"]
     assert took is not None and QUIET_PART * 3.0 < took <= QUIET_PART * 3.0 + 0.25
     assert not liveness.is_live(2)
-    for _ in range(8):  # dead and failed over: not asked again, nor failed over again
-        clock.now += 0.5
-        for sid in (1, 3):
-            liveness.beat(sid, f"s:{sid}")
-        failover.sweep_once()
+    # Dead and failed over: not asked again, nor failed over again.
+    sweep_for(failover, liveness, clock, (1, 3), 4.0)
     assert failed_over == [2] and asked == ["s:2"]
     liveness.beat(2, "s:2")  # restarted
     assert liveness.is_live(2)
@@ -352,13 +354,7 @@ def test_a_new_leader_fails_over_a_dead_server_without_its_grace():
     assert failed_over == [2] and sorted(set(asked)) == ["s:2", "s:4"]
     # One second of hearing the others and a sweep; not the three of the grace.
     assert took is not None and ABSENT_GRACE_S < took <= ABSENT_GRACE_S + 0.5
-    waited = 0.0
-    while waited < 1.0:
-        clock.now += 0.25
-        waited += 0.25
-        for sid in (1, 3):
-            liveness.beat(sid, f"s:{sid}")
-        failover.sweep_once()
+    sweep_for(failover, liveness, clock, (1, 3), 1.0)
     assert failed_over == [2]  # 4 is waited for: its port takes connections
 
 
