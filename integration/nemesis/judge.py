@@ -426,6 +426,9 @@ def judge(seed: int, minutes: float, t0: float, faults: Sequence[Injected], hist
             f"{cause} {took:.1f} s" for cause, took in longest_by_cause.items()) or "-",
         "longest stall while two faults overlapped": stall_text(overlapped[0]) if overlapped
                                                      else "none over 1 s",
+        # Each is named: their causes are what a change to the failover would be judged on.
+        f"stalls over {STALL_LIMIT_S:g} s while two faults overlapped, each": "; ".join(
+            stall_text(s) for s in overlapped if s.seconds > STALL_LIMIT_S) or "none",
         "give-ups": f"{len(gave_up)} (writer calls: {writer_give_ups}; Spark write jobs: "
                     f"{job_give_ups}; Spark reads: {read_give_ups}; relay query failures: "
                     f"{len(spark.relay_failures)})",

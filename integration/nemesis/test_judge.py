@@ -149,6 +149,7 @@ def test_a_clean_run_meets_the_definition_of_done():
                    SparkRecord(output=OutputCheck()), 0.0)
     assert report.ok and report.failures() == []
     assert report.figures["definition of done"] == "met"
+    assert report.figures["stalls over 8 s while two faults overlapped, each"] == "none"
 
 
 def _stall_report(faults: list[Injected], stall: tuple[float, float]):
@@ -173,6 +174,9 @@ def test_a_stall_while_two_faults_overlapped_is_counted_apart():
     assert report.figures["longest stall while two faults overlapped"].startswith(
         "11.0 s without an acknowledgement for w1 (stream 1)")
     assert report.figures["longest stall with one fault at a time"] == "none over 1 s"
+    each = report.figures["stalls over 8 s while two faults overlapped, each"]
+    assert each.startswith("11.0 s without an acknowledgement for w1 (stream 1) from t=+10.0 s")
+    assert "#1 cut-primary-from-secondaries" in each and "#2 kill-pd-leader" in each
 
 
 def test_a_second_fault_that_hits_after_the_cut_healed_but_before_the_writers_went_on():
