@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -258,6 +259,18 @@ def recording_failover(liveness: Liveness, registered: list,
                     "test", refuses=refuses), failed_over
 
 
+def recording_probe(*refusing: str) -> tuple[list[str], Callable[[str], bool]]:
+    """A port probe that refuses the connections of ``refusing`` addresses only, and the
+    addresses it was asked about, in order."""
+    asked: list[str] = []
+
+    def refuses(address: str) -> bool:
+        asked.append(address)
+        return address in refusing
+
+    return asked, refuses
+
+
 def servers_on_record(*ids: int) -> list:
     return [SimpleNamespace(server_id=sid, advertise_addr=f"s:{sid}", registered=True,
                             last_heartbeat_ms=0) for sid in ids]
@@ -289,11 +302,7 @@ def test_a_quiet_server_whose_port_refuses_connections_is_failed_over_at_once():
     it heartbeats again (a restart)."""
     clock = FakeClock()
     liveness = Liveness(3.0, clock=clock)
-    asked: list[str] = []
-
-    def refuses(address: str) -> bool:
-        asked.append(address)
-        return address == "s:2"
+    asked, refuses = recording_probe("s:2")
 
     failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3), refuses)
     failover.took_office()
@@ -315,11 +324,7 @@ def test_a_quiet_server_whose_port_takes_connections_gets_the_whole_timeout():
     it is failed over when its heartbeats have been missing for the liveness timeout."""
     clock = FakeClock()
     liveness = Liveness(3.0, clock=clock)
-    asked: list[str] = []
-
-    def refuses(address: str) -> bool:
-        asked.append(address)
-        return False
+    asked, refuses = recording_probe()
 
     failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3), refuses)
     failover.took_office()
@@ -339,11 +344,7 @@ def test_a_new_leader_fails_over_a_dead_server_without_its_grace():
     slow to find the new leader (its port takes connections) still gets the grace."""
     clock = FakeClock()
     liveness = Liveness(3.0, clock=clock)
-    asked: list[str] = []
-
-    def refuses(address: str) -> bool:
-        asked.append(address)
-        return address == "s:2"
+    asked, refuses = recording_probe("s:2")
 
     failover, failed_over = recording_failover(liveness, servers_on_record(1, 2, 3, 4),
                                                refuses)

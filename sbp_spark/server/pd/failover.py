@@ -167,10 +167,10 @@ class Failover:
         liveness timeout, or not heard since this PD took office while it has heard others for
         ``ABSENT_GRACE_S``) and whose port refuses connections: no process listens there, so
         it is dead, and waiting out the timeout (or a new leader's grace) would only keep its
-        writers waiting. The server is no
-        longer live from then on (as after its goodbye); its next heartbeat, after a restart,
-        makes it live again. Each quiet server is asked at most every ``PROBE_EVERY_S``, all
-        of them at once (a partition makes each probe wait out its timeout)."""
+        writers waiting. The server is no longer live from then on (as after its goodbye); its
+        next heartbeat, after a restart, makes it live again. Each quiet server is asked at
+        most every ``PROBE_EVERY_S``, all of them at once (a partition makes each probe wait
+        out its timeout)."""
         now = time.monotonic()
         quiet = {s.server_id: s.advertise_addr
                  for s in self._liveness.quiet(self._timeout_s * QUIET_PART)}
